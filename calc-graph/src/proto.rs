@@ -1,0 +1,230 @@
+//! The calculation graph's output: what the dataplane (renderer + applier) needs, and nothing else.
+//!
+//! This is the contract between `calc_graph::graph` (producer) and `iptables::render` (consumer), in
+//! the spirit of Felix's `proto` package. Selectors and named ports never reach the dataplane: the
+//! graph has already replaced them with IP set ids, so the renderer needs no selector logic.
+//!
+//! Ordering guarantee of a flushed batch (see `graph`): `IpSetCreated` / member deltas, then
+//! `PolicyUpdated`, then `ProfileUpdated`, then `EndpointUpdated`; then removals in reverse:
+//! `EndpointRemoved`, `ProfileRemoved`, `PolicyRemoved`, `IpSetRemoved`; `InSync` last (once).
+//! Nothing references an IP set, policy or profile that an earlier output has not created.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+pub use crate::model::primitives::{Action, IcmpFields, IpVersion, Protocol};
+
+/// An IP set id as Felix computes it: `s:<hash>` for a selector set, `n:<hash>` for a named-port
+/// set (see the graph's `ipset_id` helpers). The dataplane turns it into kernel set names
+/// `cali40<id>` / `cali60<id>` cut to 31 characters.
+pub type IpSetId = String;
+
+/// The kind of kernel set an IP set id needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum IpSetKind {
+    /// `hash:net`: endpoint addresses (/32, /128) and network-set CIDRs.
+    Net,
+    /// `hash:ip,port`: named-port members (`10.0.0.5,tcp:8080`).
+    IpPort,
+}
+
+/// A member of an IP set. Both families live in one logical set; the dataplane splits them into
+/// the v4 and v6 kernel sets.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum IpSetMember {
+    Net(IpNet),
+    IpPort {
+        addr: IpAddr,
+        protocol: Protocol,
+        port: u16,
+    },
+}
+
+impl IpSetMember {
+    pub fn is_ipv6(&self) -> bool {
+        match self {
+            IpSetMember::Net(n) => matches!(n, IpNet::V6(_)),
+            IpSetMember::IpPort { addr, .. } => addr.is_ipv6(),
+        }
+    }
+}
+
+/// An inclusive port range; a single port is `first == last`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortRange {
+    pub first: u16,
+    pub last: u16,
+}
+
+impl fmt::Display for PortRange {
+    /// `80` or `80:90`, the multiport syntax.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.first == self.last {
+            write!(f, "{}", self.first)
+        } else {
+            write!(f, "{}:{}", self.first, self.last)
+        }
+    }
+}
+
+/// A rule with selectors and named ports resolved to IP set ids (Felix's `proto.Rule`).
+///
+/// Within one field the entries are OR-ed (any source net, any port); the fields are AND-ed.
+/// `not_*` fields match when none of their entries match. `src_ip_set_ids` already combines the
+/// rule's selector, namespaceSelector and serviceAccounts into one selector per side.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct ParsedRule {
+    pub action: Option<Action>,
+    pub ip_version: Option<IpVersion>,
+    pub protocol: Option<Protocol>,
+    pub not_protocol: Option<Protocol>,
+    pub icmp: Option<IcmpFields>,
+    pub not_icmp: Option<IcmpFields>,
+
+    pub src_nets: Vec<IpNet>,
+    pub not_src_nets: Vec<IpNet>,
+    pub src_ports: Vec<PortRange>,
+    pub not_src_ports: Vec<PortRange>,
+    pub src_named_port_ip_set_ids: Vec<IpSetId>,
+    pub not_src_named_port_ip_set_ids: Vec<IpSetId>,
+    pub src_ip_set_ids: Vec<IpSetId>,
+    pub not_src_ip_set_ids: Vec<IpSetId>,
+
+    pub dst_nets: Vec<IpNet>,
+    pub not_dst_nets: Vec<IpNet>,
+    pub dst_ports: Vec<PortRange>,
+    pub not_dst_ports: Vec<PortRange>,
+    pub dst_named_port_ip_set_ids: Vec<IpSetId>,
+    pub not_dst_named_port_ip_set_ids: Vec<IpSetId>,
+    pub dst_ip_set_ids: Vec<IpSetId>,
+    pub not_dst_ip_set_ids: Vec<IpSetId>,
+
+    /// `metadata.annotations` of the rule, rendered as `key=value` comments.
+    pub annotations: Vec<(String, String)>,
+}
+
+impl ParsedRule {
+    /// The action, defaulting as Calico does (an absent action is Allow).
+    pub fn action(&self) -> Action {
+        self.action.unwrap_or(Action::Allow)
+    }
+}
+
+/// Which API kind a policy came from; decides the short kind in chain ids (`np`, `gnp`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PolicyKind {
+    NetworkPolicy,
+    GlobalNetworkPolicy,
+}
+
+/// Identity of a policy. `namespace` is `Some` exactly for namespaced kinds.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolicyId {
+    pub kind: PolicyKind,
+    pub tier: String,
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl fmt::Display for PolicyId {
+    /// Human form used in logs and chain comments: `NetworkPolicy prod/web`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.kind {
+            PolicyKind::NetworkPolicy => "NetworkPolicy",
+            PolicyKind::GlobalNetworkPolicy => "GlobalNetworkPolicy",
+        };
+        match &self.namespace {
+            Some(ns) => write!(f, "{kind} {ns}/{}", self.name),
+            None => write!(f, "{kind} {}", self.name),
+        }
+    }
+}
+
+/// A policy that applies to at least one local endpoint, with its rules resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActivePolicy {
+    pub id: PolicyId,
+    pub order: Option<f64>,
+    pub inbound_rules: Vec<ParsedRule>,
+    pub outbound_rules: Vec<ParsedRule>,
+    pub untracked: bool,
+    pub pre_dnat: bool,
+    pub apply_on_forward: bool,
+}
+
+/// A profile named by at least one local endpoint (`kns.<ns>`, `ksa.<ns>.<sa>`, ...).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActiveProfile {
+    pub id: String,
+    pub inbound_rules: Vec<ParsedRule>,
+    pub outbound_rules: Vec<ParsedRule>,
+}
+
+/// One tier's slice of an endpoint's policy list, in evaluation order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierInfo {
+    pub name: String,
+    /// What happens to traffic that no policy in this tier decided: `Deny` (the default tier and
+    /// most tiers) or `Pass`.
+    pub default_action: Action,
+    pub ingress_policies: Vec<PolicyId>,
+    pub egress_policies: Vec<PolicyId>,
+}
+
+/// Identity of a local workload endpoint: its namespace and WorkloadEndpoint name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EndpointId {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl fmt::Display for EndpointId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A workload endpoint on this node, with everything the dataplane needs to program it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalEndpoint {
+    pub id: EndpointId,
+    /// Host-side interface name, e.g. `calic440f455693`.
+    pub interface_name: String,
+    pub ipv4_nets: Vec<IpNet>,
+    pub ipv6_nets: Vec<IpNet>,
+    /// Normal (tracked, post-DNAT) tiers that have at least one policy for this endpoint, in order.
+    pub tiers: Vec<TierInfo>,
+    /// Profile ids in the endpoint's order; a profile that does not exist is still listed and the
+    /// graph emits a deny-all `ActiveProfile` for it (fail closed, as Felix does).
+    pub profile_ids: Vec<String>,
+}
+
+/// One output of the calculation graph. See the module docs for batch ordering.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    IpSetCreated {
+        id: IpSetId,
+        kind: IpSetKind,
+        members: Vec<IpSetMember>,
+    },
+    IpSetMembersAdded {
+        id: IpSetId,
+        members: Vec<IpSetMember>,
+    },
+    IpSetMembersRemoved {
+        id: IpSetId,
+        members: Vec<IpSetMember>,
+    },
+    PolicyUpdated(ActivePolicy),
+    ProfileUpdated(ActiveProfile),
+    EndpointUpdated(LocalEndpoint),
+    EndpointRemoved(EndpointId),
+    ProfileRemoved(String),
+    PolicyRemoved(PolicyId),
+    IpSetRemoved(IpSetId),
+    /// The datastore's initial snapshot has been fully processed; emitted once, at the end of the
+    /// first batch flushed after the `InSync` input.
+    InSync,
+}
