@@ -1,0 +1,1 @@
+//! The calculation graph: datastore updates in, ordered dataplane updates out.

@@ -1,0 +1,1 @@
+//! Calico selector language: parser, evaluator and canonical form.

@@ -1,0 +1,1 @@
+//! Applier: desired state to the kernel, transactionally.

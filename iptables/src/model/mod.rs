@@ -1,0 +1,1 @@
+//! Typed iptables tables, chains and rules.

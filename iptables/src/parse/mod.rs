@@ -1,0 +1,1 @@
+//! Parser of iptables-save output.

@@ -1,0 +1,1 @@
+//! Renderer: calc-graph output to desired chains and IP sets.
