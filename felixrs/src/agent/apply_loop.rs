@@ -1,0 +1,167 @@
+//! The apply loop: a dedicated thread that owns the dataplane (renderer + blocking applier).
+//!
+//! Invariants:
+//! * Batches are coalesced: everything queued while an apply runs goes into the next single apply,
+//!   so a local endpoint's chains, policies and IP sets reach the kernel in one transaction.
+//! * Nothing is written before the first batch, and the first batch is only sent once the agent
+//!   is in sync (see `state`), so the kernel's existing rules keep enforcing until then.
+//! * `applied_revision` becomes R only after an apply that covered every batch up to R succeeded
+//!   (or when those batches changed nothing). A failed apply is retried with backoff; the
+//!   revision does not advance meanwhile.
+//! * Stopping the loop never touches the kernel: rules stay in place.
+
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+use calc_graph::proto::Output;
+
+use super::status::StatusHub;
+
+/// Graph output up to a datastore revision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    pub outputs: Vec<Output>,
+    pub revision: i64,
+}
+
+/// What the kernel holds after an apply, for status and metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApplyReport {
+    pub local_endpoints: usize,
+    pub active_policies: usize,
+    pub ip_sets: usize,
+    pub rules: usize,
+    pub chains: usize,
+    /// iptables-restore / ipset restore invocations during this apply.
+    pub restore_calls: u64,
+    /// Failed invocations that were retried successfully during this apply.
+    pub restore_errors: u64,
+}
+
+/// The kernel side: folds graph outputs into the desired state and makes the kernel equal to it.
+/// Blocking; called only from the apply thread.
+pub trait Dataplane: Send + 'static {
+    /// Absorbs `outputs` and programs the kernel (one transaction per table). An empty `outputs`
+    /// re-applies the current desired state (retry after an error, or the first program).
+    fn apply(&mut self, outputs: Vec<Output>) -> Result<ApplyReport, String>;
+    /// Re-reads the kernel and repairs drift.
+    fn refresh(&mut self) -> Result<ApplyReport, String>;
+}
+
+/// Handle to the apply thread. Dropping every sender stops it after its current apply.
+pub struct ApplyLoop {
+    pub tx: Sender<Batch>,
+    pub thread: std::thread::JoinHandle<()>,
+}
+
+pub fn spawn<D: Dataplane>(dp: D, hub: Arc<StatusHub>, refresh_interval: Duration) -> ApplyLoop {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name("apply".into())
+        .spawn(move || run(dp, rx, hub, refresh_interval))
+        .expect("spawn apply thread");
+    ApplyLoop { tx, thread }
+}
+
+fn run<D: Dataplane>(mut dp: D, rx: Receiver<Batch>, hub: Arc<StatusHub>, refresh: Duration) {
+    let mut programmed = false;
+    let mut failed = false;
+    let mut backoff = Duration::from_millis(50);
+    let mut pending_revision: Option<i64> = None;
+    let mut next_refresh = Instant::now() + refresh;
+    loop {
+        let wait = if failed {
+            backoff
+        } else if programmed {
+            next_refresh.saturating_duration_since(Instant::now())
+        } else {
+            Duration::from_secs(3600)
+        };
+        let mut outputs = Vec::new();
+        match rx.recv_timeout(wait) {
+            Ok(b) => {
+                outputs.extend(b.outputs);
+                pending_revision = Some(b.revision);
+                while let Ok(b) = rx.try_recv() {
+                    outputs.extend(b.outputs);
+                    pending_revision = Some(b.revision);
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => return,
+            Err(RecvTimeoutError::Timeout) if failed => {}
+            Err(RecvTimeoutError::Timeout) => {
+                if programmed {
+                    let started = Instant::now();
+                    let res = dp.refresh();
+                    record(&hub, res, started, None);
+                    next_refresh = Instant::now() + refresh;
+                }
+                continue;
+            }
+        }
+        let Some(revision) = pending_revision else {
+            continue;
+        };
+        if outputs.is_empty() && programmed && !failed {
+            hub.update(|s| s.applied_revision = s.applied_revision.max(revision));
+            continue;
+        }
+        let started = Instant::now();
+        let res = dp.apply(outputs);
+        failed = !record(&hub, res, started, Some(revision));
+        if failed {
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        } else {
+            programmed = true;
+            backoff = Duration::from_millis(50);
+            next_refresh = Instant::now() + refresh;
+        }
+    }
+}
+
+/// Publishes an apply's outcome; true on success.
+fn record(
+    hub: &StatusHub,
+    res: Result<ApplyReport, String>,
+    started: Instant,
+    revision: Option<i64>,
+) -> bool {
+    let elapsed = started.elapsed();
+    let m = &hub.metrics;
+    m.apply_seconds.observe(elapsed.as_secs_f64());
+    match res {
+        Ok(r) => {
+            m.restore_calls.inc_by(r.restore_calls);
+            m.restore_errors.inc_by(r.restore_errors);
+            m.rules.set(r.rules as i64);
+            m.chains.set(r.chains as i64);
+            m.ip_sets.set(r.ip_sets as i64);
+            m.local_endpoints.set(r.local_endpoints as i64);
+            m.active_policies.set(r.active_policies as i64);
+            hub.update(|s| {
+                if let Some(rev) = revision {
+                    s.applied_revision = s.applied_revision.max(rev);
+                    s.programmed = true;
+                }
+                s.local_endpoints = r.local_endpoints;
+                s.active_policies = r.active_policies;
+                s.ip_sets = r.ip_sets;
+                s.rules = r.rules;
+                s.chains = r.chains;
+                s.last_apply_duration_ms = Some(elapsed.as_secs_f64() * 1000.0);
+                s.last_apply_error = None;
+            });
+            true
+        }
+        Err(error) => {
+            tracing::error!(%error, ?revision, "apply failed; will retry");
+            m.apply_errors.inc();
+            hub.update(|s| {
+                s.last_apply_duration_ms = Some(elapsed.as_secs_f64() * 1000.0);
+                s.last_apply_error = Some(error);
+            });
+            false
+        }
+    }
+}

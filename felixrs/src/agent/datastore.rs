@@ -1,0 +1,299 @@
+//! The datastore edge: a small trait the syncer drives, and its etcd v3 implementation.
+//!
+//! The trait speaks only in raw keys and values and etcd-style revisions, so the syncer's
+//! reconnect/resync logic is independent of the client library.
+
+use std::future::Future;
+use std::time::Duration;
+
+use etcd_client::{
+    Certificate, Client, ConnectOptions, EventType, GetOptions, Identity, SortOrder, SortTarget,
+    TlsOptions, WatchOptions, WatchStream,
+};
+
+/// Keys per page of the initial list.
+const PAGE_SIZE: i64 = 2000;
+
+/// One changed key; `value: None` is a deletion.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub key: String,
+    pub value: Option<Vec<u8>>,
+    pub mod_revision: i64,
+}
+
+/// Everything under a prefix at one revision.
+#[derive(Debug, Clone, Default)]
+pub struct Listing {
+    pub revision: i64,
+    pub kvs: Vec<(String, Vec<u8>)>,
+}
+
+/// What a watch delivers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchMessage {
+    /// Changes, in revision order; every change up to `revision` has now been delivered.
+    Changes { revision: i64, changes: Vec<Change> },
+    /// A progress notification: the store was at `revision` when it was generated.
+    Progress { revision: i64 },
+    /// The start revision was compacted away: the caller must list again.
+    Compacted { compact_revision: i64 },
+    /// A message that carries no information for the syncer (watch created, ...).
+    Other,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DatastoreError {
+    #[error("etcd: {0}")]
+    Etcd(#[from] etcd_client::Error),
+    #[error("etcd request timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("etcd watch stream ended")]
+    WatchEnded,
+    #[error("etcd watch canceled: {0}")]
+    WatchCanceled(String),
+    #[error("etcd tls file {path}: {source}")]
+    TlsFile {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// A datastore the syncer can list and watch.
+pub trait Datastore: Send + 'static {
+    type Watch: DatastoreWatch;
+    /// Lists every key under `prefix` at one revision.
+    fn list(
+        &mut self,
+        prefix: &str,
+    ) -> impl Future<Output = Result<Listing, DatastoreError>> + Send;
+    /// Watches `prefix` from `start_revision` (inclusive), with progress notifications.
+    fn watch(
+        &mut self,
+        prefix: &str,
+        start_revision: i64,
+    ) -> impl Future<Output = Result<Self::Watch, DatastoreError>> + Send;
+}
+
+/// An open watch.
+pub trait DatastoreWatch: Send + 'static {
+    fn next(&mut self) -> impl Future<Output = Result<WatchMessage, DatastoreError>> + Send;
+    /// Asks the server for a progress notification as soon as possible.
+    fn request_progress(&mut self) -> impl Future<Output = Result<(), DatastoreError>> + Send;
+}
+
+/// TLS material for etcd, as paths.
+#[derive(Debug, Clone, Default)]
+pub struct EtcdTls {
+    pub ca: Option<String>,
+    pub cert: Option<String>,
+    pub key: Option<String>,
+}
+
+/// etcd v3 through etcd-client. Connects lazily and reconnects after errors.
+pub struct EtcdDatastore {
+    endpoints: Vec<String>,
+    tls: EtcdTls,
+    timeout: Duration,
+    client: Option<Client>,
+}
+
+impl EtcdDatastore {
+    pub fn new(endpoints: Vec<String>, tls: EtcdTls, timeout: Duration) -> Self {
+        Self {
+            endpoints,
+            tls,
+            timeout,
+            client: None,
+        }
+    }
+
+    fn options(&self) -> Result<ConnectOptions, DatastoreError> {
+        let read = |path: &String| {
+            std::fs::read(path).map_err(|source| DatastoreError::TlsFile {
+                path: path.clone(),
+                source,
+            })
+        };
+        let mut opts = ConnectOptions::new()
+            .with_connect_timeout(self.timeout)
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5))
+            .with_keep_alive_while_idle(true);
+        if self.tls.ca.is_some() || self.tls.cert.is_some() {
+            let mut tls = TlsOptions::new();
+            if let Some(ca) = &self.tls.ca {
+                tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
+            }
+            if let (Some(cert), Some(key)) = (&self.tls.cert, &self.tls.key) {
+                tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+            }
+            opts = opts.with_tls(tls);
+        }
+        Ok(opts)
+    }
+
+    async fn client(&mut self) -> Result<Client, DatastoreError> {
+        if let Some(c) = &self.client {
+            return Ok(c.clone());
+        }
+        let opts = self.options()?;
+        let connect = Client::connect(self.endpoints.clone(), Some(opts));
+        let client = tokio::time::timeout(self.timeout, connect)
+            .await
+            .map_err(|_| DatastoreError::Timeout(self.timeout))??;
+        self.client = Some(client.clone());
+        Ok(client)
+    }
+
+    async fn list_pages(client: &mut Client, prefix: &str) -> Result<Listing, DatastoreError> {
+        let end = prefix_end(prefix.as_bytes());
+        let mut from = prefix.as_bytes().to_vec();
+        let mut listing = Listing::default();
+        loop {
+            let mut opts = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(PAGE_SIZE)
+                .with_sort(SortTarget::Key, SortOrder::Ascend);
+            if listing.revision > 0 {
+                opts = opts.with_revision(listing.revision);
+            }
+            let resp = client.get(from.clone(), Some(opts)).await?;
+            if listing.revision == 0 {
+                listing.revision = resp.header().map_or(0, |h| h.revision());
+            }
+            let more = resp.more();
+            let mut last = None;
+            for kv in resp.kvs() {
+                last = Some(kv.key().to_vec());
+                // Non-UTF-8 keys cannot be Calico keys; the syncer counts them as malformed.
+                let key = String::from_utf8_lossy(kv.key()).into_owned();
+                listing.kvs.push((key, kv.value().to_vec()));
+            }
+            match (more, last) {
+                (true, Some(mut last)) => {
+                    last.push(0);
+                    from = last;
+                }
+                _ => return Ok(listing),
+            }
+        }
+    }
+}
+
+/// The first key after every key that starts with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+impl Datastore for EtcdDatastore {
+    type Watch = EtcdWatch;
+
+    async fn list(&mut self, prefix: &str) -> Result<Listing, DatastoreError> {
+        let mut client = self.client().await?;
+        let timeout = self.timeout * 10;
+        let res = tokio::time::timeout(timeout, Self::list_pages(&mut client, prefix))
+            .await
+            .map_err(|_| DatastoreError::Timeout(timeout))
+            .and_then(|r| r);
+        if res.is_err() {
+            self.client = None;
+        }
+        res
+    }
+
+    async fn watch(
+        &mut self,
+        prefix: &str,
+        start_revision: i64,
+    ) -> Result<EtcdWatch, DatastoreError> {
+        let mut client = self.client().await?;
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(start_revision)
+            .with_progress_notify();
+        let res = tokio::time::timeout(self.timeout, client.watch(prefix, Some(opts)))
+            .await
+            .map_err(|_| DatastoreError::Timeout(self.timeout))
+            .and_then(|r| r.map_err(DatastoreError::from));
+        match res {
+            Ok(stream) => Ok(EtcdWatch { stream }),
+            Err(e) => {
+                self.client = None;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// An open etcd watch stream.
+pub struct EtcdWatch {
+    stream: WatchStream,
+}
+
+impl DatastoreWatch for EtcdWatch {
+    async fn next(&mut self) -> Result<WatchMessage, DatastoreError> {
+        let Some(resp) = self.stream.message().await? else {
+            return Err(DatastoreError::WatchEnded);
+        };
+        if resp.canceled() {
+            if resp.compact_revision() > 0 {
+                return Ok(WatchMessage::Compacted {
+                    compact_revision: resp.compact_revision(),
+                });
+            }
+            return Err(DatastoreError::WatchCanceled(
+                resp.cancel_reason().to_string(),
+            ));
+        }
+        if resp.created() {
+            // The creation header carries the store's revision, not what has been delivered.
+            return Ok(WatchMessage::Other);
+        }
+        if resp.events().is_empty() {
+            let revision = resp.header().map_or(0, |h| h.revision());
+            return Ok(WatchMessage::Progress { revision });
+        }
+        let mut changes = Vec::with_capacity(resp.events().len());
+        let mut revision = 0;
+        for ev in resp.events() {
+            let Some(kv) = ev.kv() else { continue };
+            revision = revision.max(kv.mod_revision());
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let value = match ev.event_type() {
+                EventType::Put => Some(kv.value().to_vec()),
+                EventType::Delete => None,
+            };
+            changes.push(Change {
+                key,
+                value,
+                mod_revision: kv.mod_revision(),
+            });
+        }
+        // An event response's header may be ahead of the events it carries (etcd splits large
+        // catch-ups), so only the events' own revisions count as delivered.
+        Ok(WatchMessage::Changes { revision, changes })
+    }
+
+    async fn request_progress(&mut self) -> Result<(), DatastoreError> {
+        Ok(self.stream.request_progress().await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn prefix_end_increments_last_byte() {
+        assert_eq!(prefix_end(b"/calico/"), b"/calico0".to_vec());
+        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+        assert_eq!(prefix_end(b"\xff"), vec![0]);
+    }
+}

@@ -1,0 +1,147 @@
+//! Prometheus metrics of the agent (prometheus-client registry, text exposition).
+//!
+//! Counters are bumped where the event happens (apply loop, syncer consumer, snapshot writer);
+//! gauges are set from each apply's report. Names follow Felix's where one exists.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Every metric the agent exports, with the registry that serves them.
+pub struct Metrics {
+    registry: Registry,
+    pub apply_seconds: Histogram,
+    pub apply_errors: Counter,
+    pub restore_calls: Counter,
+    pub restore_errors: Counter,
+    pub rules: Gauge,
+    pub chains: Gauge,
+    pub ip_sets: Gauge,
+    pub local_endpoints: Gauge,
+    pub active_policies: Gauge,
+    pub applied_revision: Gauge,
+    pub resyncs: Counter,
+    pub datastore_updates: Counter,
+    pub datastore_disconnects: Counter,
+    pub malformed_values: Counter,
+    pub snapshot_writes: Counter,
+    pub snapshot_write_errors: Counter,
+    pub snapshot_write_seconds: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("felixrs");
+        let secs = || Histogram::new(exponential_buckets(0.0005, 2.0, 16));
+        let m = Self {
+            apply_seconds: secs(),
+            apply_errors: Counter::default(),
+            restore_calls: Counter::default(),
+            restore_errors: Counter::default(),
+            rules: Gauge::default(),
+            chains: Gauge::default(),
+            ip_sets: Gauge::default(),
+            local_endpoints: Gauge::default(),
+            active_policies: Gauge::default(),
+            applied_revision: Gauge::default(),
+            resyncs: Counter::default(),
+            datastore_updates: Counter::default(),
+            datastore_disconnects: Counter::default(),
+            malformed_values: Counter::default(),
+            snapshot_writes: Counter::default(),
+            snapshot_write_errors: Counter::default(),
+            snapshot_write_seconds: secs(),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register(
+            "apply_seconds",
+            "Time to program one coalesced batch into the kernel",
+            m.apply_seconds.clone(),
+        );
+        r.register("apply_errors", "Failed applies", m.apply_errors.clone());
+        r.register(
+            "iptables_restore_calls",
+            "iptables-restore and ipset restore invocations",
+            m.restore_calls.clone(),
+        );
+        r.register(
+            "iptables_restore_errors",
+            "Failed iptables-restore and ipset restore invocations",
+            m.restore_errors.clone(),
+        );
+        r.register(
+            "rules",
+            "Rules programmed (all tables, v4 and v6)",
+            m.rules.clone(),
+        );
+        r.register("chains", "cali- chains programmed", m.chains.clone());
+        r.register("ip_sets", "IP sets programmed", m.ip_sets.clone());
+        r.register(
+            "local_endpoints",
+            "Local workload endpoints",
+            m.local_endpoints.clone(),
+        );
+        r.register(
+            "active_policies",
+            "Policies active on this node",
+            m.active_policies.clone(),
+        );
+        r.register(
+            "applied_revision",
+            "Datastore revision whose effects are all in the kernel",
+            m.applied_revision.clone(),
+        );
+        r.register(
+            "resyncs",
+            "Full datastore lists (start, compaction)",
+            m.resyncs.clone(),
+        );
+        r.register(
+            "datastore_updates",
+            "Datastore key changes received",
+            m.datastore_updates.clone(),
+        );
+        r.register(
+            "datastore_disconnects",
+            "Lost datastore connections",
+            m.datastore_disconnects.clone(),
+        );
+        r.register(
+            "malformed_values",
+            "Datastore values that failed to parse and were skipped",
+            m.malformed_values.clone(),
+        );
+        r.register(
+            "snapshot_writes",
+            "Snapshot files written",
+            m.snapshot_writes.clone(),
+        );
+        r.register(
+            "snapshot_write_errors",
+            "Snapshot writes that failed",
+            m.snapshot_write_errors.clone(),
+        );
+        r.register(
+            "snapshot_write_seconds",
+            "Time to encode and durably write the snapshot",
+            m.snapshot_write_seconds.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}

@@ -1,0 +1,194 @@
+//! The agent's task layout, independent of which datastore, graph and dataplane it drives.
+//!
+//! ```text
+//! [syncer task] --SyncEvent--> [main task: AgentState + graph] --Batch--> [apply thread]
+//!                                   |                                           |
+//!                                   +--Snapshot--> [snapshot writer]            +--> StatusHub <-- [HTTP]
+//! ```
+//!
+//! Startup: the syncer starts at once. If etcd has not delivered its first full list within
+//! `etcd_timeout`, the persisted snapshot (if valid) is used as the full view, and etcd's list
+//! replaces it wholesale when it arrives. Without either, nothing is written to the kernel.
+//! Shutdown (cancel): tasks stop, the apply thread finishes its current apply, the kernel is left
+//! as it is.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::apply_loop::{self, Dataplane};
+use super::datastore::Datastore;
+use super::snapshot::{Snapshot, SnapshotStore};
+use super::state::{AgentState, Pipeline};
+use super::status::{self, Source, StatusHub};
+use super::syncer::{self, SyncEvent, SyncerConfig};
+
+/// Everything the runtime needs besides its three parts.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    pub prefix: String,
+    pub state_dir: PathBuf,
+    pub health_listen: SocketAddr,
+    /// How long to wait for etcd before programming from the snapshot.
+    pub etcd_timeout: Duration,
+    pub refresh_interval: Duration,
+    /// Minimum time between two snapshot writes.
+    pub snapshot_interval: Duration,
+}
+
+/// Runs the agent until `cancel` fires.
+pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
+    cfg: RuntimeConfig,
+    datastore: D,
+    pipeline: P,
+    dataplane: DP,
+    hub: Arc<StatusHub>,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(cfg.health_listen)
+        .await
+        .with_context(|| format!("binding health listener {}", cfg.health_listen))?;
+    tracing::info!(addr = %listener.local_addr()?, "serving status, health and metrics");
+    let server = tokio::spawn(status::serve(
+        listener,
+        hub.clone(),
+        cancel.clone().cancelled_owned(),
+    ));
+
+    let apply = apply_loop::spawn(dataplane, hub.clone(), cfg.refresh_interval);
+    let (sync_tx, mut sync_rx) = mpsc::channel(1024);
+    let syncer = tokio::spawn(syncer::run(
+        datastore,
+        SyncerConfig::new(cfg.prefix.clone()),
+        sync_tx,
+        hub.nudge.clone(),
+        cancel.child_token(),
+    ));
+    let store = SnapshotStore::new(&cfg.state_dir);
+    let (snap_tx, snap_rx) = watch::channel(None);
+    let writer = tokio::spawn(snapshot_writer(store.clone(), snap_rx, hub.clone()));
+
+    let mut state = AgentState::new(pipeline, apply.tx.clone(), hub.clone());
+    drop(apply.tx);
+    let fallback_at = tokio::time::Instant::now() + cfg.etcd_timeout;
+    let mut fallback_tried = false;
+    let mut snap_tick = tokio::time::interval(cfg.snapshot_interval);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            ev = sync_rx.recv() => {
+                let Some(ev) = ev else { break };
+                let listed = matches!(ev, SyncEvent::Listed { .. });
+                state.on_event(ev);
+                while let Ok(ev) = sync_rx.try_recv() {
+                    state.on_event(ev);
+                }
+                state.emit();
+                if listed {
+                    // Persist a fresh full view at once, not at the next tick.
+                    if let Some(s) = state.take_snapshot() {
+                        snap_tx.send_replace(Some(Arc::new(s)));
+                    }
+                }
+            }
+            _ = tokio::time::sleep_until(fallback_at), if !fallback_tried && state.source() == Source::None => {
+                fallback_tried = true;
+                let store = store.clone();
+                let loaded = tokio::task::spawn_blocking(move || store.load()).await?;
+                fallback(&mut state, &hub, loaded);
+                state.emit();
+            }
+            _ = snap_tick.tick() => {
+                if let Some(s) = state.take_snapshot() {
+                    snap_tx.send_replace(Some(Arc::new(s)));
+                }
+            }
+        }
+    }
+    cancel.cancel();
+    drop(state);
+    drop(snap_tx);
+    let _ = syncer.await;
+    let _ = writer.await;
+    tokio::task::spawn_blocking(move || apply.thread.join())
+        .await?
+        .map_err(|_| anyhow::anyhow!("apply thread panicked"))?;
+    server.await?.context("status server")?;
+    tracing::info!("stopped; kernel rules left in place");
+    Ok(())
+}
+
+fn fallback<P: Pipeline>(
+    state: &mut AgentState<P>,
+    hub: &StatusHub,
+    loaded: Result<Option<Snapshot>, super::snapshot::SnapshotError>,
+) {
+    match loaded {
+        Ok(Some(snap)) => {
+            let (revision, keys) = (snap.revision, snap.kvs.len());
+            if state.load_snapshot(snap) {
+                tracing::warn!(
+                    revision,
+                    keys,
+                    "etcd not answering; programming from snapshot"
+                );
+                hub.update(|s| s.snapshot_revision = Some(revision));
+            }
+        }
+        Ok(None) => {
+            tracing::warn!(
+                "etcd not answering and no snapshot; kernel left untouched until in sync"
+            );
+            hub.update(|s| s.snapshot_error = Some("no snapshot".into()));
+        }
+        Err(error) => {
+            tracing::error!(%error, "ignoring unusable snapshot; kernel left untouched until in sync");
+            hub.update(|s| s.snapshot_error = Some(error.to_string()));
+        }
+    }
+}
+
+/// Writes the newest snapshot handed over, one at a time (the watch channel keeps only the latest,
+/// so a burst costs one write).
+async fn snapshot_writer(
+    store: SnapshotStore,
+    mut rx: watch::Receiver<Option<Arc<Snapshot>>>,
+    hub: Arc<StatusHub>,
+) {
+    while rx.changed().await.is_ok() {
+        let Some(snap) = rx.borrow_and_update().clone() else {
+            continue;
+        };
+        let store = store.clone();
+        let started = Instant::now();
+        let revision = snap.revision;
+        let res = tokio::task::spawn_blocking(move || store.save(&snap)).await;
+        hub.metrics
+            .snapshot_write_seconds
+            .observe(started.elapsed().as_secs_f64());
+        match res {
+            Ok(Ok(bytes)) => {
+                hub.metrics.snapshot_writes.inc();
+                tracing::debug!(revision, bytes, "snapshot written");
+                hub.update(|s| {
+                    s.snapshot_revision = Some(revision);
+                    s.snapshot_error = None;
+                });
+            }
+            Ok(Err(error)) => {
+                hub.metrics.snapshot_write_errors.inc();
+                tracing::error!(%error, "snapshot write failed");
+                hub.update(|s| s.snapshot_error = Some(error.to_string()));
+            }
+            Err(error) => {
+                hub.metrics.snapshot_write_errors.inc();
+                tracing::error!(%error, "snapshot writer panicked");
+            }
+        }
+    }
+}

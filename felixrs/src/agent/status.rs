@@ -1,0 +1,177 @@
+//! Status, health and metrics over HTTP (axum).
+//!
+//! * `GET /status[?min_revision=R&timeout_ms=T]`: JSON [`Status`]; with `min_revision` the request
+//!   waits (up to `timeout_ms`, default 10 s, max 60 s) until `applied_revision >= R`. Every status
+//!   request asks the syncer for an etcd progress notification, so `applied_revision` reaches a
+//!   revision written outside this node's concern promptly.
+//! * `GET /readiness`: 200 once the kernel has been programmed from in-sync data, else 503.
+//! * `GET /liveness`: 200 while the process serves.
+//! * `GET /metrics`: Prometheus text.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Json, Response};
+use axum::routing::get;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Notify, watch};
+
+use super::metrics::Metrics;
+
+/// Where the agent's current data came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    #[default]
+    None,
+    Snapshot,
+    Etcd,
+}
+
+/// The `/status` document.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    /// The agent holds a complete, consistent view of the datastore (from etcd or the snapshot).
+    pub in_sync: bool,
+    /// The kernel has been programmed from in-sync data at least once.
+    pub programmed: bool,
+    /// The datastore revision whose effects are all in the kernel.
+    pub applied_revision: i64,
+    /// The newest datastore revision the agent has fully received.
+    pub observed_revision: i64,
+    pub source: Source,
+    pub datastore_connected: bool,
+    pub local_endpoints: usize,
+    pub active_policies: usize,
+    pub ip_sets: usize,
+    pub rules: usize,
+    pub chains: usize,
+    pub last_apply_duration_ms: Option<f64>,
+    pub last_apply_error: Option<String>,
+    pub malformed_values: u64,
+    pub snapshot_revision: Option<i64>,
+    pub snapshot_error: Option<String>,
+}
+
+/// State shared by the agent's tasks and the HTTP handlers.
+pub struct StatusHub {
+    status: Mutex<Status>,
+    applied_tx: watch::Sender<i64>,
+    /// Wakes the syncer to request an etcd progress notification.
+    pub nudge: Arc<Notify>,
+    pub metrics: Metrics,
+}
+
+impl StatusHub {
+    pub fn new(metrics: Metrics) -> Arc<Self> {
+        Arc::new(Self {
+            status: Mutex::new(Status::default()),
+            applied_tx: watch::channel(0).0,
+            nudge: Arc::new(Notify::new()),
+            metrics,
+        })
+    }
+
+    pub fn snapshot(&self) -> Status {
+        self.status.lock().expect("status lock").clone()
+    }
+
+    /// Changes the status under its lock.
+    pub fn update(&self, f: impl FnOnce(&mut Status)) {
+        let mut s = self.status.lock().expect("status lock");
+        f(&mut s);
+        let applied = s.applied_revision;
+        drop(s);
+        self.metrics.applied_revision.set(applied);
+        self.applied_tx.send_if_modified(|r| {
+            let changed = *r != applied;
+            *r = applied;
+            changed
+        });
+    }
+
+    /// Waits until `applied_revision >= revision` or `timeout` passes; true if reached.
+    pub async fn wait_applied(&self, revision: i64, timeout: Duration) -> bool {
+        let mut rx = self.applied_tx.subscribe();
+        let nudge = self.nudge.clone();
+        let wait = async {
+            loop {
+                nudge.notify_one();
+                if *rx.borrow_and_update() >= revision {
+                    return;
+                }
+                tokio::select! {
+                    r = rx.changed() => if r.is_err() { std::future::pending::<()>().await },
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait).await.is_ok()
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct StatusQuery {
+    min_revision: Option<i64>,
+    timeout_ms: Option<u64>,
+}
+
+/// The HTTP routes.
+pub fn router(hub: Arc<StatusHub>) -> Router {
+    Router::new()
+        .route("/status", get(status))
+        .route("/readiness", get(readiness))
+        .route("/liveness", get(|| async { "ok" }))
+        .route("/metrics", get(metrics))
+        .with_state(hub)
+}
+
+async fn status(State(hub): State<Arc<StatusHub>>, Query(q): Query<StatusQuery>) -> Json<Status> {
+    hub.nudge.notify_one();
+    if let Some(rev) = q.min_revision {
+        let timeout = Duration::from_millis(q.timeout_ms.unwrap_or(10_000).min(60_000));
+        hub.wait_applied(rev, timeout).await;
+    }
+    Json(hub.snapshot())
+}
+
+async fn readiness(State(hub): State<Arc<StatusHub>>) -> Response {
+    let s = hub.snapshot();
+    if s.in_sync && s.programmed && s.last_apply_error.is_none() {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        let why = if !s.in_sync {
+            "not in sync with the datastore"
+        } else if !s.programmed {
+            "kernel not programmed yet"
+        } else {
+            "last apply failed"
+        };
+        (StatusCode::SERVICE_UNAVAILABLE, why).into_response()
+    }
+}
+
+async fn metrics(State(hub): State<Arc<StatusHub>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        hub.metrics.render(),
+    )
+        .into_response()
+}
+
+/// Serves until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    hub: Arc<StatusHub>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(hub))
+        .with_graceful_shutdown(shutdown)
+        .await
+}

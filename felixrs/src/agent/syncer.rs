@@ -1,0 +1,201 @@
+//! The datastore syncer: list at a revision, then watch from the next one, forever.
+//!
+//! Invariants:
+//! * Every `Listed` carries the complete contents under the prefix at one revision; the consumer
+//!   replaces its state with it wholesale (deletions included). A list happens at start and after
+//!   a compaction made the watch's start revision unavailable.
+//! * After a disconnect the watch resumes at `last revision + 1`, so no change is lost and none is
+//!   delivered twice; the consumer's state survives the outage unchanged.
+//! * A `Progress { revision }` means every change up to `revision` has been delivered, even when
+//!   the latest writes fell outside the prefix. etcd before 3.4.24/3.5.8 may answer a progress
+//!   request ahead of events still queued in the same stream (etcd#15220), so a progress revision
+//!   is only confirmed by the *next* watch response after it (requested at once, one round trip).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Notify, mpsc};
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use super::datastore::{Change, Datastore, DatastoreWatch, WatchMessage};
+
+/// What the syncer tells the agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SyncEvent {
+    /// The complete contents under the prefix at `revision`.
+    Listed {
+        revision: i64,
+        kvs: Vec<(String, Vec<u8>)>,
+    },
+    /// Changes up to and including `revision`.
+    Changes { revision: i64, changes: Vec<Change> },
+    /// Nothing else happened under the prefix up to `revision`.
+    Progress { revision: i64 },
+    /// The connection was lost (state is kept; the syncer reconnects).
+    Disconnected { reason: String },
+}
+
+/// Tunables of the syncer.
+#[derive(Debug, Clone)]
+pub struct SyncerConfig {
+    pub prefix: String,
+    /// How often to ask etcd for a progress notification.
+    pub progress_interval: Duration,
+    pub min_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl SyncerConfig {
+    pub fn new(prefix: impl Into<String>) -> Self {
+        Self {
+            prefix: prefix.into(),
+            progress_interval: Duration::from_secs(1),
+            min_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Runs until `cancel` fires or the receiver of `tx` is dropped. `nudge` asks for a progress
+/// notification now (a status client is waiting).
+pub async fn run<D: Datastore>(
+    mut ds: D,
+    cfg: SyncerConfig,
+    tx: mpsc::Sender<SyncEvent>,
+    nudge: Arc<Notify>,
+    cancel: CancellationToken,
+) {
+    let mut backoff = cfg.min_backoff;
+    let mut last_revision: Option<i64> = None;
+    loop {
+        let reason = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = session(&mut ds, &cfg, &tx, &nudge, &mut last_revision, &mut backoff) => match r {
+                Ok(()) => return,
+                Err(reason) => reason,
+            },
+        };
+        tracing::warn!(%reason, ?backoff, "datastore connection lost; keeping current state");
+        if tx.send(SyncEvent::Disconnected { reason }).await.is_err() {
+            return;
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(cfg.max_backoff);
+    }
+}
+
+/// One connection's life: (list if needed,) watch, forward. `Ok(())` means the receiver is gone.
+async fn session<D: Datastore>(
+    ds: &mut D,
+    cfg: &SyncerConfig,
+    tx: &mpsc::Sender<SyncEvent>,
+    nudge: &Notify,
+    last_revision: &mut Option<i64>,
+    backoff: &mut Duration,
+) -> Result<(), String> {
+    loop {
+        let start = match *last_revision {
+            Some(rev) => rev,
+            None => {
+                let listing = ds.list(&cfg.prefix).await.map_err(|e| e.to_string())?;
+                tracing::info!(
+                    revision = listing.revision,
+                    keys = listing.kvs.len(),
+                    "listed datastore"
+                );
+                *last_revision = Some(listing.revision);
+                let ev = SyncEvent::Listed {
+                    revision: listing.revision,
+                    kvs: listing.kvs,
+                };
+                if tx.send(ev).await.is_err() {
+                    return Ok(());
+                }
+                listing.revision
+            }
+        };
+        let mut watch = ds
+            .watch(&cfg.prefix, start + 1)
+            .await
+            .map_err(|e| e.to_string())?;
+        match pump(&mut watch, cfg, tx, nudge, last_revision, backoff).await? {
+            Pumped::ReceiverGone => return Ok(()),
+            Pumped::Compacted(compact_revision) => {
+                tracing::warn!(compact_revision, "watch revision compacted; listing again");
+                *last_revision = None;
+            }
+        }
+    }
+}
+
+enum Pumped {
+    ReceiverGone,
+    Compacted(i64),
+}
+
+async fn pump<W: DatastoreWatch>(
+    watch: &mut W,
+    cfg: &SyncerConfig,
+    tx: &mpsc::Sender<SyncEvent>,
+    nudge: &Notify,
+    last_revision: &mut Option<i64>,
+    backoff: &mut Duration,
+) -> Result<Pumped, String> {
+    let mut confirmed = last_revision.unwrap_or(0);
+    let mut pending: Option<i64> = None;
+    let mut next_request = Instant::now();
+    loop {
+        let msg = tokio::select! {
+            m = watch.next() => m.map_err(|e| e.to_string())?,
+            _ = sleep_until(next_request) => {
+                watch.request_progress().await.map_err(|e| e.to_string())?;
+                next_request = Instant::now() + cfg.progress_interval;
+                continue;
+            }
+            _ = nudge.notified() => {
+                watch.request_progress().await.map_err(|e| e.to_string())?;
+                continue;
+            }
+        };
+        *backoff = cfg.min_backoff;
+        let ev = match msg {
+            WatchMessage::Other => continue,
+            WatchMessage::Compacted { compact_revision } => {
+                return Ok(Pumped::Compacted(compact_revision));
+            }
+            WatchMessage::Changes { revision, changes } => {
+                confirmed = confirmed.max(revision);
+                *last_revision = Some(confirmed);
+                SyncEvent::Changes { revision, changes }
+            }
+            WatchMessage::Progress { revision } => {
+                let confirmed_now = match pending.take() {
+                    Some(p) if p > confirmed => {
+                        confirmed = p;
+                        true
+                    }
+                    _ => false,
+                };
+                if revision > confirmed {
+                    // Confirm it with one more round trip.
+                    pending = Some(revision);
+                    next_request = Instant::now();
+                }
+                if !confirmed_now {
+                    continue;
+                }
+                *last_revision = Some(confirmed);
+                SyncEvent::Progress {
+                    revision: confirmed,
+                }
+            }
+        };
+        if tx.send(ev).await.is_err() {
+            return Ok(Pumped::ReceiverGone);
+        }
+    }
+}

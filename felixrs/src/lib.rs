@@ -1,0 +1,8 @@
+//! felixrs: the node agent (library part, so integration tests can drive its pieces in-process).
+//!
+//! # Layout
+//! * [`agent`]: the `felixrs agent` daemon: etcd syncer, datastore state and snapshot, apply loop,
+//!   status/health/metrics server, and its CLI arguments.
+#![forbid(unsafe_code)]
+
+pub mod agent;
