@@ -100,18 +100,19 @@ impl Head {
         self.metadata.as_ref()?.get(field)?.as_str()
     }
 
-    /// A best-effort name for the resource in errors: `networkpolicies/prod/web`.
+    /// A best-effort name for the resource in errors: `networkpolicies/prod/web`, or just
+    /// `[<ns>/]<name>` when the kind is unknown.
     fn label(&self, kind: Option<Kind>) -> String {
         let name = self.meta_str("name").unwrap_or("<unnamed>");
         let ns = self.meta_str("namespace").filter(|s| !s.is_empty());
-        let kind_part = match (kind, &self.kind) {
-            (Some(k), _) => k.plural().to_string(),
-            (None, Some(k)) => format!("kind {k:?}"),
-            (None, None) => "resource".to_string(),
+        let ns_part = match (ns, kind) {
+            (Some(ns), None) => format!("{ns}/"),
+            (Some(ns), Some(k)) if k.is_namespaced() => format!("{ns}/"),
+            _ => String::new(),
         };
-        match ns {
-            Some(ns) if kind.is_none_or(Kind::is_namespaced) => format!("{kind_part}/{ns}/{name}"),
-            _ => format!("{kind_part}/{name}"),
+        match kind {
+            Some(k) => format!("{}/{ns_part}{name}", k.plural()),
+            None => format!("{ns_part}{name}"),
         }
     }
 }
@@ -329,7 +330,7 @@ mod tests {
         let err = Resource::from_json(br#"{"kind":"IPPool","metadata":{"name":"p"}}"#)
             .unwrap_err()
             .to_string();
-        assert_eq!(err, "kind \"IPPool\"/p: unknown kind \"IPPool\"");
+        assert_eq!(err, "p: unknown kind \"IPPool\"");
         let err = Resource::from_json(
             br#"{"apiVersion":"crd.projectcalico.org/v1","kind":"Tier","metadata":{"name":"t"}}"#,
         )
