@@ -23,8 +23,9 @@
 //! `!!x`, exactly as in Calico, which re-parses as `x`: see [`Expr::reparsed`]).
 //!
 //! Invariants:
-//! * [`parse`] never panics and never recurses deeper than [`MAX_DEPTH`] parentheses; the input
-//!   is lexed lazily in one pass, so time is linear in the input length.
+//! * [`parse`] never panics and never recurses deeper than [`MAX_DEPTH`] parentheses, and the
+//!   trees it returns nest at most [`MAX_DEPTH`] `&&`/`||` lists; the input is lexed lazily in
+//!   one pass, so time is linear in the input length.
 //! * For every selector `s` from [`parse`], `parse(s.canonical()) == s.expr().reparsed()`, and
 //!   for selectors without a directly nested `!(!…)` that is `s` itself.
 //! * `global()` evaluates to true, as in Calico: it only has a meaning inside a
@@ -54,8 +55,11 @@ pub use rewrite::{
     LABEL_NAMESPACE, LABEL_SERVICE_ACCOUNT, NAMESPACE_LABEL_PREFIX, SERVICE_ACCOUNT_LABEL_PREFIX,
 };
 
-/// Deepest parenthesis nesting [`parse`] accepts. Calico has no limit (Go stacks grow); we bound
-/// it so that parsing, evaluation, canonicalisation and drop stay well inside a 2 MiB stack.
+/// Deepest nesting [`parse`] accepts, both of parentheses in the text and of `&&`/`||` lists in
+/// the tree (every list is parenthesised in the canonical text, so the second limit keeps
+/// `parse(canonical(s))` within the first). Calico has no limit (Go stacks grow); we bound it so
+/// that parsing, evaluation, canonicalisation and drop stay well inside a 2 MiB stack.
+/// [`Selector::and`] adds one level per call and is not checked against this limit.
 pub const MAX_DEPTH: usize = 128;
 
 /// Longest label key the tokenizer accepts (Calico's `tokenizer.MaxLabelLength`).
