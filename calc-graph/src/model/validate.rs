@@ -62,18 +62,11 @@ impl Ctx {
     }
 }
 
-/// Checks a selector string. Until the selector parser lands this rejects only what no selector
-/// may contain (blank selectors, control characters).
+/// Parses a selector with the crate's selector language; the error carries the byte offset.
 fn check_selector(s: &str) -> Result<(), String> {
-    if s.trim().is_empty() {
-        return Err("selector must not be blank".to_string());
-    }
-    if let Some(offset) = s.find(char::is_control) {
-        return Err(format!(
-            "invalid selector {s:?} at byte {offset}: control character"
-        ));
-    }
-    Ok(())
+    crate::selector::parse(s)
+        .map(|_| ())
+        .map_err(|e| format!("invalid selector {s:?}: {e}"))
 }
 
 pub(super) fn validate_resource(r: &Resource) -> Result<(), Vec<ValidationError>> {
@@ -223,6 +216,10 @@ fn network_policy(ctx: &mut Ctx, s: &NetworkPolicySpec, p: &str) {
 }
 
 fn global_policy(ctx: &mut Ctx, s: &GlobalNetworkPolicySpec, p: &str) {
+    ctx.selector(
+        format!("{p}.namespaceSelector"),
+        s.namespace_selector.as_deref(),
+    );
     policy_common(
         ctx,
         p,
@@ -234,10 +231,6 @@ fn global_policy(ctx: &mut Ctx, s: &GlobalNetworkPolicySpec, p: &str) {
         &s.ingress,
         &s.egress,
         &s.performance_hints,
-    );
-    ctx.selector(
-        format!("{p}.namespaceSelector"),
-        s.namespace_selector.as_deref(),
     );
     if s.do_not_track && s.pre_dnat {
         ctx.err(
