@@ -1,0 +1,227 @@
+//! IP sets: which sets active rules need, and their reference-counted members.
+//!
+//! A set is active while at least one active policy or profile references it (`users` > 0).
+//! Its selector is registered in the cluster-wide [`SelectorIndex`]; its members are the
+//! contributions of every item that selector matches: endpoint addresses and network-set CIDRs
+//! for a selector set, `address,protocol:port` pairs of matching endpoints' named ports for a
+//! named-port set.
+//!
+//! Invariant: `set.members[m]` is the number of matching items that contribute `m` (two pods
+//! may share an address); a member is announced to the [`Sequencer`] when its count goes 0 → 1
+//! and withdrawn on 1 → 0.
+
+use std::collections::HashMap;
+
+use crate::model::Protocol;
+use crate::proto::{IpSetId, IpSetKind, IpSetMember};
+
+use super::index::{MatchEvent, SelId, SelectorIndex};
+use super::intern::{FxBuild, FxMap, Interner};
+use super::labels::{ItemData, ItemId, LabelStore};
+use super::rules::IpSetSpec;
+use super::sequencer::Sequencer;
+
+pub(crate) struct SetState {
+    pub kind: IpSetKind,
+    sel: SelId,
+    named_port: Option<(Protocol, String)>,
+    users: u32,
+    pub members: HashMap<IpSetMember, u32, FxBuild>,
+}
+
+/// Active IP sets.
+#[derive(Default)]
+pub(crate) struct IpSets {
+    sets: HashMap<IpSetId, SetState>,
+    by_sel: FxMap<SelId, Vec<IpSetId>>,
+    member_count: usize,
+}
+
+/// Normalises an endpoint port's protocol to the named-port protocols (TCP, UDP, SCTP).
+fn port_protocol(p: Protocol) -> Protocol {
+    match p {
+        Protocol::Tcp | Protocol::Number(6) => Protocol::Tcp,
+        Protocol::Udp | Protocol::Number(17) => Protocol::Udp,
+        Protocol::Sctp | Protocol::Number(132) => Protocol::Sctp,
+        other => other,
+    }
+}
+
+fn contributions(named_port: &Option<(Protocol, String)>, data: &ItemData) -> Vec<IpSetMember> {
+    match named_port {
+        None => data.nets.iter().map(|n| IpSetMember::Net(*n)).collect(),
+        Some((proto, name)) => {
+            let mut out = Vec::new();
+            for p in &data.ports {
+                if p.name == *name && port_protocol(p.protocol) == *proto {
+                    for n in &data.nets {
+                        out.push(IpSetMember::IpPort {
+                            addr: n.addr(),
+                            protocol: *proto,
+                            port: p.port,
+                        });
+                    }
+                }
+            }
+            out
+        }
+    }
+}
+
+impl IpSets {
+    pub(crate) fn get(&self, id: &str) -> Option<&SetState> {
+        self.sets.get(id)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.sets.len()
+    }
+
+    pub(crate) fn member_count(&self) -> usize {
+        self.member_count
+    }
+
+    fn add_members(&mut self, id: &IpSetId, members: Vec<IpSetMember>, seq: &mut Sequencer) {
+        let Some(set) = self.sets.get_mut(id) else {
+            return;
+        };
+        for m in members {
+            let c = set.members.entry(m.clone()).or_insert(0);
+            *c += 1;
+            if *c == 1 {
+                self.member_count += 1;
+                seq.member_added(id, m);
+            }
+        }
+    }
+
+    fn remove_members(&mut self, id: &IpSetId, members: Vec<IpSetMember>, seq: &mut Sequencer) {
+        let Some(set) = self.sets.get_mut(id) else {
+            return;
+        };
+        for m in members {
+            let Some(c) = set.members.get_mut(&m) else {
+                continue;
+            };
+            *c -= 1;
+            if *c == 0 {
+                set.members.remove(&m);
+                self.member_count -= 1;
+                seq.member_removed(id, m);
+            }
+        }
+    }
+
+    /// Takes a reference to a set, creating it (and computing its members) if new.
+    pub(crate) fn activate(
+        &mut self,
+        spec: &IpSetSpec,
+        index: &mut SelectorIndex,
+        interner: &mut Interner,
+        store: &LabelStore,
+        seq: &mut Sequencer,
+    ) {
+        if let Some(set) = self.sets.get_mut(&spec.id) {
+            set.users += 1;
+            return;
+        }
+        let (sel, _) = index.add_selector(interner, &spec.selector);
+        self.sets.insert(
+            spec.id.clone(),
+            SetState {
+                kind: spec.kind(),
+                sel,
+                named_port: spec.named_port.clone(),
+                users: 1,
+                members: HashMap::default(),
+            },
+        );
+        self.by_sel.entry(sel).or_default().push(spec.id.clone());
+        seq.set_dirty(&spec.id);
+        let mut items: Vec<ItemId> = index.matches(sel).iter().copied().collect();
+        items.sort_unstable();
+        let np = spec.named_port.clone();
+        for item in items {
+            let members = contributions(&np, &store.item(item).data);
+            self.add_members(&spec.id, members, seq);
+        }
+    }
+
+    /// Drops a reference; the last one withdraws every member and removes the set.
+    pub(crate) fn deactivate(
+        &mut self,
+        id: &IpSetId,
+        index: &mut SelectorIndex,
+        interner: &mut Interner,
+        seq: &mut Sequencer,
+    ) {
+        let Some(set) = self.sets.get_mut(id) else {
+            return;
+        };
+        set.users -= 1;
+        if set.users > 0 {
+            return;
+        }
+        let set = self.sets.remove(id).expect("present");
+        for (m, _) in set.members {
+            self.member_count -= 1;
+            seq.member_removed(id, m);
+        }
+        if let Some(v) = self.by_sel.get_mut(&set.sel) {
+            v.retain(|s| s != id);
+            if v.is_empty() {
+                self.by_sel.remove(&set.sel);
+            }
+        }
+        index.remove_selector(interner, set.sel);
+        seq.set_dirty(id);
+    }
+
+    /// Applies match changes of one item (whose data did not change).
+    pub(crate) fn on_matches(
+        &mut self,
+        events: &[MatchEvent],
+        store: &LabelStore,
+        seq: &mut Sequencer,
+    ) {
+        for ev in events {
+            let Some(ids) = self.by_sel.get(&ev.sel) else {
+                continue;
+            };
+            let data = &store.item(ev.item).data;
+            for id in ids.clone() {
+                let np = self.sets[&id].named_port.clone();
+                let members = contributions(&np, data);
+                if ev.added {
+                    self.add_members(&id, members, seq);
+                } else {
+                    self.remove_members(&id, members, seq);
+                }
+            }
+        }
+    }
+
+    /// Withdraws (`add == false`) or adds an item's contributions to every set of `sels`.
+    pub(crate) fn contribute(
+        &mut self,
+        sels: &[SelId],
+        data: &ItemData,
+        add: bool,
+        seq: &mut Sequencer,
+    ) {
+        for sel in sels {
+            let Some(ids) = self.by_sel.get(sel) else {
+                continue;
+            };
+            for id in ids.clone() {
+                let np = self.sets[&id].named_port.clone();
+                let members = contributions(&np, data);
+                if add {
+                    self.add_members(&id, members, seq);
+                } else {
+                    self.remove_members(&id, members, seq);
+                }
+            }
+        }
+    }
+}
