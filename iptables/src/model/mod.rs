@@ -51,7 +51,7 @@ mod restore;
 mod rule;
 mod table;
 mod target;
-mod text;
+pub(crate) mod text;
 
 use std::fmt;
 
