@@ -10,6 +10,8 @@
 use std::fmt::Write;
 
 use calc_graph::proto::{PortRange, Protocol};
+
+use crate::model::{self, ModelError};
 use ipnet::IpNet;
 
 /// Which packet side a port or address match applies to.
@@ -178,81 +180,87 @@ impl Rule {
 }
 
 impl Rule {
-    /// The rule body in the kernel's save form (what `iptables-save` prints after the hash
-    /// comment, modulo the position of the base options, which the kernel prints first).
-    pub fn kernel_text(&self) -> String {
-        let mut s = String::new();
-        let not = |n: bool| if n { "! " } else { "" };
-        // Base options in the kernel's order: -s -d -i -o -p.
-        for side in [Side::Src, Side::Dst] {
-            for m in &self.matches {
-                if let Match::Net {
-                    side: sd,
-                    net,
-                    negated,
-                } = m
-                    && *sd == side
-                {
-                    push_sep(&mut s);
-                    let opt = if side == Side::Src { "-s" } else { "-d" };
-                    let _ = write!(s, "{}{opt} {net}", not(*negated));
-                }
-            }
-        }
-        for m in &self.matches {
-            if let Match::InIface(i) = m {
-                push_sep(&mut s);
-                let _ = write!(s, "-i {i}");
-            }
-        }
-        for m in &self.matches {
-            if let Match::OutIface(i) = m {
-                push_sep(&mut s);
-                let _ = write!(s, "-o {i}");
-            }
-        }
-        for m in &self.matches {
-            if let Match::Protocol { proto, negated } = m {
-                push_sep(&mut s);
-                let _ = write!(s, "{}-p {}", not(*negated), kernel_proto(*proto));
-            }
+    /// The typed model rule in `chain`, with `hash` (if any) as the first comment `cali:<hash>`,
+    /// then the human comments, then the matches, then the target. Its `render_spec()` is what
+    /// `iptables-save` prints for the rule.
+    pub fn to_model(
+        &self,
+        chain: &model::ChainName,
+        hash: Option<&str>,
+    ) -> Result<model::Rule, ModelError> {
+        let mut r = model::Rule::new(chain.clone());
+        if let Some(h) = hash {
+            r.matches
+                .push(model::Match::Comment(model::Text::new(format!(
+                    "cali:{h}"
+                ))?));
         }
         for c in &self.comments {
-            push_sep(&mut s);
-            let _ = write!(s, "-m comment --comment \"{c}\"");
+            r.matches
+                .push(model::Match::Comment(model::Text::new(c.as_str())?));
         }
         for m in &self.matches {
-            let _ = match m {
-                Match::Net { .. }
-                | Match::InIface(_)
-                | Match::OutIface(_)
-                | Match::Protocol { .. } => continue,
+            match m {
+                Match::Protocol { proto, negated } => {
+                    let p = model::Protocol::from_token(&kernel_proto(*proto))?;
+                    r.protocol = Some(model::Negatable {
+                        negated: *negated,
+                        value: p,
+                    });
+                }
+                Match::Net { side, net, negated } => {
+                    let v = Some(model::Negatable {
+                        negated: *negated,
+                        value: model::Addr::Net(*net),
+                    });
+                    match side {
+                        Side::Src => r.src = v,
+                        Side::Dst => r.dst = v,
+                    }
+                }
+                Match::InIface(i) => {
+                    r.in_iface = Some(model::Negatable::is(model::Iface::new(i.as_str())?))
+                }
+                Match::OutIface(i) => {
+                    r.out_iface = Some(model::Negatable::is(model::Iface::new(i.as_str())?))
+                }
                 Match::Set {
                     name,
                     flags,
                     negated,
                 } => {
-                    push_sep(&mut s);
-                    write!(
-                        s,
-                        "-m set {}--match-set {name} {}",
-                        not(*negated),
-                        flags.as_str()
-                    )
+                    use model::SetDir::{Dst, Src};
+                    let dirs = match flags {
+                        SetFlags::Src => vec![Src],
+                        SetFlags::Dst => vec![Dst],
+                        SetFlags::SrcSrc => vec![Src, Src],
+                        SetFlags::DstDst => vec![Dst, Dst],
+                    };
+                    let name = model::SetName::new(name.as_str())?;
+                    r.matches.push(model::Match::Set {
+                        negated: *negated,
+                        name,
+                        dirs,
+                    });
                 }
                 Match::Ports {
                     side,
                     ports,
                     negated,
                 } => {
-                    push_sep(&mut s);
-                    let opt = if *side == Side::Src {
-                        "--sports"
-                    } else {
-                        "--dports"
+                    let kind = match side {
+                        Side::Src => model::PortsKind::Source,
+                        Side::Dst => model::PortsKind::Destination,
                     };
-                    let list: Vec<String> = ports.iter().map(|p| p.to_string()).collect();
-                    write!(s, "-m multiport {}{opt} {}", not(*negated), list.join(","))
+                    let ports = ports
+                        .iter()
+                        .map(|p| model::PortRange::range(p.first, p.last))
+                        .collect();
+                    r.matches.push(model::Match::Multiport {
+                        negated: *negated,
+                        kind,
+                        ports,
+                    });
                 }
                 Match::Icmp {
                     v6,
@@ -260,77 +268,74 @@ impl Rule {
                     code,
                     negated,
                 } => {
-                    push_sep(&mut s);
-                    let (m, opt) = if *v6 {
-                        ("icmp6", "--icmpv6-type")
-                    } else {
-                        ("icmp", "--icmp-type")
+                    let icmp_type = match code {
+                        Some(c) => model::IcmpType::TypeCode(*type_, *c),
+                        None => model::IcmpType::Type(*type_),
                     };
-                    match code {
-                        Some(c) => write!(s, "-m {m} {}{opt} {type_}/{c}", not(*negated)),
-                        None => write!(s, "-m {m} {}{opt} {type_}", not(*negated)),
-                    }
+                    r.matches.push(if *v6 {
+                        model::Match::Icmpv6 {
+                            negated: *negated,
+                            icmp_type,
+                        }
+                    } else {
+                        model::Match::Icmp {
+                            negated: *negated,
+                            icmp_type,
+                        }
+                    });
                 }
                 Match::Mark {
                     value,
                     mask,
                     negated,
-                } => {
-                    push_sep(&mut s);
-                    write!(
-                        s,
-                        "-m mark {}--mark {}/{}",
-                        not(*negated),
-                        hex(*value),
-                        hex(*mask)
-                    )
-                }
+                } => r.matches.push(model::Match::Mark {
+                    negated: *negated,
+                    value: *value,
+                    mask: *mask,
+                }),
                 Match::Conntrack { states, negated } => {
-                    push_sep(&mut s);
-                    write!(
-                        s,
-                        "-m conntrack {}--ctstate {}",
-                        not(*negated),
-                        states.as_str()
-                    )
+                    use model::CtState::{Established, Invalid, Related};
+                    let states = match states {
+                        CtStates::RelatedEstablished => {
+                            model::CtStates::of(&[Related, Established])
+                        }
+                        CtStates::Invalid => model::CtStates::of(&[Invalid]),
+                    };
+                    r.matches.push(model::Match::Conntrack {
+                        negated: *negated,
+                        states,
+                    });
                 }
-            };
+            }
         }
-        if let Some(t) = &self.target {
-            push_sep(&mut s);
-            let _ = match t {
-                Target::Accept => write!(s, "-j ACCEPT"),
-                Target::Drop => write!(s, "-j DROP"),
-                Target::Return => write!(s, "-j RETURN"),
-                Target::Jump(c) => write!(s, "-j {c}"),
-                Target::Goto(c) => write!(s, "-g {c}"),
-                Target::SetMark { value, mask } => {
-                    write!(s, "-j MARK --set-xmark {}/{}", hex(*value), hex(*mask))
-                }
-                Target::ClearMark(mask) => write!(s, "-j MARK --set-xmark 0x0/{}", hex(*mask)),
-                Target::Log { prefix } => {
-                    write!(s, "-j LOG --log-prefix \"{prefix}: \" --log-level 5")
-                }
-                Target::Nflog { group, prefix } => {
-                    if prefix
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-                    {
-                        write!(s, "-j NFLOG --nflog-prefix {prefix} --nflog-group {group}")
-                    } else {
-                        write!(
-                            s,
-                            "-j NFLOG --nflog-prefix \"{prefix}\" --nflog-group {group}"
-                        )
-                    }
-                }
-            };
-        }
-        s
+        r.target = match &self.target {
+            None => None,
+            Some(t) => Some(match t {
+                Target::Accept => model::Target::Accept,
+                Target::Drop => model::Target::Drop,
+                Target::Return => model::Target::Return,
+                Target::Jump(c) => model::Target::Jump(model::ChainName::new(c.as_str())?),
+                Target::Goto(c) => model::Target::Goto(model::ChainName::new(c.as_str())?),
+                Target::SetMark { value, mask } => model::Target::set_mark(*value, *mask),
+                Target::ClearMark(mask) => model::Target::set_mark(0, *mask),
+                Target::Log { prefix } => model::Target::Log {
+                    prefix: Some(model::Text::new(format!("{prefix}: "))?),
+                    level: Some(5),
+                },
+                Target::Nflog { group, prefix } => model::Target::Nflog {
+                    prefix: Some(model::Text::new(prefix.as_str())?),
+                    group: *group,
+                    len: None,
+                    threshold: None,
+                },
+            }),
+        };
+        Ok(r)
     }
 }
 
-/// The protocol as `iptables-save` prints it.
+/// The protocol as `iptables-save` prints it (numbers without a well-known name stay numbers;
+/// the kernel may print a name from /etc/protocols for those, which only changes the text).
 pub fn kernel_proto(p: Protocol) -> String {
     match p.number() {
         6 => "tcp".into(),

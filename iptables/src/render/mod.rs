@@ -39,7 +39,7 @@
 //!   §4.4); outputs with ≤ 2 positive blocks are byte-identical to Felix's.
 //! * A negated CIDR list that only holds other-family CIDRs is dropped instead of the whole rule.
 //! * Human comments are cut to 255 bytes (the kernel's limit), not 256.
-//! * Names with characters outside `[A-Za-z0-9._:/=+-]` are always hashed into chain names.
+//! * Names with characters outside `[A-Za-z0-9._:/-]` are always hashed into chain names.
 //! * A policy that cannot be rendered safely (ports without a port protocol, ICMP fields without
 //!   the family's ICMP protocol, an unknown IP set) becomes a single DROP chain and an error;
 //!   an endpoint jumping to a policy the renderer has never seen jumps to a DROP chain too.

@@ -1,7 +1,7 @@
 //! Chain and IP set names (§5 of calico-felix.md).
 //!
 //! Invariants: every chain name returned here is at most [`MAX_CHAIN_NAME_LEN`] bytes and consists
-//! only of `[A-Za-z0-9._:/=+-]`; every IP set name is at most [`MAX_IPSET_NAME_LEN`] bytes with no
+//! only of `[A-Za-z0-9._:/-]`; every IP set name is at most [`MAX_IPSET_NAME_LEN`] bytes with no
 //! whitespace or quote. Whatever a resource name contains, it can only reach a chain name through
 //! the SHA-256 branch of [`length_limited_id`], so it cannot break out of its restore-text token.
 
@@ -25,7 +25,7 @@ pub const FROM_WORKLOAD_PREFIX: &str = "cali-fw-";
 /// Characters a resource-derived chain-name suffix may keep verbatim. Anything else forces the
 /// hashed form (Felix never sees such names because Calico validation rejects them).
 fn is_safe_name_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || "._:/=+-".contains(c)
+    c.is_ascii_alphanumeric() || "._:/-".contains(c)
 }
 
 /// Felix's `GetLengthLimitedID(prefix, suffix, maxLen)`: `prefix+suffix` when it fits, otherwise

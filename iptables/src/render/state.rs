@@ -83,11 +83,7 @@ impl Family {
         }
         let bodies: Vec<String> = rules.iter().map(Rule::felix_text).collect();
         let hashes = rule_hashes(&key.1, bodies.iter().map(String::as_str));
-        let desired = hashes
-            .into_iter()
-            .zip(&rules)
-            .map(|(h, r)| DesiredRule::new(h, r.kernel_text()))
-            .collect();
+        let desired = desired_rules(&key.1, hashes, &rules);
         for s in set_names(&rules) {
             let n = self.set_refs.entry(s.to_string()).or_default();
             *n += 1;
@@ -788,10 +784,31 @@ fn hash_hooks(
             table,
             HookRule {
                 kernel_chain: chain.to_string(),
-                rule: DesiredRule::new(hash, rule.kernel_text()),
+                rule: desired_rules(chain, vec![hash], std::slice::from_ref(&rule)).remove(0),
                 position: pos,
             },
         ));
     }
     out
+}
+
+/// The applier's form of a chain's rules: the hash and the kernel-form body of the typed model
+/// rule. A rule the model refuses (impossible for validated names; kept as a safety net) becomes
+/// a bare DROP, so a bug can only make a chain stricter.
+fn desired_rules(chain: &str, hashes: Vec<String>, rules: &[Rule]) -> Vec<DesiredRule> {
+    let chain_name = crate::model::ChainName::new(chain);
+    hashes
+        .into_iter()
+        .zip(rules)
+        .map(|(h, r)| {
+            let body = chain_name.as_ref().map_err(Clone::clone).and_then(|c| r.to_model(c, None));
+            match body {
+                Ok(m) => DesiredRule::new(h, m.render_spec()),
+                Err(e) => {
+                    tracing::error!(chain, error = %e, "rule refused by the model; rendering DROP instead");
+                    DesiredRule::new(h, "-j DROP")
+                }
+            }
+        })
+        .collect()
 }
