@@ -1,0 +1,1 @@
+//! Unit tests of the save parser: typed accuracy on kernel lines, errors with positions.
