@@ -6,7 +6,9 @@
 //! * [`runner`]: the process runner trait and its std::process implementation.
 
 pub mod desired;
+pub mod diff;
 pub mod error;
+pub mod kernel;
 pub mod runner;
 
 pub use desired::{
