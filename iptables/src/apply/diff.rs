@@ -132,7 +132,7 @@ pub fn plan_table(
         }
     }
 
-    for kc in table.kernel_chains() {
+    for kc in table.builtin_chains() {
         let top: Vec<&DesiredRule> = hooks_of(d, kc, HookPosition::Top);
         let bottom: Vec<&DesiredRule> = hooks_of(d, kc, HookPosition::Append);
         let old = actual.chains.get(*kc).map(Vec::as_slice).unwrap_or(&[]);
@@ -223,7 +223,7 @@ pub fn render(table: TableName, ops: &[Op]) -> String {
 /// missing chain, deleting a non-empty or still-referenced chain, a jump to a missing `cali-` chain.
 pub fn simulate(table: TableName, actual: &mut ActualTable, ops: &[Op]) -> Result<(), String> {
     let chain_ok =
-        |t: &ActualTable, c: &str| t.chains.contains_key(c) || table.kernel_chains().contains(&c);
+        |t: &ActualTable, c: &str| t.chains.contains_key(c) || table.builtin_chains().contains(&c);
     for op in ops {
         if let Op::Replace { rule, .. } | Op::Append { rule, .. } | Op::Insert { rule, .. } = op
             && let Some(target) = &rule.target
