@@ -6,7 +6,7 @@
 //! Comments are the exception: they are always typed and re-quoted the kernel's way.
 //!
 //! For modules whose option set is small and fixed (tcp, udp, multiport, icmp, icmp6, mark, mac,
-//! comment) unknown options, missing values and the pre-1.4 `--opt ! X` negation are rejected, as
+//! comment, state, limit, addrtype, set) unknown options, missing values and the pre-1.4 `--opt ! X` negation are rejected, as
 //! iptables-restore 1.8 does.
 
 use crate::model::text::push_quoted;
@@ -56,6 +56,33 @@ const KNOWN: &[(&str, &[(&str, usize)])] = &[
     ("mark", &[("mark", 1)]),
     ("mac", &[("mac-source", 1)]),
     ("comment", &[("comment", 1)]),
+    ("state", &[("state", 1)]),
+    ("limit", &[("limit", 1), ("limit-burst", 1)]),
+    (
+        "addrtype",
+        &[
+            ("src-type", 1),
+            ("dst-type", 1),
+            ("limit-iface-in", 0),
+            ("limit-iface-out", 0),
+        ],
+    ),
+    (
+        "set",
+        &[
+            ("match-set", 2),
+            ("set", 2),
+            ("return-nomatch", 0),
+            ("update-counters", 0),
+            ("update-subcounters", 0),
+            ("packets-eq", 1),
+            ("packets-lt", 1),
+            ("packets-gt", 1),
+            ("bytes-eq", 1),
+            ("bytes-lt", 1),
+            ("bytes-gt", 1),
+        ],
+    ),
 ];
 
 fn is_mac(s: &str) -> bool {
