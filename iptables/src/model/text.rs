@@ -9,7 +9,7 @@
 //!   and `'` backslash-escaped. Newlines, carriage returns and NULs are **rejected**: the restore format
 //!   has no escape for them (restore reads line by line), so they could only end the command early.
 //! * [`Word`]: a bare token (set names, generic option values, target names): no whitespace, no
-//!   control characters, no `"`, `'` or `\`; never quoted.
+//!   control characters, no `"`; never quoted (restore takes `'` and `\` literally outside quotes).
 //! * [`ChainName`], [`Iface`], [`SetName`]: words with the kernel's length limits.
 //! * [`Arg`]: one option token of a generic (untyped) match or target, remembering whether the source
 //!   quoted it so that the kernel's spelling is reproduced exactly.
@@ -97,6 +97,8 @@ impl fmt::Display for Text {
 }
 
 fn check_word(what: &'static str, s: &str, max: usize) -> Result<(), ModelError> {
+    // Outside quotes iptables-restore splits only at spaces/tabs and opens a quote at `"`;
+    // `'` and `\` are literal there, so they are safe in a bare token.
     if s.is_empty() {
         return Err(ModelError::new(what, s, "is empty".to_string()));
     }
@@ -109,7 +111,7 @@ fn check_word(what: &'static str, s: &str, max: usize) -> Result<(), ModelError>
     }
     if let Some(c) = s
         .chars()
-        .find(|c| c.is_whitespace() || c.is_control() || matches!(c, '"' | '\'' | '\\'))
+        .find(|c| c.is_whitespace() || c.is_control() || *c == '"')
     {
         return Err(ModelError::new(what, s, format!("contains {c:?}")));
     }
@@ -158,7 +160,7 @@ macro_rules! word_type {
 }
 
 word_type!(
-    /// A bare token: no whitespace, control characters, quotes or backslashes.
+    /// A bare token: no whitespace, control characters or double quotes.
     Word, "token", MAX_TOKEN_LEN, |_| Ok(())
 );
 
@@ -166,6 +168,9 @@ word_type!(
     /// A chain name iptables accepts: 1–28 bytes, a [`Word`], not starting with `-` or `!`, and not a
     /// built-in verdict (`ACCEPT`, `DROP`, `RETURN`, `QUEUE`).
     ChainName, "chain name", MAX_CHAIN_NAME_LEN, |s| {
+        if s.contains(['\'', '\\']) {
+            return Err("contains a quote or backslash".to_string());
+        }
         if s.starts_with('-') || s.starts_with('!') {
             return Err(format!("must not start with {:?}", &s[..1]));
         }
@@ -318,6 +323,8 @@ mod tests {
         assert_eq!(Arg::quoted("x").unwrap().to_string(), "\"x\"");
         assert_eq!(Arg::bare("10.0.0.1:80").unwrap().to_string(), "10.0.0.1:80");
         assert!(Arg::bare("a b").is_err());
+        assert!(Arg::bare("a\"b").is_err());
+        assert!(Arg::bare("it's").is_ok());
         assert!(Arg::bare("").is_err());
     }
 }
