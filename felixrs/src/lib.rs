@@ -3,6 +3,8 @@
 //! # Layout
 //! * [`agent`]: the `felixrs agent` daemon: etcd syncer, datastore state and snapshot, apply loop,
 //!   status/health/metrics server, and its CLI arguments.
+//! * [`render_cmd`]: `felixrs render`, manifests -> the payloads for an empty kernel.
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod render_cmd;

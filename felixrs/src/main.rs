@@ -20,11 +20,23 @@ struct Cli {
 enum Command {
     /// Tools that work on iptables-save text.
     Iptables(iptables_cmd::IptablesArgs),
+    /// Run the node agent: keep this node's kernel equal to what etcd says for it.
+    Agent(felixrs::agent::Args),
+    /// Print what the agent would program for a node, from manifest files (no etcd, no root).
+    Render(felixrs::render_cmd::Args),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Iptables(args) => iptables_cmd::run(args),
+        Command::Agent(args) => match args.run() {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("felixrs agent: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        },
+        Command::Render(args) => args.run(),
     }
 }

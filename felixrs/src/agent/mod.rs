@@ -11,9 +11,185 @@
 
 pub mod apply_loop;
 pub mod datastore;
+pub mod kernel;
 pub mod metrics;
 pub mod runtime;
 pub mod snapshot;
 pub mod state;
 pub mod status;
 pub mod syncer;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use calc_graph::model::CALICO_PREFIX;
+use iptables::apply::{Backend, ExecRunner};
+use iptables::render::RenderConfig;
+use tokio_util::sync::CancellationToken;
+
+use datastore::{EtcdDatastore, EtcdTls};
+use metrics::Metrics;
+use runtime::RuntimeConfig;
+use status::StatusHub;
+
+/// Which iptables binaries to drive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IptablesBackend {
+    /// Detect from the rules already in the kernel (as Felix does).
+    Auto,
+    Legacy,
+    Nft,
+}
+
+impl From<IptablesBackend> for Backend {
+    fn from(b: IptablesBackend) -> Self {
+        match b {
+            IptablesBackend::Auto => Backend::Auto,
+            IptablesBackend::Legacy => Backend::Legacy,
+            IptablesBackend::Nft => Backend::Nft,
+        }
+    }
+}
+
+fn parse_hex_u32(s: &str) -> Result<u32, String> {
+    let digits = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
+    u32::from_str_radix(digits, 16).map_err(|e| format!("invalid hex mark mask {s:?}: {e}"))
+}
+
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|e| format!("invalid number of seconds {s:?}: {e}"))?;
+    if !(v.is_finite() && v > 0.0) {
+        return Err(format!("seconds must be positive, got {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+/// `felixrs agent`: the node agent.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// etcd client URLs, comma separated.
+    #[arg(
+        long,
+        env = "FELIXRS_ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub etcd_endpoints: Vec<String>,
+    /// This node's name (as in WorkloadEndpoint `spec.node`).
+    #[arg(long, env = "FELIXRS_NODE_NAME")]
+    pub node_name: String,
+    /// Directory for the persisted datastore snapshot.
+    #[arg(long, env = "FELIXRS_STATE_DIR", default_value = "/var/lib/felixrs")]
+    pub state_dir: PathBuf,
+    /// Address of the status/health/metrics HTTP server.
+    #[arg(long, env = "FELIXRS_HEALTH_LISTEN", default_value = "127.0.0.1:9099")]
+    pub health_listen: SocketAddr,
+    #[arg(
+        long,
+        env = "FELIXRS_IPTABLES_BACKEND",
+        value_enum,
+        default_value = "auto"
+    )]
+    pub iptables_backend: IptablesBackend,
+    /// Mark bits the agent may use (hex).
+    #[arg(long, env = "FELIXRS_MARK_MASK", default_value = "0xffff0000", value_parser = parse_hex_u32)]
+    pub mark_mask: u32,
+    /// Seconds between full re-reads of the kernel (drift repair).
+    #[arg(long, env = "FELIXRS_REFRESH_INTERVAL", default_value = "90", value_parser = parse_secs)]
+    pub refresh_interval: Duration,
+    /// Seconds to wait for etcd at start before programming from the snapshot.
+    #[arg(long, env = "FELIXRS_ETCD_TIMEOUT", default_value = "2", value_parser = parse_secs)]
+    pub etcd_timeout: Duration,
+    /// CA bundle (PEM) for etcd TLS.
+    #[arg(long, env = "FELIXRS_ETCD_CA")]
+    pub etcd_ca: Option<String>,
+    /// Client certificate (PEM) for etcd TLS.
+    #[arg(long, env = "FELIXRS_ETCD_CERT", requires = "etcd_key")]
+    pub etcd_cert: Option<String>,
+    /// Client key (PEM) for etcd TLS.
+    #[arg(long, env = "FELIXRS_ETCD_KEY", requires = "etcd_cert")]
+    pub etcd_key: Option<String>,
+    /// tracing filter.
+    #[arg(long, env = "FELIXRS_LOG", default_value = "info")]
+    pub log: String,
+}
+
+impl Args {
+    /// Runs the agent until SIGTERM/SIGINT. The kernel rules are left in place on exit.
+    pub fn run(self) -> anyhow::Result<()> {
+        let Args {
+            etcd_endpoints,
+            node_name,
+            state_dir,
+            health_listen,
+            iptables_backend,
+            mark_mask,
+            refresh_interval,
+            etcd_timeout,
+            etcd_ca,
+            etcd_cert,
+            etcd_key,
+            log,
+        } = self;
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::try_new(&log).context("--log")?)
+            .with_writer(std::io::stderr)
+            .init();
+        let render = RenderConfig {
+            mark_mask,
+            ..RenderConfig::default()
+        };
+        let dataplane =
+            kernel::KernelDataplane::new(ExecRunner::new(), iptables_backend.into(), render)?;
+        let pipeline = kernel::GraphPipeline::new(&node_name);
+        let tls = EtcdTls {
+            ca: etcd_ca,
+            cert: etcd_cert,
+            key: etcd_key,
+        };
+        let datastore = EtcdDatastore::new(etcd_endpoints, tls, etcd_timeout);
+        let cfg = RuntimeConfig {
+            prefix: CALICO_PREFIX.to_string(),
+            state_dir,
+            health_listen,
+            etcd_timeout,
+            refresh_interval,
+            snapshot_interval: Duration::from_secs(1),
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .context("tokio runtime")?;
+        rt.block_on(async move {
+            let cancel = CancellationToken::new();
+            tokio::spawn(shutdown_on_signal(cancel.clone()));
+            let hub = StatusHub::new(Metrics::new());
+            tracing::info!(node = %node_name, "felixrs agent starting");
+            runtime::run(cfg, datastore, pipeline, dataplane, hub, cancel).await
+        })
+    }
+}
+
+async fn shutdown_on_signal(cancel: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+    cancel.cancel();
+}

@@ -20,7 +20,7 @@ use super::status::{Source, StatusHub};
 use super::syncer::SyncEvent;
 
 /// Datastore keys in, graph outputs out (the calculation graph behind a small seam).
-pub trait Pipeline: Send + 'static {
+pub trait Pipeline: 'static {
     /// One key changed (`None`: deleted). `Err` names what is malformed in the value; the caller
     /// logs it and keeps the key's previous value.
     fn update(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), String>;

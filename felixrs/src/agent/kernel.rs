@@ -1,0 +1,206 @@
+//! The real parts behind the agent's seams: the calculation graph as the [`Pipeline`], and the
+//! renderer + iptables/ipset applier (both families) as the [`Dataplane`].
+
+use std::collections::HashSet;
+
+use calc_graph::graph::{CalcGraph, Update};
+use calc_graph::model::{CALICO_PREFIX, Kind, Resource, ResourceKey};
+use calc_graph::proto::{EndpointId, IpVersion, Output, PolicyId};
+use iptables::apply::{Applier, ApplierConfig, Backend, DesiredState, Runner};
+use iptables::render::{RenderConfig, Renderer};
+
+use super::apply_loop::{ApplyReport, Dataplane};
+use super::state::Pipeline;
+
+/// The calculation graph fed with raw etcd keys and values.
+pub struct GraphPipeline {
+    graph: CalcGraph,
+}
+
+impl GraphPipeline {
+    pub fn new(node_name: &str) -> Self {
+        Self {
+            graph: CalcGraph::new(node_name),
+        }
+    }
+}
+
+/// Keys under the Calico prefix whose kind the graph does not consume (ippools, nodes,
+/// felixconfigurations, ...): kept in the snapshot, never reported as malformed.
+fn is_unconsumed_kind(key: &str) -> bool {
+    key.strip_prefix(CALICO_PREFIX)
+        .and_then(|rest| rest.split('/').next())
+        .is_some_and(|plural| !plural.is_empty() && Kind::from_plural(plural).is_none())
+}
+
+impl Pipeline for GraphPipeline {
+    fn update(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), String> {
+        if is_unconsumed_kind(key) {
+            return Ok(());
+        }
+        let (rk, value) = match value {
+            Some(v) => {
+                let (rk, r) = Resource::from_etcd_validated(key, v).map_err(|e| e.to_string())?;
+                (rk, Some(r))
+            }
+            None => (
+                ResourceKey::parse_etcd_key(key).map_err(|e| e.to_string())?,
+                None,
+            ),
+        };
+        self.graph.apply(Update::Resource { key: rk, value });
+        let errors = self.graph.take_errors();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors
+                .into_iter()
+                .map(|(k, e)| format!("{k}: {e}"))
+                .collect::<Vec<_>>()
+                .join("; "))
+        }
+    }
+
+    fn in_sync(&mut self) {
+        self.graph.apply(Update::InSync);
+    }
+
+    fn flush(&mut self) -> Vec<Output> {
+        self.graph.flush()
+    }
+}
+
+/// Renderer plus one applier per family.
+pub struct KernelDataplane<R: Runner + Clone + 'static> {
+    renderer: Renderer,
+    v4: Applier<R>,
+    v6: Applier<R>,
+    endpoints: HashSet<EndpointId>,
+    policies: HashSet<PolicyId>,
+}
+
+impl<R: Runner + Clone + 'static> KernelDataplane<R> {
+    pub fn new(runner: R, backend: Backend, render: RenderConfig) -> anyhow::Result<Self> {
+        let renderer = Renderer::new(render).map_err(|e| anyhow::anyhow!("renderer: {e}"))?;
+        let mk = |family| {
+            Applier::new(
+                runner.clone(),
+                ApplierConfig {
+                    family,
+                    backend,
+                    ..ApplierConfig::default()
+                },
+            )
+        };
+        Ok(Self {
+            renderer,
+            v4: mk(IpVersion::V4),
+            v6: mk(IpVersion::V6),
+            endpoints: HashSet::new(),
+            policies: HashSet::new(),
+        })
+    }
+
+    fn track(&mut self, o: &Output) {
+        match o {
+            Output::EndpointUpdated(ep) => {
+                self.endpoints.insert(ep.id.clone());
+            }
+            Output::EndpointRemoved(id) => {
+                self.endpoints.remove(id);
+            }
+            Output::PolicyUpdated(p) => {
+                self.policies.insert(p.id.clone());
+            }
+            Output::PolicyRemoved(id) => {
+                self.policies.remove(id);
+            }
+            _ => {}
+        }
+    }
+
+    fn program(&mut self, refresh: bool) -> Result<ApplyReport, String> {
+        let mut report = ApplyReport {
+            local_endpoints: self.endpoints.len(),
+            active_policies: self.policies.len(),
+            ..ApplyReport::default()
+        };
+        for v in [IpVersion::V4, IpVersion::V6] {
+            let desired = self.renderer.desired(v);
+            let applier = match v {
+                IpVersion::V4 => &mut self.v4,
+                IpVersion::V6 => &mut self.v6,
+            };
+            let res = if refresh {
+                applier.refresh(&desired)
+            } else {
+                applier.apply(&desired)
+            };
+            let r = res.map_err(|e| format!("ipv{}: {e}", v.number()))?;
+            count(&desired, &mut report);
+            report.restore_calls += u64::from(!r.ipset_updates.is_empty())
+                + r.iptables.len() as u64
+                + u64::from(!r.ipset_deletions.is_empty());
+            report.restore_errors += u64::from(r.retries);
+        }
+        Ok(report)
+    }
+}
+
+fn count(d: &DesiredState, report: &mut ApplyReport) {
+    report.ip_sets += d.ip_sets.len();
+    for t in d.tables.values() {
+        report.chains += t.chains.len();
+        report.rules += t.chains.values().map(Vec::len).sum::<usize>() + t.hooks.len();
+    }
+}
+
+impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
+    fn apply(&mut self, outputs: Vec<Output>) -> Result<ApplyReport, String> {
+        for o in &outputs {
+            self.track(o);
+        }
+        let mut errors = self.renderer.apply_all(outputs);
+        errors.extend(self.renderer.flush());
+        for error in errors {
+            // The object was rendered fail-closed (or left out); the rest is applied.
+            tracing::warn!(%error, "render error");
+        }
+        self.program(false)
+    }
+
+    fn refresh(&mut self) -> Result<ApplyReport, String> {
+        self.program(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unconsumed_kinds_are_recognised() {
+        assert!(is_unconsumed_kind(&format!(
+            "{CALICO_PREFIX}ippools/default"
+        )));
+        assert!(!is_unconsumed_kind(&format!(
+            "{CALICO_PREFIX}networkpolicies/a/b"
+        )));
+        assert!(!is_unconsumed_kind("/elsewhere/x"));
+    }
+
+    #[test]
+    fn malformed_values_and_keys_are_errors_naming_the_key() {
+        let mut p = GraphPipeline::new("node-1");
+        let key = format!("{CALICO_PREFIX}globalnetworkpolicies/gnp1");
+        let err = p.update(&key, Some(b"{not json")).unwrap_err();
+        assert!(err.contains("gnp1"), "{err}");
+        let err = p
+            .update(
+                &format!("{CALICO_PREFIX}networkpolicies/only-ns"),
+                Some(b"{}"),
+            )
+            .unwrap_err();
+        assert!(err.contains("only-ns"), "{err}");
+    }
+}

@@ -1,0 +1,114 @@
+//! `felixrs render`: manifests -> the payloads the agent would apply to an empty kernel.
+//!
+//! No etcd and no root: the manifests are converted as the controller would, fed through the
+//! calculation graph for one node and rendered; the ipset restore script and the iptables-restore
+//! transactions (per family and table) are printed. Objects that cannot be converted, decoded or
+//! rendered are reported on stderr (object and field) and the rest is still rendered.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use calc_graph::proto::IpVersion;
+use iptables::apply::TableName;
+use iptables::apply::diff::{plan_table, render as render_ops};
+use iptables::apply::ipset::plan_updates;
+use iptables::apply::kernel::ActualTable;
+use iptables::render::{RenderConfig, Renderer};
+use policy_controller::{ConvertOptions, load_manifests};
+
+use crate::agent::kernel::GraphPipeline;
+use crate::agent::state::Pipeline;
+
+/// `felixrs render`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Manifest files or directories (YAML/JSON, multi-document).
+    #[arg(long, required = true, num_args = 1..)]
+    pub manifests: Vec<PathBuf>,
+    /// The node to render for.
+    #[arg(long)]
+    pub node_name: String,
+    /// Mark bits the agent may use (hex).
+    #[arg(long, default_value = "0xffff0000", value_parser = parse_hex)]
+    pub mark_mask: u32,
+}
+
+fn parse_hex(s: &str) -> Result<u32, String> {
+    let d = s.strip_prefix("0x").unwrap_or(s);
+    u32::from_str_radix(d, 16).map_err(|e| format!("invalid hex mark mask {s:?}: {e}"))
+}
+
+/// What `render` found, besides the text.
+#[derive(Debug, Default)]
+pub struct Rendered {
+    pub text: String,
+    /// One line per object that was skipped or rendered fail-closed.
+    pub problems: Vec<String>,
+}
+
+impl Args {
+    pub fn run(self) -> std::process::ExitCode {
+        match self.render() {
+            Ok(r) => {
+                for p in &r.problems {
+                    eprintln!("felixrs render: {p}");
+                }
+                print!("{}", r.text);
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("felixrs render: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        }
+    }
+
+    pub fn render(self) -> anyhow::Result<Rendered> {
+        let Args {
+            manifests,
+            node_name,
+            mark_mask,
+        } = self;
+        let mut out = Rendered::default();
+        let set =
+            load_manifests(&manifests, &ConvertOptions::default()).context("loading manifests")?;
+        out.problems
+            .extend(set.skipped.iter().map(|s| format!("skipped {s}")));
+        let mut pipeline = GraphPipeline::new(&node_name);
+        for (key, res) in &set.resources {
+            if let Err(e) = pipeline.update(key, Some(res.json.as_bytes())) {
+                out.problems.push(format!("skipped {key}: {e}"));
+            }
+        }
+        pipeline.in_sync();
+        let outputs = pipeline.flush();
+        let mut renderer = Renderer::new(RenderConfig {
+            mark_mask,
+            ..RenderConfig::default()
+        })
+        .map_err(|e| anyhow::anyhow!("renderer: {e}"))?;
+        let mut errors = renderer.apply_all(outputs);
+        errors.extend(renderer.flush());
+        out.problems
+            .extend(errors.iter().map(|e| format!("render: {e}")));
+        for v in [IpVersion::V4, IpVersion::V6] {
+            let desired = renderer.desired(v);
+            let n = v.number();
+            let plan = plan_updates(v, &desired.ip_sets, &BTreeMap::new());
+            let _ = writeln!(out.text, "# ipset restore (IPv{n})");
+            out.text.push_str(&plan.payload);
+            for table in TableName::ALL {
+                let ops = plan_table(table, desired.tables.get(&table), &ActualTable::default());
+                let payload = render_ops(table, &ops);
+                if payload.is_empty() {
+                    continue;
+                }
+                let _ = writeln!(out.text, "# iptables-restore --noflush (IPv{n}, {table})");
+                out.text.push_str(&payload);
+            }
+        }
+        Ok(out)
+    }
+}
