@@ -107,6 +107,7 @@ fn run<D: Dataplane>(mut dp: D, rx: Receiver<Batch>, hub: Arc<StatusHub>, refres
             hub.update(|s| s.applied_revision = s.applied_revision.max(revision));
             continue;
         }
+        tracing::debug!(revision, outputs = outputs.len(), "applying");
         let started = Instant::now();
         let res = dp.apply(outputs);
         failed = !record(&hub, res, started, Some(revision));

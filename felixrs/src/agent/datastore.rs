@@ -38,8 +38,9 @@ pub enum WatchMessage {
     Progress { revision: i64 },
     /// The start revision was compacted away: the caller must list again.
     Compacted { compact_revision: i64 },
-    /// A message that carries no information for the syncer (watch created, ...).
-    Other,
+    /// The watch was created; `revision` is the store's revision at that moment (events up to it
+    /// may still be queued for delivery if the watch started in the past).
+    Created { revision: i64 },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -254,7 +255,8 @@ impl DatastoreWatch for EtcdWatch {
         }
         if resp.created() {
             // The creation header carries the store's revision, not what has been delivered.
-            return Ok(WatchMessage::Other);
+            let revision = resp.header().map_or(0, |h| h.revision());
+            return Ok(WatchMessage::Created { revision });
         }
         if resp.events().is_empty() {
             let revision = resp.header().map_or(0, |h| h.revision());

@@ -137,6 +137,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
                 applier.apply(&desired)
             };
             let r = res.map_err(|e| format!("ipv{}: {e}", v.number()))?;
+            tracing::debug!(family = v.number(), ipsets = %r.ipset_updates, iptables = ?r.iptables, "applied");
             count(&desired, &mut report);
             report.restore_calls += u64::from(!r.ipset_updates.is_empty())
                 + r.iptables.len() as u64
@@ -202,5 +203,90 @@ mod tests {
             )
             .unwrap_err();
         assert!(err.contains("only-ns"), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod pipeline_tests {
+    use super::*;
+    use crate::agent::metrics::Metrics;
+    use crate::agent::state::AgentState;
+    use crate::agent::status::StatusHub;
+    use crate::agent::syncer::SyncEvent;
+
+    #[test]
+    fn relist_without_a_policy_removes_it_from_the_rendered_state() {
+        let k = |s: &str| format!("{CALICO_PREFIX}{s}");
+        let prof = (k("profiles/kns.ns1"), br#"{"apiVersion":"projectcalico.org/v3","kind":"Profile","metadata":{"name":"kns.ns1"},"spec":{"ingress":[{"action":"Allow"}],"egress":[{"action":"Allow"}]}}"#.to_vec());
+        let wep = (k("workloadendpoints/ns1/node--1-k8s-web-eth0"), br#"{"apiVersion":"projectcalico.org/v3","kind":"WorkloadEndpoint","metadata":{"name":"node--1-k8s-web-eth0","namespace":"ns1","labels":{"app":"web","projectcalico.org/namespace":"ns1","projectcalico.org/orchestrator":"k8s"}},"spec":{"orchestrator":"k8s","node":"node-1","pod":"web","endpoint":"eth0","interfaceName":"cali0000000001","ipNetworks":["10.70.0.1/32"],"profiles":["kns.ns1"]}}"#.to_vec());
+        let np = |n: &str| {
+            (k(&format!("networkpolicies/ns1/{n}")), format!(r#"{{"apiVersion":"projectcalico.org/v3","kind":"NetworkPolicy","metadata":{{"name":"{n}","namespace":"ns1"}},"spec":{{"tier":"default","order":1000,"selector":"app == 'web'","types":["Ingress"],"ingress":[{{"action":"Allow","protocol":"TCP","destination":{{"ports":[7001]}}}}]}}}}"#).into_bytes())
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut st = AgentState::new(
+            GraphPipeline::new("node-1"),
+            tx,
+            StatusHub::new(Metrics::new()),
+        );
+        let tier = (k("tiers/default"), br#"{"apiVersion":"projectcalico.org/v3","kind":"Tier","metadata":{"name":"default"},"spec":{"order":1000000}}"#.to_vec());
+        let mut l = vec![np("p1"), tier.clone(), prof.clone(), wep.clone()];
+        l.sort();
+        st.on_event(SyncEvent::Listed {
+            revision: 5,
+            kvs: l,
+        });
+        st.emit();
+        let mut r = Renderer::new(RenderConfig::default()).unwrap();
+        let e = r.apply_all(rx.try_recv().unwrap().outputs);
+        assert!(e.is_empty(), "{e:?}");
+        assert!(r.flush().is_empty());
+        for (i, (kk, v)) in [
+            np("p2"),
+            (k("networkpolicies/ns1/bad"), b"{not json".to_vec()),
+            np("p3"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            st.on_event(SyncEvent::Changes {
+                revision: 6 + i as i64,
+                changes: vec![crate::agent::datastore::Change {
+                    key: kk,
+                    value: Some(v),
+                    mod_revision: 6,
+                }],
+            });
+            st.emit();
+            r.apply_all(rx.try_recv().unwrap().outputs);
+            r.flush();
+        }
+        let mut l = vec![
+            np("p2"),
+            np("p3"),
+            tier,
+            prof,
+            wep,
+            (k("networkpolicies/ns1/bad"), b"{not json".to_vec()),
+        ];
+        l.sort();
+        st.on_event(SyncEvent::Listed {
+            revision: 9,
+            kvs: l,
+        });
+        st.emit();
+        let out = rx.try_recv().unwrap().outputs;
+        assert!(out.iter().any(|o| matches!(o, Output::PolicyRemoved(_))));
+        let e = r.apply_all(out);
+        assert!(e.is_empty(), "{e:?}");
+        assert!(r.flush().is_empty());
+        let d = r.desired(IpVersion::V4);
+        let names: Vec<_> = d
+            .tables
+            .values()
+            .flat_map(|t| t.chains.keys())
+            .cloned()
+            .collect();
+        eprintln!("CHAINS {names:?}");
+        assert!(!names.iter().any(|n| n.contains("p1")));
     }
 }

@@ -145,6 +145,13 @@ impl<P: Pipeline> AgentState<P> {
             }
         }
         removed.extend(old_iter.map(|(k, _)| k));
+        tracing::info!(
+            revision,
+            ?source,
+            keys = merged.len(),
+            removed = removed.len(),
+            "replacing the datastore view"
+        );
         for k in removed {
             self.delete(&k);
         }

@@ -10,6 +10,11 @@
 //!   the latest writes fell outside the prefix. etcd before 3.4.24/3.5.8 may answer a progress
 //!   request ahead of events still queued in the same stream (etcd#15220), so a progress revision
 //!   is only confirmed by the *next* watch response after it (requested at once, one round trip).
+//!   Those versions also answer progress requests for a watch that is still catching up (or is
+//!   about to be cancelled for compaction), so progress is only requested once the watch is known
+//!   to be synced: it started at the store's head, or it delivered events up to the revision the
+//!   store had when it was created, or `SYNC_GRACE` passed (etcd syncs catching-up watchers every
+//!   100 ms and reports compaction on the first pass).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +24,9 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use super::datastore::{Change, Datastore, DatastoreWatch, WatchMessage};
+
+/// How long a catching-up watch may stay silent before it is considered synced.
+const SYNC_GRACE: Duration = Duration::from_secs(1);
 
 /// What the syncer tells the agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,7 +130,17 @@ async fn session<D: Datastore>(
             .watch(&cfg.prefix, start + 1)
             .await
             .map_err(|e| e.to_string())?;
-        match pump(&mut watch, cfg, tx, nudge, last_revision, backoff).await? {
+        match pump(
+            &mut watch,
+            start + 1,
+            cfg,
+            tx,
+            nudge,
+            last_revision,
+            backoff,
+        )
+        .await?
+        {
             Pumped::ReceiverGone => return Ok(()),
             Pumped::Compacted(compact_revision) => {
                 tracing::warn!(compact_revision, "watch revision compacted; listing again");
@@ -139,6 +157,7 @@ enum Pumped {
 
 async fn pump<W: DatastoreWatch>(
     watch: &mut W,
+    start_revision: i64,
     cfg: &SyncerConfig,
     tx: &mpsc::Sender<SyncEvent>,
     nudge: &Notify,
@@ -147,31 +166,48 @@ async fn pump<W: DatastoreWatch>(
 ) -> Result<Pumped, String> {
     let mut confirmed = last_revision.unwrap_or(0);
     let mut pending: Option<i64> = None;
-    let mut next_request = Instant::now();
+    let created_at = Instant::now();
+    // The store's revision when the watch was created; `None` until the creation response.
+    let mut created_revision: Option<i64> = None;
+    let mut synced = false;
+    let mut next_request = created_at + SYNC_GRACE;
     loop {
         let msg = tokio::select! {
             m = watch.next() => m.map_err(|e| e.to_string())?,
             _ = sleep_until(next_request) => {
+                synced = true;
                 watch.request_progress().await.map_err(|e| e.to_string())?;
                 next_request = Instant::now() + cfg.progress_interval;
                 continue;
             }
-            _ = nudge.notified() => {
+            _ = nudge.notified(), if synced => {
                 watch.request_progress().await.map_err(|e| e.to_string())?;
                 continue;
             }
         };
         *backoff = cfg.min_backoff;
         let ev = match msg {
-            WatchMessage::Other => continue,
+            WatchMessage::Created { revision } => {
+                created_revision = Some(revision);
+                if revision < start_revision && !synced {
+                    synced = true;
+                    next_request = Instant::now();
+                }
+                continue;
+            }
             WatchMessage::Compacted { compact_revision } => {
                 return Ok(Pumped::Compacted(compact_revision));
             }
             WatchMessage::Changes { revision, changes } => {
                 confirmed = confirmed.max(revision);
                 *last_revision = Some(confirmed);
+                if !synced && created_revision.is_some_and(|c| revision >= c) {
+                    synced = true;
+                    next_request = Instant::now();
+                }
                 SyncEvent::Changes { revision, changes }
             }
+            WatchMessage::Progress { .. } if !synced => continue,
             WatchMessage::Progress { revision } => {
                 let confirmed_now = match pending.take() {
                     Some(p) if p > confirmed => {

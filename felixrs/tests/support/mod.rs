@@ -282,3 +282,118 @@ pub fn state_dir() -> (tempfile::TempDir, PathBuf) {
     let p = d.path().join("state");
     (d, p)
 }
+
+/// Runs `f` on a thread that has joined network namespace `ns` (setns affects only that thread).
+pub fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    use std::os::fd::AsRawFd;
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+        // SAFETY: setns on a valid namespace fd changes only this thread's network namespace.
+        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .expect("netns thread panicked")
+}
+
+/// A `felixrs agent` process inside a netns; killed on drop.
+pub struct Agent {
+    child: Option<Child>,
+    pub netns: String,
+    pub health: SocketAddr,
+    log: PathBuf,
+}
+
+impl Agent {
+    pub fn start(netns: &str, etcd_url: &str, state_dir: &std::path::Path) -> Self {
+        let port = free_port();
+        let health: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let log = state_dir.with_extension(format!("agent-{port}.log"));
+        let child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                netns,
+                env!("CARGO_BIN_EXE_felixrs"),
+                "agent",
+            ])
+            .args(["--etcd-endpoints", etcd_url, "--node-name", "node-1"])
+            .arg("--state-dir")
+            .arg(state_dir)
+            .args(["--health-listen", &health.to_string()])
+            .args(["--iptables-backend", "nft", "--etcd-timeout", "1"])
+            .args(["--log", "info"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("agent log file"))
+            .spawn()
+            .expect("spawn felixrs agent");
+        let a = Agent {
+            child: Some(child),
+            netns: netns.to_string(),
+            health,
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while a.get("/liveness").is_err() {
+            assert!(Instant::now() < deadline, "agent did not start serving");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        a
+    }
+
+    pub fn get(&self, path: &str) -> std::io::Result<(u16, String)> {
+        let (addr, path) = (self.health, path.to_string());
+        in_netns(&self.netns, move || http_get(addr, &path))
+    }
+
+    pub fn status(&self) -> serde_json::Value {
+        let (code, body) = self.get("/status").expect("GET /status");
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).expect("status json")
+    }
+
+    /// Waits until `applied_revision >= rev` (long poll), returning the status.
+    pub fn wait_applied(&self, rev: i64) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (_, body) = self
+                .get(&format!("/status?min_revision={rev}&timeout_ms=5000"))
+                .expect("GET /status");
+            let s: serde_json::Value = serde_json::from_str(&body).expect("status json");
+            if s["applied_revision"].as_i64().unwrap_or(0) >= rev {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "applied_revision never reached {rev}: {s}"
+            );
+        }
+    }
+
+    pub fn signal(&mut self, sig: i32) {
+        if let Some(c) = &self.child {
+            // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
+            unsafe { libc::kill(c.id() as i32, sig) };
+        }
+    }
+
+    /// Waits for exit; returns the exit status.
+    pub fn wait(&mut self) -> std::process::ExitStatus {
+        self.child.take().expect("agent running").wait().unwrap()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            eprintln!("---- agent log {} ----\n{log}", self.log.display());
+        }
+    }
+}

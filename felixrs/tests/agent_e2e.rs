@@ -1,0 +1,188 @@
+//! The agent binary end to end: real etcd and the real kernel, both inside a network namespace
+//! the test creates (etcd listens on the namespace's loopback, so does the agent's health port).
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::json;
+use support::{Agent, Etcd, Netns, PREFIX};
+
+const IFACE: &str = "cali0000000001";
+
+fn put_json(etcd: &Etcd, key: &str, v: serde_json::Value) -> i64 {
+    etcd.put(&format!("{PREFIX}{key}"), &v.to_string())
+}
+
+/// A local endpoint with its namespace profile, and the default tier.
+fn seed(etcd: &Etcd) -> i64 {
+    put_json(
+        etcd,
+        "tiers/default",
+        json!({"apiVersion":"projectcalico.org/v3","kind":"Tier",
+               "metadata":{"name":"default"},"spec":{"order":1000000}}),
+    );
+    put_json(
+        etcd,
+        "profiles/kns.ns1",
+        json!({"apiVersion":"projectcalico.org/v3","kind":"Profile",
+               "metadata":{"name":"kns.ns1"},
+               "spec":{"ingress":[{"action":"Allow"}],"egress":[{"action":"Allow"}]}}),
+    );
+    put_json(
+        etcd,
+        "workloadendpoints/ns1/node--1-k8s-web-eth0",
+        json!({"apiVersion":"projectcalico.org/v3","kind":"WorkloadEndpoint",
+               "metadata":{"name":"node--1-k8s-web-eth0","namespace":"ns1",
+                           "labels":{"app":"web","projectcalico.org/namespace":"ns1",
+                                     "projectcalico.org/orchestrator":"k8s"}},
+               "spec":{"orchestrator":"k8s","node":"node-1","pod":"web","endpoint":"eth0",
+                       "interfaceName":IFACE,"ipNetworks":["10.70.0.1/32"],
+                       "profiles":["kns.ns1"]}}),
+    )
+}
+
+/// A policy selecting the endpoint that allows TCP to one port (the port identifies its rules).
+fn put_policy(etcd: &Etcd, name: &str, port: u16) -> i64 {
+    put_json(
+        etcd,
+        &format!("networkpolicies/ns1/{name}"),
+        json!({"apiVersion":"projectcalico.org/v3","kind":"NetworkPolicy",
+               "metadata":{"name":name,"namespace":"ns1"},
+               "spec":{"tier":"default","order":1000,"selector":"app == 'web'",
+                       "types":["Ingress"],
+                       "ingress":[{"action":"Allow","protocol":"TCP",
+                                   "destination":{"ports":[port]}}]}}),
+    )
+}
+
+fn save(ns: &Netns) -> String {
+    ns.exec(&["iptables-nft-save", "-t", "filter"])
+}
+
+/// Rules without counters, for before/after comparisons.
+fn rules(ns: &Netns) -> Vec<String> {
+    save(ns)
+        .lines()
+        .filter(|l| l.starts_with("-A") || l.starts_with(':'))
+        .map(|l| l.split(" [").next().unwrap().to_string())
+        .collect()
+}
+
+fn has_port(ns: &Netns, port: u16) -> bool {
+    save(ns)
+        .lines()
+        .any(|l| l.contains("cali-pi-") && l.contains(&format!("--dports {port} ")))
+}
+
+#[test]
+fn agent_syncs_applies_recovers_relists_and_restarts_from_snapshot() {
+    let ns = Netns::new();
+    let mut etcd = Etcd::start_in(Some(&ns.name));
+    seed(&etcd);
+    let rev = put_policy(&etcd, "p1", 7001);
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path().join("state");
+    let agent = Agent::start(&ns.name, &etcd.agent_url(), &state_dir);
+
+    // Initial sync programs the kernel.
+    let s = agent.wait_applied(rev);
+    assert_eq!(s["source"], "etcd", "{s}");
+    assert_eq!(s["in_sync"], true);
+    assert_eq!(s["local_endpoints"], 1, "{s}");
+    assert_eq!(s["active_policies"], 1, "{s}");
+    let dump = save(&ns);
+    assert!(dump.contains(&format!("cali-tw-{IFACE}")), "{dump}");
+    assert!(dump.contains("Unknown interface"), "{dump}");
+    assert!(has_port(&ns, 7001), "{dump}");
+    assert_eq!(agent.get("/readiness").unwrap().0, 200);
+
+    // An update applies and applied_revision follows.
+    let rev = put_policy(&etcd, "p2", 7002);
+    agent.wait_applied(rev);
+    assert!(has_port(&ns, 7002));
+
+    // A write outside the prefix still advances applied_revision.
+    let rev = etcd.put("/unrelated/key", "x");
+    agent.wait_applied(rev);
+
+    // A malformed value is skipped, counted, and does not stop later updates.
+    let bad = etcd.put(&format!("{PREFIX}networkpolicies/ns1/bad"), "{not json");
+    agent.wait_applied(bad);
+    let (_, metrics) = agent.get("/metrics").unwrap();
+    assert!(
+        metrics.contains("felixrs_malformed_values_total 1"),
+        "{metrics}"
+    );
+
+    // etcd restarted: the agent recovers and applies new changes.
+    etcd.stop();
+    etcd.launch(true);
+    let rev = put_policy(&etcd, "p3", 7003);
+    agent.wait_applied(rev);
+    assert!(has_port(&ns, 7003));
+
+    // Disconnected and compacted: a deletion made meanwhile is found by the re-list.
+    etcd.stop();
+    etcd.launch(false);
+    etcd.delete(&format!("{PREFIX}networkpolicies/ns1/p1"));
+    let rev = etcd.put("/unrelated/bump", "y");
+    etcd.compact(rev);
+    etcd.stop();
+    etcd.launch(true);
+    let s = agent.wait_applied(rev);
+    assert!(
+        !has_port(&ns, 7001),
+        "deleted policy still programmed: {s}\n{}",
+        save(&ns)
+    );
+    assert!(has_port(&ns, 7002) && has_port(&ns, 7003));
+    let (_, metrics) = agent.get("/metrics").unwrap();
+    assert!(metrics.contains("felixrs_resyncs_total 2"), "{metrics}");
+
+    // Let the debounced snapshot catch up, then kill the agent and take etcd down.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(agent.status()["snapshot_revision"].as_i64().unwrap() >= rev);
+    drop(agent);
+    etcd.stop();
+
+    // A restarted agent on a node with an empty kernel programs from the snapshot.
+    let ns2 = Netns::new();
+    let agent = Agent::start(&ns2.name, &etcd.agent_url(), &state_dir);
+    let s = agent.wait_applied(rev);
+    assert_eq!(s["source"], "snapshot", "{s}");
+    assert!(save(&ns2).contains(&format!("cali-tw-{IFACE}")));
+    assert!(has_port(&ns2, 7002) && !has_port(&ns2, 7001));
+    drop(agent);
+}
+
+#[test]
+fn no_rule_is_touched_before_in_sync_and_sigterm_leaves_rules() {
+    let ns = Netns::new();
+    let etcd = Etcd::start_in(Some(&ns.name));
+    seed(&etcd);
+    let rev = put_policy(&etcd, "p1", 7101);
+    let state = tempfile::tempdir().unwrap();
+    let mut agent = Agent::start(&ns.name, &etcd.agent_url(), &state.path().join("a"));
+    agent.wait_applied(rev);
+    let programmed = rules(&ns);
+    assert!(programmed.iter().any(|l| l.contains("cali-tw-")));
+
+    // SIGTERM: graceful exit, kernel rules stay.
+    agent.signal(libc::SIGTERM);
+    assert!(agent.wait().success());
+    assert_eq!(rules(&ns), programmed);
+
+    // A new agent that cannot reach etcd and has no snapshot leaves the kernel alone.
+    drop(etcd);
+    let agent = Agent::start(&ns.name, "http://127.0.0.1:9", &state.path().join("empty"));
+    std::thread::sleep(Duration::from_secs(3));
+    let s = agent.status();
+    assert_eq!(
+        (s["in_sync"].clone(), s["source"].clone()),
+        (json!(false), json!("none")),
+        "{s}"
+    );
+    assert_eq!(agent.get("/readiness").unwrap().0, 503);
+    assert_eq!(rules(&ns), programmed, "rules changed before in-sync");
+}

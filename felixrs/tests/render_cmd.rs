@@ -1,0 +1,61 @@
+//! `felixrs render` on the demo cluster and on a manifest set with a bad object.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn demo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/demo-cluster")
+}
+
+#[test]
+fn renders_the_demo_cluster_for_node_1() {
+    let out = Command::new(env!("CARGO_BIN_EXE_felixrs"))
+        .args(["render", "--node-name", "node-1", "--manifests"])
+        .arg(demo())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.is_empty(), "demo cluster should be clean: {stderr}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    for want in [
+        "# ipset restore (IPv4)",
+        "# iptables-restore --noflush (IPv4, filter)",
+        "# iptables-restore --noflush (IPv6, filter)",
+        // Named port "pg" of db-0 and "http" of both web pods (one on node-2).
+        "10.65.1.11,tcp:5432",
+        "10.65.2.10,tcp:8080",
+        // ipBlock except, and the tiered global policy.
+        "192.0.2.0/24",
+        "Start of tier security",
+        "198.51.100.0/24",
+        "Unknown interface",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+    // node-2's pods get no endpoint chains on node-1: two local endpoints, two cali-tw chains.
+    let tw = text.lines().filter(|l| l.starts_with(":cali-tw-")).count();
+    assert_eq!(tw, 4, "two endpoints x two families:\n{text}");
+}
+
+#[test]
+fn reports_invalid_objects_and_renders_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("bad.yaml"),
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: broken, namespace: shop}\nspec:\n  podSelector: {}\n  ingress:\n    - ports: [{protocol: TCP, port: 70000}]\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_felixrs"))
+        .args(["render", "--node-name", "node-1", "--manifests"])
+        .arg(demo())
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("broken"), "object not named: {stderr}");
+    assert!(stderr.contains("port"), "field not named: {stderr}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("Start of tier security"), "rest not rendered");
+}
