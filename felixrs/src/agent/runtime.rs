@@ -7,7 +7,7 @@
 //! ```
 //!
 //! Startup: the syncer starts at once. If etcd has not delivered its first full list within
-//! `etcd_timeout`, the persisted snapshot (if valid) is used as the full view, and etcd's list
+//! `etcd_timeout` (or the first attempt already failed), the persisted snapshot (if valid) is used as the full view, and etcd's list
 //! replaces it wholesale when it arrives. Without either, nothing is written to the kernel.
 //! Shutdown (cancel): tasks stop, the apply thread finishes its current apply, the kernel is left
 //! as it is.
@@ -84,7 +84,17 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
             ev = sync_rx.recv() => {
                 let Some(ev) = ev else { break };
                 let listed = matches!(ev, SyncEvent::Listed { .. });
+                // etcd refused or failed before its first list: no point waiting for the timeout.
+                let early_failure = matches!(ev, SyncEvent::Disconnected { .. })
+                    && !fallback_tried
+                    && state.source() == Source::None;
                 state.on_event(ev);
+                if early_failure {
+                    fallback_tried = true;
+                    let store = store.clone();
+                    let loaded = tokio::task::spawn_blocking(move || store.load()).await?;
+                    fallback(&mut state, &hub, loaded);
+                }
                 while let Ok(ev) = sync_rx.try_recv() {
                     state.on_event(ev);
                 }
@@ -111,6 +121,10 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
         }
     }
     cancel.cancel();
+    // Persist the newest etcd view before exiting (the writer drains it before it stops).
+    if let Some(s) = state.take_snapshot() {
+        snap_tx.send_replace(Some(Arc::new(s)));
+    }
     drop(state);
     drop(snap_tx);
     let _ = syncer.await;

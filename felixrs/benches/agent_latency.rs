@@ -1,0 +1,219 @@
+//! Programming latency of the agent binary, end to end, on the real kernel (root, etcd).
+//!
+//! `cargo bench -p felixrs --bench agent_latency`
+//!
+//! A node with 250 local endpoints and 2,000 policies (each selecting 5 endpoints). 200 changes
+//! (one policy's port each): etcd put -> `applied_revision` reaches the put's revision (long-poll
+//! on `/status`). Floor: bare `iptables-nft-restore --noflush` + `ip6tables-nft-restore` of the
+//! one-chain transaction each change needs, against a kernel holding the same rules. Then the
+//! restart-to-programmed time from the snapshot with etcd down, on an empty kernel.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use support::{Agent, Etcd, Netns, PREFIX, http_get, in_netns};
+
+const ENDPOINTS: usize = 250;
+const POLICIES: usize = 2000;
+const CHANGES: usize = 200;
+
+fn wep(i: usize) -> (String, String) {
+    let ns = format!("ns{}", i % 10);
+    let name = format!("node--1-k8s-pod{i}-eth0");
+    let v = json!({"apiVersion":"projectcalico.org/v3","kind":"WorkloadEndpoint",
+        "metadata":{"name":name,"namespace":ns,
+            "labels":{"app":format!("app{}", i % 50),"projectcalico.org/namespace":ns,
+                      "projectcalico.org/orchestrator":"k8s"}},
+        "spec":{"orchestrator":"k8s","node":"node-1","pod":format!("pod{i}"),"endpoint":"eth0",
+            "interfaceName":format!("cali{i:011x}"),
+            "ipNetworks":[format!("10.80.{}.{}/32", i / 200, i % 200 + 1)],
+            "profiles":[format!("kns.{ns}")]}});
+    (
+        format!("{PREFIX}workloadendpoints/{ns}/{name}"),
+        v.to_string(),
+    )
+}
+
+fn policy(i: usize, port: u16) -> (String, String) {
+    let ns = format!("ns{}", i % 10);
+    let v = json!({"apiVersion":"projectcalico.org/v3","kind":"NetworkPolicy",
+        "metadata":{"name":format!("p{i}"),"namespace":ns},
+        "spec":{"tier":"default","order":1000,"selector":format!("app == 'app{}'", i % 50),
+            "types":["Ingress"],
+            "ingress":[{"action":"Allow","protocol":"TCP",
+                "source":{"selector":format!("app == 'app{}'", (i + 1) % 50)},
+                "destination":{"ports":[port]}}]}});
+    (format!("{PREFIX}networkpolicies/{ns}/p{i}"), v.to_string())
+}
+
+/// Puts through etcd-client from a thread inside the netns; returns each put's revision.
+fn put_all(ns: &str, url: &str, kvs: Vec<(String, String)>) -> Vec<i64> {
+    let url = url.to_string();
+    in_netns(ns, move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let mut c = etcd_client::Client::connect([url], None).await.unwrap();
+            let mut revs = Vec::new();
+            for (k, v) in kvs {
+                let r = c.put(k, v, None).await.unwrap();
+                revs.push(r.header().unwrap().revision());
+            }
+            revs
+        })
+    })
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+fn restore(ns: &Netns, prog: &str, payload: &str) -> Duration {
+    let t = Instant::now();
+    let mut c = ns
+        .command(prog)
+        .args(["--noflush", "--wait", "10"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin
+        .take()
+        .unwrap()
+        .write_all(payload.as_bytes())
+        .unwrap();
+    assert!(c.wait().unwrap().success(), "{prog} failed on:\n{payload}");
+    t.elapsed()
+}
+
+fn main() {
+    let ns = Netns::new();
+    let mut etcd = Etcd::start_in(Some(&ns.name));
+    let mut seed = vec![(
+        format!("{PREFIX}tiers/default"),
+        json!({"apiVersion":"projectcalico.org/v3","kind":"Tier","metadata":{"name":"default"},
+               "spec":{"order":1000000}})
+        .to_string(),
+    )];
+    for n in 0..10 {
+        seed.push((
+            format!("{PREFIX}profiles/kns.ns{n}"),
+            json!({"apiVersion":"projectcalico.org/v3","kind":"Profile",
+                   "metadata":{"name":format!("kns.ns{n}")},
+                   "spec":{"ingress":[{"action":"Allow"}],"egress":[{"action":"Allow"}]}})
+            .to_string(),
+        ));
+    }
+    seed.extend((0..ENDPOINTS).map(wep));
+    seed.extend((0..POLICIES).map(|i| policy(i, 8000)));
+    let t = Instant::now();
+    let rev = *put_all(&ns.name, &etcd.test_url(), seed).last().unwrap();
+    eprintln!("seeded in {:?}", t.elapsed());
+
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path().join("state");
+    let t = Instant::now();
+    let agent = Agent::start(&ns.name, &etcd.agent_url(), &state_dir);
+    let s = agent.wait_applied(rev);
+    let initial = t.elapsed();
+    eprintln!("initial program: {initial:?} {s}");
+
+    // 200 changes, one at a time.
+    let mut lat = Vec::new();
+    for c in 0..CHANGES {
+        let i = (c * 7) % POLICIES;
+        let kv = policy(i, 9000 + c as u16);
+        let (health, url) = (agent.health, etcd.test_url());
+        let ms = in_netns(&ns.name, move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let mut client = rt
+                .block_on(etcd_client::Client::connect([url], None))
+                .unwrap();
+            let t = Instant::now();
+            let r = rt.block_on(client.put(kv.0, kv.1, None)).unwrap();
+            let rev = r.header().unwrap().revision();
+            let (_, body) = http_get(
+                health,
+                &format!("/status?min_revision={rev}&timeout_ms=30000"),
+            )
+            .unwrap();
+            let s: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert!(s["applied_revision"].as_i64().unwrap() >= rev, "{s}");
+            t.elapsed().as_secs_f64() * 1000.0
+        });
+        lat.push(ms);
+    }
+
+    // Floor: the one-chain transaction per change, both families, against the same kernel.
+    let save = ns.exec(&["iptables-nft-save", "-t", "filter"]);
+    let chain_of = |i: usize| {
+        save.lines()
+            .find(|l| l.starts_with(":cali-pi-") && l.contains(&format!("/p{i} ")))
+            .map(|l| l[1..].split(' ').next().unwrap().to_string())
+            .expect("policy chain in the kernel")
+    };
+    let mut floor = Vec::new();
+    for c in 0..CHANGES {
+        let i = (c * 7) % POLICIES;
+        let chain = chain_of(i);
+        let rule = save
+            .lines()
+            .find(|l| l.starts_with(&format!("-A {chain} ")))
+            .unwrap()
+            .replace(" --dports ", " --dports 1")
+            .replacen(&format!("-A {chain} "), &format!("-R {chain} 1 "), 1);
+        let payload = format!("*filter\n{rule}\nCOMMIT\n");
+        let d4 = restore(&ns, "iptables-nft-restore", &payload);
+        let d6 = restore(&ns, "ip6tables-nft-restore", &payload);
+        floor.push((d4 + d6).as_secs_f64() * 1000.0);
+    }
+    let (p50, p99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
+    let (f50, f99) = (pct(&mut floor, 0.5), pct(&mut floor, 0.99));
+    let rules = ns
+        .exec(&["iptables-nft-save"])
+        .lines()
+        .filter(|l| l.starts_with("-A"))
+        .count();
+
+    // Restart from the snapshot: etcd down, empty kernel (fresh netns), same state dir.
+    std::thread::sleep(Duration::from_millis(1500));
+    drop(agent);
+    etcd.stop();
+    let ns2 = Netns::new();
+    let t = Instant::now();
+    let agent = Agent::start(&ns2.name, &etcd.agent_url(), &state_dir);
+    let s = loop {
+        let s = agent.status();
+        if s["programmed"] == true {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let restart = t.elapsed();
+    assert_eq!(s["source"], "snapshot", "{s}");
+    drop(agent);
+
+    println!("endpoints={ENDPOINTS} policies={POLICIES} changes={CHANGES} v4 filter rules={rules}");
+    println!(
+        "initial sync+program: {:.0} ms",
+        initial.as_secs_f64() * 1000.0
+    );
+    println!("programming latency  p50 {p50:.1} ms  p99 {p99:.1} ms");
+    println!("bare restore floor   p50 {f50:.1} ms  p99 {f99:.1} ms  (v4+v6, one chain)");
+    println!("ratio p50 {:.2}x  p99 {:.2}x", p50 / f50, p99 / f99);
+    println!(
+        "restart-to-programmed from snapshot (process spawn to programmed): {:.0} ms",
+        restart.as_secs_f64() * 1000.0
+    );
+    let _ = Command::new("true").status();
+}
