@@ -36,6 +36,8 @@ echo "==> cargo fmt --check"
 cargo fmt --all --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "==> cargo build (binaries the end-to-end tests run)"
+cargo build --workspace --bins --locked
 echo "==> cargo test"
 # One test thread per core is enough: the kernel tests are I/O bound and isolated by network namespace.
 cargo test --workspace --locked -- --test-threads=4
