@@ -127,9 +127,9 @@ impl<L: Labels + ?Sized> Labels for &L {
     }
 }
 
-/// A parsed selector. Equality and hashing are structural (on the [`Expr`]); two selectors with
-/// the same canonical string name the same IP set.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// A parsed selector. Equality, ordering and hashing are structural (on the [`Expr`]); two
+/// selectors with the same canonical string name the same IP set.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Selector {
     expr: Expr,
 }
