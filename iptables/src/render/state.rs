@@ -276,15 +276,16 @@ impl Renderer {
             Output::IpSetMembersAdded { id, members } => {
                 let entry = self.ip_sets.get_mut(&id).expect("checked above");
                 check_set(&id, entry.0, &members)?;
+                let fams = families_of(&members);
                 entry.1.extend(members);
-                self.mark_set_changed(&id);
+                self.mark_set_changed_in(&id, fams);
             }
             Output::IpSetMembersRemoved { id, members } => {
                 let entry = self.ip_sets.get_mut(&id).expect("checked above");
                 for m in &members {
                     entry.1.remove(m);
                 }
-                self.mark_set_changed(&id);
+                self.mark_set_changed_in(&id, families_of(&members));
             }
             Output::IpSetRemoved(id) => {
                 self.ip_sets.remove(&id);
@@ -322,7 +323,12 @@ impl Renderer {
     }
 
     fn mark_set_changed(&mut self, id: &str) {
-        for fam in &mut self.families {
+        self.mark_set_changed_in(id, [true, true]);
+    }
+
+    /// Marks the set changed in the families flagged `[v4, v6]` where it is referenced.
+    fn mark_set_changed_in(&mut self, id: &str, which: [bool; 2]) {
+        for (fam, _) in self.families.iter_mut().zip(which).filter(|(_, w)| *w) {
             let name = names::ipset_name(fam.version, id);
             if fam.set_refs.contains_key(&name) {
                 fam.changed_sets.insert(name);
@@ -811,4 +817,12 @@ fn desired_rules(chain: &str, hashes: Vec<String>, rules: &[Rule]) -> Vec<Desire
             }
         })
         .collect()
+}
+
+/// `[has v4 members, has v6 members]`.
+fn families_of(members: &[IpSetMember]) -> [bool; 2] {
+    [
+        members.iter().any(|m| !m.is_ipv6()),
+        members.iter().any(IpSetMember::is_ipv6),
+    ]
 }
