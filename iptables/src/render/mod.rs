@@ -46,6 +46,7 @@
 
 pub mod dispatch;
 pub mod endpoint;
+mod family;
 pub mod hash;
 pub mod ir;
 pub mod marks;
@@ -58,7 +59,7 @@ use calc_graph::proto::{EndpointId, PolicyId};
 
 pub use marks::MarkBits;
 pub use rule::{LogAction, RuleError};
-pub use state::{Delta, Renderer, SetChange};
+pub use state::{Delta, RenderedChain, Renderer, SetChange};
 
 /// What `cali-wl-to-host` does with workload traffic to the host after egress policy allowed it
 /// (Felix `DefaultEndpointToHostAction`).
