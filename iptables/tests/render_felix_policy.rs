@@ -58,7 +58,8 @@ fn nets(list: &[&str], n: usize) -> Vec<ipnet::IpNet> {
 
 #[test]
 fn cidr_split_tests() {
-    let cases: Vec<((usize, usize, usize, usize), Vec<&str>)> = vec![
+    type Counts = (usize, usize, usize, usize);
+    let cases: Vec<(Counts, Vec<&str>)> = vec![
         (
             (2, 0, 0, 0),
             vec![
