@@ -45,6 +45,8 @@
 //! Compare desired vs. kernel rules with [`Rule::render_spec`] (no chain, no counters). Build
 //! `--noflush` payloads with [`RestoreWriter`] (`-N`, `-X`, `-F`, `-A`, `-I n`, `-R n`, `-D n`,
 //! `-D spec`, chain declarations, `COMMIT`). A whole table as a restore section: [`Table::render`].
+//! Desired rules should pass [`Rule::validate`] (kernel limits that would otherwise be applied
+//! silently, e.g. comment truncation at 255 bytes).
 
 mod matches;
 mod restore;
@@ -52,6 +54,7 @@ mod rule;
 mod table;
 mod target;
 pub(crate) mod text;
+mod validate;
 
 use std::fmt;
 
@@ -66,6 +69,9 @@ pub use target::{NflogLen, Target};
 pub use text::{
     Arg, ChainName, Iface, MAX_CHAIN_NAME_LEN, MAX_IFACE_LEN, MAX_SET_NAME_LEN, MAX_TOKEN_LEN,
     SetName, Text, Word,
+};
+pub use validate::{
+    MAX_COMMENT_LEN, MAX_LOG_PREFIX_LEN, MAX_MULTIPORT_PORTS, MAX_NFLOG_PREFIX_LEN,
 };
 
 /// A value the model refuses (it would not survive iptables-restore unchanged).

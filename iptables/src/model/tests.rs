@@ -243,3 +243,70 @@ fn table_and_ruleset_render() {
     assert_eq!("nat".parse::<TableName>().unwrap(), TableName::Nat);
     assert!("NAT".parse::<TableName>().is_err());
 }
+
+#[test]
+fn validate_catches_silent_kernel_limits() {
+    let base = Rule::new(mk_chain("cali-x"));
+    assert!(
+        base.clone()
+            .with_match(Match::comment("x".repeat(255)).unwrap())
+            .validate()
+            .is_ok()
+    );
+    let long = Rule {
+        matches: vec![Match::Comment(Text::new("x".repeat(256)).unwrap())],
+        ..base.clone()
+    };
+    assert!(
+        long.validate()
+            .unwrap_err()
+            .to_string()
+            .contains("longer than 255")
+    );
+    let empty = base.clone().with_match(Match::Conntrack {
+        negated: false,
+        states: CtStates::default(),
+    });
+    assert_eq!(
+        empty.validate().unwrap_err().to_string(),
+        "rule in chain \"cali-x\" has an empty conntrack state list"
+    );
+    let many = base.clone().with_match(Match::Multiport {
+        negated: false,
+        kind: PortsKind::Destination,
+        ports: (1..=8).map(|p| PortRange::range(p, p + 1)).collect(),
+    });
+    assert!(
+        many.validate()
+            .unwrap_err()
+            .to_string()
+            .contains("16 multiport ports")
+    );
+    let rev = base.clone().with_match(Match::Tcp(Ports {
+        sport: None,
+        dport: Some(Negatable::is(PortRange::range(9, 1))),
+    }));
+    assert!(
+        rev.validate()
+            .unwrap_err()
+            .to_string()
+            .contains("reversed port range 9:1")
+    );
+    let log = base.clone().with_target(Target::Log {
+        prefix: Some(Text::new("p".repeat(30)).unwrap()),
+        level: None,
+    });
+    assert!(
+        log.validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("LOG prefix")
+    );
+    let nflog = base.with_target(Target::Nflog {
+        prefix: Some(Text::new("p".repeat(63)).unwrap()),
+        group: 1,
+        len: None,
+        threshold: None,
+    });
+    assert!(nflog.validate().is_ok());
+}

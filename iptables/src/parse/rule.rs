@@ -11,7 +11,9 @@ use crate::model::{
 };
 
 use super::lexer::Tok;
-use super::typed::{knows_option, typed_match, typed_target, validate_known_module};
+use super::typed::{
+    option_arity, typed_match, typed_target, validate_known_module, validate_known_target,
+};
 
 /// An error at a byte offset of the line.
 pub(crate) type LineError = (usize, String);
@@ -112,6 +114,7 @@ fn finish_target(t: PendingTarget) -> Result<Target, LineError> {
         return Ok(Target::Goto(c));
     }
     let name = Word::new(t.name.as_str()).map_err(|e| (t.name.offset, format!("target: {e}")))?;
+    validate_known_target(name.as_str(), &t.args)?;
     if let Some(typed) = typed_target(name.as_str(), &t.args) {
         return Ok(typed);
     }
@@ -144,9 +147,22 @@ pub(crate) fn parse_rule(
     let mut ctx = Ctx::Base;
     let mut cur: Option<PendingMatch> = None;
     let mut target: Option<PendingTarget> = None;
+    // Values still owed to the last option of a known match/target: taken verbatim, even when they
+    // look like options (`--comment -s` is a comment "-s", as getopt reads it).
+    let mut owed = 0usize;
     let mut i = 0;
     while i < toks.len() {
         let t = &toks[i];
+        if owed > 0 {
+            owed -= 1;
+            i += 1;
+            match ctx {
+                Ctx::Match => cur.as_mut().into_iter().for_each(|m| m.args.push(t)),
+                Ctx::Target => target.as_mut().into_iter().for_each(|tg| tg.args.push(t)),
+                Ctx::Base => {}
+            }
+            continue;
+        }
         // `! -s X`: negation of a base option.
         let (negated, opt_tok, opt_idx) =
             if t.is("!") && toks.get(i + 1).is_some_and(|n| base_option(n).is_some()) {
@@ -283,8 +299,10 @@ pub(crate) fn parse_rule(
                 Ctx::Base => true,
                 Ctx::Match => cur
                     .as_ref()
-                    .is_some_and(|m| knows_option(m.module, opt.as_str()) == Some(false)),
-                Ctx::Target => false,
+                    .is_some_and(|m| option_arity(m.module, false, opt.as_str()) == Some(None)),
+                Ctx::Target => target.as_ref().is_some_and(|tg| {
+                    !tg.goto && option_arity(tg.name.as_str(), true, opt.as_str()) == Some(None)
+                }),
             };
             if orphan && let Some(module) = implicit_module(&rule.protocol) {
                 if let Some(prev) = cur.take() {
@@ -298,15 +316,26 @@ pub(crate) fn parse_rule(
                 ctx = Ctx::Match;
             }
         }
+        let is_option = !t.quoted && t.as_str().starts_with("--");
         match ctx {
             Ctx::Match => {
                 if let Some(m) = cur.as_mut() {
                     m.args.push(t);
+                    if is_option {
+                        owed = option_arity(m.module, false, t.as_str())
+                            .flatten()
+                            .unwrap_or(0);
+                    }
                 }
             }
             Ctx::Target => {
                 if let Some(tg) = target.as_mut() {
                     tg.args.push(t);
+                    if is_option && !tg.goto {
+                        owed = option_arity(tg.name.as_str(), true, t.as_str())
+                            .flatten()
+                            .unwrap_or(0);
+                    }
                 }
             }
             Ctx::Base => {

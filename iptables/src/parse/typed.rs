@@ -6,7 +6,7 @@
 //! Comments are the exception: they are always typed and re-quoted the kernel's way.
 //!
 //! For modules whose option set is small and fixed (tcp, udp, multiport, icmp, icmp6, mark, mac,
-//! comment) unknown options, missing values and the pre-1.4 `--opt ! X` negation are rejected, as
+//! comment, state, limit, addrtype, set) unknown options, missing values and the pre-1.4 `--opt ! X` negation are rejected, as
 //! iptables-restore 1.8 does.
 
 use crate::model::text::push_quoted;
@@ -56,6 +56,33 @@ const KNOWN: &[(&str, &[(&str, usize)])] = &[
     ("mark", &[("mark", 1)]),
     ("mac", &[("mac-source", 1)]),
     ("comment", &[("comment", 1)]),
+    ("state", &[("state", 1)]),
+    ("limit", &[("limit", 1), ("limit-burst", 1)]),
+    (
+        "addrtype",
+        &[
+            ("src-type", 1),
+            ("dst-type", 1),
+            ("limit-iface-in", 0),
+            ("limit-iface-out", 0),
+        ],
+    ),
+    (
+        "set",
+        &[
+            ("match-set", 2),
+            ("set", 2),
+            ("return-nomatch", 0),
+            ("update-counters", 0),
+            ("update-subcounters", 0),
+            ("packets-eq", 1),
+            ("packets-lt", 1),
+            ("packets-gt", 1),
+            ("bytes-eq", 1),
+            ("bytes-lt", 1),
+            ("bytes-gt", 1),
+        ],
+    ),
 ];
 
 fn is_mac(s: &str) -> bool {
@@ -66,18 +93,83 @@ fn is_mac(s: &str) -> bool {
             .all(|p| !p.is_empty() && p.len() <= 2 && p.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
-/// Whether `module` (one with a fixed option set) accepts `--option`; `None` for other modules.
-pub(crate) fn knows_option(module: &str, option: &str) -> Option<bool> {
-    let (_, opts) = KNOWN.iter().find(|(m, _)| *m == module)?;
-    let name = option.strip_prefix("--").unwrap_or(option);
-    Some(!name.is_empty() && opts.iter().any(|(o, _)| o.starts_with(name)))
+/// Targets with a fixed option set (options without `--`, number of values).
+const KNOWN_TARGETS: &[(&str, &[(&str, usize)])] = &[
+    ("ACCEPT", &[]),
+    ("DROP", &[]),
+    ("RETURN", &[]),
+    ("REJECT", &[("reject-with", 1)]),
+    (
+        "LOG",
+        &[
+            ("log-prefix", 1),
+            ("log-level", 1),
+            ("log-tcp-sequence", 0),
+            ("log-tcp-options", 0),
+            ("log-ip-options", 0),
+            ("log-uid", 0),
+            ("log-macdecode", 0),
+        ],
+    ),
+    (
+        "NFLOG",
+        &[
+            ("nflog-prefix", 1),
+            ("nflog-group", 1),
+            ("nflog-range", 1),
+            ("nflog-size", 1),
+            ("nflog-threshold", 1),
+        ],
+    ),
+    (
+        "MARK",
+        &[
+            ("set-xmark", 1),
+            ("set-mark", 1),
+            ("and-mark", 1),
+            ("or-mark", 1),
+            ("xor-mark", 1),
+        ],
+    ),
+];
+
+/// Whether a match (`target == false`) or target with a fixed option set is known.
+fn options_of(name: &str, target: bool) -> Option<&'static [(&'static str, usize)]> {
+    let table = if target { KNOWN_TARGETS } else { KNOWN };
+    table.iter().find(|(m, _)| *m == name).map(|(_, o)| *o)
+}
+
+/// getopt_long: exact names and unambiguous abbreviations.
+fn lookup(opts: &'static [(&'static str, usize)], option: &str) -> Option<(&'static str, usize)> {
+    let name = option.strip_prefix("--").filter(|n| !n.is_empty())?;
+    opts.iter()
+        .find(|(o, _)| *o == name)
+        .or_else(|| opts.iter().find(|(o, _)| o.starts_with(name)))
+        .copied()
+}
+
+/// For a match/target with a fixed option set: `Some(arity)` of a known `--option`, `Some(None)`
+/// for an unknown one; `None` when the match/target is not one we know.
+pub(crate) fn option_arity(name: &str, target: bool, option: &str) -> Option<Option<usize>> {
+    let opts = options_of(name, target)?;
+    Some(lookup(opts, option).map(|(_, a)| a))
+}
+
+/// Rejects unknown options / missing values for the targets in [`KNOWN_TARGETS`].
+pub(crate) fn validate_known_target(name: &str, args: &[&Tok]) -> Result<(), LineError> {
+    validate(name, true, args)
 }
 
 /// Rejects unknown options / missing values for the modules in [`KNOWN`].
 pub(crate) fn validate_known_module(module: &str, args: &[&Tok]) -> Result<(), LineError> {
-    let Some((_, opts)) = KNOWN.iter().find(|(m, _)| *m == module) else {
+    validate(module, false, args)
+}
+
+fn validate(module: &str, target: bool, args: &[&Tok]) -> Result<(), LineError> {
+    let Some(opts) = options_of(module, target) else {
         return Ok(());
     };
+    let kind = if target { "target" } else { "match" };
     let mut i = 0;
     while i < args.len() {
         let t = args[i];
@@ -85,31 +177,22 @@ pub(crate) fn validate_known_module(module: &str, args: &[&Tok]) -> Result<(), L
             i += 1;
             continue;
         }
-        let name = t
-            .as_str()
-            .strip_prefix("--")
-            .filter(|n| !t.quoted && !n.is_empty());
-        let Some(name) = name else {
+        if t.quoted || !t.as_str().starts_with("--") {
             return Err((
                 t.offset,
-                format!("unexpected argument {:?} for match {module}", t.as_str()),
+                format!("unexpected argument {:?} for {kind} {module}", t.as_str()),
             ));
-        };
-        // getopt_long accepts exact names and unambiguous abbreviations.
-        let found = opts
-            .iter()
-            .find(|(o, _)| *o == name)
-            .or_else(|| opts.iter().find(|(o, _)| o.starts_with(name)));
-        let Some((full, arity)) = found else {
+        }
+        let Some((full, arity)) = lookup(opts, t.as_str()) else {
             return Err((
                 t.offset,
-                format!("unknown option {:?} for match {module}", t.as_str()),
+                format!("unknown option {:?} for {kind} {module}", t.as_str()),
             ));
         };
-        for k in 1..=*arity {
+        for k in 1..=arity {
             let v = args.get(i + k).ok_or((
                 t.offset,
-                format!("option --{full} of match {module} needs a value"),
+                format!("option --{full} of {kind} {module} needs a value"),
             ))?;
             if v.is("!") {
                 return Err((
@@ -119,7 +202,7 @@ pub(crate) fn validate_known_module(module: &str, args: &[&Tok]) -> Result<(), L
                     ),
                 ));
             }
-            if *full == "mac-source" && !is_mac(v.as_str()) {
+            if full == "mac-source" && !is_mac(v.as_str()) {
                 return Err((v.offset, format!("invalid MAC address {:?}", v.as_str())));
             }
         }
