@@ -7,7 +7,7 @@
 //! touched.
 //!
 //! Invariants checked by [`DesiredState::validate`] before anything is written:
-//! * chain names are `cali-` + `[A-Za-z0-9_.:-]`, at most 28 bytes; kernel chains are the built-in
+//! * chain names are `cali-` + `[A-Za-z0-9_.:/-]`, at most 28 bytes; kernel chains are the built-in
 //!   chains of their table;
 //! * every rule carries a 16-character `[A-Za-z0-9_-]` hash that the applier writes as the rule's
 //!   first comment (`-m comment --comment "cali:<hash>"`), and a body that is one line of restore
@@ -148,7 +148,7 @@ impl DesiredState {
                     return Err(ApplyError::InvalidChain {
                         table: *table,
                         chain: chain.clone(),
-                        reason: "our chains are `cali-` + [A-Za-z0-9_.:-], at most 28 bytes",
+                        reason: "our chains are `cali-` + [A-Za-z0-9_.:/-], at most 28 bytes",
                     });
                 }
                 for rule in rules {
@@ -217,7 +217,12 @@ fn name_chars_ok(s: &str) -> bool {
 }
 
 fn valid_chain_name(name: &str) -> bool {
-    name.len() <= MAX_CHAIN_LEN && name_chars_ok(name)
+    // `/` appears in Felix's v3.32+ policy chain names (`cali-pi-np/<ns>/<name>`).
+    name.len() <= MAX_CHAIN_LEN
+        && !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-' | b'/'))
 }
 
 /// Whether `hash` has the shape of a rule id (16 base64url characters).
