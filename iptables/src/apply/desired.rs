@@ -16,10 +16,11 @@
 //!   never the temporary prefix `cali4t`/`cali6t`; members are typed and of the set's family.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 
 use calc_graph::proto::Protocol;
 pub use calc_graph::proto::{IpSetKind, IpSetMember, IpVersion};
+
+pub use crate::model::TableName;
 
 use super::error::ApplyError;
 
@@ -36,46 +37,11 @@ pub const MAX_SET_NAME_LEN: usize = 31;
 /// Felix's default `maxelem` for our sets.
 pub const DEFAULT_MAXELEM: u32 = 1_048_576;
 
-/// An iptables table we program.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum TableName {
-    Raw,
-    Mangle,
-    Filter,
-    Nat,
-}
-
 impl TableName {
-    pub const ALL: [TableName; 4] = [
-        TableName::Raw,
-        TableName::Mangle,
-        TableName::Filter,
-        TableName::Nat,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TableName::Raw => "raw",
-            TableName::Mangle => "mangle",
-            TableName::Filter => "filter",
-            TableName::Nat => "nat",
-        }
-    }
-
-    /// The kernel (built-in) chains of this table.
+    /// The built-in chains our hook rules may go into (= [`TableName::builtin_chains`]; the name
+    /// the renderer's tests use).
     pub fn kernel_chains(self) -> &'static [&'static str] {
-        match self {
-            TableName::Raw => &["PREROUTING", "OUTPUT"],
-            TableName::Mangle => &["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"],
-            TableName::Filter => &["INPUT", "FORWARD", "OUTPUT"],
-            TableName::Nat => &["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"],
-        }
-    }
-}
-
-impl fmt::Display for TableName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        self.builtin_chains()
     }
 }
 
@@ -195,10 +161,11 @@ impl DesiredState {
                 }
                 for rule in rules {
                     validate_rule(*table, chain, rule)?;
+                    check_target(*table, t, chain, rule)?;
                 }
             }
             for hook in &t.hooks {
-                if !table.kernel_chains().contains(&hook.kernel_chain.as_str()) {
+                if !table.builtin_chains().contains(&hook.kernel_chain.as_str()) {
                     return Err(ApplyError::InvalidChain {
                         table: *table,
                         chain: hook.kernel_chain.clone(),
@@ -206,6 +173,7 @@ impl DesiredState {
                     });
                 }
                 validate_rule(*table, &hook.kernel_chain, &hook.rule)?;
+                check_target(*table, t, &hook.kernel_chain, &hook.rule)?;
             }
         }
         for (name, spec) in &self.ip_sets {
@@ -307,6 +275,26 @@ fn validate_rule(table: TableName, chain: &str, rule: &DesiredRule) -> Result<()
         return Err(bad("body must be rule options, not a restore command"));
     }
     Ok(())
+}
+
+/// A jump to one of our chains must go to a chain that is desired in the same table.
+fn check_target(
+    table: TableName,
+    t: &DesiredTable,
+    chain: &str,
+    rule: &DesiredRule,
+) -> Result<(), ApplyError> {
+    match super::kernel::body_target(&rule.body) {
+        Some(target) if is_our_chain(&target) && !t.chains.contains_key(&target) => {
+            Err(ApplyError::InvalidRule {
+                table,
+                chain: chain.to_string(),
+                hash: rule.hash.clone(),
+                reason: "jumps to a cali- chain that is not in the desired table",
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Checks an IP set name we are about to put in a payload.
@@ -453,6 +441,20 @@ mod tests {
             vec![DesiredRule::new("short\"", "-j ACCEPT")],
         );
         assert!(s.validate().unwrap_err().to_string().contains("hash"));
+    }
+
+    #[test]
+    fn jump_to_undesired_chain_is_rejected() {
+        let mut s = mk_state();
+        s.tables.get_mut(&TableName::Filter).unwrap().chains.insert(
+            "cali-x".into(),
+            vec![DesiredRule::new("aaaaaaaaaaaaaaaa", "-g cali-missing")],
+        );
+        let err = s.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("cali-x") && err.contains("not in the desired"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -27,6 +27,8 @@ pub enum ApplyError {
         member: String,
         reason: String,
     },
+    #[error("desired state is for IPv{desired} but this applier writes IPv{applier}")]
+    FamilyMismatch { applier: u8, desired: u8 },
     #[error(transparent)]
     Run(#[from] RunError),
     #[error("reading table {table} with {program} failed: {detail}")]
@@ -94,6 +96,41 @@ pub fn failed_line(stderr: &str) -> Option<usize> {
     None
 }
 
+/// The payload line to blame for a failed restore: the line the tool named, except that
+/// iptables-nft reports errors found at commit time against `COMMIT`; then the first line that
+/// mentions the chain or set the message quotes (`Chain 'X' does not exist`, `Set X doesn't
+/// exist`) is more useful.
+pub fn blame(payload: &str, stderr: &str) -> (Option<usize>, Option<String>) {
+    let line = failed_line(stderr);
+    let text = line.and_then(|n| payload_line(payload, n));
+    if text.as_deref() == Some("COMMIT") {
+        let named = stderr.split('\'').nth(1).or_else(|| {
+            stderr
+                .split("Set ")
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+        });
+        if let Some(name) = named.filter(|n| !n.is_empty())
+            && let Some((i, l)) = payload
+                .lines()
+                .enumerate()
+                .find(|(_, l)| l.split(' ').any(|tok| tok == name))
+        {
+            return (Some(i + 1), Some(l.to_string()));
+        }
+    }
+    (line, text)
+}
+
+/// The tool's message without its usage hint.
+pub fn clean_stderr(stderr: &str) -> String {
+    stderr
+        .lines()
+        .filter(|l| !l.starts_with("Try `") && !l.trim().is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// The text of 1-based `line` of `payload`.
 pub fn payload_line(payload: &str, line: usize) -> Option<String> {
     line.checked_sub(1)
@@ -123,6 +160,21 @@ mod tests {
             Some(3)
         );
         assert_eq!(failed_line("something else"), None);
+    }
+
+    #[test]
+    fn nft_commit_errors_blame_the_line_naming_the_chain() {
+        let payload = "*filter\n:cali-a - [0:0]\n-A cali-a -j NOPE\nCOMMIT\n";
+        let stderr = "iptables-nft-restore v1.8.9 (nf_tables): Chain 'NOPE' does not exist\n\
+                      Error occurred at line: 4\nTry `iptables-nft-restore -h' for more information.";
+        assert_eq!(
+            blame(payload, stderr),
+            (Some(3), Some("-A cali-a -j NOPE".to_string()))
+        );
+        assert_eq!(
+            clean_stderr(stderr),
+            "iptables-nft-restore v1.8.9 (nf_tables): Chain 'NOPE' does not exist; Error occurred at line: 4"
+        );
     }
 
     #[test]
