@@ -190,7 +190,12 @@ fn main() {
     let mut full = Vec::new();
     let mut flush_only = Vec::new();
     let mut renderer = None;
-    for _ in 0..3 {
+    let runs = if std::env::var_os("RENDER_BENCH_FULL_ONLY").is_some() {
+        1
+    } else {
+        3
+    };
+    for _ in 0..runs {
         let t = Instant::now();
         let mut r = Renderer::new(RenderConfig::default()).unwrap();
         let errs = r.apply_all(inputs.iter().cloned());
@@ -203,6 +208,10 @@ fn main() {
         renderer = Some(r);
     }
     let mut r = renderer.unwrap();
+    if std::env::var_os("RENDER_BENCH_FULL_ONLY").is_some() {
+        // For profiling the from-scratch path alone.
+        return;
+    }
     let (c4, r4, b4) = rules_and_bytes(&r, IpVersion::V4);
     let (c6, r6, b6) = rules_and_bytes(&r, IpVersion::V6);
     println!(
