@@ -161,6 +161,7 @@ fn ip_sets_are_split_by_family_and_emitted_only_where_referenced() {
             members: vec![
                 IpSetMember::Net(net("10.0.0.1/32")),
                 IpSetMember::Net(net("fd00::1/128")),
+                IpSetMember::Net(net("::/0")),
             ],
         },
         Output::IpSetCreated {
@@ -196,6 +197,18 @@ fn ip_sets_are_split_by_family_and_emitted_only_where_referenced() {
     );
     assert_eq!(d6.ip_sets.keys().collect::<Vec<_>>(), ["cali60s:both"]);
     let m4: Vec<_> = d4.ip_sets["cali40s:both"].members.iter().collect();
+    assert_eq!(
+        d6.ip_sets["cali60s:both"]
+            .members
+            .iter()
+            .collect::<Vec<_>>(),
+        [
+            &IpSetMember::Net(net("::/1")),
+            &IpSetMember::Net(net("8000::/1")),
+            &IpSetMember::Net(net("fd00::1/128"))
+        ],
+        "a /0 member is stored as two /1 halves"
+    );
     assert_eq!(m4, [&IpSetMember::Net(net("10.0.0.1/32"))]);
     assert_eq!(d6.ip_sets["cali60s:both"].kind, SetKind::Net);
     // The dual-stack endpoint is protected in both families.
@@ -219,7 +232,7 @@ fn ip_sets_are_split_by_family_and_emitted_only_where_referenced() {
     assert!(r.take_delta(IpVersion::V4).is_empty());
     let d = r.take_delta(IpVersion::V6);
     assert_eq!(d.ip_sets.len(), 1);
-    assert_eq!(d.ip_sets[0].1.as_ref().unwrap().members.len(), 2);
+    assert_eq!(d.ip_sets[0].1.as_ref().unwrap().members.len(), 4);
     assert!(matches!(
         r.apply(Output::IpSetMembersAdded {
             id: "s:nope".into(),

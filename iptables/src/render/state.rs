@@ -537,7 +537,7 @@ impl Renderer {
                 members
                     .iter()
                     .filter(|m| m.is_ipv6() == (v == IpVersion::V6))
-                    .cloned(),
+                    .flat_map(split_zero_prefix),
             ),
             // Referenced but removed by the graph: keep an empty set so no rule dangles.
             None => {
@@ -654,4 +654,22 @@ fn families_of(members: &[IpSetMember]) -> [bool; 2] {
         members.iter().any(|m| !m.is_ipv6()),
         members.iter().any(IpSetMember::is_ipv6),
     ]
+}
+
+/// The kernel's `hash:net` cannot hold a `/0`; like Felix, store it as the two `/1` halves.
+fn split_zero_prefix(m: &IpSetMember) -> Vec<IpSetMember> {
+    match m {
+        IpSetMember::Net(n) if n.prefix_len() == 0 => {
+            let halves: [&str; 2] = if n.addr().is_ipv6() {
+                ["::/1", "8000::/1"]
+            } else {
+                ["0.0.0.0/1", "128.0.0.0/1"]
+            };
+            halves
+                .iter()
+                .map(|h| IpSetMember::Net(h.parse().expect("valid literal")))
+                .collect()
+        }
+        other => vec![other.clone()],
+    }
 }
