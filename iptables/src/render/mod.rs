@@ -55,6 +55,8 @@
 //!   top of `cali-wl-to-host` (workload -> host, before egress policy). NDP never crosses
 //!   `cali-FORWARD` (link-local) and host -> workload traffic is not policed (`cali-OUTPUT` RETURNs
 //!   for `cali+`), so the endpoint chains need no NDP rules.
+//! * The LOG prefix is used verbatim (sanitised to `[A-Za-z0-9 _@+=:,./-]`, cut to 27 bytes):
+//!   Felix's `%t`/`%k`/`%n`/`%p` substitutions are not implemented.
 //! * Log action: `LOG` as Felix (§4.3), or `NFLOG` (group from [`LogAction::Nflog`]) with the
 //!   prefix `L<P|R><I|E><rule index>|<policy id>` (≤ 63 chars, hashed when longer).
 //!
