@@ -1,8 +1,11 @@
-//! Per-family chain store: rendered chains with their ids, reference counts of IP sets, and the
-//! change log that [`super::Renderer::take_delta`] drains.
+//! Per-family chain store: rendered chains, the applier's [`DesiredState`] kept up to date
+//! incrementally (so handing it to the applier costs nothing), reference counts of IP sets, and
+//! the change log that [`super::Renderer::take_delta`] drains.
 //!
-//! Invariant: `set_refs[name]` is the number of stored chains whose rules name set `name`; a set
-//! (or chain) whose presence or content changed is in `changed_sets` (`changed`) until drained.
+//! Invariants: `state.tables[t].chains` has exactly the keys of `chains` (with the hashed,
+//! kernel-form rules); `set_refs[name]` is the number of stored chains whose rules name set
+//! `name`; a set (or chain) whose presence or content changed is in `changed_sets` (`changed`)
+//! until drained, and in `sets_dirty` until the renderer refreshes `state.ip_sets`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -10,14 +13,7 @@ use calc_graph::proto::IpVersion;
 
 use super::hash::rule_hashes;
 use super::ir::{Match, Rule};
-use crate::apply::{DesiredRule, HookPosition, HookRule, IpSetSpec, TableName};
-
-/// A rendered chain: the renderer's rules and the applier's (hash, body) form of them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RenderedChain {
-    pub rules: Vec<Rule>,
-    pub desired: Vec<DesiredRule>,
-}
+use crate::apply::{DesiredRule, DesiredState, HookPosition, HookRule, IpSetSpec, TableName};
 
 /// An IP set that changed in a family: its new content, or `None` when it is no longer wanted.
 pub type SetChange = (String, Option<IpSetSpec>);
@@ -48,11 +44,13 @@ impl Delta {
 
 pub(super) struct Family {
     pub(super) version: IpVersion,
-    pub(super) chains: BTreeMap<(TableName, String), RenderedChain>,
+    /// The renderer's rules per chain (the hashed kernel form lives in `state`).
+    pub(super) chains: BTreeMap<(TableName, String), Vec<Rule>>,
+    pub(super) state: DesiredState,
     pub(super) changed: BTreeSet<(TableName, String)>,
     pub(super) set_refs: HashMap<String, usize>,
     pub(super) changed_sets: BTreeSet<String>,
-    pub(super) hooks: Vec<(TableName, HookRule)>,
+    pub(super) sets_dirty: BTreeSet<String>,
     pub(super) dispatch_names: Vec<String>,
 }
 
@@ -67,9 +65,22 @@ fn set_names(rules: &[Rule]) -> impl Iterator<Item = &str> {
 }
 
 impl Family {
+    pub(super) fn new(version: IpVersion) -> Self {
+        Family {
+            version,
+            chains: BTreeMap::new(),
+            state: DesiredState::new(version),
+            changed: BTreeSet::new(),
+            set_refs: HashMap::new(),
+            changed_sets: BTreeSet::new(),
+            sets_dirty: BTreeSet::new(),
+            dispatch_names: Vec::new(),
+        }
+    }
+
     pub(super) fn set_chain(&mut self, table: TableName, name: String, rules: Vec<Rule>) {
         let key = (table, name);
-        if self.chains.get(&key).is_some_and(|c| c.rules == rules) {
+        if self.chains.get(&key).is_some_and(|c| *c == rules) {
             return;
         }
         let bodies: Vec<String> = rules.iter().map(Rule::felix_text).collect();
@@ -79,14 +90,17 @@ impl Family {
             let n = self.set_refs.entry(s.to_string()).or_default();
             *n += 1;
             if *n == 1 {
-                self.changed_sets.insert(s.to_string());
+                self.set_changed(s);
             }
         }
-        let old = self
+        self.state
+            .tables
+            .entry(table)
+            .or_default()
             .chains
-            .insert(key.clone(), RenderedChain { rules, desired });
-        if let Some(old) = old {
-            self.unref_sets(&old.rules);
+            .insert(key.1.clone(), desired);
+        if let Some(old) = self.chains.insert(key.clone(), rules) {
+            self.unref_sets(&old);
         }
         self.changed.insert(key);
     }
@@ -94,9 +108,18 @@ impl Family {
     pub(super) fn remove_chain(&mut self, table: TableName, name: &str) {
         let key = (table, name.to_string());
         if let Some(old) = self.chains.remove(&key) {
-            self.unref_sets(&old.rules);
+            if let Some(t) = self.state.tables.get_mut(&table) {
+                t.chains.remove(name);
+            }
+            self.unref_sets(&old);
             self.changed.insert(key);
         }
+    }
+
+    /// Records that set `name` changed (content or presence) in this family.
+    pub(super) fn set_changed(&mut self, name: &str) {
+        self.changed_sets.insert(name.to_string());
+        self.sets_dirty.insert(name.to_string());
     }
 
     fn unref_sets(&mut self, rules: &[Rule]) {
@@ -105,9 +128,16 @@ impl Family {
                 *n -= 1;
                 if *n == 0 {
                     self.set_refs.remove(s);
-                    self.changed_sets.insert(s.to_string());
+                    self.set_changed(s);
                 }
             }
+        }
+    }
+
+    /// Adds hook rules to the state (done once, at construction).
+    pub(super) fn add_hooks(&mut self, hooks: Vec<(TableName, HookRule)>) {
+        for (table, hook) in hooks {
+            self.state.tables.entry(table).or_default().hooks.push(hook);
         }
     }
 

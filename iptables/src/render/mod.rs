@@ -63,6 +63,10 @@
 //! # Deliberate differences in behaviour
 //! * OR blocks clear TB at the start of each positive block after the second (Felix's TB bug,
 //!   §4.4); outputs with ≤ 2 positive blocks are byte-identical to Felix's.
+//! * A profile chain with a Pass rule starts by clearing the pass bit: profiles are entered with
+//!   it possibly set (last tier passed, or an earlier profile passed), and Felix's check
+//!   "RETURN if pass bit" would then skip the rest of the profile (possibly a Deny, so a later
+//!   profile could allow). Found by the endpoint-chain property test in `render_eval.rs`.
 //! * A negated CIDR list that only holds other-family CIDRs is dropped instead of the whole rule.
 //! * Human comments are cut to 255 bytes (the kernel's limit), not 256.
 //! * Names with characters outside `[A-Za-z0-9._:/-]` are always hashed into chain names.
@@ -85,7 +89,7 @@ use calc_graph::proto::{EndpointId, PolicyId};
 
 pub use marks::MarkBits;
 pub use rule::{LogAction, RuleError};
-pub use state::{Delta, RenderedChain, Renderer, SetChange};
+pub use state::{Delta, Renderer, SetChange};
 
 /// What `cali-wl-to-host` does with workload traffic to the host after egress policy allowed it
 /// (Felix `DefaultEndpointToHostAction`).

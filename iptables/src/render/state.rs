@@ -14,12 +14,12 @@ use calc_graph::proto::{
     LocalEndpoint, Output, PolicyId,
 };
 
-pub use super::family::{Delta, RenderedChain, SetChange};
+pub use super::family::{Delta, SetChange};
 use super::family::{Family, hash_hooks};
 use super::hash::escape_comment;
 use super::ir::{Rule, Target};
 use super::marks::MarkBits;
-use super::rule::{RuleCtx, render_rules};
+use super::rule::{RuleCtx, render_profile_rules, render_rules};
 use super::{RenderConfig, RenderError, dispatch, endpoint, names, static_chains};
 use crate::apply::{DesiredState, IpSetSpec, TableName};
 
@@ -82,15 +82,6 @@ impl Renderer {
         if let Some(p) = cfg.interface_prefixes.iter().find(|p| !valid_prefix(p)) {
             return Err(RenderError::InvalidInterfacePrefix { prefix: p.clone() });
         }
-        let mk_family = |version| Family {
-            version,
-            chains: BTreeMap::new(),
-            changed: BTreeSet::new(),
-            set_refs: HashMap::new(),
-            changed_sets: BTreeSet::new(),
-            hooks: Vec::new(),
-            dispatch_names: Vec::new(),
-        };
         let mut r = Renderer {
             log_prefix: sanitize_log_prefix(&cfg.log_prefix),
             cfg,
@@ -110,7 +101,7 @@ impl Renderer {
             dispatch_dirty: true,
             waiting_policies: HashSet::new(),
             waiting_profiles: HashSet::new(),
-            families: [mk_family(IpVersion::V4), mk_family(IpVersion::V6)],
+            families: [Family::new(IpVersion::V4), Family::new(IpVersion::V6)],
             in_sync: false,
         };
         for fam in &mut r.families {
@@ -125,7 +116,7 @@ impl Renderer {
                 (TableName::Nat, static_chains::nat_hooks()),
             ];
             for (table, list) in hooks {
-                fam.hooks.extend(hash_hooks(table, list));
+                fam.add_hooks(hash_hooks(table, list));
             }
         }
         r.flush();
@@ -225,7 +216,7 @@ impl Renderer {
         for (fam, _) in self.families.iter_mut().zip(which).filter(|(_, w)| *w) {
             let name = names::ipset_name(fam.version, id);
             if fam.set_refs.contains_key(&name) {
-                fam.changed_sets.insert(name);
+                fam.set_changed(&name);
             }
         }
     }
@@ -407,6 +398,17 @@ impl Renderer {
                 }
             }
         }
+        for fi in 0..2 {
+            let v = self.families[fi].version;
+            for name in std::mem::take(&mut self.families[fi].sets_dirty) {
+                if self.families[fi].set_refs.contains_key(&name) {
+                    let spec = self.set_spec(v, &name);
+                    self.families[fi].state.ip_sets.insert(name, spec);
+                } else {
+                    self.families[fi].state.ip_sets.remove(&name);
+                }
+            }
+        }
         errors
     }
 
@@ -487,7 +489,7 @@ impl Renderer {
         } else {
             &p.outbound_rules
         };
-        match render_rules(rules, &comment, &ctx) {
+        match render_profile_rules(rules, &comment, &ctx) {
             Ok(r) => r,
             Err(reason) => {
                 if matches!(reason, super::RuleError::UnknownIpSet { .. }) {
@@ -503,30 +505,15 @@ impl Renderer {
         }
     }
 
-    /// The full desired state of one family (call [`flush`](Self::flush) first).
+    /// The full desired state of one family, maintained incrementally: borrowing it costs
+    /// nothing (call [`flush`](Self::flush) first).
+    pub fn desired_ref(&self, v: IpVersion) -> &DesiredState {
+        &self.family(v).state
+    }
+
+    /// An owned copy of [`desired_ref`](Self::desired_ref).
     pub fn desired(&self, v: IpVersion) -> DesiredState {
-        let fam = self.family(v);
-        let mut state = DesiredState::new(v);
-        for ((table, name), chain) in &fam.chains {
-            state
-                .tables
-                .entry(*table)
-                .or_default()
-                .chains
-                .insert(name.clone(), chain.desired.clone());
-        }
-        for (table, hook) in &fam.hooks {
-            state
-                .tables
-                .entry(*table)
-                .or_default()
-                .hooks
-                .push(hook.clone());
-        }
-        for name in fam.set_refs.keys() {
-            state.ip_sets.insert(name.clone(), self.set_spec(v, name));
-        }
-        state
+        self.family(v).state.clone()
     }
 
     fn set_spec(&self, v: IpVersion, name: &str) -> IpSetSpec {
@@ -556,21 +543,22 @@ impl Renderer {
         let fi = usize::from(v == IpVersion::V6);
         let changed = std::mem::take(&mut self.families[fi].changed);
         let changed_sets = std::mem::take(&mut self.families[fi].changed_sets);
-        let fam = &self.families[fi];
+        let state = &self.families[fi].state;
         let chains = changed
             .into_iter()
             .map(|(t, n)| {
-                let rules = fam.chains.get(&(t, n.clone())).map(|c| c.desired.clone());
+                let rules = state
+                    .tables
+                    .get(&t)
+                    .and_then(|tb| tb.chains.get(&n))
+                    .cloned();
                 (t, n, rules)
             })
             .collect();
         let ip_sets = changed_sets
             .into_iter()
             .map(|name| {
-                let spec = fam
-                    .set_refs
-                    .contains_key(&name)
-                    .then(|| self.set_spec(v, &name));
+                let spec = state.ip_sets.get(&name).cloned();
                 (name, spec)
             })
             .collect();
@@ -586,7 +574,7 @@ impl Renderer {
         self.family(v)
             .chains
             .get(&(table, name.to_string()))
-            .map(|c| c.rules.as_slice())
+            .map(Vec::as_slice)
     }
 
     /// Names of all chains of a family and table.
