@@ -1,1 +1,302 @@
-//! Parser of iptables-save output.
+//! Parser of `iptables-save` / `ip6tables-save` output (legacy and nft flavours) into the typed
+//! [`crate::model`], such that [`Ruleset::render`] gives back the exact text for anything the kernel
+//! prints (comment and blank lines included).
+//!
+//! Accepted: `# …` lines anywhere (headers, `# Completed on …`, the nft
+//! `# Warning: iptables-legacy tables present …` line), blank lines, tables in any order and
+//! repeated, `:CHAIN POLICY [p:b]` with or without counters, rules with or without a `[p:b]` prefix,
+//! `-A CHAIN …` and `-I CHAIN [n] …` (restore input), leading/trailing spaces and runs of spaces on
+//! rule lines (the kernel's normal form is rendered back), double-quoted strings with `\`
+//! escapes, `!` negations in the modern position.
+//!
+//! Rejected with `LINE:COL: message`, like iptables-restore 1.8 rejects them: CRLF line ends, a
+//! whitespace-only line, NUL bytes, an unterminated `"`, a rule outside a table, a missing `COMMIT`,
+//! the pre-1.4 negation `-s ! X` / `--dport ! X`, unknown options of the fixed-option modules
+//! (tcp, udp, multiport, icmp, icmp6, mark, mac, comment), an invalid MAC in `--mac-source`, names
+//! the model refuses (chain names over 28 bytes, interface names over 15, …).
+//!
+//! Not checked (semantic, needs the kernel): host names in `-s`/`-d` (kept verbatim), options of
+//! other extensions, whether sets/chains exist.
+
+mod lexer;
+mod rule;
+mod typed;
+
+use std::collections::HashSet;
+
+use nom::IResult;
+use nom::Parser;
+use nom::character::complete::{char, u64 as nom_u64};
+use nom::sequence::{delimited, separated_pair};
+
+use crate::model::{
+    Chain, ChainName, CommentLine, Counters, Item, Policy, Ruleset, Table, TableLine, TableName,
+    Target,
+};
+
+/// A syntax error, 1-based line and column (in characters).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{line}:{column}: {message}")]
+pub struct ParseError {
+    pub line: usize,
+    pub column: usize,
+    pub message: String,
+}
+
+fn counters(i: &str) -> IResult<&str, Counters> {
+    delimited(
+        char('['),
+        separated_pair(nom_u64, char(':'), nom_u64),
+        char(']'),
+    )
+    .map(|(packets, bytes)| Counters { packets, bytes })
+    .parse(i)
+}
+
+struct Cursor<'a> {
+    line_no: usize,
+    line: &'a str,
+}
+
+impl Cursor<'_> {
+    fn err(&self, offset: usize, message: impl Into<String>) -> ParseError {
+        let offset = offset.min(self.line.len());
+        let column = self
+            .line
+            .get(..offset)
+            .map_or(offset, |s| s.chars().count())
+            + 1;
+        ParseError {
+            line: self.line_no,
+            column,
+            message: message.into(),
+        }
+    }
+}
+
+/// Parses a whole save file.
+pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
+    let mut rs = Ruleset {
+        items: Vec::new(),
+        missing_final_newline: !text.is_empty() && !text.ends_with('\n'),
+    };
+    let body = text.strip_suffix('\n').unwrap_or(text);
+    let mut table: Option<(Table, usize)> = None;
+    if text.is_empty() {
+        return Ok(rs);
+    }
+    for (idx, line) in body.split('\n').enumerate() {
+        let cur = Cursor {
+            line_no: idx + 1,
+            line,
+        };
+        if let Some(off) = line.find(['\r', '\0']) {
+            let what = if line.as_bytes()[off] == b'\r' {
+                "carriage return (CRLF line end); iptables-restore rejects it"
+            } else {
+                "NUL byte"
+            };
+            return Err(cur.err(off, what));
+        }
+        if line.is_empty() {
+            match &mut table {
+                Some((t, _)) => t.lines.push(TableLine::Blank),
+                None => rs.items.push(Item::Blank),
+            }
+            continue;
+        }
+        if line.starts_with('#') {
+            let c = CommentLine::new(line).map_err(|e| cur.err(0, e.to_string()))?;
+            match &mut table {
+                Some((t, _)) => t.lines.push(TableLine::Comment(c)),
+                None => rs.items.push(Item::Comment(c)),
+            }
+            continue;
+        }
+        if line.trim_matches([' ', '\t']).is_empty() {
+            return Err(cur.err(
+                0,
+                "whitespace-only line; iptables-restore rejects it (no command specified)",
+            ));
+        }
+        if let Some(name) = line.strip_prefix('*') {
+            if let Some((t, _)) = &table {
+                return Err(cur.err(
+                    0,
+                    format!("table {} is not committed (COMMIT expected)", t.name),
+                ));
+            }
+            let name: TableName = name
+                .parse()
+                .map_err(|e: crate::model::ModelError| cur.err(1, e.to_string()))?;
+            table = Some((Table::new(name), idx + 1));
+            continue;
+        }
+        if line == "COMMIT" {
+            let Some((t, _)) = table.take() else {
+                return Err(cur.err(0, "COMMIT outside a table"));
+            };
+            rs.items.push(Item::Table(resolve_jumps(t)));
+            continue;
+        }
+        let Some((t, _)) = &mut table else {
+            return Err(cur.err(
+                0,
+                "line outside a table (expected *filter, *nat, *mangle, *raw or *security)",
+            ));
+        };
+        if line.starts_with(':') {
+            t.lines.push(TableLine::Chain(chain_line(&cur)?));
+        } else {
+            t.lines.push(rule_line(&cur)?);
+        }
+    }
+    if let Some((t, start)) = table {
+        let last = body.split('\n').count();
+        let last_line = body.rsplit('\n').next().unwrap_or("");
+        return Err(ParseError {
+            line: last,
+            column: last_line.chars().count() + 1,
+            message: format!(
+                "COMMIT expected for table {} started at line {start}",
+                t.name
+            ),
+        });
+    }
+    Ok(rs)
+}
+
+fn chain_line(cur: &Cursor) -> Result<Chain, ParseError> {
+    let line = cur.line;
+    let toks =
+        lexer::tokenize(&line[1..]).map_err(|o| cur.err(o + 1, "unterminated double quote"))?;
+    let at = |i: usize| toks.get(i).map_or(line.len(), |t| t.offset + 1);
+    let name_tok = toks
+        .first()
+        .filter(|t| !t.quoted && t.offset == 0)
+        .ok_or_else(|| cur.err(1, "chain name expected after ':'"))?;
+    let name = ChainName::new(name_tok.as_str()).map_err(|e| cur.err(1, e.to_string()))?;
+    let policy = match toks.get(1).map(|t| t.as_str()) {
+        Some("-") => None,
+        Some("ACCEPT") => Some(Policy::Accept),
+        Some("DROP") => Some(Policy::Drop),
+        Some(p) => {
+            return Err(cur.err(
+                at(1),
+                format!("invalid policy {p:?} for chain {name} (expected ACCEPT, DROP or -)"),
+            ));
+        }
+        None => return Err(cur.err(line.len(), format!("policy expected for chain {name}"))),
+    };
+    let counters = match toks.get(2) {
+        None => None,
+        Some(t) => match counters(t.as_str()) {
+            Ok(("", c)) if !t.quoted => Some(c),
+            _ => {
+                return Err(cur.err(
+                    at(2),
+                    format!(
+                        "invalid counters {:?} for chain {name} (expected [packets:bytes])",
+                        t.as_str()
+                    ),
+                ));
+            }
+        },
+    };
+    if toks.len() > 3 {
+        return Err(cur.err(
+            at(3),
+            format!("unexpected {:?} after chain {name}", toks[3].as_str()),
+        ));
+    }
+    Ok(Chain {
+        name,
+        policy,
+        counters,
+    })
+}
+
+fn rule_line<'a>(cur: &Cursor<'a>) -> Result<TableLine, ParseError> {
+    let toks = lexer::tokenize(cur.line).map_err(|o| cur.err(o, "unterminated double quote"))?;
+    let mut rest = &toks[..];
+    let mut rule_counters = None;
+    if let Some(first) = rest.first()
+        && first.as_str().starts_with('[')
+        && !first.quoted
+    {
+        match counters(first.as_str()) {
+            Ok(("", c)) => rule_counters = Some(c),
+            _ => {
+                return Err(cur.err(
+                    first.offset,
+                    format!(
+                        "invalid counters {:?} (expected [packets:bytes])",
+                        first.as_str()
+                    ),
+                ));
+            }
+        }
+        rest = &rest[1..];
+    }
+    let Some(cmd) = rest.first() else {
+        return Err(cur.err(cur.line.len(), "command expected after counters"));
+    };
+    let insert = match cmd.as_str() {
+        "-A" | "--append" if !cmd.quoted => false,
+        "-I" | "--insert" if !cmd.quoted => true,
+        other => {
+            return Err(cur.err(
+                cmd.offset,
+                format!("unsupported command {other:?} (expected -A CHAIN or -I CHAIN)"),
+            ));
+        }
+    };
+    let chain_tok = rest.get(1).ok_or_else(|| {
+        cur.err(
+            cur.line.len(),
+            format!("chain name expected after {}", cmd.as_str()),
+        )
+    })?;
+    let chain =
+        ChainName::new(chain_tok.as_str()).map_err(|e| cur.err(chain_tok.offset, e.to_string()))?;
+    rest = &rest[2..];
+    let mut position = None;
+    if insert
+        && let Some(p) = rest.first()
+        && !p.quoted
+        && let Ok(n) = p.as_str().parse::<u32>()
+    {
+        if n == 0 {
+            return Err(cur.err(p.offset, "rule position must be at least 1"));
+        }
+        position = Some(n);
+        rest = &rest[1..];
+    }
+    let rule = rule::parse_rule(chain, rule_counters, rest).map_err(|(o, m)| cur.err(o, m))?;
+    Ok(if insert {
+        TableLine::Insert { position, rule }
+    } else {
+        TableLine::Rule(rule)
+    })
+}
+
+/// `-j NAME` without options where NAME is a chain declared in the table becomes [`Target::Jump`].
+fn resolve_jumps(mut t: Table) -> Table {
+    let declared: HashSet<String> = t.chain_names().map(str::to_string).collect();
+    for line in &mut t.lines {
+        let (TableLine::Rule(r) | TableLine::Insert { rule: r, .. }) = line else {
+            continue;
+        };
+        if let Some(Target::Generic { name, args }) = &r.target
+            && args.is_empty()
+            && declared.contains(name.as_str())
+            && let Ok(c) = ChainName::new(name.as_str())
+        {
+            r.target = Some(Target::Jump(c));
+        }
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,1 +1,179 @@
-//! Renderer: calc-graph output to desired chains and IP sets.
+//! Renderer: calc-graph output -> the desired Calico-style chains and IP sets (pure).
+//!
+//! [`Renderer`] consumes [`calc_graph::proto::Output`]s incrementally and produces, for IPv4 and
+//! IPv6, the applier's [`DesiredState`](crate::apply::DesiredState) (filter + nat tables, hook
+//! rules, IP sets), and on request only what changed since the last call ([`Delta`]).
+//!
+//! # Layout (as Felix, calico-felix.md §2)
+//! * hooks: `INPUT`/`FORWARD`/`OUTPUT` -> `cali-INPUT`/`cali-FORWARD`/`cali-OUTPUT` at the top;
+//!   `FORWARD` ends with "Policy explicitly accepted packet." ACCEPT + set-accept-mark (appended);
+//!   nat `PREROUTING`/`OUTPUT` (top) and `POSTROUTING` (appended) -> `cali-PREROUTING`/...
+//! * `cali-FORWARD` -> `cali-from-wl-dispatch` / `cali-to-wl-dispatch` (prefix tree, §2.3) ->
+//!   `cali-fw-<iface>` / `cali-tw-<iface>` -> `cali-pi-`/`cali-po-` (policies), `cali-pri-`/`cali-pro-`
+//!   (profiles). `cali-INPUT` -> `cali-wl-to-host` -> `cali-from-wl-dispatch`.
+//! * Verdicts are mark bits ([`marks`]); rules are rendered per §4 ([`rule`]); names per §5
+//!   ([`names`]); every rule's `cali:` id is Felix's SHA-224 chain over Felix's input syntax
+//!   ([`hash`], [`ir::Rule::felix_text`]), so our ids equal Felix's for identical rules.
+//! * Lazy programming (§2.10): a policy/profile chain exists only while an endpoint chain jumps to
+//!   it; an IP set exists in a family only while a chain of that family references it.
+//!
+//! # Use
+//! ```
+//! use calc_graph::proto::{IpVersion, Output};
+//! use iptables::render::{RenderConfig, Renderer};
+//! let mut r = Renderer::new(RenderConfig::default()).unwrap();
+//! let errors = r.apply_all([Output::InSync]); // one bad object never stops the others
+//! assert!(errors.is_empty());
+//! assert!(r.flush().is_empty()); // re-render what changed (errors: objects rendered fail-closed)
+//! let v4 = r.desired(IpVersion::V4); // full state for the applier ...
+//! assert!(v4.tables.values().any(|t| t.chains.contains_key("cali-from-wl-dispatch")));
+//! let delta = r.take_delta(IpVersion::V4); // ... or only what changed since the last take_delta
+//! assert!(!delta.is_empty());
+//! ```
+//!
+//! # Tests
+//! `iptables/tests/render_golden.rs` (ids from a live Felix dump, §2.4/§4.4 examples),
+//! `render_felix_policy.rs` (Felix's `policy_test.go` tables), `render_eval.rs` (packet evaluator
+//! property tests), `render_hostile.rs`, `render_state.rs`, `render_kernel.rs` (real kernel round
+//! trip in a throwaway netns). Benchmark: `iptables/benches/render.rs`.
+//!
+//! # Simplifications against Felix (deliberate; features out of scope)
+//! * No host endpoints: `cali-FORWARD` has no `cali-from-hep-forward`/`cali-to-hep-forward` jumps,
+//!   `cali-INPUT`/`cali-OUTPUT` do not jump to `cali-from-host-endpoint`/`cali-to-host-endpoint`
+//!   (nor their "Host endpoint policy accepted packet." rules); no failsafe chains.
+//! * No IPIP/VXLAN/WireGuard/IPVS/BPF rules in `cali-INPUT`/`cali-OUTPUT`; no `cali-cidr-block`.
+//!   The per-workload "Drop VXLAN/IPinIP encapped packets originating in workloads" rules are kept
+//!   (Felix's default) unless `allow_encap_from_workloads`.
+//! * raw and mangle tables are not programmed (no untracked, pre-DNAT or HEP policy; no RPF
+//!   anti-spoofing chain `cali-rpf-skip`). Policies with `untracked`/`pre_dnat` are rendered as
+//!   normal filter policies only if an endpoint's tiers list them.
+//! * nat: the hook chains and the `cali-fip-dnat`/`cali-fip-snat`/`cali-nat-outgoing` leaf chains
+//!   exist but are empty (no floating IPs, no natOutgoing pools in scope).
+//! * No policy-group chains (`cali-gi-`/`cali-go-`, §2.5): each endpoint jumps to each policy.
+//! * No staged policies, no QoS, no flow logs (the NFLOG rules of §4.3 with flow logs on).
+//! * IPv6 neighbour discovery (ICMPv6 130-133, 135, 136) is accepted where Felix accepts it: at the
+//!   top of `cali-wl-to-host` (workload -> host, before egress policy). NDP never crosses
+//!   `cali-FORWARD` (link-local) and host -> workload traffic is not policed (`cali-OUTPUT` RETURNs
+//!   for `cali+`), so the endpoint chains need no NDP rules.
+//! * The LOG prefix is used verbatim (sanitised to `[A-Za-z0-9 _@+=:,./-]`, cut to 27 bytes):
+//!   Felix's `%t`/`%k`/`%n`/`%p` substitutions are not implemented.
+//! * Log action: `LOG` as Felix (§4.3), or `NFLOG` (group from [`LogAction::Nflog`]) with the
+//!   prefix `L<P|R><I|E><rule index>|<policy id>` (≤ 63 chars, hashed when longer).
+//!
+//! # Deliberate differences in behaviour
+//! * OR blocks clear TB at the start of each positive block after the second (Felix's TB bug,
+//!   §4.4); outputs with ≤ 2 positive blocks are byte-identical to Felix's.
+//! * A profile chain with a Pass rule starts by clearing the pass bit: profiles are entered with
+//!   it possibly set (last tier passed, or an earlier profile passed), and Felix's check
+//!   "RETURN if pass bit" would then skip the rest of the profile (possibly a Deny, so a later
+//!   profile could allow). Found by the endpoint-chain property test in `render_eval.rs`.
+//! * A negated CIDR list that only holds other-family CIDRs is dropped instead of the whole rule.
+//! * Human comments are cut to 255 bytes (the kernel's limit), not 256.
+//! * Names with characters outside `[A-Za-z0-9._:/-]` are always hashed into chain names.
+//! * A policy that cannot be rendered safely (ports without a port protocol, ICMP fields without
+//!   the family's ICMP protocol, an unknown IP set) becomes a single DROP chain and an error;
+//!   an endpoint jumping to a policy the renderer has never seen jumps to a DROP chain too.
+
+pub mod dispatch;
+pub mod endpoint;
+mod family;
+pub mod hash;
+pub mod ir;
+pub mod marks;
+pub mod names;
+pub mod rule;
+mod state;
+pub mod static_chains;
+
+use calc_graph::proto::{EndpointId, PolicyId};
+
+pub use marks::MarkBits;
+pub use rule::{LogAction, RuleError};
+pub use state::{Delta, Renderer, SetChange};
+
+/// What `cali-wl-to-host` does with workload traffic to the host after egress policy allowed it
+/// (Felix `DefaultEndpointToHostAction`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndpointToHostAction {
+    Accept,
+    Drop,
+    Return,
+}
+
+/// Renderer configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderConfig {
+    /// Bits the renderer may use for verdict marks (Felix `IptablesMarkMask`).
+    pub mark_mask: u32,
+    /// Workload interface prefixes (Felix `InterfacePrefix`); `cali` -> `cali+` wildcards.
+    pub interface_prefixes: Vec<String>,
+    /// `LOG` prefix for the Log action (sanitised, cut to 27 chars; the kernel allows 29 with ": ").
+    pub log_prefix: String,
+    /// How the Log action is rendered.
+    pub log_action: LogAction,
+    /// Felix `DefaultEndpointToHostAction` (calico.yaml sets ACCEPT).
+    pub default_endpoint_to_host_action: EndpointToHostAction,
+    /// Felix `AllowVXLANPacketsFromWorkloads` / `AllowIPIPPacketsFromWorkloads`.
+    pub allow_encap_from_workloads: bool,
+}
+
+impl Default for RenderConfig {
+    fn default() -> Self {
+        RenderConfig {
+            mark_mask: 0xffff_0000,
+            interface_prefixes: vec!["cali".into()],
+            log_prefix: "calico-packet".into(),
+            log_action: LogAction::Log,
+            default_endpoint_to_host_action: EndpointToHostAction::Accept,
+            allow_encap_from_workloads: false,
+        }
+    }
+}
+
+/// Errors of the renderer. Each names the object and field that failed; a failing object is
+/// rendered fail-closed (or left out, so that its interface hits "Unknown interface" DROP) and
+/// never stops the others.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RenderError {
+    #[error(
+        "mark mask {mask:#x} has fewer than 5 bits (need accept, pass, drop, scratch0, scratch1)"
+    )]
+    MarkMaskTooSmall { mask: u32 },
+    #[error("invalid interface prefix {prefix:?}: must be 1-14 characters of [A-Za-z0-9._-]")]
+    InvalidInterfacePrefix { prefix: String },
+    #[error(
+        "endpoint {endpoint}: invalid interfaceName {iface:?}: must be 1-15 characters of [A-Za-z0-9._-]"
+    )]
+    InvalidInterface {
+        endpoint: Box<EndpointId>,
+        iface: String,
+    },
+    #[error("endpoint {endpoint}: interfaceName {iface:?} is already used by endpoint {other}")]
+    DuplicateInterface {
+        endpoint: Box<EndpointId>,
+        iface: String,
+        other: Box<EndpointId>,
+    },
+    #[error("ip set {id:?}: invalid id (expected [A-Za-z0-9:_.-])")]
+    InvalidIpSetId { id: String },
+    #[error("ip set {id:?}: member {member} does not fit a {kind} set")]
+    InvalidIpSetMember {
+        id: String,
+        member: String,
+        kind: &'static str,
+    },
+    #[error("ip set {id:?}: members changed before the set was created")]
+    UnknownIpSet { id: String },
+    #[error("{policy} {direction}: {reason}; dropping all its traffic")]
+    Policy {
+        policy: Box<PolicyId>,
+        direction: &'static str,
+        reason: Box<RuleError>,
+    },
+    #[error("profile {profile} {direction}: {reason}; dropping all its traffic")]
+    Profile {
+        profile: String,
+        direction: &'static str,
+        reason: Box<RuleError>,
+    },
+}

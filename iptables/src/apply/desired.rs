@@ -1,0 +1,523 @@
+//! The desired dataplane state: the renderer's output and the applier's input.
+//!
+//! One [`DesiredState`] describes everything felixrs wants in the kernel for one IP family: our
+//! `cali-` chains per table, our hook rules in the kernel chains, and our IP sets. Anything not
+//! described here that *we own* (a `cali-*` chain, a rule carrying a `cali:` comment in a kernel
+//! chain, a `cali4*`/`cali6*` set) is removed by the applier; anything we do not own is never
+//! touched.
+//!
+//! Invariants checked by [`DesiredState::validate`] before anything is written:
+//! * chain names are `cali-` + `[A-Za-z0-9_.:/-]`, at most 28 bytes; kernel chains are the built-in
+//!   chains of their table;
+//! * every rule carries a 16-character `[A-Za-z0-9_-]` hash that the applier writes as the rule's
+//!   first comment (`-m comment --comment "cali:<hash>"`), and a body that is one line of restore
+//!   text (no control characters, balanced double quotes);
+//! * set names are `cali4`/`cali6` (matching the family) + `[A-Za-z0-9_.:-]`, at most 31 bytes, and
+//!   never the temporary prefix `cali4t`/`cali6t`; members are typed and of the set's family.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use calc_graph::proto::Protocol;
+pub use calc_graph::proto::{IpSetKind, IpSetMember, IpVersion};
+
+pub use crate::model::TableName;
+
+use super::error::ApplyError;
+
+/// Prefix of every chain we own.
+pub const CHAIN_PREFIX: &str = "cali-";
+/// Prefix of the rule-ownership comment (`cali:<hash>`).
+pub const HASH_COMMENT_PREFIX: &str = "cali:";
+/// Length of a rule hash id.
+pub const HASH_LEN: usize = 16;
+/// Longest chain name iptables accepts.
+pub const MAX_CHAIN_LEN: usize = 28;
+/// Longest IP set name the kernel accepts.
+pub const MAX_SET_NAME_LEN: usize = 31;
+/// Felix's default `maxelem` for our sets.
+pub const DEFAULT_MAXELEM: u32 = 1_048_576;
+
+impl TableName {
+    /// The built-in chains our hook rules may go into (= [`TableName::builtin_chains`]; the name
+    /// the renderer's tests use).
+    pub fn kernel_chains(self) -> &'static [&'static str] {
+        self.builtin_chains()
+    }
+}
+
+/// One rule we own. The applier writes it as
+/// `-A <chain> -m comment --comment "cali:<hash>" <body>`.
+///
+/// `hash` is the Felix rule id (§6.3 of the reference: chained SHA-224 over the chain name and the
+/// rule texts), computed by the renderer; the applier compares rules only by hash, so a rule whose
+/// hash is unchanged is never rewritten (its counters survive).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DesiredRule {
+    pub hash: String,
+    /// Matches and action in iptables-restore syntax, e.g.
+    /// `-m comment --comment "Policy explicitly accepted packet." -m mark --mark 0x10000/0x10000 -j ACCEPT`.
+    pub body: String,
+}
+
+impl DesiredRule {
+    pub fn new(hash: impl Into<String>, body: impl Into<String>) -> Self {
+        DesiredRule {
+            hash: hash.into(),
+            body: body.into(),
+        }
+    }
+
+    /// The rule text after `-A <chain> ` / `-I <chain> ` as written to iptables-restore.
+    pub fn restore_spec(&self) -> String {
+        let mut s = String::with_capacity(self.body.len() + 40);
+        s.push_str("-m comment --comment \"");
+        s.push_str(HASH_COMMENT_PREFIX);
+        s.push_str(&self.hash);
+        s.push('"');
+        if !self.body.is_empty() {
+            s.push(' ');
+            s.push_str(&self.body);
+        }
+        s
+    }
+}
+
+/// Where a hook rule goes in its kernel chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HookPosition {
+    /// At the top (Felix's `InsertOrAppend` in insert mode); re-inserted if anything lands above.
+    Top,
+    /// At the bottom (Felix's `AppendRules`), after every foreign rule.
+    Append,
+}
+
+/// A rule of ours in a kernel chain (`INPUT`, `FORWARD`, ...), e.g. `-j cali-INPUT`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HookRule {
+    pub kernel_chain: String,
+    pub rule: DesiredRule,
+    pub position: HookPosition,
+}
+
+/// The desired content of one table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DesiredTable {
+    /// Our chains, `cali-…` name -> rules in order. An empty vector is an empty chain that exists.
+    pub chains: BTreeMap<String, Vec<DesiredRule>>,
+    /// Our rules in kernel chains, in the order they should appear (per kernel chain: the `Top`
+    /// rules in order at the top, the `Append` rules in order at the bottom).
+    pub hooks: Vec<HookRule>,
+}
+
+/// The desired content of one of our IP sets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpSetSpec {
+    pub kind: IpSetKind,
+    pub maxelem: u32,
+    pub members: BTreeSet<IpSetMember>,
+}
+
+impl IpSetSpec {
+    pub fn new(kind: IpSetKind, members: impl IntoIterator<Item = IpSetMember>) -> Self {
+        IpSetSpec {
+            kind,
+            maxelem: DEFAULT_MAXELEM,
+            members: members.into_iter().collect(),
+        }
+    }
+}
+
+/// Everything we want in the kernel for one IP family.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DesiredState {
+    pub family: IpVersion,
+    /// Tables not listed here are cleaned: our chains and hook rules in them are removed (a table we
+    /// never touched is only read, never written).
+    pub tables: BTreeMap<TableName, DesiredTable>,
+    /// Kernel set name (`cali40s:…`) -> content.
+    pub ip_sets: BTreeMap<String, IpSetSpec>,
+}
+
+impl DesiredState {
+    pub fn new(family: IpVersion) -> Self {
+        DesiredState {
+            family,
+            tables: BTreeMap::new(),
+            ip_sets: BTreeMap::new(),
+        }
+    }
+
+    /// Checks every name, hash, rule body and set member (see the module docs); the first problem
+    /// found is returned as an error naming the table/chain/set and the offending value.
+    pub fn validate(&self) -> Result<(), ApplyError> {
+        for (table, t) in &self.tables {
+            for (chain, rules) in &t.chains {
+                if !is_our_chain(chain) || !valid_chain_name(chain) {
+                    return Err(ApplyError::InvalidChain {
+                        table: *table,
+                        chain: chain.clone(),
+                        reason: "our chains are `cali-` + [A-Za-z0-9_.:/-], at most 28 bytes",
+                    });
+                }
+                for rule in rules {
+                    validate_rule(*table, chain, rule)?;
+                    check_target(*table, t, chain, rule)?;
+                }
+            }
+            for hook in &t.hooks {
+                if !table.builtin_chains().contains(&hook.kernel_chain.as_str()) {
+                    return Err(ApplyError::InvalidChain {
+                        table: *table,
+                        chain: hook.kernel_chain.clone(),
+                        reason: "hook rules go only into the table's built-in chains",
+                    });
+                }
+                validate_rule(*table, &hook.kernel_chain, &hook.rule)?;
+                check_target(*table, t, &hook.kernel_chain, &hook.rule)?;
+            }
+        }
+        for (name, spec) in &self.ip_sets {
+            validate_set_name(self.family, name)?;
+            if spec.maxelem == 0 {
+                return Err(ApplyError::InvalidSet {
+                    set: name.clone(),
+                    reason: "maxelem must be positive".into(),
+                });
+            }
+            for m in &spec.members {
+                validate_member(self.family, name, spec.kind, m)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether a chain name has our prefix.
+pub fn is_our_chain(name: &str) -> bool {
+    name.starts_with(CHAIN_PREFIX)
+}
+
+/// Whether a set name is one of ours for the family (`cali4*` / `cali6*`, temp sets included).
+pub fn is_our_set(family: IpVersion, name: &str) -> bool {
+    name.starts_with(set_prefix(family))
+}
+
+/// `cali4` / `cali6`.
+pub fn set_prefix(family: IpVersion) -> &'static str {
+    match family {
+        IpVersion::V4 => "cali4",
+        IpVersion::V6 => "cali6",
+    }
+}
+
+/// `cali4t` / `cali6t`: names reserved for temporary sets used to swap metadata.
+pub fn temp_set_prefix(family: IpVersion) -> &'static str {
+    match family {
+        IpVersion::V4 => "cali4t",
+        IpVersion::V6 => "cali6t",
+    }
+}
+
+fn name_chars_ok(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'))
+}
+
+fn valid_chain_name(name: &str) -> bool {
+    // `/` appears in Felix's v3.32+ policy chain names (`cali-pi-np/<ns>/<name>`).
+    name.len() <= MAX_CHAIN_LEN
+        && !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-' | b'/'))
+}
+
+/// Whether `hash` has the shape of a rule id (16 base64url characters).
+pub fn valid_hash(hash: &str) -> bool {
+    hash.len() == HASH_LEN
+        && hash
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn validate_rule(table: TableName, chain: &str, rule: &DesiredRule) -> Result<(), ApplyError> {
+    let bad = |reason: &'static str| ApplyError::InvalidRule {
+        table,
+        chain: chain.to_string(),
+        hash: rule.hash.clone(),
+        reason,
+    };
+    if !valid_hash(&rule.hash) {
+        return Err(bad("hash must be 16 characters of [A-Za-z0-9_-]"));
+    }
+    if rule.body.bytes().any(|b| b.is_ascii_control()) {
+        return Err(bad("body must be one line without control characters"));
+    }
+    // Count unescaped double quotes: an odd count would let the rest of the line (or, in a
+    // mis-quoted file, more) be read as one argument.
+    let mut quotes = 0usize;
+    let mut escaped = false;
+    for c in rule.body.chars() {
+        if escaped {
+            escaped = false;
+        } else if c == '\\' {
+            escaped = true;
+        } else if c == '"' {
+            quotes += 1;
+        }
+    }
+    if quotes % 2 == 1 {
+        return Err(bad("body has an unbalanced double quote"));
+    }
+    let trimmed = rule.body.trim_start();
+    if trimmed.starts_with('*') || trimmed.starts_with(':') || trimmed == "COMMIT" {
+        return Err(bad("body must be rule options, not a restore command"));
+    }
+    Ok(())
+}
+
+/// A jump to one of our chains must go to a chain that is desired in the same table.
+fn check_target(
+    table: TableName,
+    t: &DesiredTable,
+    chain: &str,
+    rule: &DesiredRule,
+) -> Result<(), ApplyError> {
+    match super::kernel::body_target(&rule.body) {
+        Some(target) if is_our_chain(&target) && !t.chains.contains_key(&target) => {
+            Err(ApplyError::InvalidRule {
+                table,
+                chain: chain.to_string(),
+                hash: rule.hash.clone(),
+                reason: "jumps to a cali- chain that is not in the desired table",
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Checks an IP set name we are about to put in a payload.
+pub fn validate_set_name(family: IpVersion, name: &str) -> Result<(), ApplyError> {
+    let reason = if !is_our_set(family, name) {
+        format!("set names must start with {}", set_prefix(family))
+    } else if name.starts_with(temp_set_prefix(family)) {
+        format!("{} is reserved for temporary sets", temp_set_prefix(family))
+    } else if name.len() > MAX_SET_NAME_LEN {
+        format!("set names are at most {MAX_SET_NAME_LEN} bytes")
+    } else if !name_chars_ok(name) {
+        "set names may contain only [A-Za-z0-9_.:-]".to_string()
+    } else {
+        return Ok(());
+    };
+    Err(ApplyError::InvalidSet {
+        set: name.to_string(),
+        reason,
+    })
+}
+
+fn validate_member(
+    family: IpVersion,
+    set: &str,
+    kind: IpSetKind,
+    m: &IpSetMember,
+) -> Result<(), ApplyError> {
+    let bad = |reason: &str| ApplyError::InvalidMember {
+        set: set.to_string(),
+        member: member_text(m),
+        reason: reason.to_string(),
+    };
+    if m.is_ipv6() != (family == IpVersion::V6) {
+        return Err(bad("member is not of the set's IP family"));
+    }
+    match (kind, m) {
+        (IpSetKind::Net, IpSetMember::Net(_)) => Ok(()),
+        (IpSetKind::IpPort, IpSetMember::IpPort { protocol, .. }) => {
+            if port_protocol_name(*protocol).is_none() {
+                Err(bad(
+                    "hash:ip,port members must be tcp, udp, sctp or udplite",
+                ))
+            } else {
+                Ok(())
+            }
+        }
+        _ => Err(bad("member does not match the set type")),
+    }
+}
+
+/// The ipset name of a port protocol (`tcp`, `udp`, `sctp`, `udplite`), the form `ipset save`
+/// prints.
+pub fn port_protocol_name(p: Protocol) -> Option<&'static str> {
+    match p.number() {
+        6 => Some("tcp"),
+        17 => Some("udp"),
+        132 => Some("sctp"),
+        136 => Some("udplite"),
+        _ => None,
+    }
+}
+
+/// A member in the canonical text form `ipset save` prints: `10.0.0.1` for a /32 (or /128),
+/// `10.1.0.0/16` for a net, `10.0.0.5,tcp:8080` for ip,port. Network bits are truncated first, as
+/// the kernel does.
+pub fn member_text(m: &IpSetMember) -> String {
+    match m {
+        IpSetMember::Net(net) => {
+            let net = net.trunc();
+            if net.prefix_len() == net.max_prefix_len() {
+                net.addr().to_string()
+            } else {
+                net.to_string()
+            }
+        }
+        IpSetMember::IpPort {
+            addr,
+            protocol,
+            port,
+        } => {
+            let proto = port_protocol_name(*protocol)
+                .map(str::to_string)
+                .unwrap_or_else(|| protocol.number().to_string());
+            format!("{addr},{proto}:{port}")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ipnet::IpNet;
+
+    fn mk_state() -> DesiredState {
+        let mut s = DesiredState::new(IpVersion::V4);
+        let t = s.tables.entry(TableName::Filter).or_default();
+        t.chains.insert(
+            "cali-INPUT".into(),
+            vec![DesiredRule::new("aaaaaaaaaaaaaaaa", "-j ACCEPT")],
+        );
+        s.ip_sets.insert(
+            "cali40s:abc".into(),
+            IpSetSpec::new(
+                IpSetKind::Net,
+                [IpSetMember::Net("10.0.0.1/32".parse::<IpNet>().unwrap())],
+            ),
+        );
+        s
+    }
+
+    #[test]
+    fn valid_state_passes() {
+        mk_state().validate().unwrap();
+    }
+
+    #[test]
+    fn body_with_newline_is_rejected() {
+        let mut s = mk_state();
+        s.tables.get_mut(&TableName::Filter).unwrap().chains.insert(
+            "cali-x".into(),
+            vec![DesiredRule::new(
+                "aaaaaaaaaaaaaaaa",
+                "-j ACCEPT\nCOMMIT\n*nat",
+            )],
+        );
+        let err = s.validate().unwrap_err().to_string();
+        assert!(err.contains("cali-x") && err.contains("control"), "{err}");
+    }
+
+    #[test]
+    fn unbalanced_quote_and_bad_hash_are_rejected() {
+        let mut s = mk_state();
+        s.tables.get_mut(&TableName::Filter).unwrap().chains.insert(
+            "cali-x".into(),
+            vec![DesiredRule::new(
+                "aaaaaaaaaaaaaaaa",
+                "-m comment --comment \"x -j ACCEPT",
+            )],
+        );
+        assert!(s.validate().unwrap_err().to_string().contains("quote"));
+        let mut s = mk_state();
+        s.tables.get_mut(&TableName::Filter).unwrap().chains.insert(
+            "cali-x".into(),
+            vec![DesiredRule::new("short\"", "-j ACCEPT")],
+        );
+        assert!(s.validate().unwrap_err().to_string().contains("hash"));
+    }
+
+    #[test]
+    fn jump_to_undesired_chain_is_rejected() {
+        let mut s = mk_state();
+        s.tables.get_mut(&TableName::Filter).unwrap().chains.insert(
+            "cali-x".into(),
+            vec![DesiredRule::new("aaaaaaaaaaaaaaaa", "-g cali-missing")],
+        );
+        let err = s.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("cali-x") && err.contains("not in the desired"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn foreign_chain_and_bad_set_names_are_rejected() {
+        let mut s = mk_state();
+        s.tables
+            .get_mut(&TableName::Filter)
+            .unwrap()
+            .chains
+            .insert("KUBE-SERVICES".into(), vec![]);
+        assert!(
+            s.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("KUBE-SERVICES")
+        );
+        for name in [
+            "cali60s:x",
+            "cali4tmp",
+            "cali40 x",
+            "cali40-this-name-is-far-too-long-for-ipset",
+        ] {
+            let mut s = mk_state();
+            s.ip_sets
+                .insert(name.into(), IpSetSpec::new(IpSetKind::Net, []));
+            let err = s.validate().unwrap_err().to_string();
+            assert!(err.contains(name), "{err}");
+        }
+    }
+
+    #[test]
+    fn members_must_match_family_and_kind() {
+        let mut s = mk_state();
+        s.ip_sets
+            .get_mut("cali40s:abc")
+            .unwrap()
+            .members
+            .insert(IpSetMember::Net("fd00::1/128".parse().unwrap()));
+        assert!(s.validate().unwrap_err().to_string().contains("fd00::1"));
+        let mut s = mk_state();
+        s.ip_sets
+            .get_mut("cali40s:abc")
+            .unwrap()
+            .members
+            .insert(IpSetMember::IpPort {
+                addr: "10.0.0.1".parse().unwrap(),
+                protocol: Protocol::Tcp,
+                port: 80,
+            });
+        assert!(s.validate().unwrap_err().to_string().contains("set type"));
+    }
+
+    #[test]
+    fn member_text_matches_ipset_save() {
+        let net = |s: &str| IpSetMember::Net(s.parse().unwrap());
+        assert_eq!(member_text(&net("10.0.0.1/32")), "10.0.0.1");
+        assert_eq!(member_text(&net("10.1.2.3/16")), "10.1.0.0/16");
+        assert_eq!(member_text(&net("fd00::1/128")), "fd00::1");
+        let ipp = IpSetMember::IpPort {
+            addr: "10.0.0.5".parse().unwrap(),
+            protocol: Protocol::Udp,
+            port: 53,
+        };
+        assert_eq!(member_text(&ipp), "10.0.0.5,udp:53");
+    }
+}

@@ -1,0 +1,432 @@
+//! [`Applier`]: one IP family's transactional writer. An apply runs three phases:
+//! 1. `ipset restore`: create and fill the desired sets (so rules can reference them);
+//! 2. per table, one `iptables-restore --noflush` transaction with only the differences;
+//! 3. `ipset restore`: destroy our sets nothing desires any more (now unreferenced).
+//!
+//! The kernel view is read once (`iptables-save`, `ipset save`) and then kept current from what
+//! was written, so an apply costs one restore per changed table and nothing when nothing changed.
+//! [`Applier::refresh`] re-reads and repairs drift (flushed chains, deleted or displaced hooks,
+//! rogue rules in our chains, missing sets); call it periodically. A failed write re-reads the
+//! affected state and is retried with exponential backoff; each table is one transaction, so a
+//! failure never leaves a table half-written.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::backend::{self, Backend, Mode};
+use super::desired::{DesiredState, IpVersion, TableName};
+use super::diff::{plan_table, render, simulate};
+use super::error::{ApplyError, blame, clean_stderr, failed_line, payload_line};
+use super::ipset::{
+    ActualSet, after_updates, parse_save as parse_ipset_save, plan_deletions, plan_updates,
+    render_deletions,
+};
+use super::kernel::ActualTable;
+use super::read::read_tables;
+use super::runner::Runner;
+
+/// How an [`Applier`] behaves.
+#[derive(Debug, Clone)]
+pub struct ApplierConfig {
+    pub family: IpVersion,
+    pub backend: Backend,
+    /// Tries per write before giving up (Felix: 11; we fail earlier and let the caller retry).
+    pub max_attempts: u32,
+    /// First backoff between tries; doubles each time.
+    pub initial_backoff: Duration,
+    /// Re-read the kernel before every apply (Felix's defensive default) instead of only on
+    /// [`Applier::refresh`], on the first apply and after failures.
+    pub reread_every_apply: bool,
+}
+
+impl Default for ApplierConfig {
+    fn default() -> Self {
+        ApplierConfig {
+            family: IpVersion::V4,
+            backend: Backend::Auto,
+            max_attempts: 5,
+            initial_backoff: Duration::from_millis(10),
+            reread_every_apply: false,
+        }
+    }
+}
+
+/// What one apply wrote. Empty payloads mean nothing was written in that phase.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApplyReport {
+    /// Phase 1 `ipset restore` payload.
+    pub ipset_updates: String,
+    /// Phase 2 `iptables-restore` payloads, per table written.
+    pub iptables: BTreeMap<TableName, String>,
+    /// Phase 3 `ipset restore` payload.
+    pub ipset_deletions: String,
+    /// Sets of ours that could not be destroyed (something still references them).
+    pub undeletable_sets: Vec<String>,
+    /// Full reads of the kernel state (`iptables-save` + `ipset save`) done by this apply.
+    pub kernel_reads: u32,
+    /// Failed writes that were retried.
+    pub retries: u32,
+}
+
+impl ApplyReport {
+    /// Nothing was written.
+    pub fn is_empty(&self) -> bool {
+        self.ipset_updates.is_empty() && self.iptables.is_empty() && self.ipset_deletions.is_empty()
+    }
+
+    /// Payload lines written (`felix_iptables_lines_executed` + `felix_ipset_lines_executed`).
+    pub fn lines_written(&self) -> usize {
+        self.ipset_updates.lines().count()
+            + self
+                .iptables
+                .values()
+                .map(|p| p.lines().count())
+                .sum::<usize>()
+            + self.ipset_deletions.lines().count()
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct KernelView {
+    tables: BTreeMap<TableName, ActualTable>,
+    sets: BTreeMap<String, ActualSet>,
+}
+
+/// Writes [`DesiredState`]s of one family to the kernel through a [`Runner`].
+pub struct Applier<R: Runner> {
+    runner: R,
+    config: ApplierConfig,
+    mode: Option<Mode>,
+    view: Option<KernelView>,
+}
+
+impl<R: Runner> Applier<R> {
+    pub fn new(runner: R, config: ApplierConfig) -> Self {
+        let mode = match config.backend {
+            Backend::Legacy => Some(Mode::Legacy),
+            Backend::Nft => Some(Mode::Nft),
+            Backend::Auto => None,
+        };
+        Applier {
+            runner,
+            config,
+            mode,
+            view: None,
+        }
+    }
+
+    pub fn runner(&self) -> &R {
+        &self.runner
+    }
+
+    pub fn config(&self) -> &ApplierConfig {
+        &self.config
+    }
+
+    /// The backend in use, detecting it on first use.
+    pub fn mode(&mut self) -> Result<Mode, ApplyError> {
+        if let Some(m) = self.mode {
+            return Ok(m);
+        }
+        let m = backend::resolve(&self.runner, self.config.backend)?;
+        tracing::info!(backend = ?m, "iptables backend selected");
+        self.mode = Some(m);
+        Ok(m)
+    }
+
+    /// Forgets the kernel view; the next apply reads the kernel again.
+    pub fn invalidate(&mut self) {
+        self.view = None;
+    }
+
+    /// Re-reads the kernel and applies `desired`, repairing any drift.
+    pub fn refresh(&mut self, desired: &DesiredState) -> Result<ApplyReport, ApplyError> {
+        self.invalidate();
+        self.apply(desired)
+    }
+
+    /// Makes the kernel match `desired`, writing only differences.
+    pub fn apply(&mut self, desired: &DesiredState) -> Result<ApplyReport, ApplyError> {
+        if desired.family != self.config.family {
+            return Err(ApplyError::FamilyMismatch {
+                applier: self.config.family.number(),
+                desired: desired.family.number(),
+            });
+        }
+        desired.validate()?;
+        let mode = self.mode()?;
+        let mut report = ApplyReport::default();
+        if self.view.is_none() || self.config.reread_every_apply {
+            self.view = Some(self.read_all(mode)?);
+            report.kernel_reads += 1;
+        }
+        let result = self.apply_phases(mode, desired, &mut report);
+        if result.is_err() {
+            self.invalidate();
+        }
+        result.map(|()| report)
+    }
+
+    fn apply_phases(
+        &mut self,
+        mode: Mode,
+        desired: &DesiredState,
+        report: &mut ApplyReport,
+    ) -> Result<(), ApplyError> {
+        self.update_sets(desired, report)?;
+        for table in TableName::ALL {
+            self.write_table(mode, table, desired, report)?;
+        }
+        self.delete_sets(desired, report)
+    }
+
+    fn view(&mut self) -> &mut KernelView {
+        self.view.get_or_insert_with(KernelView::default)
+    }
+
+    fn backoff(&self, attempt: u32) {
+        std::thread::sleep(self.config.initial_backoff * 2u32.saturating_pow(attempt));
+    }
+
+    fn read_all(&self, mode: Mode) -> Result<KernelView, ApplyError> {
+        Ok(KernelView {
+            tables: self.read_iptables(mode, None)?,
+            sets: self.read_sets()?,
+        })
+    }
+
+    fn read_iptables(
+        &self,
+        mode: Mode,
+        table: Option<TableName>,
+    ) -> Result<BTreeMap<TableName, ActualTable>, ApplyError> {
+        let program = mode.save_program(self.config.family);
+        let args: Vec<&str> = match table {
+            Some(t) => vec!["-t", t.as_str()],
+            None => vec![],
+        };
+        let out = self.runner.run(&program, &args, None)?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // iptables-nft-save exits 0 for tables it cannot represent (§6.2).
+        if !out.status.success() || text.contains("is incompatible, use 'nft' tool") {
+            return Err(ApplyError::Read {
+                table: table.unwrap_or(TableName::Filter),
+                program,
+                detail: format!("{} {}", out.status, stderr.trim()),
+            });
+        }
+        Ok(read_tables(&text))
+    }
+
+    fn read_sets(&self) -> Result<BTreeMap<String, ActualSet>, ApplyError> {
+        let family = self.config.family;
+        let out = self.runner.run("ipset", &["save"], None)?;
+        if out.status.success() {
+            return Ok(parse_ipset_save(
+                family,
+                &String::from_utf8_lossy(&out.stdout),
+            ));
+        }
+        // A foreign set the tool cannot list must not stop us: list ours one by one.
+        let names = self.runner.run("ipset", &["list", "-n"], None)?;
+        if !names.status.success() {
+            return Err(ApplyError::ReadIpSets {
+                detail: String::from_utf8_lossy(&names.stderr).trim().to_string(),
+            });
+        }
+        let mut sets = BTreeMap::new();
+        for name in String::from_utf8_lossy(&names.stdout).lines() {
+            if !super::desired::is_our_set(family, name) {
+                continue;
+            }
+            let one = self.runner.run("ipset", &["save", name], None)?;
+            if !one.status.success() {
+                return Err(ApplyError::ReadIpSets {
+                    detail: format!(
+                        "ipset save {name}: {}",
+                        String::from_utf8_lossy(&one.stderr).trim()
+                    ),
+                });
+            }
+            sets.extend(parse_ipset_save(
+                family,
+                &String::from_utf8_lossy(&one.stdout),
+            ));
+        }
+        Ok(sets)
+    }
+
+    /// `References: N` of a set (0 if the set is gone).
+    fn set_references(&self, name: &str) -> Result<u64, ApplyError> {
+        let out = self.runner.run("ipset", &["list", "-t", name], None)?;
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("References: "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0))
+    }
+
+    fn ipset_restore(
+        &self,
+        payload: &str,
+    ) -> Result<Result<(), (Option<usize>, String)>, ApplyError> {
+        let out = self
+            .runner
+            .run("ipset", &["-exist", "restore"], Some(payload.as_bytes()))?;
+        if out.status.success() {
+            return Ok(Ok(()));
+        }
+        let stderr = clean_stderr(&String::from_utf8_lossy(&out.stderr));
+        Ok(Err((failed_line(&stderr), stderr)))
+    }
+
+    fn update_sets(
+        &mut self,
+        desired: &DesiredState,
+        report: &mut ApplyReport,
+    ) -> Result<(), ApplyError> {
+        let mut attempt = 0;
+        loop {
+            let plan = plan_updates(desired.family, &desired.ip_sets, &self.view().sets);
+            if plan.payload.is_empty() {
+                return Ok(());
+            }
+            for name in &plan.retyped {
+                if self.set_references(name)? > 0 {
+                    let from = self.view().sets[name].type_name.clone();
+                    return Err(ApplyError::IpSetTypeInUse {
+                        set: name.clone(),
+                        from,
+                        to: super::ipset::type_name(desired.ip_sets[name].kind).to_string(),
+                    });
+                }
+            }
+            match self.ipset_restore(&plan.payload)? {
+                Ok(()) => {
+                    after_updates(&desired.ip_sets, &mut self.view().sets);
+                    report.ipset_updates = plan.payload;
+                    return Ok(());
+                }
+                Err((line, stderr)) => {
+                    attempt += 1;
+                    if attempt >= self.config.max_attempts {
+                        return Err(ApplyError::IpSetRestore {
+                            phase: "create/update",
+                            attempts: attempt,
+                            line,
+                            line_text: line.and_then(|n| payload_line(&plan.payload, n)),
+                            stderr,
+                        });
+                    }
+                    tracing::warn!(attempt, %stderr, "ipset update failed, re-reading sets");
+                    report.retries += 1;
+                    self.backoff(attempt - 1);
+                    self.view().sets = self.read_sets()?;
+                }
+            }
+        }
+    }
+
+    fn write_table(
+        &mut self,
+        mode: Mode,
+        table: TableName,
+        desired: &DesiredState,
+        report: &mut ApplyReport,
+    ) -> Result<(), ApplyError> {
+        let d = desired.tables.get(&table);
+        let mut attempt = 0;
+        loop {
+            let view = self.view();
+            if d.is_none() && !view.tables.contains_key(&table) {
+                return Ok(());
+            }
+            let actual = view.tables.entry(table).or_default();
+            let ops = plan_table(table, d, actual);
+            if ops.is_empty() {
+                return Ok(());
+            }
+            let payload = render(table, &ops);
+            let program = mode.restore_program(self.config.family);
+            let out = self
+                .runner
+                .run(&program, mode.restore_args(), Some(payload.as_bytes()))?;
+            if out.status.success() {
+                let actual = self.view().tables.entry(table).or_default();
+                if let Err(e) = simulate(table, actual, &ops) {
+                    // The kernel took it, so our model is what is wrong: read again next time.
+                    tracing::warn!(%table, error = %e, "kernel view diverged, will re-read");
+                    self.invalidate();
+                }
+                report.iptables.insert(table, payload);
+                return Ok(());
+            }
+            let stderr = clean_stderr(&String::from_utf8_lossy(&out.stderr));
+            attempt += 1;
+            if attempt >= self.config.max_attempts {
+                let (line, line_text) = blame(&payload, &stderr);
+                return Err(ApplyError::Restore {
+                    table,
+                    attempts: attempt,
+                    line,
+                    line_text,
+                    stderr,
+                });
+            }
+            tracing::warn!(%table, attempt, %stderr, "iptables-restore failed, re-reading table");
+            report.retries += 1;
+            self.backoff(attempt - 1);
+            let fresh = self.read_iptables(mode, Some(table))?;
+            let view = self.view();
+            view.tables.remove(&table);
+            view.tables.extend(fresh);
+            report.kernel_reads += 1;
+        }
+    }
+
+    fn delete_sets(
+        &mut self,
+        desired: &DesiredState,
+        report: &mut ApplyReport,
+    ) -> Result<(), ApplyError> {
+        let mut names = plan_deletions(&desired.ip_sets, &self.view().sets);
+        let mut written = String::new();
+        while !names.is_empty() {
+            let payload = render_deletions(&names);
+            match self.ipset_restore(&payload)? {
+                Ok(()) => {
+                    for n in &names {
+                        self.view().sets.remove(n);
+                    }
+                    written.push_str(&payload);
+                    break;
+                }
+                Err((line, stderr)) => {
+                    // Lines before the failing one were executed; the failing set is in use.
+                    let Some(bad) = line
+                        .and_then(|n| n.checked_sub(1))
+                        .filter(|&i| i < names.len())
+                    else {
+                        return Err(ApplyError::IpSetRestore {
+                            phase: "destroy",
+                            attempts: 1,
+                            line,
+                            line_text: None,
+                            stderr,
+                        });
+                    };
+                    tracing::warn!(set = %names[bad], %stderr, "cannot destroy ip set, leaving it");
+                    for n in &names[..bad] {
+                        self.view().sets.remove(n);
+                    }
+                    written.push_str(&render_deletions(&names[..bad]));
+                    report.undeletable_sets.push(names[bad].clone());
+                    names.drain(..=bad);
+                }
+            }
+        }
+        report.ipset_deletions = written;
+        Ok(())
+    }
+}

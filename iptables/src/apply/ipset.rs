@@ -1,0 +1,295 @@
+//! Our IP sets: reading them from `ipset save`, and planning the `ipset restore` payloads of the
+//! two ipset phases of an apply.
+//!
+//! * Phase 1 (before iptables): create missing sets and fill them; member changes as `del`/`add`;
+//!   a changed `maxelem` goes through a temporary `cali4t<N>` set and `swap` (the only way to
+//!   change an in-use set); a changed type (which the kernel cannot swap) goes through
+//!   `destroy` + `create`, allowed only while nothing references the set.
+//! * Phase 3 (after iptables): `destroy` every set of ours (`cali4*` / `cali6*`, leftover temp sets
+//!   included) that is not desired.
+//!
+//! Every name and member in a payload comes from a validated [`DesiredState`] or from the kernel's
+//! own listing of a set whose name passed [`is_our_set`]; members are typed, so nothing here can
+//! smuggle a second command into a payload.
+//!
+//! [`DesiredState`]: super::desired::DesiredState
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use super::desired::{
+    IpSetKind, IpSetMember, IpSetSpec, IpVersion, is_our_set, member_text, temp_set_prefix,
+};
+
+/// One of our sets as the kernel has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActualSet {
+    /// `hash:net`, `hash:ip,port`, … as `ipset save` prints it.
+    pub type_name: String,
+    pub maxelem: u32,
+    /// Members in `ipset save` text form.
+    pub members: BTreeSet<String>,
+}
+
+/// The `ipset` type name of a kind.
+pub fn type_name(kind: IpSetKind) -> &'static str {
+    match kind {
+        IpSetKind::Net => "hash:net",
+        IpSetKind::IpPort => "hash:ip,port",
+    }
+}
+
+fn family_name(family: IpVersion) -> &'static str {
+    match family {
+        IpVersion::V4 => "inet",
+        IpVersion::V6 => "inet6",
+    }
+}
+
+/// The kernel text of a member. `hash:net` cannot hold a /0, so a /0 becomes its two /1 halves
+/// (as Felix does).
+pub fn member_texts(m: &IpSetMember) -> Vec<String> {
+    if let IpSetMember::Net(net) = m
+        && net.prefix_len() == 0
+    {
+        return match net {
+            ipnet::IpNet::V4(_) => vec!["0.0.0.0/1".into(), "128.0.0.0/1".into()],
+            ipnet::IpNet::V6(_) => vec!["::/1".into(), "8000::/1".into()],
+        };
+    }
+    vec![member_text(m)]
+}
+
+fn desired_texts(spec: &IpSetSpec) -> BTreeSet<String> {
+    spec.members.iter().flat_map(member_texts).collect()
+}
+
+/// Our sets (for `family`) in `ipset save` output.
+pub fn parse_save(family: IpVersion, text: &str) -> BTreeMap<String, ActualSet> {
+    let mut out: BTreeMap<String, ActualSet> = BTreeMap::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        match (words.next(), words.next()) {
+            (Some("create"), Some(name)) if is_our_set(family, name) => {
+                let type_name = words.next().unwrap_or_default().to_string();
+                let rest: Vec<&str> = words.collect();
+                let maxelem = rest
+                    .windows(2)
+                    .find(|w| w[0] == "maxelem")
+                    .and_then(|w| w[1].parse().ok())
+                    .unwrap_or(0);
+                out.insert(
+                    name.to_string(),
+                    ActualSet {
+                        type_name,
+                        maxelem,
+                        members: BTreeSet::new(),
+                    },
+                );
+            }
+            (Some("add"), Some(name)) => {
+                if let (Some(set), Some(member)) = (out.get_mut(name), words.next()) {
+                    set.members.insert(member.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// What phase 1 will do.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SetUpdatePlan {
+    /// The `ipset restore` payload ("" = nothing to do).
+    pub payload: String,
+    /// Sets whose type changes: they are destroyed and re-created, which the kernel refuses while
+    /// a rule references them (the caller checks first).
+    pub retyped: Vec<String>,
+    /// Temporary sets the payload creates and destroys again.
+    pub temps: Vec<String>,
+}
+
+/// Plans phase 1.
+pub fn plan_updates(
+    family: IpVersion,
+    desired: &BTreeMap<String, IpSetSpec>,
+    actual: &BTreeMap<String, ActualSet>,
+) -> SetUpdatePlan {
+    let mut plan = SetUpdatePlan::default();
+    let mut p = String::new();
+    let fam = family_name(family);
+    let mut temp_n = 0usize;
+    for (name, spec) in desired {
+        let want = desired_texts(spec);
+        let ty = type_name(spec.kind);
+        let create = |p: &mut String, n: &str| {
+            let _ = writeln!(p, "create {n} {ty} family {fam} maxelem {}", spec.maxelem);
+        };
+        let fill = |p: &mut String, n: &str, members: &mut dyn Iterator<Item = &String>| {
+            for m in members {
+                let _ = writeln!(p, "add {n} {m}");
+            }
+        };
+        match actual.get(name) {
+            None => {
+                create(&mut p, name);
+                fill(&mut p, name, &mut want.iter());
+            }
+            Some(a) if a.type_name != ty => {
+                plan.retyped.push(name.clone());
+                let _ = writeln!(p, "destroy {name}");
+                create(&mut p, name);
+                fill(&mut p, name, &mut want.iter());
+            }
+            Some(a) if a.maxelem != spec.maxelem => {
+                let temp = loop {
+                    let t = format!("{}{temp_n}", temp_set_prefix(family));
+                    temp_n += 1;
+                    if !actual.contains_key(&t) {
+                        break t;
+                    }
+                };
+                create(&mut p, &temp);
+                fill(&mut p, &temp, &mut want.iter());
+                let _ = writeln!(p, "swap {name} {temp}");
+                // After the swap the temp name holds the old content and no references.
+                let _ = writeln!(p, "destroy {temp}");
+                plan.temps.push(temp);
+            }
+            Some(a) => {
+                for m in a.members.difference(&want) {
+                    let _ = writeln!(p, "del {name} {m}");
+                }
+                fill(&mut p, name, &mut want.difference(&a.members));
+            }
+        }
+    }
+    plan.payload = p;
+    plan
+}
+
+/// Our sets that are not desired (phase 3), in name order.
+pub fn plan_deletions(
+    desired: &BTreeMap<String, IpSetSpec>,
+    actual: &BTreeMap<String, ActualSet>,
+) -> Vec<String> {
+    actual
+        .keys()
+        .filter(|n| !desired.contains_key(*n))
+        .cloned()
+        .collect()
+}
+
+/// The payload destroying `names`.
+pub fn render_deletions(names: &[String]) -> String {
+    names.iter().map(|n| format!("destroy {n}\n")).collect()
+}
+
+/// The kernel's sets after a successful phase 1.
+pub fn after_updates(
+    desired: &BTreeMap<String, IpSetSpec>,
+    actual: &mut BTreeMap<String, ActualSet>,
+) {
+    for (name, spec) in desired {
+        actual.insert(
+            name.clone(),
+            ActualSet {
+                type_name: type_name(spec.kind).to_string(),
+                maxelem: spec.maxelem,
+                members: desired_texts(spec),
+            },
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use calc_graph::proto::Protocol;
+
+    fn net(s: &str) -> IpSetMember {
+        IpSetMember::Net(s.parse().unwrap())
+    }
+
+    const SAVE: &str = "create cali40a hash:net family inet hashsize 1024 maxelem 1048576 bucketsize 12 initval 0x308942f4
+add cali40a 10.1.0.0/16
+add cali40a 10.0.0.1
+create KUBE-X hash:ip family inet hashsize 1024 maxelem 65536
+add KUBE-X 10.9.9.9
+create cali40p hash:ip,port family inet hashsize 1024 maxelem 1024 bucketsize 12 initval 0xf772bf74
+add cali40p 10.0.0.5,tcp:8080
+create cali60v6 hash:net family inet6 hashsize 1024 maxelem 1048576
+";
+
+    #[test]
+    fn parse_keeps_only_our_family_sets() {
+        let sets = parse_save(IpVersion::V4, SAVE);
+        assert_eq!(sets.keys().collect::<Vec<_>>(), ["cali40a", "cali40p"]);
+        assert_eq!(sets["cali40a"].type_name, "hash:net");
+        assert_eq!(sets["cali40a"].maxelem, 1_048_576);
+        assert!(sets["cali40a"].members.contains("10.0.0.1"));
+        assert_eq!(sets["cali40p"].members.len(), 1);
+        assert_eq!(parse_save(IpVersion::V6, SAVE).len(), 1);
+    }
+
+    #[test]
+    fn plan_creates_adds_dels_swaps_and_retypes() {
+        let actual = parse_save(IpVersion::V4, SAVE);
+        let mut desired = BTreeMap::new();
+        desired.insert(
+            "cali40a".to_string(),
+            IpSetSpec::new(IpSetKind::Net, [net("10.0.0.1/32"), net("10.2.0.0/16")]),
+        );
+        let mut p = IpSetSpec::new(IpSetKind::Net, [net("0.0.0.0/0")]);
+        p.maxelem = 1024;
+        desired.insert("cali40p".to_string(), p);
+        let mut b = IpSetSpec::new(
+            IpSetKind::IpPort,
+            [IpSetMember::IpPort {
+                addr: "10.0.0.5".parse().unwrap(),
+                protocol: Protocol::Tcp,
+                port: 80,
+            }],
+        );
+        b.maxelem = 4096;
+        desired.insert("cali40b".to_string(), b);
+        let plan = plan_updates(IpVersion::V4, &desired, &actual);
+        assert_eq!(
+            plan.payload,
+            "del cali40a 10.1.0.0/16\nadd cali40a 10.2.0.0/16\n\
+             create cali40b hash:ip,port family inet maxelem 4096\nadd cali40b 10.0.0.5,tcp:80\n\
+             destroy cali40p\ncreate cali40p hash:net family inet maxelem 1024\n\
+             add cali40p 0.0.0.0/1\nadd cali40p 128.0.0.0/1\n"
+        );
+        assert_eq!(plan.retyped, ["cali40p"]);
+        let mut after = actual.clone();
+        after_updates(&desired, &mut after);
+        assert!(
+            plan_updates(IpVersion::V4, &desired, &after)
+                .payload
+                .is_empty()
+        );
+
+        // maxelem change: temp set + swap.
+        let mut d2 = desired.clone();
+        d2.get_mut("cali40a").unwrap().maxelem = 2048;
+        let plan = plan_updates(IpVersion::V4, &d2, &after);
+        assert_eq!(
+            plan.payload,
+            "create cali4t0 hash:net family inet maxelem 2048\nadd cali4t0 10.0.0.1\n\
+             add cali4t0 10.2.0.0/16\nswap cali40a cali4t0\ndestroy cali4t0\n"
+        );
+        assert_eq!(plan.temps, ["cali4t0"]);
+    }
+
+    #[test]
+    fn deletions_are_undesired_sets_of_ours() {
+        let actual = parse_save(IpVersion::V4, SAVE);
+        let mut desired = BTreeMap::new();
+        desired.insert("cali40a".to_string(), IpSetSpec::new(IpSetKind::Net, []));
+        let del = plan_deletions(&desired, &actual);
+        assert_eq!(del, ["cali40p"]);
+        assert_eq!(render_deletions(&del), "destroy cali40p\n");
+    }
+}

@@ -1,0 +1,160 @@
+//! Line tokeniser with iptables-restore's quoting rules (nom).
+//!
+//! Mirrors `add_param_to_argv` of iptables 1.8.9: tokens are separated by spaces or tabs; a `"`
+//! opens a quoted part in which `\x` stands for `x`; the closing `"` ends the token. Outside quotes
+//! backslashes and single quotes are literal. Unlike restore, an unterminated quote is an error.
+
+use std::borrow::Cow;
+
+use nom::IResult;
+use nom::Parser;
+use nom::bytes::complete::{escaped, is_not, take_till, take_while};
+use nom::character::complete::{anychar, char};
+use nom::combinator::opt;
+
+/// One token of a rule line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Tok<'a> {
+    pub text: Cow<'a, str>,
+    /// The token had a double-quoted part (so it is never an option name).
+    pub quoted: bool,
+    /// Byte offset of the token's first character in the line.
+    pub offset: usize,
+}
+
+impl Tok<'_> {
+    /// True for an unquoted token equal to `s` (an option name or `!`).
+    pub fn is(&self, s: &str) -> bool {
+        !self.quoted && self.text == s
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+fn is_sep(c: char) -> bool {
+    c == ' ' || c == '\t'
+}
+
+fn spaces(i: &str) -> IResult<&str, &str> {
+    take_while(is_sep)(i)
+}
+
+fn bare(i: &str) -> IResult<&str, &str> {
+    take_till(|c| is_sep(c) || c == '"')(i)
+}
+
+fn quoted_body(i: &str) -> IResult<&str, &str> {
+    escaped(is_not("\\\""), '\\', anychar)(i)
+}
+
+fn unescape(raw: &str) -> Cow<'_, str> {
+    if !raw.contains('\\') {
+        return Cow::Borrowed(raw);
+    }
+    let mut out = String::with_capacity(raw.len());
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            if let Some(n) = chars.next() {
+                out.push(n);
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// Splits `line` into tokens; `Err(offset)` points at an unterminated `"`.
+pub(crate) fn tokenize(line: &str) -> Result<Vec<Tok<'_>>, usize> {
+    let mut toks = Vec::with_capacity(24);
+    let mut rest = line;
+    loop {
+        let (r, _) = spaces(rest).map_err(|_| line.len() - rest.len())?;
+        rest = r;
+        if rest.is_empty() {
+            return Ok(toks);
+        }
+        let offset = line.len() - rest.len();
+        let (r, b) = bare(rest).map_err(|_| offset)?;
+        rest = r;
+        if rest.starts_with('"') {
+            let quote_at = line.len() - rest.len();
+            let (r, body) = opt(quoted_body).parse(&rest[1..]).map_err(|_| quote_at)?;
+            let (r, _) = char::<&str, nom::error::Error<&str>>('"')
+                .parse(r)
+                .map_err(|_| quote_at)?;
+            rest = r;
+            let body = unescape(body.unwrap_or(""));
+            let text = if b.is_empty() {
+                body
+            } else {
+                Cow::Owned(format!("{b}{body}"))
+            };
+            toks.push(Tok {
+                text,
+                quoted: true,
+                offset,
+            });
+        } else {
+            toks.push(Tok {
+                text: Cow::Borrowed(b),
+                quoted: false,
+                offset,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn texts(line: &str) -> Vec<(String, bool)> {
+        tokenize(line)
+            .unwrap()
+            .into_iter()
+            .map(|t| (t.text.into_owned(), t.quoted))
+            .collect()
+    }
+
+    #[test]
+    fn splits_and_unquotes_like_restore() {
+        assert_eq!(
+            texts("-A X  -m comment\t--comment \"a \\\"b\\\" \\\\ \\'c\" -j ACCEPT "),
+            vec![
+                ("-A".into(), false),
+                ("X".into(), false),
+                ("-m".into(), false),
+                ("comment".into(), false),
+                ("--comment".into(), false),
+                ("a \"b\" \\ 'c".into(), true),
+                ("-j".into(), false),
+                ("ACCEPT".into(), false),
+            ]
+        );
+        assert_eq!(texts("\"\""), vec![(String::new(), true)]);
+        assert_eq!(
+            texts("ab\"c d\"e"),
+            vec![("abc d".into(), true), ("e".into(), false)]
+        );
+        assert_eq!(
+            texts("it's a\\b"),
+            vec![("it's".into(), false), ("a\\b".into(), false)]
+        );
+    }
+
+    #[test]
+    fn unterminated_quote_is_an_error_at_the_quote() {
+        assert_eq!(tokenize("-m comment --comment \"abc"), Err(21));
+        assert_eq!(tokenize("x \"abc\\\""), Err(2));
+    }
+
+    #[test]
+    fn offsets_point_at_token_starts() {
+        let t = tokenize("  -A  X").unwrap();
+        assert_eq!((t[0].offset, t[1].offset), (2, 6));
+    }
+}

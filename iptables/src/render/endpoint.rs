@@ -1,0 +1,121 @@
+//! Per-endpoint chains `cali-tw-<iface>` / `cali-fw-<iface>` (§2.4, `endpointIptablesChain`).
+//!
+//! Invariant (fail closed): every path through an endpoint chain ends in ACCEPT (established
+//! only), RETURN with the accept bit set (a policy or profile allowed), or DROP. A direction with
+//! at least one policy in a tier whose default action is Deny ends that tier with a DROP; a
+//! direction with no policies falls through to the profiles, then to "Drop if no profiles matched".
+
+use calc_graph::proto::{Action, LocalEndpoint, Protocol};
+
+use super::ir::{CtStates, Match, Rule, Side, Target};
+use super::marks::MarkBits;
+use super::names;
+
+/// The VXLAN port whose packets workloads may not send (Felix `VXLANPort`).
+pub const VXLAN_PORT: u16 = 4789;
+
+/// Renders one direction of an endpoint; `ingress` = `cali-tw-` (traffic to the workload).
+pub fn endpoint_chain(
+    ep: &LocalEndpoint,
+    ingress: bool,
+    marks: &MarkBits,
+    allow_encap: bool,
+) -> (String, Vec<Rule>) {
+    let name = names::endpoint_chain_name(&ep.interface_name, ingress);
+    let mut rules = vec![
+        Rule::new(
+            vec![Match::Conntrack {
+                states: CtStates::RelatedEstablished,
+                negated: false,
+            }],
+            Target::Accept,
+        ),
+        Rule::new(
+            vec![Match::Conntrack {
+                states: CtStates::Invalid,
+                negated: false,
+            }],
+            Target::Drop,
+        ),
+        Rule::new(vec![], Target::ClearMark(marks.accept | marks.pass)),
+    ];
+    if !ingress && !allow_encap {
+        let vxlan = vec![
+            Match::Protocol {
+                proto: Protocol::Number(17),
+                negated: false,
+            },
+            Match::Ports {
+                side: Side::Dst,
+                ports: vec![calc_graph::proto::PortRange {
+                    first: VXLAN_PORT,
+                    last: VXLAN_PORT,
+                }],
+                negated: false,
+            },
+        ];
+        rules.push(
+            Rule::new(vxlan, Target::Drop)
+                .with_comment("Drop VXLAN encapped packets originating in workloads"),
+        );
+        let ipip = vec![Match::Protocol {
+            proto: Protocol::Number(4),
+            negated: false,
+        }];
+        rules.push(
+            Rule::new(ipip, Target::Drop)
+                .with_comment("Drop IPinIP encapped packets originating in workloads"),
+        );
+    }
+    let pass_clear = Match::Mark {
+        value: 0,
+        mask: marks.pass,
+        negated: false,
+    };
+    let accepted = Match::Mark {
+        value: marks.accept,
+        mask: marks.accept,
+        negated: false,
+    };
+    for tier in &ep.tiers {
+        let policies = if ingress {
+            &tier.ingress_policies
+        } else {
+            &tier.egress_policies
+        };
+        if policies.is_empty() {
+            continue;
+        }
+        rules.push(
+            Rule::new(vec![], Target::ClearMark(marks.pass))
+                .with_comment(&format!("Start of tier {}", tier.name)),
+        );
+        for p in policies {
+            let chain = names::policy_chain_name(p, ingress);
+            rules.push(Rule::new(vec![pass_clear.clone()], Target::Jump(chain)));
+            rules.push(
+                Rule::new(vec![accepted.clone()], Target::Return)
+                    .with_comment("Return if policy accepted"),
+            );
+        }
+        if tier.default_action != Action::Pass {
+            let comment = format!(
+                "End of tier {}. Drop if no policies passed packet",
+                tier.name
+            );
+            rules.push(Rule::new(vec![pass_clear.clone()], Target::Drop).with_comment(&comment));
+        }
+    }
+    for profile in &ep.profile_ids {
+        rules.push(Rule::new(
+            vec![],
+            Target::Jump(names::profile_chain_name(profile, ingress)),
+        ));
+        rules.push(
+            Rule::new(vec![accepted.clone()], Target::Return)
+                .with_comment("Return if profile accepted"),
+        );
+    }
+    rules.push(Rule::new(vec![], Target::Drop).with_comment("Drop if no profiles matched"));
+    (name, rules)
+}

@@ -1,0 +1,552 @@
+//! The renderer's rule form: typed matches in Felix's fragment order, plus Felix's own input
+//! syntax for hashing (§4.2, §3, `felix/iptables/{match_builder,actions}.go`).
+//!
+//! Why a separate form: the rule hash (§6.3) is computed over Felix's *input* text
+//! (`--jump MARK --set-mark 0/0x30000`), whose fragment order the kernel's canonical save form
+//! does not keep. Each [`Rule`] is converted to a typed `crate::model` rule for the restore text;
+//! the Felix text below is used only for the `cali:` hash. Invariant: nothing in a `Rule` is a
+//! free-form string except validated names (chains, sets, interfaces) and escaped comments.
+
+use std::fmt::Write;
+
+use calc_graph::proto::{PortRange, Protocol};
+
+use crate::model::{self, ModelError};
+use ipnet::IpNet;
+
+/// Which packet side a port or address match applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Side {
+    Src,
+    Dst,
+}
+
+/// The direction flags of an `-m set` match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SetFlags {
+    Src,
+    Dst,
+    SrcSrc,
+    DstDst,
+}
+
+impl SetFlags {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SetFlags::Src => "src",
+            SetFlags::Dst => "dst",
+            SetFlags::SrcSrc => "src,src",
+            SetFlags::DstDst => "dst,dst",
+        }
+    }
+}
+
+/// Conntrack state sets used by the renderer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CtStates {
+    RelatedEstablished,
+    Invalid,
+}
+
+impl CtStates {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CtStates::RelatedEstablished => "RELATED,ESTABLISHED",
+            CtStates::Invalid => "INVALID",
+        }
+    }
+}
+
+/// One match fragment.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Match {
+    Protocol {
+        proto: Protocol,
+        negated: bool,
+    },
+    Net {
+        side: Side,
+        net: IpNet,
+        negated: bool,
+    },
+    /// `--in-interface`; a trailing `+` is a wildcard.
+    InIface(String),
+    /// `--out-interface`; a trailing `+` is a wildcard.
+    OutIface(String),
+    Set {
+        name: String,
+        flags: SetFlags,
+        negated: bool,
+    },
+    Ports {
+        side: Side,
+        ports: Vec<PortRange>,
+        negated: bool,
+    },
+    Icmp {
+        v6: bool,
+        type_: u8,
+        code: Option<u8>,
+        negated: bool,
+    },
+    Mark {
+        value: u32,
+        mask: u32,
+        negated: bool,
+    },
+    Conntrack {
+        states: CtStates,
+        negated: bool,
+    },
+}
+
+/// A rule's target.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Target {
+    Accept,
+    Drop,
+    Return,
+    Jump(String),
+    Goto(String),
+    /// `MARK --set-mark value/mask` (Felix `SetMark`/`SetMaskedMark`).
+    SetMark {
+        value: u32,
+        mask: u32,
+    },
+    /// `MARK --set-mark 0/mask` (Felix `ClearMark`, written with a literal `0`).
+    ClearMark(u32),
+    /// `LOG --log-prefix "<prefix>: " --log-level 5`; non-terminating.
+    Log {
+        prefix: String,
+    },
+    /// `NFLOG --nflog-group g --nflog-prefix p`; non-terminating.
+    Nflog {
+        group: u16,
+        prefix: String,
+    },
+}
+
+impl Target {
+    /// The chain this target refers to, if any.
+    pub fn referenced_chain(&self) -> Option<&str> {
+        match self {
+            Target::Jump(c) | Target::Goto(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+/// One rule: human comments (already escaped), matches in order, and an optional target (a rule
+/// with no target is a pure counter, as Felix writes for policies with no rules).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Rule {
+    pub comments: Vec<String>,
+    pub matches: Vec<Match>,
+    pub target: Option<Target>,
+}
+
+impl Rule {
+    pub fn new(matches: Vec<Match>, target: Target) -> Self {
+        Rule {
+            comments: Vec::new(),
+            matches,
+            target: Some(target),
+        }
+    }
+
+    /// Adds a human comment, escaped per §4.8.
+    pub fn with_comment(mut self, comment: &str) -> Self {
+        self.comments.push(super::hash::escape_comment(comment));
+        self
+    }
+
+    /// Felix's rendering of everything after `-A <chain> HASH`.
+    pub fn felix_text(&self) -> String {
+        let mut s = String::new();
+        for c in &self.comments {
+            push_sep(&mut s);
+            let _ = write!(s, "-m comment --comment \"{c}\"");
+        }
+        for m in &self.matches {
+            push_sep(&mut s);
+            write_match(&mut s, m);
+        }
+        if let Some(t) = &self.target {
+            push_sep(&mut s);
+            write_target(&mut s, t);
+        }
+        s
+    }
+}
+
+impl Rule {
+    /// The typed model rule in `chain`, with `hash` (if any) as the first comment `cali:<hash>`,
+    /// then the human comments, then the matches, then the target. Its `render_spec()` is what
+    /// `iptables-save` prints for the rule.
+    pub fn to_model(
+        &self,
+        chain: &model::ChainName,
+        hash: Option<&str>,
+    ) -> Result<model::Rule, ModelError> {
+        let mut r = model::Rule::new(chain.clone());
+        if let Some(h) = hash {
+            r.matches
+                .push(model::Match::Comment(model::Text::new(format!(
+                    "cali:{h}"
+                ))?));
+        }
+        for c in &self.comments {
+            r.matches
+                .push(model::Match::Comment(model::Text::new(c.as_str())?));
+        }
+        for m in &self.matches {
+            match m {
+                Match::Protocol { proto, negated } => {
+                    let p = model::Protocol::from_token(&kernel_proto(*proto))?;
+                    r.protocol = Some(model::Negatable {
+                        negated: *negated,
+                        value: p,
+                    });
+                }
+                Match::Net { side, net, negated } => {
+                    let v = Some(model::Negatable {
+                        negated: *negated,
+                        value: model::Addr::Net(*net),
+                    });
+                    match side {
+                        Side::Src => r.src = v,
+                        Side::Dst => r.dst = v,
+                    }
+                }
+                Match::InIface(i) => {
+                    r.in_iface = Some(model::Negatable::is(model::Iface::new(i.as_str())?))
+                }
+                Match::OutIface(i) => {
+                    r.out_iface = Some(model::Negatable::is(model::Iface::new(i.as_str())?))
+                }
+                Match::Set {
+                    name,
+                    flags,
+                    negated,
+                } => {
+                    use model::SetDir::{Dst, Src};
+                    let dirs = match flags {
+                        SetFlags::Src => vec![Src],
+                        SetFlags::Dst => vec![Dst],
+                        SetFlags::SrcSrc => vec![Src, Src],
+                        SetFlags::DstDst => vec![Dst, Dst],
+                    };
+                    let name = model::SetName::new(name.as_str())?;
+                    r.matches.push(model::Match::Set {
+                        negated: *negated,
+                        name,
+                        dirs,
+                    });
+                }
+                Match::Ports {
+                    side,
+                    ports,
+                    negated,
+                } => {
+                    let kind = match side {
+                        Side::Src => model::PortsKind::Source,
+                        Side::Dst => model::PortsKind::Destination,
+                    };
+                    let ports = ports
+                        .iter()
+                        .map(|p| model::PortRange::range(p.first, p.last))
+                        .collect();
+                    r.matches.push(model::Match::Multiport {
+                        negated: *negated,
+                        kind,
+                        ports,
+                    });
+                }
+                Match::Icmp {
+                    v6,
+                    type_,
+                    code,
+                    negated,
+                } => {
+                    let icmp_type = match code {
+                        Some(c) => model::IcmpType::TypeCode(*type_, *c),
+                        None => model::IcmpType::Type(*type_),
+                    };
+                    r.matches.push(if *v6 {
+                        model::Match::Icmpv6 {
+                            negated: *negated,
+                            icmp_type,
+                        }
+                    } else {
+                        model::Match::Icmp {
+                            negated: *negated,
+                            icmp_type,
+                        }
+                    });
+                }
+                Match::Mark {
+                    value,
+                    mask,
+                    negated,
+                } => r.matches.push(model::Match::Mark {
+                    negated: *negated,
+                    value: *value,
+                    mask: *mask,
+                }),
+                Match::Conntrack { states, negated } => {
+                    use model::CtState::{Established, Invalid, Related};
+                    let states = match states {
+                        CtStates::RelatedEstablished => {
+                            model::CtStates::of(&[Related, Established])
+                        }
+                        CtStates::Invalid => model::CtStates::of(&[Invalid]),
+                    };
+                    r.matches.push(model::Match::Conntrack {
+                        negated: *negated,
+                        states,
+                    });
+                }
+            }
+        }
+        r.target = match &self.target {
+            None => None,
+            Some(t) => Some(match t {
+                Target::Accept => model::Target::Accept,
+                Target::Drop => model::Target::Drop,
+                Target::Return => model::Target::Return,
+                Target::Jump(c) => model::Target::Jump(model::ChainName::new(c.as_str())?),
+                Target::Goto(c) => model::Target::Goto(model::ChainName::new(c.as_str())?),
+                Target::SetMark { value, mask } => model::Target::set_mark(*value, *mask),
+                Target::ClearMark(mask) => model::Target::set_mark(0, *mask),
+                Target::Log { prefix } => model::Target::Log {
+                    prefix: Some(model::Text::new(format!("{prefix}: "))?),
+                    level: Some(5),
+                },
+                Target::Nflog { group, prefix } => model::Target::Nflog {
+                    prefix: Some(model::Text::new(prefix.as_str())?),
+                    group: *group,
+                    len: None,
+                    threshold: None,
+                },
+            }),
+        };
+        Ok(r)
+    }
+}
+
+/// The protocol as `iptables-save` prints it (numbers without a well-known name stay numbers;
+/// the kernel may print a name from /etc/protocols for those, which only changes the text).
+pub fn kernel_proto(p: Protocol) -> String {
+    match p.number() {
+        6 => "tcp".into(),
+        17 => "udp".into(),
+        132 => "sctp".into(),
+        1 => "icmp".into(),
+        4 => "ipencap".into(),
+        58 => "ipv6-icmp".into(),
+        136 => "udplite".into(),
+        n => n.to_string(),
+    }
+}
+
+fn push_sep(s: &mut String) {
+    if !s.is_empty() {
+        s.push(' ');
+    }
+}
+
+/// Felix's protocol name (`-p tcp`), or the number.
+pub fn felix_proto(p: Protocol) -> String {
+    match p {
+        Protocol::Tcp => "tcp".into(),
+        Protocol::Udp => "udp".into(),
+        Protocol::Sctp => "sctp".into(),
+        Protocol::Icmp => "icmp".into(),
+        Protocol::IcmpV6 => "icmpv6".into(),
+        Protocol::UdpLite => "udplite".into(),
+        Protocol::Number(n) => n.to_string(),
+    }
+}
+
+fn hex(v: u32) -> String {
+    format!("{v:#x}")
+}
+
+fn mark_value(v: u32) -> String {
+    if v == 0 { "0".into() } else { hex(v) }
+}
+
+fn write_match(s: &mut String, m: &Match) {
+    let not = |n: bool| if n { "! " } else { "" };
+    let _ = match m {
+        Match::Protocol { proto, negated } => {
+            write!(s, "{}-p {}", not(*negated), felix_proto(*proto))
+        }
+        Match::Net { side, net, negated } => {
+            let opt = if *side == Side::Src {
+                "--source"
+            } else {
+                "--destination"
+            };
+            write!(s, "{}{opt} {net}", not(*negated))
+        }
+        Match::InIface(i) => write!(s, "--in-interface {i}"),
+        Match::OutIface(i) => write!(s, "--out-interface {i}"),
+        Match::Set {
+            name,
+            flags,
+            negated,
+        } => {
+            write!(
+                s,
+                "-m set {}--match-set {name} {}",
+                not(*negated),
+                flags.as_str()
+            )
+        }
+        Match::Ports {
+            side,
+            ports,
+            negated,
+        } => {
+            let opt = if *side == Side::Src {
+                "--source-ports"
+            } else {
+                "--destination-ports"
+            };
+            let list: Vec<String> = ports.iter().map(|p| p.to_string()).collect();
+            write!(s, "-m multiport {}{opt} {}", not(*negated), list.join(","))
+        }
+        Match::Icmp {
+            v6,
+            type_,
+            code,
+            negated,
+        } => {
+            let (m, opt) = if *v6 {
+                ("icmp6", "--icmpv6-type")
+            } else {
+                ("icmp", "--icmp-type")
+            };
+            match code {
+                Some(c) => write!(s, "-m {m} {}{opt} {type_}/{c}", not(*negated)),
+                None => write!(s, "-m {m} {}{opt} {type_}", not(*negated)),
+            }
+        }
+        Match::Mark {
+            value,
+            mask,
+            negated,
+        } => {
+            write!(
+                s,
+                "-m mark {}--mark {}/{}",
+                not(*negated),
+                mark_value(*value),
+                hex(*mask)
+            )
+        }
+        Match::Conntrack { states, negated } => {
+            write!(
+                s,
+                "-m conntrack {}--ctstate {}",
+                not(*negated),
+                states.as_str()
+            )
+        }
+    };
+}
+
+fn write_target(s: &mut String, t: &Target) {
+    let _ = match t {
+        Target::Accept => write!(s, "--jump ACCEPT"),
+        Target::Drop => write!(s, "--jump DROP"),
+        Target::Return => write!(s, "--jump RETURN"),
+        Target::Jump(c) => write!(s, "--jump {c}"),
+        Target::Goto(c) => write!(s, "--goto {c}"),
+        Target::SetMark { value, mask } => {
+            write!(s, "--jump MARK --set-mark {}/{}", hex(*value), hex(*mask))
+        }
+        Target::ClearMark(mask) => write!(s, "--jump MARK --set-mark 0/{}", hex(*mask)),
+        Target::Log { prefix } => write!(s, "--jump LOG --log-prefix \"{prefix}: \" --log-level 5"),
+        Target::Nflog { group, prefix } => {
+            write!(
+                s,
+                "--jump NFLOG --nflog-group {group} --nflog-prefix {prefix}"
+            )
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn felix_text_matches_felix_syntax() {
+        let r = Rule::new(
+            vec![
+                Match::Protocol {
+                    proto: Protocol::Tcp,
+                    negated: false,
+                },
+                Match::Net {
+                    side: Side::Src,
+                    net: "10.0.0.0/8".parse().unwrap(),
+                    negated: false,
+                },
+                Match::Ports {
+                    side: Side::Dst,
+                    ports: vec![PortRange {
+                        first: 80,
+                        last: 80,
+                    }],
+                    negated: false,
+                },
+                Match::Mark {
+                    value: 0x80000,
+                    mask: 0x80000,
+                    negated: false,
+                },
+            ],
+            Target::SetMark {
+                value: 0x10000,
+                mask: 0x10000,
+            },
+        );
+        assert_eq!(
+            r.felix_text(),
+            "-p tcp --source 10.0.0.0/8 -m multiport --destination-ports 80 \
+             -m mark --mark 0x80000/0x80000 --jump MARK --set-mark 0x10000/0x10000"
+        );
+        let r = Rule::new(
+            vec![Match::Mark {
+                value: 0,
+                mask: 0x20000,
+                negated: false,
+            }],
+            Target::Drop,
+        )
+        .with_comment("End of tier default. Drop if no policies passed packet");
+        assert_eq!(
+            r.felix_text(),
+            "-m comment --comment \"End of tier default. Drop if no policies passed packet\" \
+             -m mark --mark 0/0x20000 --jump DROP"
+        );
+        assert_eq!(
+            Rule::new(
+                vec![],
+                Target::SetMark {
+                    value: 0,
+                    mask: 0x180000
+                }
+            )
+            .felix_text(),
+            "--jump MARK --set-mark 0x0/0x180000"
+        );
+        assert_eq!(
+            Rule::new(vec![], Target::ClearMark(0x30000)).felix_text(),
+            "--jump MARK --set-mark 0/0x30000"
+        );
+    }
+}

@@ -1,0 +1,189 @@
+//! Chain and IP set names (§5 of calico-felix.md).
+//!
+//! Invariants: every chain name returned here is at most [`MAX_CHAIN_NAME_LEN`] bytes and consists
+//! only of `[A-Za-z0-9._:/-]`; every IP set name is at most [`MAX_IPSET_NAME_LEN`] bytes with no
+//! whitespace or quote. Whatever a resource name contains, it can only reach a chain name through
+//! the SHA-256 branch of [`length_limited_id`], so it cannot break out of its restore-text token.
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use calc_graph::proto::{IpSetId, IpVersion, PolicyId, PolicyKind};
+use sha2::{Digest, Sha256};
+
+/// `iptables.MaxChainNameLength`.
+pub const MAX_CHAIN_NAME_LEN: usize = 28;
+/// `MaxIPSetNameLength`.
+pub const MAX_IPSET_NAME_LEN: usize = 31;
+
+pub const POLICY_IN_PREFIX: &str = "cali-pi-";
+pub const POLICY_OUT_PREFIX: &str = "cali-po-";
+pub const PROFILE_IN_PREFIX: &str = "cali-pri-";
+pub const PROFILE_OUT_PREFIX: &str = "cali-pro-";
+pub const TO_WORKLOAD_PREFIX: &str = "cali-tw-";
+pub const FROM_WORKLOAD_PREFIX: &str = "cali-fw-";
+
+/// Characters a resource-derived chain-name suffix may keep verbatim. Anything else forces the
+/// hashed form (Felix never sees such names because Calico validation rejects them).
+fn is_safe_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "._:/-".contains(c)
+}
+
+/// Felix's `GetLengthLimitedID(prefix, suffix, maxLen)`: `prefix+suffix` when it fits, otherwise
+/// `prefix + "_" + base64url(SHA-256(suffix))` cut to `max_len`. A suffix with characters outside
+/// the safe set is always hashed (a deliberate, documented extension).
+pub fn length_limited_id(prefix: &str, suffix: &str, max_len: usize) -> String {
+    let suffix = if suffix.is_empty() { "_" } else { suffix };
+    let total = prefix.len() + suffix.len();
+    let unsafe_chars = !suffix.chars().all(is_safe_name_char);
+    if unsafe_chars || total > max_len || (total == max_len && suffix.starts_with('_')) {
+        hashed_id(prefix, suffix, max_len)
+    } else {
+        format!("{prefix}{suffix}")
+    }
+}
+
+/// `prefix + "_" + base64url(SHA-256(suffix))`, cut to `max_len` (the hashed branch of
+/// [`length_limited_id`]).
+pub fn hashed_id(prefix: &str, suffix: &str, max_len: usize) -> String {
+    let hash = URL_SAFE_NO_PAD.encode(Sha256::digest(suffix.as_bytes()));
+    let left = max_len.saturating_sub(prefix.len() + 1);
+    format!("{prefix}_{}", &hash[..left.min(hash.len())])
+}
+
+/// The v3.32+ `PolicyID.ID()`: `np/<ns>/<name>` or `gnp/<name>`.
+pub fn policy_chain_id(id: &PolicyId) -> String {
+    let short = match id.kind {
+        PolicyKind::NetworkPolicy => "np",
+        PolicyKind::GlobalNetworkPolicy => "gnp",
+    };
+    match &id.namespace {
+        Some(ns) => format!("{short}/{ns}/{}", id.name),
+        None => format!("{short}/{}", id.name),
+    }
+}
+
+/// `cali-pi-<id>` (ingress) or `cali-po-<id>` (egress).
+pub fn policy_chain_name(id: &PolicyId, ingress: bool) -> String {
+    let prefix = if ingress {
+        POLICY_IN_PREFIX
+    } else {
+        POLICY_OUT_PREFIX
+    };
+    length_limited_id(prefix, &policy_chain_id(id), MAX_CHAIN_NAME_LEN)
+}
+
+/// `cali-pri-<profile>` (ingress) or `cali-pro-<profile>` (egress).
+pub fn profile_chain_name(profile: &str, ingress: bool) -> String {
+    let prefix = if ingress {
+        PROFILE_IN_PREFIX
+    } else {
+        PROFILE_OUT_PREFIX
+    };
+    length_limited_id(prefix, profile, MAX_CHAIN_NAME_LEN)
+}
+
+/// `cali-tw-<iface>` (to the workload, ingress policy) or `cali-fw-<iface>` (from it, egress).
+pub fn endpoint_chain_name(iface: &str, ingress: bool) -> String {
+    let prefix = if ingress {
+        TO_WORKLOAD_PREFIX
+    } else {
+        FROM_WORKLOAD_PREFIX
+    };
+    length_limited_id(prefix, iface, MAX_CHAIN_NAME_LEN)
+}
+
+/// Whether an interface name is usable verbatim in `--in-interface` / `--out-interface`: 1 to 15
+/// bytes (IFNAMSIZ - 1) of `[A-Za-z0-9._-]`, and not ending in `+` (which would be a wildcard).
+pub fn is_valid_interface_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 15
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+}
+
+/// Whether an IP set id from the graph is safe to embed in a set name (`s:`/`n:` + base64url).
+pub fn is_valid_ipset_id(id: &IpSetId) -> bool {
+    !id.is_empty()
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || ":_-.".contains(c))
+}
+
+/// The kernel set name: `cali40<id>` / `cali60<id>` cut to 31 characters.
+pub fn ipset_name(version: IpVersion, id: &str) -> String {
+    let mut name = match version {
+        IpVersion::V4 => format!("cali40{id}"),
+        IpVersion::V6 => format!("cali60{id}"),
+    };
+    // Ids are validated ASCII, so truncation is on a char boundary.
+    name.truncate(MAX_IPSET_NAME_LEN);
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mk_np(ns: &str, name: &str) -> PolicyId {
+        PolicyId {
+            kind: PolicyKind::NetworkPolicy,
+            tier: "default".into(),
+            namespace: Some(ns.into()),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn felix_name_vectors() {
+        // calico-felix.md §2.4 / §5.1.
+        assert_eq!(
+            length_limited_id("cali-pi-", "knp/default/allow-foo", 28),
+            "cali-pi-_e3--Ll7YEaaa5wzNbuT"
+        );
+        assert_eq!(
+            profile_chain_name("ksa.kube-system.coredns", false),
+            "cali-pro-_u2Tn2rSoAPffvE7JO6"
+        );
+        assert_eq!(
+            profile_chain_name("ksa.default.default", true),
+            "cali-pri-ksa.default.default"
+        );
+        assert_eq!(
+            profile_chain_name("kns.default", true),
+            "cali-pri-kns.default"
+        );
+        assert_eq!(
+            endpoint_chain_name("calic440f455693", true),
+            "cali-tw-calic440f455693"
+        );
+        assert_eq!(policy_chain_name(&mk_np("a", "b"), true), "cali-pi-np/a/b");
+        assert_eq!(length_limited_id("cali-pi-", "", 28), "cali-pi-_");
+    }
+
+    #[test]
+    fn hostile_names_are_hashed_and_bounded() {
+        for name in ["a b", "x\"y", "-j ACCEPT", "a\nb", &"n".repeat(300), "é"] {
+            let chain = policy_chain_name(&mk_np("ns", name), true);
+            assert!(chain.len() <= MAX_CHAIN_NAME_LEN, "{chain}");
+            assert!(chain.starts_with("cali-pi-_"), "{chain}");
+            assert!(chain.chars().all(is_safe_name_char), "{chain}");
+        }
+    }
+
+    #[test]
+    fn ipset_names_are_cut_to_31() {
+        let id = "s:cttW8MqAIeVWez-m8dwR9b3Xyz0123456789abcd";
+        assert_eq!(
+            ipset_name(IpVersion::V4, id),
+            "cali40s:cttW8MqAIeVWez-m8dwR9b3"
+        );
+        assert_eq!(ipset_name(IpVersion::V6, id).len(), 31);
+        assert!(is_valid_ipset_id(&id.to_string()));
+        assert!(!is_valid_ipset_id(&"s:a b".to_string()));
+        assert!(is_valid_interface_name("calic440f455693"));
+        assert!(!is_valid_interface_name("cali+"));
+        assert!(!is_valid_interface_name("cali 1"));
+        assert!(!is_valid_interface_name("calic440f4556931"));
+    }
+}

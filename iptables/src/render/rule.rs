@@ -1,0 +1,576 @@
+//! One Calico rule -> iptables rules (§4: `ProtoRuleToIptablesRules`, `matchBlockBuilder`), and a
+//! policy/profile direction -> one chain's rules.
+//!
+//! Invariants:
+//! * OR semantics (several positive nets, > 15 port slots, numeric plus named ports, a negated net
+//!   beside another net on the same side) go through scratch-mark blocks; the final rule matches
+//!   AB = scratch0. Each positive block after the second starts by clearing TB = scratch1, so the
+//!   result is correct for any number of blocks (Felix leaves TB set: §4.4; we differ there only).
+//! * A rule that cannot be rendered safely (ports without a port protocol, ICMP fields without the
+//!   ICMP protocol of this family, an unknown IP set) is an error; the caller fails closed.
+//! * Rules of the other IP family are filtered out per §4.1, except that a negated CIDR list that
+//!   only held other-family CIDRs is dropped from the rule instead of dropping the rule (a v4
+//!   packet is never inside a v6 CIDR, so "not in any" holds; Felix drops the whole rule).
+
+use calc_graph::proto::{Action, IpVersion, ParsedRule, PortRange, Protocol};
+use ipnet::IpNet;
+
+use super::hash::escape_comment;
+use super::ir::{Match, Rule, SetFlags, Side, Target};
+use super::marks::MarkBits;
+
+/// Most "slots" one multiport match may hold (a range takes two).
+pub const MULTIPORT_SLOTS: usize = 15;
+
+/// Why a rule could not be rendered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    #[error("rule {index}: {field} needs protocol tcp, udp, sctp or udplite, got {protocol}")]
+    PortsWithoutPortProtocol {
+        index: usize,
+        field: &'static str,
+        protocol: String,
+    },
+    #[error("rule {index}: {field} needs protocol {needed} in an IPv{version} chain")]
+    IcmpWithoutProtocol {
+        index: usize,
+        field: &'static str,
+        needed: &'static str,
+        version: u8,
+    },
+    #[error("rule {index}: {field} has an ICMP code without a type")]
+    IcmpCodeWithoutType { index: usize, field: &'static str },
+    #[error("rule {index}: {field} references unknown or invalid IP set {id:?}")]
+    UnknownIpSet {
+        index: usize,
+        field: &'static str,
+        id: String,
+    },
+}
+
+/// How a `Log` action is rendered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogAction {
+    /// `LOG --log-prefix "<prefix>: " --log-level 5` (Felix's behaviour).
+    Log,
+    /// `NFLOG --nflog-group <group> --nflog-prefix <L{P|R}{I|E}<idx>|<id>>`, prefix ≤ 63 chars.
+    Nflog { group: u16 },
+}
+
+/// Everything rule rendering needs besides the rule.
+pub struct RuleCtx<'a> {
+    pub version: IpVersion,
+    pub marks: &'a MarkBits,
+    pub log_action: &'a LogAction,
+    /// LOG prefix (already sanitised, ≤ 27 chars).
+    pub log_prefix: &'a str,
+    /// Resolves an IP set id to its kernel name in this family, or `None` if unknown.
+    pub set_name: &'a dyn Fn(&str) -> Option<String>,
+    /// `P` for policies, `R` for profiles (NFLOG prefix).
+    pub owner: char,
+    pub ingress: bool,
+    /// Policy / profile id for the NFLOG prefix (`np/ns/name`, `kns.default`).
+    pub owner_id: &'a str,
+}
+
+/// Splits ports into multiport groups of at most 15 slots, greedily in order (`SplitPortList`).
+pub fn split_ports(ports: &[PortRange]) -> Vec<Vec<PortRange>> {
+    let mut splits = Vec::new();
+    let mut cur: Vec<PortRange> = Vec::new();
+    let mut left = MULTIPORT_SLOTS;
+    for p in ports {
+        let need = if p.first == p.last { 1 } else { 2 };
+        if left < need {
+            splits.push(std::mem::take(&mut cur));
+            left = MULTIPORT_SLOTS;
+        }
+        cur.push(*p);
+        left -= need;
+    }
+    if !cur.is_empty() {
+        splits.push(cur);
+    }
+    splits
+}
+
+fn is_v6(n: &IpNet) -> bool {
+    matches!(n, IpNet::V6(_))
+}
+
+/// Keeps the nets of `version`; `None` means "the positive field emptied: drop the rule".
+fn filter_nets(nets: &[IpNet], version: IpVersion, negated: bool) -> Option<Vec<IpNet>> {
+    let want_v6 = version == IpVersion::V6;
+    let kept: Vec<IpNet> = nets
+        .iter()
+        .filter(|n| is_v6(n) == want_v6)
+        .copied()
+        .collect();
+    if negated {
+        // `! 0.0.0.0/0` matches nothing of this family: the rule can never match.
+        if kept.iter().any(|n| n.prefix_len() == 0) {
+            return None;
+        }
+        Some(kept)
+    } else if !nets.is_empty() && kept.is_empty() {
+        None
+    } else if kept.iter().any(|n| n.prefix_len() == 0) {
+        // "Any of {everything, ...}" is no constraint (and the kernel drops `-s 0.0.0.0/0`).
+        Some(Vec::new())
+    } else {
+        Some(kept)
+    }
+}
+
+/// Whether the rule applies to `version` at all (explicit ipVersion, ICMP protocol family).
+pub fn rule_applies_to(rule: &ParsedRule, version: IpVersion) -> bool {
+    if rule.ip_version.is_some_and(|v| v != version) {
+        return false;
+    }
+    !matches!(
+        (rule.protocol, version),
+        (Some(Protocol::Icmp | Protocol::Number(1)), IpVersion::V6)
+            | (Some(Protocol::IcmpV6 | Protocol::Number(58)), IpVersion::V4)
+    )
+}
+
+/// The scratch-mark block builder, with the TB clear that makes any number of blocks correct.
+struct Blocks<'m> {
+    marks: &'m MarkBits,
+    rules: Vec<Rule>,
+    used: bool,
+    positive_blocks: usize,
+}
+
+impl<'m> Blocks<'m> {
+    fn initial(&mut self, value: u32) {
+        if !self.used {
+            let mask = self.marks.scratch0 | self.marks.scratch1;
+            self.rules
+                .push(Rule::new(vec![], Target::SetMark { value, mask }));
+            self.used = true;
+        }
+    }
+
+    fn positive(&mut self, alternatives: Vec<Vec<Match>>) {
+        let (ab, tb) = (self.marks.scratch0, self.marks.scratch1);
+        self.initial(0);
+        let first = self.positive_blocks == 0;
+        // TB is clear after the initial rule and stays clear through the first block (which writes
+        // AB directly), so only the third and later positive blocks need to clear it.
+        if self.positive_blocks >= 2 {
+            self.rules.push(Rule::new(vec![], Target::ClearMark(tb)));
+        }
+        let bit = if first { ab } else { tb };
+        for m in alternatives {
+            self.rules.push(Rule::new(
+                m,
+                Target::SetMark {
+                    value: bit,
+                    mask: bit,
+                },
+            ));
+        }
+        if !first {
+            let m = vec![Match::Mark {
+                value: 0,
+                mask: tb,
+                negated: false,
+            }];
+            self.rules.push(Rule::new(m, Target::ClearMark(ab)));
+        }
+        self.positive_blocks += 1;
+    }
+
+    fn negated_nets(&mut self, side: Side, nets: &[IpNet]) {
+        let ab = self.marks.scratch0;
+        self.initial(ab);
+        for n in nets {
+            let m = vec![Match::Net {
+                side,
+                net: *n,
+                negated: false,
+            }];
+            self.rules.push(Rule::new(m, Target::ClearMark(ab)));
+        }
+    }
+}
+
+fn proto_match(p: Option<Protocol>) -> Vec<Match> {
+    p.map(|proto| Match::Protocol {
+        proto,
+        negated: false,
+    })
+    .into_iter()
+    .collect()
+}
+
+/// Renders rule `index` of a chain for `ctx.version`; `Ok(vec![])` when it does not apply.
+pub fn render_rule(
+    rule: &ParsedRule,
+    index: usize,
+    ctx: &RuleCtx<'_>,
+) -> Result<Vec<Rule>, RuleError> {
+    let v = ctx.version;
+    if !rule_applies_to(rule, v) {
+        return Ok(Vec::new());
+    }
+    let (Some(src_nets), Some(not_src_nets), Some(dst_nets), Some(not_dst_nets)) = (
+        filter_nets(&rule.src_nets, v, false),
+        filter_nets(&rule.not_src_nets, v, true),
+        filter_nets(&rule.dst_nets, v, false),
+        filter_nets(&rule.not_dst_nets, v, true),
+    ) else {
+        return Ok(Vec::new());
+    };
+    check_ports(rule, index)?;
+    let set = |ids: &[String], field: &'static str| -> Result<Vec<String>, RuleError> {
+        ids.iter()
+            .map(|id| {
+                (ctx.set_name)(id).ok_or_else(|| RuleError::UnknownIpSet {
+                    index,
+                    field,
+                    id: id.clone(),
+                })
+            })
+            .collect()
+    };
+    let src_sets = set(&rule.src_ip_set_ids, "source selector")?;
+    let not_src_sets = set(&rule.not_src_ip_set_ids, "source notSelector")?;
+    let dst_sets = set(&rule.dst_ip_set_ids, "destination selector")?;
+    let not_dst_sets = set(&rule.not_dst_ip_set_ids, "destination notSelector")?;
+    let mut src_named = set(&rule.src_named_port_ip_set_ids, "source named ports")?;
+    let not_src_named = set(
+        &rule.not_src_named_port_ip_set_ids,
+        "source notPorts (named)",
+    )?;
+    let mut dst_named = set(&rule.dst_named_port_ip_set_ids, "destination named ports")?;
+    let not_dst_named = set(
+        &rule.not_dst_named_port_ip_set_ids,
+        "destination notPorts (named)",
+    )?;
+    let icmp = icmp_match(rule.icmp, rule.protocol, v, index, "icmp", false)?;
+    let not_icmp = icmp_match(rule.not_icmp, rule.protocol, v, index, "notICMP", true)?;
+
+    let mut blocks = Blocks {
+        marks: ctx.marks,
+        rules: Vec::new(),
+        used: false,
+        positive_blocks: 0,
+    };
+    let mut src_port_splits = split_ports(&rule.src_ports);
+    let mut dst_port_splits = split_ports(&rule.dst_ports);
+    for (side, splits, named) in [
+        (Side::Src, &mut src_port_splits, &mut src_named),
+        (Side::Dst, &mut dst_port_splits, &mut dst_named),
+    ] {
+        if splits.len() + named.len() > 1 {
+            let flags = if side == Side::Src {
+                SetFlags::SrcSrc
+            } else {
+                SetFlags::DstDst
+            };
+            let mut alts: Vec<Vec<Match>> = Vec::new();
+            for ports in splits.drain(..) {
+                let mut m = proto_match(rule.protocol);
+                m.push(Match::Ports {
+                    side,
+                    ports,
+                    negated: false,
+                });
+                alts.push(m);
+            }
+            for name in named.drain(..) {
+                alts.push(vec![Match::Set {
+                    name,
+                    flags,
+                    negated: false,
+                }]);
+            }
+            blocks.positive(alts);
+        }
+    }
+    let mut src_nets = src_nets;
+    let mut dst_nets = dst_nets;
+    for (side, nets) in [(Side::Src, &mut src_nets), (Side::Dst, &mut dst_nets)] {
+        if nets.len() > 1 {
+            let alts = nets
+                .drain(..)
+                .map(|net| {
+                    vec![Match::Net {
+                        side,
+                        net,
+                        negated: false,
+                    }]
+                })
+                .collect();
+            blocks.positive(alts);
+        }
+    }
+    let mut not_src_nets = not_src_nets;
+    let mut not_dst_nets = not_dst_nets;
+    for (side, pos, neg) in [
+        (Side::Src, &src_nets, &mut not_src_nets),
+        (Side::Dst, &dst_nets, &mut not_dst_nets),
+    ] {
+        if pos.len() + neg.len() > 1 {
+            blocks.negated_nets(side, neg);
+            neg.clear();
+        }
+    }
+
+    // The main rule, in CalculateRuleMatch order.
+    let mut m = proto_match(rule.protocol);
+    let net = |side, net: &IpNet, negated| Match::Net {
+        side,
+        net: *net,
+        negated,
+    };
+    fn sets(names: &[String], flags: SetFlags, negated: bool) -> impl Iterator<Item = Match> + '_ {
+        names.iter().map(move |name| Match::Set {
+            name: name.clone(),
+            flags,
+            negated,
+        })
+    }
+    m.extend(src_nets.first().map(|n| net(Side::Src, n, false)));
+    m.extend(sets(&src_sets, SetFlags::Src, false));
+    m.extend(src_port_splits.pop().map(|ports| Match::Ports {
+        side: Side::Src,
+        ports,
+        negated: false,
+    }));
+    m.extend(sets(&src_named, SetFlags::SrcSrc, false));
+    m.extend(dst_nets.first().map(|n| net(Side::Dst, n, false)));
+    m.extend(sets(&dst_sets, SetFlags::Dst, false));
+    m.extend(dst_port_splits.pop().map(|ports| Match::Ports {
+        side: Side::Dst,
+        ports,
+        negated: false,
+    }));
+    m.extend(sets(&dst_named, SetFlags::DstDst, false));
+    m.extend(icmp);
+    m.extend(rule.not_protocol.map(|proto| Match::Protocol {
+        proto,
+        negated: true,
+    }));
+    m.extend(not_src_nets.first().map(|n| net(Side::Src, n, true)));
+    m.extend(sets(&not_src_sets, SetFlags::Src, true));
+    for ports in split_ports(&rule.not_src_ports) {
+        m.push(Match::Ports {
+            side: Side::Src,
+            ports,
+            negated: true,
+        });
+    }
+    m.extend(sets(&not_src_named, SetFlags::SrcSrc, true));
+    m.extend(not_dst_nets.first().map(|n| net(Side::Dst, n, true)));
+    m.extend(sets(&not_dst_sets, SetFlags::Dst, true));
+    for ports in split_ports(&rule.not_dst_ports) {
+        m.push(Match::Ports {
+            side: Side::Dst,
+            ports,
+            negated: true,
+        });
+    }
+    m.extend(sets(&not_dst_named, SetFlags::DstDst, true));
+    m.extend(not_icmp);
+    if blocks.used {
+        let ab = ctx.marks.scratch0;
+        m.push(Match::Mark {
+            value: ab,
+            mask: ab,
+            negated: false,
+        });
+    }
+
+    let mut out = blocks.rules;
+    let mark_rule = |bit: u32, m: Vec<Match>| {
+        Rule::new(
+            m,
+            Target::SetMark {
+                value: bit,
+                mask: bit,
+            },
+        )
+    };
+    let on_bit = |bit: u32| {
+        vec![Match::Mark {
+            value: bit,
+            mask: bit,
+            negated: false,
+        }]
+    };
+    match rule.action() {
+        Action::Allow => {
+            out.push(mark_rule(ctx.marks.accept, m));
+            out.push(Rule::new(on_bit(ctx.marks.accept), Target::Return));
+        }
+        Action::Pass => {
+            out.push(mark_rule(ctx.marks.pass, m));
+            out.push(Rule::new(on_bit(ctx.marks.pass), Target::Return));
+        }
+        Action::Deny => {
+            out.push(mark_rule(ctx.marks.drop, m));
+            out.push(Rule::new(on_bit(ctx.marks.drop), Target::Drop));
+        }
+        Action::Log => out.push(Rule::new(m, log_target(index, ctx))),
+    }
+    let mut annotations = rule.annotations.clone();
+    annotations.sort();
+    for r in &mut out {
+        for (k, v) in &annotations {
+            r.comments.push(escape_comment(&format!("{k}={v}")));
+        }
+    }
+    Ok(out)
+}
+
+fn check_ports(rule: &ParsedRule, index: usize) -> Result<(), RuleError> {
+    let port_proto = rule.protocol.is_some_and(|p| p.supports_ports());
+    for (field, ports) in [
+        ("source ports", &rule.src_ports),
+        ("source notPorts", &rule.not_src_ports),
+        ("destination ports", &rule.dst_ports),
+        ("destination notPorts", &rule.not_dst_ports),
+    ] {
+        if !ports.is_empty() && !port_proto {
+            let protocol = rule
+                .protocol
+                .map_or_else(|| "none".to_string(), |p| p.to_string());
+            return Err(RuleError::PortsWithoutPortProtocol {
+                index,
+                field,
+                protocol,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn icmp_match(
+    icmp: Option<calc_graph::proto::IcmpFields>,
+    protocol: Option<Protocol>,
+    v: IpVersion,
+    index: usize,
+    field: &'static str,
+    negated: bool,
+) -> Result<Option<Match>, RuleError> {
+    let Some(f) = icmp else { return Ok(None) };
+    let Some(type_) = f.type_ else {
+        if f.code.is_some() {
+            return Err(RuleError::IcmpCodeWithoutType { index, field });
+        }
+        return Ok(None);
+    };
+    let (ok, needed) = match v {
+        IpVersion::V4 => (
+            matches!(protocol, Some(Protocol::Icmp | Protocol::Number(1))),
+            "ICMP",
+        ),
+        IpVersion::V6 => (
+            matches!(protocol, Some(Protocol::IcmpV6 | Protocol::Number(58))),
+            "ICMPv6",
+        ),
+    };
+    if !ok {
+        return Err(RuleError::IcmpWithoutProtocol {
+            index,
+            field,
+            needed,
+            version: v.number(),
+        });
+    }
+    Ok(Some(Match::Icmp {
+        v6: v == IpVersion::V6,
+        type_,
+        code: f.code,
+        negated,
+    }))
+}
+
+/// Longest NFLOG prefix the kernel takes (`xt_nflog_info.prefix[64]` with the NUL).
+pub const MAX_NFLOG_PREFIX_LEN: usize = 63;
+
+fn log_target(index: usize, ctx: &RuleCtx<'_>) -> Target {
+    match ctx.log_action {
+        LogAction::Log => Target::Log {
+            prefix: ctx.log_prefix.to_string(),
+        },
+        LogAction::Nflog { group } => {
+            let dir = if ctx.ingress { 'I' } else { 'E' };
+            Target::Nflog {
+                group: *group,
+                prefix: nflog_prefix(&format!("L{}{dir}{index}", ctx.owner), ctx.owner_id),
+            }
+        }
+    }
+}
+
+/// `<head>|<id>` with unsafe characters replaced by `_`; when longer than 63 characters the id is
+/// replaced by `_` + base64url(SHA-256(id)), cut to fit (deterministic).
+pub fn nflog_prefix(head: &str, id: &str) -> String {
+    let clean: String = id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._:/=-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let full = format!("{head}|{clean}");
+    if full.len() <= MAX_NFLOG_PREFIX_LEN {
+        return full;
+    }
+    super::names::hashed_id(&format!("{head}|"), id, MAX_NFLOG_PREFIX_LEN)
+}
+
+/// Renders one direction of a policy or profile into a chain's rules: the rules in order, trailing
+/// RETURNs stripped, and `comment` appended to the first rule's comments (a counter-only rule when
+/// there are no rules), as Felix's `ProtoRulesToIptablesRules` does.
+pub fn render_rules(
+    rules: &[ParsedRule],
+    comment: &str,
+    ctx: &RuleCtx<'_>,
+) -> Result<Vec<Rule>, RuleError> {
+    render_rules_after(rules, comment, ctx, Vec::new())
+}
+
+/// A profile's chain. Profiles are entered with the pass bit possibly still set (by the last
+/// tier's Pass, or by an earlier profile's Pass), so a profile with a Pass rule first clears it;
+/// otherwise its "RETURN if pass bit" rule would fire before its own rules matched and skip the
+/// rest of the profile (Felix has this bug: a later Deny in the profile could be skipped and a
+/// later profile allow the packet). Profiles without Pass rules are byte-identical to Felix's.
+pub fn render_profile_rules(
+    rules: &[ParsedRule],
+    comment: &str,
+    ctx: &RuleCtx<'_>,
+) -> Result<Vec<Rule>, RuleError> {
+    let lead = if rules.iter().any(|r| r.action() == Action::Pass) {
+        vec![Rule::new(vec![], Target::ClearMark(ctx.marks.pass))]
+    } else {
+        Vec::new()
+    };
+    render_rules_after(rules, comment, ctx, lead)
+}
+
+fn render_rules_after(
+    rules: &[ParsedRule],
+    comment: &str,
+    ctx: &RuleCtx<'_>,
+    lead: Vec<Rule>,
+) -> Result<Vec<Rule>, RuleError> {
+    let mut out = lead;
+    for (i, r) in rules.iter().enumerate() {
+        out.extend(render_rule(r, i, ctx)?);
+    }
+    while out.last().is_some_and(|r| r.target == Some(Target::Return)) {
+        out.pop();
+    }
+    if out.is_empty() {
+        out.push(Rule::default());
+    }
+    out[0].comments.push(escape_comment(comment));
+    Ok(out)
+}

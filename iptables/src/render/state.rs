@@ -1,0 +1,663 @@
+//! The incremental renderer: calc-graph outputs in, desired state (full or delta) out.
+//!
+//! Invariants:
+//! * `families[v].chains` always equals what a from-scratch render of the current inputs would
+//!   produce after [`Renderer::flush`]; only dirty objects are re-rendered.
+//! * A policy/profile chain is present in a family iff some endpoint chain jumps to it (reference
+//!   counts per (id, direction)); an IP set is present iff some present chain of that family names it.
+//! * Set names in rules are only produced for ids the graph created (else the rule fails closed).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use calc_graph::proto::{
+    ActivePolicy, ActiveProfile, EndpointId, IpSetId, IpSetKind, IpSetMember, IpVersion,
+    LocalEndpoint, Output, PolicyId,
+};
+
+pub use super::family::{Delta, SetChange};
+use super::family::{Family, hash_hooks};
+use super::hash::escape_comment;
+use super::ir::{Rule, Target};
+use super::marks::MarkBits;
+use super::rule::{RuleCtx, render_profile_rules, render_rules};
+use super::{RenderConfig, RenderError, dispatch, endpoint, names, static_chains};
+use crate::apply::{DesiredState, IpSetSpec, TableName};
+
+/// What an endpoint's chains reference, for reference counting.
+struct EpRefs {
+    iface: String,
+    policies: Vec<(PolicyId, bool)>,
+    profiles: Vec<(String, bool)>,
+}
+
+/// Consumes calc-graph outputs and keeps the desired dataplane state for both families.
+pub struct Renderer {
+    cfg: RenderConfig,
+    marks: MarkBits,
+    log_prefix: String,
+    ip_sets: HashMap<IpSetId, (IpSetKind, BTreeSet<IpSetMember>)>,
+    /// Kernel set name -> id, for both families.
+    set_ids: HashMap<String, IpSetId>,
+    policies: HashMap<PolicyId, ActivePolicy>,
+    profiles: HashMap<String, ActiveProfile>,
+    endpoints: HashMap<EndpointId, LocalEndpoint>,
+    iface_owner: BTreeMap<String, EndpointId>,
+    ep_refs: HashMap<EndpointId, EpRefs>,
+    policy_refs: HashMap<(PolicyId, bool), usize>,
+    profile_refs: HashMap<(String, bool), usize>,
+    dirty_policies: HashSet<PolicyId>,
+    dirty_profiles: HashSet<String>,
+    dirty_endpoints: HashSet<EndpointId>,
+    dispatch_dirty: bool,
+    waiting_policies: HashSet<PolicyId>,
+    waiting_profiles: HashSet<String>,
+    families: [Family; 2],
+    in_sync: bool,
+}
+
+fn valid_prefix(p: &str) -> bool {
+    (1..=14).contains(&p.len()) && names::is_valid_interface_name(p)
+}
+
+fn sanitize_log_prefix(p: &str) -> String {
+    let mut s: String = p
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || " _@+=:,./-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    s.truncate(27);
+    s
+}
+
+impl Renderer {
+    /// A renderer with the static chains and hooks in place and no endpoints (every `cali`
+    /// interface is dropped as unknown).
+    pub fn new(cfg: RenderConfig) -> Result<Self, RenderError> {
+        let marks = MarkBits::allocate(cfg.mark_mask)?;
+        if let Some(p) = cfg.interface_prefixes.iter().find(|p| !valid_prefix(p)) {
+            return Err(RenderError::InvalidInterfacePrefix { prefix: p.clone() });
+        }
+        let mut r = Renderer {
+            log_prefix: sanitize_log_prefix(&cfg.log_prefix),
+            cfg,
+            marks,
+            ip_sets: HashMap::new(),
+            set_ids: HashMap::new(),
+            policies: HashMap::new(),
+            profiles: HashMap::new(),
+            endpoints: HashMap::new(),
+            iface_owner: BTreeMap::new(),
+            ep_refs: HashMap::new(),
+            policy_refs: HashMap::new(),
+            profile_refs: HashMap::new(),
+            dirty_policies: HashSet::new(),
+            dirty_profiles: HashSet::new(),
+            dirty_endpoints: HashSet::new(),
+            dispatch_dirty: true,
+            waiting_policies: HashSet::new(),
+            waiting_profiles: HashSet::new(),
+            families: [Family::new(IpVersion::V4), Family::new(IpVersion::V6)],
+            in_sync: false,
+        };
+        for fam in &mut r.families {
+            for (name, rules) in static_chains::filter_chains(&r.cfg, &r.marks, fam.version) {
+                fam.set_chain(TableName::Filter, name, rules);
+            }
+            for (name, rules) in static_chains::nat_chains() {
+                fam.set_chain(TableName::Nat, name, rules);
+            }
+            let hooks = [
+                (TableName::Filter, static_chains::filter_hooks(&r.marks)),
+                (TableName::Nat, static_chains::nat_hooks()),
+            ];
+            for (table, list) in hooks {
+                fam.add_hooks(hash_hooks(table, list));
+            }
+        }
+        r.flush();
+        Ok(r)
+    }
+
+    pub fn marks(&self) -> &MarkBits {
+        &self.marks
+    }
+
+    /// Whether the graph has reported its initial snapshot complete (`Output::InSync`).
+    pub fn in_sync(&self) -> bool {
+        self.in_sync
+    }
+
+    fn family(&self, v: IpVersion) -> &Family {
+        &self.families[usize::from(v == IpVersion::V6)]
+    }
+
+    /// Records one graph output. Invalid objects are rejected with an error naming them; an
+    /// endpoint that fails validation is removed (its interface then hits "Unknown interface").
+    pub fn apply(&mut self, output: Output) -> Result<(), RenderError> {
+        match output {
+            Output::IpSetCreated { id, kind, members } => {
+                check_set(&id, kind, &members)?;
+                for v in [IpVersion::V4, IpVersion::V6] {
+                    self.set_ids.insert(names::ipset_name(v, &id), id.clone());
+                }
+                self.ip_sets
+                    .insert(id.clone(), (kind, members.into_iter().collect()));
+                self.mark_set_changed(&id);
+                self.dirty_policies.extend(self.waiting_policies.drain());
+                self.dirty_profiles.extend(self.waiting_profiles.drain());
+            }
+            Output::IpSetMembersAdded { id, members }
+            | Output::IpSetMembersRemoved { id, members }
+                if !self.ip_sets.contains_key(&id) =>
+            {
+                let _ = members;
+                return Err(RenderError::UnknownIpSet { id });
+            }
+            Output::IpSetMembersAdded { id, members } => {
+                let entry = self.ip_sets.get_mut(&id).expect("checked above");
+                check_set(&id, entry.0, &members)?;
+                let fams = families_of(&members);
+                entry.1.extend(members);
+                self.mark_set_changed_in(&id, fams);
+            }
+            Output::IpSetMembersRemoved { id, members } => {
+                let entry = self.ip_sets.get_mut(&id).expect("checked above");
+                for m in &members {
+                    entry.1.remove(m);
+                }
+                self.mark_set_changed_in(&id, families_of(&members));
+            }
+            Output::IpSetRemoved(id) => {
+                self.ip_sets.remove(&id);
+                self.mark_set_changed(&id);
+            }
+            Output::PolicyUpdated(p) => {
+                self.dirty_policies.insert(p.id.clone());
+                self.policies.insert(p.id.clone(), p);
+            }
+            Output::PolicyRemoved(id) => {
+                self.policies.remove(&id);
+                self.dirty_policies.insert(id);
+            }
+            Output::ProfileUpdated(p) => {
+                self.dirty_profiles.insert(p.id.clone());
+                self.profiles.insert(p.id.clone(), p);
+            }
+            Output::ProfileRemoved(id) => {
+                self.profiles.remove(&id);
+                self.dirty_profiles.insert(id);
+            }
+            Output::EndpointUpdated(ep) => return self.update_endpoint(ep),
+            Output::EndpointRemoved(id) => self.remove_endpoint(&id),
+            Output::InSync => self.in_sync = true,
+        }
+        Ok(())
+    }
+
+    /// Applies a batch, collecting the errors (one bad object never stops the others).
+    pub fn apply_all(&mut self, outputs: impl IntoIterator<Item = Output>) -> Vec<RenderError> {
+        outputs
+            .into_iter()
+            .filter_map(|o| self.apply(o).err())
+            .collect()
+    }
+
+    fn mark_set_changed(&mut self, id: &str) {
+        self.mark_set_changed_in(id, [true, true]);
+    }
+
+    /// Marks the set changed in the families flagged `[v4, v6]` where it is referenced.
+    fn mark_set_changed_in(&mut self, id: &str, which: [bool; 2]) {
+        for (fam, _) in self.families.iter_mut().zip(which).filter(|(_, w)| *w) {
+            let name = names::ipset_name(fam.version, id);
+            if fam.set_refs.contains_key(&name) {
+                fam.set_changed(&name);
+            }
+        }
+    }
+
+    fn update_endpoint(&mut self, ep: LocalEndpoint) -> Result<(), RenderError> {
+        let iface = ep.interface_name.clone();
+        let err = if !names::is_valid_interface_name(&iface) {
+            Some(RenderError::InvalidInterface {
+                endpoint: Box::new(ep.id.clone()),
+                iface,
+            })
+        } else {
+            match self.iface_owner.get(&iface) {
+                Some(other) if *other != ep.id => Some(RenderError::DuplicateInterface {
+                    endpoint: Box::new(ep.id.clone()),
+                    iface,
+                    other: Box::new(other.clone()),
+                }),
+                _ => None,
+            }
+        };
+        if let Some(e) = err {
+            self.remove_endpoint(&ep.id);
+            return Err(e);
+        }
+        if let Some(old) = self.endpoints.get(&ep.id)
+            && old.interface_name != ep.interface_name
+        {
+            self.iface_owner.remove(&old.interface_name);
+            self.dispatch_dirty = true;
+        }
+        if self
+            .iface_owner
+            .insert(ep.interface_name.clone(), ep.id.clone())
+            .is_none()
+        {
+            self.dispatch_dirty = true;
+        }
+        self.dirty_endpoints.insert(ep.id.clone());
+        self.endpoints.insert(ep.id.clone(), ep);
+        Ok(())
+    }
+
+    fn remove_endpoint(&mut self, id: &EndpointId) {
+        if let Some(old) = self.endpoints.remove(id) {
+            self.iface_owner.remove(&old.interface_name);
+            self.dispatch_dirty = true;
+            self.dirty_endpoints.insert(id.clone());
+        }
+    }
+
+    /// Re-renders everything that changed since the last flush. Returns the objects that could
+    /// not be rendered safely (they were rendered fail-closed).
+    pub fn flush(&mut self) -> Vec<RenderError> {
+        let mut errors = Vec::new();
+        let mut touched_policies: HashSet<PolicyId> = std::mem::take(&mut self.dirty_policies);
+        let mut touched_profiles: HashSet<String> = std::mem::take(&mut self.dirty_profiles);
+        let dirty_policies = touched_policies.clone();
+        let dirty_profiles = touched_profiles.clone();
+
+        for id in std::mem::take(&mut self.dirty_endpoints) {
+            let old = self.ep_refs.remove(&id);
+            let new = self.endpoints.get(&id).map(|ep| EpRefs {
+                iface: ep.interface_name.clone(),
+                policies: ep
+                    .tiers
+                    .iter()
+                    .flat_map(|t| {
+                        let i = t.ingress_policies.iter().map(|p| (p.clone(), true));
+                        i.chain(t.egress_policies.iter().map(|p| (p.clone(), false)))
+                    })
+                    .collect(),
+                profiles: ep
+                    .profile_ids
+                    .iter()
+                    .flat_map(|p| [(p.clone(), true), (p.clone(), false)])
+                    .collect(),
+            });
+            if let Some(new) = &new {
+                for k in &new.policies {
+                    *self.policy_refs.entry(k.clone()).or_default() += 1;
+                    touched_policies.insert(k.0.clone());
+                }
+                for k in &new.profiles {
+                    *self.profile_refs.entry(k.clone()).or_default() += 1;
+                    touched_profiles.insert(k.0.clone());
+                }
+                let ep = &self.endpoints[&id];
+                for fam in &mut self.families {
+                    for ingress in [true, false] {
+                        let (name, rules) = endpoint::endpoint_chain(
+                            ep,
+                            ingress,
+                            &self.marks,
+                            self.cfg.allow_encap_from_workloads,
+                        );
+                        fam.set_chain(TableName::Filter, name, rules);
+                    }
+                }
+            }
+            if let Some(old) = old {
+                for k in &old.policies {
+                    decrement(&mut self.policy_refs, k);
+                    touched_policies.insert(k.0.clone());
+                }
+                for k in &old.profiles {
+                    decrement(&mut self.profile_refs, k);
+                    touched_profiles.insert(k.0.clone());
+                }
+                if new.as_ref().is_none_or(|n| n.iface != old.iface) {
+                    for fam in &mut self.families {
+                        for ingress in [true, false] {
+                            fam.remove_chain(
+                                TableName::Filter,
+                                &names::endpoint_chain_name(&old.iface, ingress),
+                            );
+                        }
+                    }
+                }
+            }
+            if let Some(new) = new {
+                self.ep_refs.insert(id, new);
+            }
+        }
+
+        if std::mem::take(&mut self.dispatch_dirty) {
+            let ifaces: Vec<&str> = self.iface_owner.keys().map(String::as_str).collect();
+            for fam in &mut self.families {
+                let mut chains = dispatch::dispatch_chains(&ifaces, true);
+                chains.extend(dispatch::dispatch_chains(&ifaces, false));
+                let new_names: Vec<String> = chains.iter().map(|(n, _)| n.clone()).collect();
+                for old in std::mem::take(&mut fam.dispatch_names) {
+                    if !new_names.contains(&old) {
+                        fam.remove_chain(TableName::Filter, &old);
+                    }
+                }
+                for (name, rules) in chains {
+                    fam.set_chain(TableName::Filter, name, rules);
+                }
+                fam.dispatch_names = new_names;
+            }
+        }
+
+        for id in touched_policies {
+            for ingress in [true, false] {
+                let wanted = self
+                    .policy_refs
+                    .get(&(id.clone(), ingress))
+                    .is_some_and(|n| *n > 0);
+                let name = names::policy_chain_name(&id, ingress);
+                for fi in 0..2 {
+                    let present = self.families[fi].has(TableName::Filter, &name);
+                    if wanted && (!present || dirty_policies.contains(&id)) {
+                        let v = self.families[fi].version;
+                        let rules = self.render_policy(&id, ingress, v, &mut errors);
+                        self.families[fi].set_chain(TableName::Filter, name.clone(), rules);
+                    } else if !wanted && present {
+                        self.families[fi].remove_chain(TableName::Filter, &name);
+                    }
+                }
+            }
+        }
+        for id in touched_profiles {
+            for ingress in [true, false] {
+                let wanted = self
+                    .profile_refs
+                    .get(&(id.clone(), ingress))
+                    .is_some_and(|n| *n > 0);
+                let name = names::profile_chain_name(&id, ingress);
+                for fi in 0..2 {
+                    let present = self.families[fi].has(TableName::Filter, &name);
+                    if wanted && (!present || dirty_profiles.contains(&id)) {
+                        let v = self.families[fi].version;
+                        let rules = self.render_profile(&id, ingress, v, &mut errors);
+                        self.families[fi].set_chain(TableName::Filter, name.clone(), rules);
+                    } else if !wanted && present {
+                        self.families[fi].remove_chain(TableName::Filter, &name);
+                    }
+                }
+            }
+        }
+        for fi in 0..2 {
+            let v = self.families[fi].version;
+            for name in std::mem::take(&mut self.families[fi].sets_dirty) {
+                if self.families[fi].set_refs.contains_key(&name) {
+                    let spec = self.set_spec(v, &name);
+                    self.families[fi].state.ip_sets.insert(name, spec);
+                } else {
+                    self.families[fi].state.ip_sets.remove(&name);
+                }
+            }
+        }
+        errors
+    }
+
+    fn ctx<'a>(
+        &'a self,
+        v: IpVersion,
+        owner: char,
+        ingress: bool,
+        owner_id: &'a str,
+        set_name: &'a dyn Fn(&str) -> Option<String>,
+    ) -> RuleCtx<'a> {
+        RuleCtx {
+            version: v,
+            marks: &self.marks,
+            log_action: &self.cfg.log_action,
+            log_prefix: &self.log_prefix,
+            set_name,
+            owner,
+            ingress,
+            owner_id,
+        }
+    }
+
+    fn render_policy(
+        &mut self,
+        id: &PolicyId,
+        ingress: bool,
+        v: IpVersion,
+        errors: &mut Vec<RenderError>,
+    ) -> Vec<Rule> {
+        let direction = if ingress { "ingress" } else { "egress" };
+        let comment = format!("{id} {direction}");
+        let Some(p) = self.policies.get(id) else {
+            return fail_closed(&comment, "Unknown policy: dropping all traffic");
+        };
+        let sets = &self.ip_sets;
+        let set_name = |sid: &str| sets.contains_key(sid).then(|| names::ipset_name(v, sid));
+        let owner_id = names::policy_chain_id(id);
+        let ctx = self.ctx(v, 'P', ingress, &owner_id, &set_name);
+        let rules = if ingress {
+            &p.inbound_rules
+        } else {
+            &p.outbound_rules
+        };
+        match render_rules(rules, &comment, &ctx) {
+            Ok(r) => r,
+            Err(reason) => {
+                if matches!(reason, super::RuleError::UnknownIpSet { .. }) {
+                    self.waiting_policies.insert(id.clone());
+                }
+                errors.push(RenderError::Policy {
+                    policy: Box::new(id.clone()),
+                    direction,
+                    reason: Box::new(reason),
+                });
+                fail_closed(&comment, "Failed to render: dropping all traffic")
+            }
+        }
+    }
+
+    fn render_profile(
+        &mut self,
+        id: &str,
+        ingress: bool,
+        v: IpVersion,
+        errors: &mut Vec<RenderError>,
+    ) -> Vec<Rule> {
+        let direction = if ingress { "ingress" } else { "egress" };
+        let comment = format!("Profile {id} {direction}");
+        let Some(p) = self.profiles.get(id) else {
+            return fail_closed(&comment, "Unknown profile: dropping all traffic");
+        };
+        let sets = &self.ip_sets;
+        let set_name = |sid: &str| sets.contains_key(sid).then(|| names::ipset_name(v, sid));
+        let ctx = self.ctx(v, 'R', ingress, id, &set_name);
+        let rules = if ingress {
+            &p.inbound_rules
+        } else {
+            &p.outbound_rules
+        };
+        match render_profile_rules(rules, &comment, &ctx) {
+            Ok(r) => r,
+            Err(reason) => {
+                if matches!(reason, super::RuleError::UnknownIpSet { .. }) {
+                    self.waiting_profiles.insert(id.to_string());
+                }
+                errors.push(RenderError::Profile {
+                    profile: id.to_string(),
+                    direction,
+                    reason: Box::new(reason),
+                });
+                fail_closed(&comment, "Failed to render: dropping all traffic")
+            }
+        }
+    }
+
+    /// The full desired state of one family, maintained incrementally: borrowing it costs
+    /// nothing (call [`flush`](Self::flush) first).
+    pub fn desired_ref(&self, v: IpVersion) -> &DesiredState {
+        &self.family(v).state
+    }
+
+    /// An owned copy of [`desired_ref`](Self::desired_ref).
+    pub fn desired(&self, v: IpVersion) -> DesiredState {
+        self.family(v).state.clone()
+    }
+
+    fn set_spec(&self, v: IpVersion, name: &str) -> IpSetSpec {
+        let id = self.set_ids.get(name);
+        match id.and_then(|id| self.ip_sets.get(id)) {
+            Some((kind, members)) => IpSetSpec::new(
+                *kind,
+                members
+                    .iter()
+                    .filter(|m| m.is_ipv6() == (v == IpVersion::V6))
+                    .flat_map(split_zero_prefix),
+            ),
+            // Referenced but removed by the graph: keep an empty set so no rule dangles.
+            None => {
+                let kind = if id.is_some_and(|i| i.starts_with("n:")) {
+                    IpSetKind::IpPort
+                } else {
+                    IpSetKind::Net
+                };
+                IpSetSpec::new(kind, [])
+            }
+        }
+    }
+
+    /// What changed in family `v` since the previous call (call [`flush`](Self::flush) first).
+    pub fn take_delta(&mut self, v: IpVersion) -> Delta {
+        let fi = usize::from(v == IpVersion::V6);
+        let changed = std::mem::take(&mut self.families[fi].changed);
+        let changed_sets = std::mem::take(&mut self.families[fi].changed_sets);
+        let state = &self.families[fi].state;
+        let chains = changed
+            .into_iter()
+            .map(|(t, n)| {
+                let rules = state
+                    .tables
+                    .get(&t)
+                    .and_then(|tb| tb.chains.get(&n))
+                    .cloned();
+                (t, n, rules)
+            })
+            .collect();
+        let ip_sets = changed_sets
+            .into_iter()
+            .map(|name| {
+                let spec = state.ip_sets.get(&name).cloned();
+                (name, spec)
+            })
+            .collect();
+        Delta {
+            family: v,
+            chains,
+            ip_sets,
+        }
+    }
+
+    /// The renderer's rules of one chain (for inspection, tests and the evaluator).
+    pub fn chain(&self, v: IpVersion, table: TableName, name: &str) -> Option<&[Rule]> {
+        self.family(v)
+            .chains
+            .get(&(table, name.to_string()))
+            .map(Vec::as_slice)
+    }
+
+    /// Names of all chains of a family and table.
+    pub fn chain_names(&self, v: IpVersion, table: TableName) -> Vec<&str> {
+        self.family(v)
+            .chains
+            .keys()
+            .filter(|(t, _)| *t == table)
+            .map(|(_, n)| n.as_str())
+            .collect()
+    }
+
+    /// The members of an IP set in family `v` by kernel name (for the evaluator).
+    pub fn set_members(&self, v: IpVersion, name: &str) -> Option<IpSetSpec> {
+        self.family(v)
+            .set_refs
+            .contains_key(name)
+            .then(|| self.set_spec(v, name))
+    }
+}
+
+fn decrement<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, k: &K) {
+    if let Some(n) = map.get_mut(k) {
+        *n -= 1;
+        if *n == 0 {
+            map.remove(k);
+        }
+    }
+}
+
+fn fail_closed(comment: &str, why: &str) -> Vec<Rule> {
+    let mut r = Rule::new(vec![], Target::Drop);
+    r.comments = vec![escape_comment(comment), escape_comment(why)];
+    vec![r]
+}
+
+fn check_set(id: &str, kind: IpSetKind, members: &[IpSetMember]) -> Result<(), RenderError> {
+    if !names::is_valid_ipset_id(&id.to_string()) {
+        return Err(RenderError::InvalidIpSetId { id: id.to_string() });
+    }
+    for m in members {
+        let ok = matches!(
+            (kind, m),
+            (IpSetKind::Net, IpSetMember::Net(_)) | (IpSetKind::IpPort, IpSetMember::IpPort { .. })
+        );
+        if !ok {
+            let kind = if kind == IpSetKind::Net {
+                "hash:net"
+            } else {
+                "hash:ip,port"
+            };
+            return Err(RenderError::InvalidIpSetMember {
+                id: id.to_string(),
+                member: format!("{m:?}"),
+                kind,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `[has v4 members, has v6 members]`.
+fn families_of(members: &[IpSetMember]) -> [bool; 2] {
+    [
+        members.iter().any(|m| !m.is_ipv6()),
+        members.iter().any(IpSetMember::is_ipv6),
+    ]
+}
+
+/// The kernel's `hash:net` cannot hold a `/0`; like Felix, store it as the two `/1` halves.
+fn split_zero_prefix(m: &IpSetMember) -> Vec<IpSetMember> {
+    match m {
+        IpSetMember::Net(n) if n.prefix_len() == 0 => {
+            let halves: [&str; 2] = if n.addr().is_ipv6() {
+                ["::/1", "8000::/1"]
+            } else {
+                ["0.0.0.0/1", "128.0.0.0/1"]
+            };
+            halves
+                .iter()
+                .map(|h| IpSetMember::Net(h.parse().expect("valid literal")))
+                .collect()
+        }
+        other => vec![other.clone()],
+    }
+}

@@ -1,0 +1,198 @@
+//! Static chains and kernel hooks (§2.1, §2.2, §2.8 of calico-felix.md).
+//!
+//! Invariants: the hooks are the only rules we place in kernel chains, and each carries our
+//! `cali:` hash comment; the static chains reach workload policy only through the dispatch chains,
+//! whose defaults drop unknown `cali` interfaces. See `render/mod.rs` for what is simplified.
+
+use calc_graph::proto::{IpVersion, Protocol};
+
+use super::dispatch::{FROM_WL_DISPATCH, TO_WL_DISPATCH};
+use super::ir::{Match, Rule, Target};
+use super::marks::MarkBits;
+use super::{EndpointToHostAction, RenderConfig};
+use crate::apply::HookPosition;
+
+pub const FORWARD: &str = "cali-FORWARD";
+pub const INPUT: &str = "cali-INPUT";
+pub const OUTPUT: &str = "cali-OUTPUT";
+pub const WL_TO_HOST: &str = "cali-wl-to-host";
+pub const PREROUTING: &str = "cali-PREROUTING";
+pub const POSTROUTING: &str = "cali-POSTROUTING";
+pub const FIP_DNAT: &str = "cali-fip-dnat";
+pub const FIP_SNAT: &str = "cali-fip-snat";
+pub const NAT_OUTGOING: &str = "cali-nat-outgoing";
+
+/// ICMPv6 types a workload may always send to its host (router solicitation, neighbour
+/// solicitation/advertisement, MLD); 134 (router advertisement) is deliberately absent.
+pub const ICMPV6_TO_HOST_TYPES: [u8; 6] = [130, 131, 132, 133, 135, 136];
+
+fn accepted(m: &MarkBits) -> Match {
+    Match::Mark {
+        value: m.accept,
+        mask: m.accept,
+        negated: false,
+    }
+}
+
+fn wildcard(prefix: &str) -> String {
+    format!("{prefix}+")
+}
+
+/// The filter table's static chains for `version`.
+pub fn filter_chains(
+    cfg: &RenderConfig,
+    m: &MarkBits,
+    version: IpVersion,
+) -> Vec<(String, Vec<Rule>)> {
+    let mut forward = vec![Rule::new(
+        vec![],
+        Target::ClearMark(m.pass | m.scratch0 | m.scratch1),
+    )];
+    for p in &cfg.interface_prefixes {
+        forward.push(Rule::new(
+            vec![Match::InIface(wildcard(p))],
+            Target::Jump(FROM_WL_DISPATCH.into()),
+        ));
+        forward.push(Rule::new(
+            vec![Match::OutIface(wildcard(p))],
+            Target::Jump(TO_WL_DISPATCH.into()),
+        ));
+    }
+
+    let mut input = Vec::new();
+    for p in &cfg.interface_prefixes {
+        input.push(Rule::new(
+            vec![Match::InIface(wildcard(p))],
+            Target::Goto(WL_TO_HOST.into()),
+        ));
+    }
+    input.push(Rule::new(vec![accepted(m)], Target::Accept));
+    input.push(Rule::new(vec![], Target::ClearMark(m.all_calico())));
+
+    let mut wl_to_host = Vec::new();
+    if version == IpVersion::V6 {
+        for t in ICMPV6_TO_HOST_TYPES {
+            let icmp = vec![
+                Match::Protocol {
+                    proto: Protocol::Number(58),
+                    negated: false,
+                },
+                Match::Icmp {
+                    v6: true,
+                    type_: t,
+                    code: None,
+                    negated: false,
+                },
+            ];
+            wl_to_host.push(Rule::new(icmp, Target::Accept));
+        }
+    }
+    wl_to_host.push(Rule::new(vec![], Target::Jump(FROM_WL_DISPATCH.into())));
+    let action = match cfg.default_endpoint_to_host_action {
+        EndpointToHostAction::Accept => Target::Accept,
+        EndpointToHostAction::Drop => Target::Drop,
+        EndpointToHostAction::Return => Target::Return,
+    };
+    wl_to_host
+        .push(Rule::new(vec![], action).with_comment("Configured DefaultEndpointToHostAction"));
+
+    let mut output = vec![Rule::new(vec![accepted(m)], Target::Accept)];
+    for p in &cfg.interface_prefixes {
+        output.push(Rule::new(
+            vec![Match::OutIface(wildcard(p))],
+            Target::Return,
+        ));
+    }
+    output.push(Rule::new(vec![], Target::ClearMark(m.all_calico())));
+
+    vec![
+        (FORWARD.into(), forward),
+        (INPUT.into(), input),
+        (WL_TO_HOST.into(), wl_to_host),
+        (OUTPUT.into(), output),
+    ]
+}
+
+/// The nat table's scaffolding chains (no floating IPs or NAT-outgoing pools in scope: the leaf
+/// chains stay empty, ready for those features).
+pub fn nat_chains() -> Vec<(String, Vec<Rule>)> {
+    vec![
+        (
+            PREROUTING.into(),
+            vec![Rule::new(vec![], Target::Jump(FIP_DNAT.into()))],
+        ),
+        (
+            OUTPUT.into(),
+            vec![Rule::new(vec![], Target::Jump(FIP_DNAT.into()))],
+        ),
+        (
+            POSTROUTING.into(),
+            vec![
+                Rule::new(vec![], Target::Jump(FIP_SNAT.into())),
+                Rule::new(vec![], Target::Jump(NAT_OUTGOING.into())),
+            ],
+        ),
+        (FIP_DNAT.into(), vec![]),
+        (FIP_SNAT.into(), vec![]),
+        (NAT_OUTGOING.into(), vec![]),
+    ]
+}
+
+/// Filter hooks: `(kernel chain, position, rule)`.
+pub fn filter_hooks(m: &MarkBits) -> Vec<(&'static str, HookPosition, Rule)> {
+    vec![
+        (
+            "INPUT",
+            HookPosition::Top,
+            Rule::new(vec![], Target::Jump(INPUT.into())),
+        ),
+        (
+            "FORWARD",
+            HookPosition::Top,
+            Rule::new(vec![], Target::Jump(FORWARD.into())),
+        ),
+        (
+            "OUTPUT",
+            HookPosition::Top,
+            Rule::new(vec![], Target::Jump(OUTPUT.into())),
+        ),
+        (
+            "FORWARD",
+            HookPosition::Append,
+            Rule::new(vec![accepted(m)], Target::Accept)
+                .with_comment("Policy explicitly accepted packet."),
+        ),
+        (
+            "FORWARD",
+            HookPosition::Append,
+            Rule::new(
+                vec![],
+                Target::SetMark {
+                    value: m.accept,
+                    mask: m.accept,
+                },
+            ),
+        ),
+    ]
+}
+
+/// Nat hooks: PREROUTING and OUTPUT inserted, POSTROUTING appended (after kube-proxy, v3.29+).
+pub fn nat_hooks() -> Vec<(&'static str, HookPosition, Rule)> {
+    vec![
+        (
+            "PREROUTING",
+            HookPosition::Top,
+            Rule::new(vec![], Target::Jump(PREROUTING.into())),
+        ),
+        (
+            "OUTPUT",
+            HookPosition::Top,
+            Rule::new(vec![], Target::Jump(OUTPUT.into())),
+        ),
+        (
+            "POSTROUTING",
+            HookPosition::Append,
+            Rule::new(vec![], Target::Jump(POSTROUTING.into())),
+        ),
+    ]
+}
