@@ -37,6 +37,14 @@ pub const MAX_SET_NAME_LEN: usize = 31;
 /// Felix's default `maxelem` for our sets.
 pub const DEFAULT_MAXELEM: u32 = 1_048_576;
 
+impl TableName {
+    /// The built-in chains our hook rules may go into (= [`TableName::builtin_chains`]; the name
+    /// the renderer's tests use).
+    pub fn kernel_chains(self) -> &'static [&'static str] {
+        self.builtin_chains()
+    }
+}
+
 /// One rule we own. The applier writes it as
 /// `-A <chain> -m comment --comment "cali:<hash>" <body>`.
 ///

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian machine lacks, then runs every check and test felixrs has:
+# rustfmt, clippy (-D warnings), and the whole workspace's tests, including the root-only ones
+# that drive the real kernel's iptables/ipset in throw-away network namespaces and a real etcd.
+#
+# Usage: scripts/test.sh            (as root; CI runs it through .ci/run)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_pkgs=()
+have() { command -v "$1" >/dev/null 2>&1; }
+have protoc || need_pkgs+=(protobuf-compiler)
+have iptables || need_pkgs+=(iptables)
+have iptables-legacy || need_pkgs+=(iptables)
+have ipset || need_pkgs+=(ipset)
+have etcd || need_pkgs+=(etcd-server)
+have etcdctl || need_pkgs+=(etcd-client)
+have conntrack || need_pkgs+=(conntrack)
+have ip || need_pkgs+=(iproute2)
+have pkill || need_pkgs+=(procps)
+if [ "${#need_pkgs[@]}" -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "missing packages ${need_pkgs[*]} and not root: install them or run as root" >&2
+    exit 1
+  fi
+  echo "==> installing ${need_pkgs[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "the kernel datapath tests need root (network namespaces, iptables, ipset): run as root" >&2
+  exit 1
+fi
+
+echo "==> cargo fmt --check"
+cargo fmt --all --check
+echo "==> cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "==> cargo build (binaries the end-to-end tests run)"
+cargo build --workspace --bins --locked
+echo "==> cargo test"
+# One test thread per core is enough: the kernel tests are I/O bound and isolated by network namespace.
+cargo test --workspace --locked -- --test-threads=4
