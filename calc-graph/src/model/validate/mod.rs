@@ -34,6 +34,39 @@ use super::names::{
 /// Kubernetes' limit on the total size of a resource's annotations.
 const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
 
+/// A field path, built only when an error is actually reported (validation of a valid resource
+/// formats no paths).
+trait FieldPath {
+    fn build(self) -> String;
+}
+
+impl FieldPath for &str {
+    fn build(self) -> String {
+        self.to_string()
+    }
+}
+
+impl FieldPath for String {
+    fn build(self) -> String {
+        self
+    }
+}
+
+struct LazyPath<F>(F);
+
+impl<F: FnOnce() -> String> FieldPath for LazyPath<F> {
+    fn build(self) -> String {
+        (self.0)()
+    }
+}
+
+/// `at!("{p}.selector")`: a lazily formatted [`FieldPath`].
+macro_rules! at {
+    ($($fmt:tt)*) => {
+        LazyPath(|| format!($($fmt)*))
+    };
+}
+
 /// Collects the errors of one resource.
 struct Ctx {
     resource: String,
@@ -49,13 +82,13 @@ impl Ctx {
         });
     }
 
-    fn check(&mut self, path: impl Into<String>, result: Result<(), String>) {
+    fn check(&mut self, path: impl FieldPath, result: Result<(), String>) {
         if let Err(message) = result {
-            self.err(path, message);
+            self.err(path.build(), message);
         }
     }
 
-    fn selector(&mut self, path: impl Into<String>, selector: Option<&str>) {
+    fn selector(&mut self, path: impl FieldPath, selector: Option<&str>) {
         if let Some(s) = selector {
             self.check(path, check_selector(s));
         }
@@ -131,10 +164,7 @@ fn metadata(ctx: &mut Ctx, kind: Kind, meta: &Metadata) {
     labels(ctx, "metadata.labels", &meta.labels);
     let mut size = 0;
     for (k, v) in &meta.annotations {
-        ctx.check(
-            format!("metadata.annotations[{k:?}]"),
-            validate_label_key(k),
-        );
+        ctx.check(at!("metadata.annotations[{k:?}]"), validate_label_key(k));
         size += k.len() + v.len();
     }
     if size > MAX_ANNOTATIONS_BYTES {
@@ -147,8 +177,8 @@ fn metadata(ctx: &mut Ctx, kind: Kind, meta: &Metadata) {
 
 fn labels(ctx: &mut Ctx, path: &str, labels: &BTreeMap<String, String>) {
     for (k, v) in labels {
-        ctx.check(format!("{path}[{k:?}]"), validate_label_key(k));
-        ctx.check(format!("{path}[{k:?}]"), validate_label_value(v));
+        ctx.check(at!("{path}[{k:?}]"), validate_label_key(k));
+        ctx.check(at!("{path}[{k:?}]"), validate_label_value(v));
     }
 }
 
@@ -175,11 +205,11 @@ fn policy_common(
     hints: &[String],
 ) {
     if let Some(t) = tier {
-        ctx.check(format!("{p}.tier"), validate_tier_name(t));
+        ctx.check(at!("{p}.tier"), validate_tier_name(t));
     }
     order(ctx, &format!("{p}.order"), ord);
-    ctx.selector(format!("{p}.selector"), selector);
-    ctx.selector(format!("{p}.serviceAccountSelector"), sa_selector);
+    ctx.selector(at!("{p}.selector"), selector);
+    ctx.selector(at!("{p}.serviceAccountSelector"), sa_selector);
     for (i, t) in types.iter().enumerate() {
         if types[..i].contains(t) {
             ctx.err(
@@ -217,7 +247,7 @@ fn network_policy(ctx: &mut Ctx, s: &NetworkPolicySpec, p: &str) {
 
 fn global_policy(ctx: &mut Ctx, s: &GlobalNetworkPolicySpec, p: &str) {
     ctx.selector(
-        format!("{p}.namespaceSelector"),
+        at!("{p}.namespaceSelector"),
         s.namespace_selector.as_deref(),
     );
     policy_common(
@@ -382,10 +412,10 @@ fn rule(ctx: &mut Ctx, p: &str, r: &Rule) {
 }
 
 fn entity(ctx: &mut Ctx, sp: &str, e: &EntityRule, protocol: Option<Protocol>) {
-    ctx.selector(format!("{sp}.selector"), e.selector.as_deref());
-    ctx.selector(format!("{sp}.notSelector"), e.not_selector.as_deref());
+    ctx.selector(at!("{sp}.selector"), e.selector.as_deref());
+    ctx.selector(at!("{sp}.notSelector"), e.not_selector.as_deref());
     ctx.selector(
-        format!("{sp}.namespaceSelector"),
+        at!("{sp}.namespaceSelector"),
         e.namespace_selector.as_deref(),
     );
     for (field, ports) in [("ports", &e.ports), ("notPorts", &e.not_ports)] {
@@ -403,29 +433,28 @@ fn entity(ctx: &mut Ctx, sp: &str, e: &EntityRule, protocol: Option<Protocol>) {
             }
         }
         for (j, port) in ports.iter().enumerate() {
-            let pp = format!("{sp}.{field}[{j}]");
             match port {
                 Port::Range(a, b) if a > b => {
-                    ctx.err(pp, format!("port range {a}:{b} is reversed"));
+                    ctx.err(
+                        format!("{sp}.{field}[{j}]"),
+                        format!("port range {a}:{b} is reversed"),
+                    );
                 }
-                Port::Named(n) => ctx.check(pp, validate_named_port(n)),
+                Port::Named(n) => ctx.check(at!("{sp}.{field}[{j}]"), validate_named_port(n)),
                 _ => {}
             }
         }
     }
     if let Some(sa) = &e.service_accounts {
         for (j, n) in sa.names.iter().enumerate() {
-            ctx.check(format!("{sp}.serviceAccounts.names[{j}]"), validate_name(n));
+            ctx.check(at!("{sp}.serviceAccounts.names[{j}]"), validate_name(n));
         }
-        ctx.selector(
-            format!("{sp}.serviceAccounts.selector"),
-            sa.selector.as_deref(),
-        );
+        ctx.selector(at!("{sp}.serviceAccounts.selector"), sa.selector.as_deref());
     }
     if let Some(svc) = &e.services {
-        ctx.check(format!("{sp}.services.name"), validate_name(&svc.name));
+        ctx.check(at!("{sp}.services.name"), validate_name(&svc.name));
         if let Some(ns) = &svc.namespace {
-            ctx.check(format!("{sp}.services.namespace"), validate_namespace(ns));
+            ctx.check(at!("{sp}.services.namespace"), validate_namespace(ns));
         }
         if !e.nets.is_empty()
             || !e.not_nets.is_empty()
@@ -450,31 +479,33 @@ fn entity(ctx: &mut Ctx, sp: &str, e: &EntityRule, protocol: Option<Protocol>) {
 
 fn endpoint_ports(ctx: &mut Ctx, path: &str, ports: &[EndpointPort]) {
     for (i, port) in ports.iter().enumerate() {
-        let pp = format!("{path}[{i}]");
-        ctx.check(format!("{pp}.name"), validate_named_port(&port.name));
+        ctx.check(at!("{path}[{i}].name"), validate_named_port(&port.name));
         if !matches!(
             port.protocol,
             Protocol::Tcp | Protocol::Udp | Protocol::Sctp
         ) {
             ctx.err(
-                format!("{pp}.protocol"),
+                format!("{path}[{i}].protocol"),
                 format!("protocol must be TCP, UDP or SCTP, got {}", port.protocol),
             );
         }
         if port.port == 0 {
-            ctx.err(format!("{pp}.port"), "port must be 1-65535, got 0");
+            ctx.err(format!("{path}[{i}].port"), "port must be 1-65535, got 0");
         }
         if let Some(ip) = &port.host_ip
             && ip.parse::<IpAddr>().is_err()
         {
-            ctx.err(format!("{pp}.hostIP"), format!("invalid IP address {ip:?}"));
+            ctx.err(
+                format!("{path}[{i}].hostIP"),
+                format!("invalid IP address {ip:?}"),
+            );
         }
     }
 }
 
 fn profiles(ctx: &mut Ctx, profiles: &[String]) {
     for (i, p) in profiles.iter().enumerate() {
-        ctx.check(format!("spec.profiles[{i}]"), validate_name(p));
+        ctx.check(at!("spec.profiles[{i}]"), validate_name(p));
     }
 }
 
@@ -495,7 +526,7 @@ fn workload_endpoint(ctx: &mut Ctx, s: &WorkloadEndpointSpec) {
         ("endpoint", &s.endpoint),
     ] {
         if let Some(v) = v {
-            ctx.check(format!("spec.{field}"), names::validate_identifier(v));
+            ctx.check(at!("spec.{field}"), names::validate_identifier(v));
         }
     }
     for (i, nat) in s.ip_nats.iter().enumerate() {
