@@ -46,7 +46,8 @@ fn children_cpu() -> Duration {
     Duration::from_millis((f[13] + f[14]) * 10)
 }
 
-/// Best wall-clock and best CPU time of `n` runs of `f`.
+/// Best wall-clock time and mean CPU time of `n` runs of `f` (the scheduler's CPU accounting is
+/// too coarse for the minimum of short runs).
 #[derive(Clone, Copy)]
 struct Timing {
     wall: Duration,
@@ -54,17 +55,17 @@ struct Timing {
 }
 
 fn best<T>(n: usize, mut f: impl FnMut() -> T) -> Timing {
-    let mut t = Timing {
-        wall: Duration::MAX,
-        cpu: Duration::MAX,
-    };
+    let mut wall = Duration::MAX;
+    let c0 = thread_cpu();
     for _ in 0..n {
-        let (w, c) = (Instant::now(), thread_cpu());
+        let w = Instant::now();
         black_box(f());
-        t.cpu = t.cpu.min(thread_cpu() - c);
-        t.wall = t.wall.min(w.elapsed());
+        wall = wall.min(w.elapsed());
     }
-    t
+    Timing {
+        wall,
+        cpu: (thread_cpu() - c0) / n as u32,
+    }
 }
 
 fn rate(n: usize, d: Duration) -> f64 {
@@ -271,10 +272,10 @@ fn main() {
     ] {
         let text = std::fs::read_to_string(corpus.join(f))
             .unwrap_or_else(|e| panic!("corpus file {f}: {e}"));
-        report(f, &text, 20);
+        report(f, &text, 200);
     }
     let dump = generated_dump();
-    report("generated Calico-style dump", &dump, 5);
+    report("generated Calico-style dump", &dump, 10);
     if std::env::var_os("FXB_SKIP_KERNEL").is_some() {
         println!("kernel comparison skipped (FXB_SKIP_KERNEL set)");
         return;

@@ -93,12 +93,13 @@ fn finish_match<'t, 'a>(
     buf: &mut Vec<&'t Tok<'a>>,
     scratch: &mut String,
 ) -> Result<Match, LineError> {
-    let module = Word::new(m.module).map_err(|e| (m.offset, format!("match module: {e}")))?;
     let args = &buf[m.start..];
-    validate_known_module(module.as_str(), args)?;
-    let result = match typed_match(module.as_str(), args, scratch) {
+    validate_known_module(m.module, args)?;
+    let result = match typed_match(m.module, args, scratch) {
         Some(typed) => typed,
         None => {
+            let module =
+                Word::new(m.module).map_err(|e| (m.offset, format!("match module: {e}")))?;
             let args = args
                 .iter()
                 .map(|t| to_arg(t))
@@ -122,11 +123,11 @@ fn finish_target(t: PendingTarget) -> Result<Target, LineError> {
         }
         return Ok(Target::Goto(c));
     }
-    let name = Word::new(t.name.as_str()).map_err(|e| (t.name.offset, format!("target: {e}")))?;
-    validate_known_target(name.as_str(), &t.args)?;
-    if let Some(typed) = typed_target(name.as_str(), &t.args) {
+    validate_known_target(t.name.as_str(), &t.args)?;
+    if let Some(typed) = typed_target(t.name.as_str(), &t.args) {
         return Ok(typed);
     }
+    let name = Word::new(t.name.as_str()).map_err(|e| (t.name.offset, format!("target: {e}")))?;
     let args = t
         .args
         .iter()

@@ -447,8 +447,11 @@ pub(crate) fn typed_match(module: &str, args: &[&Tok], scratch: &mut String) -> 
     if args.iter().any(|t| t.quoted) || args.len() > 8 {
         return None;
     }
-    let plain: Vec<&str> = args.iter().map(|t| t.as_str()).collect();
-    let m = typed_match_unchecked(module, &plain)?;
+    let mut plain = [""; 8];
+    for (p, t) in plain.iter_mut().zip(args) {
+        *p = t.as_str();
+    }
+    let m = typed_match_unchecked(module, &plain[..args.len()])?;
     scratch.clear();
     m.render_into(scratch);
     canonical(scratch, " -m ", module, args).then_some(m)
