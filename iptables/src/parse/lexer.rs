@@ -32,10 +32,6 @@ impl Tok<'_> {
     }
 }
 
-fn is_sep(c: char) -> bool {
-    c == ' ' || c == '\t'
-}
-
 // The three scanners below are nom parsers (`IResult`) written over bytes: every byte they stop
 // at is ASCII, so the split points are always char boundaries. This is the parser's hot loop.
 
