@@ -44,11 +44,22 @@ impl Addr {
     /// Parses a token: `Net` only when the `IpNet` spelling is exactly the token.
     pub fn from_token(s: &str) -> Result<Self, ModelError> {
         if let Ok(net) = s.parse::<IpNet>()
-            && spelled_as(&net, s)
+            && canonical_net(&net, s)
         {
             return Ok(Self::Net(net));
         }
         Ok(Self::Other(Word::new(s)?))
+    }
+}
+
+/// Whether `net` displays exactly as `s`. IPv4 (the common case) without formatting: a parsed
+/// `a.b.c.d/p` is canonical unless a number has a leading zero.
+fn canonical_net(net: &IpNet, s: &str) -> bool {
+    match net {
+        IpNet::V4(_) => {
+            s.contains('/') && s.split(['.', '/']).all(|p| p == "0" || !p.starts_with('0'))
+        }
+        IpNet::V6(_) => spelled_as(net, s),
     }
 }
 

@@ -93,12 +93,19 @@ fn unescape(raw: &str) -> Cow<'_, str> {
 /// Splits `line` into tokens; `Err(offset)` points at an unterminated `"`.
 pub(crate) fn tokenize(line: &str) -> Result<Vec<Tok<'_>>, usize> {
     let mut toks = Vec::with_capacity(24);
+    tokenize_into(line, &mut toks)?;
+    Ok(toks)
+}
+
+/// [`tokenize`] into a reused vector (cleared first).
+pub(crate) fn tokenize_into<'a>(line: &'a str, toks: &mut Vec<Tok<'a>>) -> Result<(), usize> {
+    toks.clear();
     let mut rest = line;
     loop {
         let (r, _) = spaces(rest).map_err(|_| line.len() - rest.len())?;
         rest = r;
         if rest.is_empty() {
-            return Ok(toks);
+            return Ok(());
         }
         let offset = line.len() - rest.len();
         let (r, b) = bare(rest).map_err(|_| offset)?;

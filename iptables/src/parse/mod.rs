@@ -87,6 +87,7 @@ pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
     }
     let has_cr_or_nul = body.bytes().any(|b| b == b'\r' || b == 0);
     let mut state = RuleState::default();
+    let mut toks = Vec::with_capacity(32);
     for (idx, line) in body.split('\n').enumerate() {
         let cur = Cursor {
             line_no: idx + 1,
@@ -150,7 +151,7 @@ pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
         if line.starts_with(':') {
             t.lines.push(TableLine::Chain(chain_line(&cur)?));
         } else {
-            t.lines.push(rule_line(&cur, &mut state)?);
+            t.lines.push(rule_line(&cur, &mut state, &mut toks)?);
         }
     }
     if let Some((t, start)) = table {
@@ -226,8 +227,12 @@ struct RuleState {
     scratch: String,
 }
 
-fn rule_line(cur: &Cursor<'_>, state: &mut RuleState) -> Result<TableLine, ParseError> {
-    let toks = lexer::tokenize(cur.line).map_err(|o| cur.err(o, "unterminated double quote"))?;
+fn rule_line<'a>(
+    cur: &Cursor<'a>,
+    state: &mut RuleState,
+    toks: &mut Vec<lexer::Tok<'a>>,
+) -> Result<TableLine, ParseError> {
+    lexer::tokenize_into(cur.line, toks).map_err(|o| cur.err(o, "unterminated double quote"))?;
     let mut rest = &toks[..];
     let mut rule_counters = None;
     if let Some(first) = rest.first()
