@@ -6,7 +6,8 @@
 //!    (`fxb-<pid>`, deleted on exit, also on panic): time `iptables-save` printing them (nft and
 //!    legacy backends), then time our parse of exactly the text it printed. Needs root, `ip`,
 //!    `ipset`, `iptables-restore`/`iptables-save` (+ `-legacy`); fails loudly when they are missing.
-//!    Set `FXB_SKIP_KERNEL=1` to run only 1 and 2.
+//!    Set `FXB_SKIP_KERNEL=1` to run only 1 and 2; `FXB_PROFILE_ITERS=n` only parses the generated
+//!    dump n times (for `perf record`).
 
 use std::fmt::Write as _;
 use std::hint::black_box;
@@ -265,6 +266,18 @@ fn main() {
         "machine: {} CPUs ({cpu})",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
+    if let Some(n) = std::env::var("FXB_PROFILE_ITERS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        // Profiling aid (`perf record`): only parse the generated dump, n times.
+        let t = best(n, || parse_save(&generated_dump()).expect("parses"));
+        println!(
+            "profile: {n} parses, cpu {:.2} ms each",
+            t.cpu.as_secs_f64() * 1e3
+        );
+        return;
+    }
     let corpus = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/iptables-corpus");
     for f in [
         "021-netnet-tum-i8-large-v4.kernel.txt",
