@@ -10,7 +10,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::rc::Rc;
+use std::sync::Arc;
 
 /// An interned string.
 pub(crate) type Sym = u32;
@@ -66,8 +66,8 @@ pub(crate) type FxSet<K> = HashSet<K, FxBuild>;
 /// selector evaluation, and label strings are validated (short, restricted alphabet).
 #[derive(Default)]
 pub(crate) struct Interner {
-    map: HashMap<Rc<str>, Sym, FxBuild>,
-    slots: Vec<Option<(Rc<str>, u32)>>,
+    map: HashMap<Arc<str>, Sym, FxBuild>,
+    slots: Vec<Option<(Arc<str>, u32)>>,
     free: Vec<Sym>,
 }
 
@@ -80,7 +80,7 @@ impl Interner {
             }
             return sym;
         }
-        let rc: Rc<str> = Rc::from(s);
+        let rc: Arc<str> = Arc::from(s);
         let sym = match self.free.pop() {
             Some(sym) => {
                 self.slots[sym as usize] = Some((rc.clone(), 1));

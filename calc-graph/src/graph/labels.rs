@@ -16,7 +16,7 @@ use ipnet::IpNet;
 use crate::model::{Protocol, ResourceKey};
 use crate::selector::Labels;
 
-use super::intern::{FxSet, Interner, Sym};
+use super::intern::{FxBuild, FxSet, Interner, Sym};
 
 /// Dense id of an item (slab index).
 pub(crate) type ItemId = u32;
@@ -74,7 +74,7 @@ impl Labels for LabelView<'_> {
 pub(crate) struct LabelStore {
     items: Vec<Option<Item>>,
     free: Vec<ItemId>,
-    by_key: std::collections::HashMap<ResourceKey, ItemId>,
+    by_key: std::collections::HashMap<ResourceKey, ItemId, FxBuild>,
     profiles: std::collections::HashMap<String, ProfileLabels>,
 }
 

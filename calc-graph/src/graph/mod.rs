@@ -45,7 +45,7 @@ mod rules;
 mod sequencer;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::rc::Rc;
+use std::sync::Arc;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
@@ -125,7 +125,7 @@ struct PolicyState {
     untracked: bool,
     pre_dnat: bool,
     apply_on_forward: bool,
-    rules: Rc<ScannedRules>,
+    rules: Arc<ScannedRules>,
 }
 
 /// A policy built from its resource, before its selector is registered.
@@ -138,7 +138,7 @@ struct PolicyDraft {
     untracked: bool,
     pre_dnat: bool,
     apply_on_forward: bool,
-    rules: Rc<ScannedRules>,
+    rules: Arc<ScannedRules>,
 }
 
 /// See the module docs.
@@ -156,11 +156,11 @@ pub struct CalcGraph {
     policies_by_sel: FxMap<SelId, Vec<ResourceKey>>,
     policy_keys: HashMap<PolicyId, ResourceKey>,
     active_policies: HashSet<ResourceKey>,
-    profiles: HashMap<String, Rc<ScannedRules>>,
+    profiles: HashMap<String, Arc<ScannedRules>>,
     profile_users: HashMap<String, u32>,
     /// Rules whose IP sets are referenced on behalf of each active profile.
-    active_profiles: HashMap<String, Rc<ScannedRules>>,
-    deny_all: Rc<ScannedRules>,
+    active_profiles: HashMap<String, Arc<ScannedRules>>,
+    deny_all: Arc<ScannedRules>,
     tiers: Tiers,
     ipsets: IpSets,
     seq: Sequencer,
@@ -185,7 +185,7 @@ impl CalcGraph {
             profiles: HashMap::new(),
             profile_users: HashMap::new(),
             active_profiles: HashMap::new(),
-            deny_all: Rc::new(rules::deny_all()),
+            deny_all: Arc::new(rules::deny_all()),
             tiers: Tiers::default(),
             ipsets: IpSets::default(),
             seq: Sequencer::default(),
@@ -481,7 +481,7 @@ impl CalcGraph {
                     self.errors
                         .extend(r.warnings.iter().map(|w| (key.clone(), w.clone())));
                     labels = p.spec.labels_to_apply;
-                    Some(Rc::new(r))
+                    Some(Arc::new(r))
                 }
                 Err(e) => {
                     self.errors.push((key.clone(), e));
@@ -511,7 +511,7 @@ impl CalcGraph {
         }
     }
 
-    fn profile_rules(&self, name: &str) -> Rc<ScannedRules> {
+    fn profile_rules(&self, name: &str) -> Arc<ScannedRules> {
         self.profiles
             .get(name)
             .cloned()
@@ -757,7 +757,7 @@ fn build_policy(key: &ResourceKey, r: Resource) -> Result<(PolicyDraft, Vec<Stri
                     pre_dnat: false,
                     // Felix's NetworkPolicy processor always sets applyOnForward.
                     apply_on_forward: true,
-                    rules: Rc::new(scanned),
+                    rules: Arc::new(scanned),
                 },
                 warnings,
             )
@@ -782,7 +782,7 @@ fn build_policy(key: &ResourceKey, r: Resource) -> Result<(PolicyDraft, Vec<Stri
                     untracked: spec.do_not_track,
                     pre_dnat: spec.pre_dnat,
                     apply_on_forward: spec.apply_on_forward,
-                    rules: Rc::new(scanned),
+                    rules: Arc::new(scanned),
                 },
                 warnings,
             )
