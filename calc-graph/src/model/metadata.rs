@@ -91,6 +91,18 @@ where
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
+/// Writes an `order` as Go's encoding/json writes a float64: integral values without a
+/// fractional part (`1000`, not `1000.0`), so re-encoded Calico data compares equal.
+pub(crate) fn order_as_go<S: Serializer>(order: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match order {
+        Some(o) if o.fract() == 0.0 && o.abs() < 9_007_199_254_740_992.0 => {
+            s.serialize_i64(*o as i64)
+        }
+        Some(o) => s.serialize_f64(*o),
+        None => s.serialize_none(),
+    }
+}
+
 pub(crate) fn is_false(b: &bool) -> bool {
     !*b
 }

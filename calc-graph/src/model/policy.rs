@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::metadata::{Metadata, empty_as_none, is_false, null_as_default};
+use super::metadata::{Metadata, empty_as_none, is_false, null_as_default, order_as_go};
 use super::rule::Rule;
 use super::tier::DEFAULT_TIER;
 
@@ -37,7 +37,11 @@ pub struct NetworkPolicySpec {
     )]
     pub tier: Option<String>,
     /// Absent sorts after every present order.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        serialize_with = "order_as_go",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub order: Option<f64>,
     #[serde(
         default,
@@ -96,7 +100,11 @@ pub struct GlobalNetworkPolicySpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub tier: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        serialize_with = "order_as_go",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub order: Option<f64>,
     #[serde(
         default,
@@ -281,7 +289,7 @@ mod tests {
     fn global_policy_flags_use_calico_names() {
         let v = json!({
             "metadata": {"name": "host-fw"},
-            "spec": {"order": 10.0, "selector": "has(host)", "types": ["Ingress"],
+            "spec": {"order": 10, "selector": "has(host)", "types": ["Ingress"],
                      "doNotTrack": true, "preDNAT": false, "applyOnForward": true,
                      "ingress": [{"action": "Allow"}], "namespaceSelector": "all()"}
         });
@@ -292,11 +300,29 @@ mod tests {
             serde_json::to_value(&p).unwrap(),
             json!({
                 "metadata": {"name": "host-fw"},
-                "spec": {"order": 10.0, "selector": "has(host)", "types": ["Ingress"],
+                "spec": {"order": 10, "selector": "has(host)", "types": ["Ingress"],
                          "ingress": [{"action": "Allow"}], "doNotTrack": true,
                          "applyOnForward": true, "namespaceSelector": "all()"}
             })
         );
+    }
+
+    #[test]
+    fn orders_encode_like_go_floats() {
+        for (input, output) in [
+            ("5", "5"),
+            ("5.0", "5"),
+            ("2.5", "2.5"),
+            ("-1", "-1"),
+            ("1e3", "1000"),
+        ] {
+            let doc = format!(r#"{{"order": {input}}}"#);
+            let s: NetworkPolicySpec = serde_json::from_str(&doc).unwrap();
+            assert_eq!(
+                serde_json::to_string(&s).unwrap(),
+                format!(r#"{{"order":{output}}}"#)
+            );
+        }
     }
 
     #[test]
@@ -319,7 +345,7 @@ mod tests {
     #[test]
     fn staged_specs_flatten() {
         let v = json!({"metadata": {"name": "s", "namespace": "n"},
-                       "spec": {"stagedAction": "Set", "selector": "all()", "order": 5.0}});
+                       "spec": {"stagedAction": "Set", "selector": "all()", "order": 5}});
         let p: StagedNetworkPolicy = serde_json::from_value(v.clone()).unwrap();
         assert_eq!(p.spec.staged_action, Some(StagedAction::Set));
         assert_eq!(p.spec.policy.selector.as_deref(), Some("all()"));

@@ -84,47 +84,67 @@ struct Envelope<'a, T: Serialize> {
     body: &'a T,
 }
 
-/// Just enough of a document to dispatch on and to name it in errors.
+/// Just enough of a document to dispatch on. Metadata is skipped here (no allocation); it is
+/// only parsed again to name the resource when something fails.
 #[derive(Deserialize)]
 struct Head {
     #[serde(rename = "apiVersion", default)]
     api_version: Option<String>,
     #[serde(default)]
     kind: Option<String>,
+}
+
+/// The document's metadata, read only on the error path to name the resource.
+#[derive(Deserialize)]
+struct HeadMeta {
     #[serde(default)]
     metadata: Option<serde_json::Value>,
 }
 
-impl Head {
-    fn meta_str(&self, field: &str) -> Option<&str> {
-        self.metadata.as_ref()?.get(field)?.as_str()
-    }
-
-    /// A best-effort name for the resource in errors: `networkpolicies/prod/web`.
-    fn label(&self, kind: Option<Kind>) -> String {
-        let name = self.meta_str("name").unwrap_or("<unnamed>");
-        let ns = self.meta_str("namespace").filter(|s| !s.is_empty());
-        let kind_part = match (kind, &self.kind) {
-            (Some(k), _) => k.plural().to_string(),
-            (None, Some(k)) => format!("kind {k:?}"),
-            (None, None) => "resource".to_string(),
-        };
-        match ns {
-            Some(ns) if kind.is_none_or(Kind::is_namespaced) => format!("{kind_part}/{ns}/{name}"),
-            _ => format!("{kind_part}/{name}"),
-        }
+/// A best-effort name for a resource in errors: `networkpolicies/prod/web`, or just
+/// `[<ns>/]<name>` when the kind is unknown.
+fn label_of(json: &[u8], kind: Option<Kind>) -> String {
+    let meta = serde_json::from_slice::<HeadMeta>(json)
+        .ok()
+        .and_then(|h| h.metadata);
+    let field = |f: &str| {
+        meta.as_ref()
+            .and_then(|m| m.get(f))
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+    };
+    let name = field("name").unwrap_or_else(|| "<unnamed>".to_string());
+    let ns = field("namespace").filter(|s| !s.is_empty());
+    let ns_part = match (ns, kind) {
+        (Some(ns), None) => format!("{ns}/"),
+        (Some(ns), Some(k)) if k.is_namespaced() => format!("{ns}/"),
+        _ => String::new(),
+    };
+    match kind {
+        Some(k) => format!("{}/{ns_part}{name}", k.plural()),
+        None => format!("{ns_part}{name}"),
     }
 }
 
-fn decode_as<T: DeserializeOwned>(json: &[u8], resource: &str) -> Result<T, ModelError> {
+/// Decodes `json` as `T`. The fast path is plain serde_json; only when that fails is the
+/// document decoded again with path tracking, to say which field was wrong.
+fn decode_as<T: DeserializeOwned>(
+    json: &[u8],
+    label: &dyn Fn() -> String,
+) -> Result<T, ModelError> {
+    if let Ok(v) = serde_json::from_slice(json) {
+        return Ok(v);
+    }
     let mut de = serde_json::Deserializer::from_slice(json);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        ModelError::Decode {
-            resource: resource.to_string(),
-            path: if path == "." { String::new() } else { path },
-            message: e.into_inner().to_string(),
-        }
+    let e = match serde_path_to_error::deserialize::<_, T>(&mut de) {
+        Ok(v) => return Ok(v),
+        Err(e) => e,
+    };
+    let path = e.path().to_string();
+    Err(ModelError::Decode {
+        resource: label(),
+        path: if path == "." { String::new() } else { path },
+        message: e.into_inner().to_string(),
     })
 }
 
@@ -219,34 +239,35 @@ impl Resource {
             message: e.to_string(),
         })?;
         let kind = head.kind.as_deref().and_then(Kind::from_kind_name);
-        let label = key.map_or_else(|| head.label(kind), ToString::to_string);
+        let label = || key.map_or_else(|| label_of(json, kind), ToString::to_string);
         let Some(kind) = kind else {
             return Err(ModelError::UnknownKind {
-                resource: label,
+                resource: label(),
                 kind: head.kind.clone().unwrap_or_default(),
             });
         };
         if let Some(v) = head.api_version.as_deref().filter(|v| *v != API_VERSION) {
             return Err(ModelError::ApiVersion {
-                resource: label,
+                resource: label(),
                 api_version: v.to_string(),
             });
         }
+        let l: &dyn Fn() -> String = &label;
         Ok(match kind {
-            Kind::NetworkPolicy => Resource::NetworkPolicy(decode_as(json, &label)?),
-            Kind::GlobalNetworkPolicy => Resource::GlobalNetworkPolicy(decode_as(json, &label)?),
-            Kind::Tier => Resource::Tier(decode_as(json, &label)?),
-            Kind::Profile => Resource::Profile(decode_as(json, &label)?),
-            Kind::WorkloadEndpoint => Resource::WorkloadEndpoint(decode_as(json, &label)?),
-            Kind::HostEndpoint => Resource::HostEndpoint(decode_as(json, &label)?),
-            Kind::NetworkSet => Resource::NetworkSet(decode_as(json, &label)?),
-            Kind::GlobalNetworkSet => Resource::GlobalNetworkSet(decode_as(json, &label)?),
-            Kind::StagedNetworkPolicy => Resource::StagedNetworkPolicy(decode_as(json, &label)?),
+            Kind::NetworkPolicy => Resource::NetworkPolicy(decode_as(json, l)?),
+            Kind::GlobalNetworkPolicy => Resource::GlobalNetworkPolicy(decode_as(json, l)?),
+            Kind::Tier => Resource::Tier(decode_as(json, l)?),
+            Kind::Profile => Resource::Profile(decode_as(json, l)?),
+            Kind::WorkloadEndpoint => Resource::WorkloadEndpoint(decode_as(json, l)?),
+            Kind::HostEndpoint => Resource::HostEndpoint(decode_as(json, l)?),
+            Kind::NetworkSet => Resource::NetworkSet(decode_as(json, l)?),
+            Kind::GlobalNetworkSet => Resource::GlobalNetworkSet(decode_as(json, l)?),
+            Kind::StagedNetworkPolicy => Resource::StagedNetworkPolicy(decode_as(json, l)?),
             Kind::StagedGlobalNetworkPolicy => {
-                Resource::StagedGlobalNetworkPolicy(decode_as(json, &label)?)
+                Resource::StagedGlobalNetworkPolicy(decode_as(json, l)?)
             }
             Kind::StagedKubernetesNetworkPolicy => {
-                Resource::StagedKubernetesNetworkPolicy(decode_as(json, &label)?)
+                Resource::StagedKubernetesNetworkPolicy(decode_as(json, l)?)
             }
         })
     }
@@ -329,7 +350,7 @@ mod tests {
         let err = Resource::from_json(br#"{"kind":"IPPool","metadata":{"name":"p"}}"#)
             .unwrap_err()
             .to_string();
-        assert_eq!(err, "kind \"IPPool\"/p: unknown kind \"IPPool\"");
+        assert_eq!(err, "p: unknown kind \"IPPool\"");
         let err = Resource::from_json(
             br#"{"apiVersion":"crd.projectcalico.org/v1","kind":"Tier","metadata":{"name":"t"}}"#,
         )

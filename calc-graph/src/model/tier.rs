@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::metadata::Metadata;
+use super::metadata::{Metadata, order_as_go};
 use super::primitives::Action;
 
 /// The tier a policy without `tier` belongs to.
@@ -25,7 +25,11 @@ pub struct Tier {
 #[serde(rename_all = "camelCase")]
 pub struct TierSpec {
     /// Absent sorts after every present order.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        serialize_with = "order_as_go",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub order: Option<f64>,
     /// `Deny` or `Pass`; absent means `Deny`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -73,7 +77,7 @@ mod tests {
         assert_eq!(
             serde_json::to_value(&tiers[0]).unwrap(),
             serde_json::json!({"metadata": {"name": "kube-admin"},
-                               "spec": {"order": 1000.0, "defaultAction": "Pass"}})
+                               "spec": {"order": 1000, "defaultAction": "Pass"}})
         );
     }
 }

@@ -5,6 +5,23 @@
 //! follow Calico byte for byte, because the canonical string names IP sets
 //! ([`Selector::unique_id`], `cali40s:<hash>`).
 //!
+//! ```
+//! use std::collections::BTreeMap;
+//! use calc_graph::selector::parse;
+//!
+//! let sel = parse("projectcalico.org/namespace == 'default' && app == 'web'").unwrap();
+//! assert_eq!(sel.canonical(), r#"(projectcalico.org/namespace == "default" && app == "web")"#);
+//! assert!(sel.unique_id().starts_with("s:"));
+//! let labels: BTreeMap<String, String> =
+//!     [("projectcalico.org/namespace", "default"), ("app", "web")]
+//!         .into_iter()
+//!         .map(|(k, v)| (k.to_string(), v.to_string()))
+//!         .collect();
+//! assert!(sel.matches(&labels));
+//! // `!=` is true when the label is missing.
+//! assert!(parse("tier != 'db'").unwrap().matches(&labels));
+//! ```
+//!
 //! Grammar (precedence from tightest: `!`, `&&`, `||`):
 //!
 //! ```text
@@ -23,8 +40,9 @@
 //! `!!x`, exactly as in Calico, which re-parses as `x`: see [`Expr::reparsed`]).
 //!
 //! Invariants:
-//! * [`parse`] never panics and never recurses deeper than [`MAX_DEPTH`] parentheses; the input
-//!   is lexed lazily in one pass, so time is linear in the input length.
+//! * [`parse`] never panics and never recurses deeper than [`MAX_DEPTH`] parentheses, and the
+//!   trees it returns nest at most [`MAX_DEPTH`] `&&`/`||` lists; the input is lexed lazily in
+//!   one pass, so time is linear in the input length.
 //! * For every selector `s` from [`parse`], `parse(s.canonical()) == s.expr().reparsed()`, and
 //!   for selectors without a directly nested `!(!…)` that is `s` itself.
 //! * `global()` evaluates to true, as in Calico: it only has a meaning inside a
@@ -35,6 +53,7 @@ mod ast;
 mod k8s;
 mod lexer;
 mod parser;
+mod restrictions;
 mod rewrite;
 
 #[cfg(test)]
@@ -50,12 +69,16 @@ use sha2::{Digest, Sha224};
 
 pub use ast::Expr;
 pub use k8s::{LabelSelectorRequirement, from_label_selector, label_selector_terms};
+pub use restrictions::LabelRestriction;
 pub use rewrite::{
     LABEL_NAMESPACE, LABEL_SERVICE_ACCOUNT, NAMESPACE_LABEL_PREFIX, SERVICE_ACCOUNT_LABEL_PREFIX,
 };
 
-/// Deepest parenthesis nesting [`parse`] accepts. Calico has no limit (Go stacks grow); we bound
-/// it so that parsing, evaluation, canonicalisation and drop stay well inside a 2 MiB stack.
+/// Deepest nesting [`parse`] accepts, both of parentheses in the text and of `&&`/`||` lists in
+/// the tree (every list is parenthesised in the canonical text, so the second limit keeps
+/// `parse(canonical(s))` within the first). Calico has no limit (Go stacks grow); we bound it so
+/// that parsing, evaluation, canonicalisation and drop stay well inside a 2 MiB stack.
+/// [`Selector::and`] adds one level per call and is not checked against this limit.
 pub const MAX_DEPTH: usize = 128;
 
 /// Longest label key the tokenizer accepts (Calico's `tokenizer.MaxLabelLength`).
@@ -104,9 +127,9 @@ impl<L: Labels + ?Sized> Labels for &L {
     }
 }
 
-/// A parsed selector. Equality and hashing are structural (on the [`Expr`]); two selectors with
-/// the same canonical string name the same IP set.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// A parsed selector. Equality, ordering and hashing are structural (on the [`Expr`]); two
+/// selectors with the same canonical string name the same IP set.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Selector {
     expr: Expr,
 }

@@ -2,11 +2,16 @@
 //!
 //! `||` binds loosest, then `&&`, then the leading `!`s of an operation (collapsed by parity, as
 //! Calico does). The only recursion is through parentheses, bounded by [`MAX_DEPTH`].
+//!
+//! Two limits, both [`MAX_DEPTH`]: the nesting of parentheses in the text (bounds the parser's
+//! recursion) and the nesting of `And`/`Or` nodes in the tree (the parenthesis depth of the
+//! canonical text, which prints every list in parentheses). The second keeps the set of accepted
+//! trees closed under canonicalisation: `parse(canonical(s))` never hits a limit `s` did not.
 
 use std::collections::BTreeSet;
 
 use super::ast::Expr;
-use super::lexer::{Lexer, Tok};
+use super::lexer::{Lexer, Tok, excerpt};
 use super::{MAX_DEPTH, SelectorError};
 
 pub(crate) fn parse(input: &str) -> Result<Expr, SelectorError> {
@@ -14,7 +19,7 @@ pub(crate) fn parse(input: &str) -> Result<Expr, SelectorError> {
     if p.tok == Tok::Eof {
         return Ok(Expr::All);
     }
-    let expr = p.or_expr(0)?;
+    let (expr, _) = p.or_expr(0)?;
     if p.tok != Tok::Eof {
         return Err(p.unexpected("after the end of the expression"));
     }
@@ -48,54 +53,49 @@ impl<'a> Parser<'a> {
         )
     }
 
-    fn or_expr(&mut self, depth: usize) -> Result<Expr, SelectorError> {
+    /// Returns the expression and its list depth (nesting of And/Or nodes).
+    fn or_expr(&mut self, depth: usize) -> Result<(Expr, usize), SelectorError> {
+        let start = self.offset;
         let mut ops = vec![self.and_expr(depth)?];
         while self.tok == Tok::Or {
             self.advance()?;
             ops.push(self.and_expr(depth)?);
         }
-        Ok(if ops.len() == 1 {
-            ops.swap_remove(0)
-        } else {
-            Expr::Or(ops)
-        })
+        list(ops, Expr::Or, start)
     }
 
-    fn and_expr(&mut self, depth: usize) -> Result<Expr, SelectorError> {
+    fn and_expr(&mut self, depth: usize) -> Result<(Expr, usize), SelectorError> {
+        let start = self.offset;
         let mut ops = vec![self.operation(depth)?];
         while self.tok == Tok::And {
             self.advance()?;
             ops.push(self.operation(depth)?);
         }
-        Ok(if ops.len() == 1 {
-            ops.swap_remove(0)
-        } else {
-            Expr::And(ops)
-        })
+        list(ops, Expr::And, start)
     }
 
-    fn operation(&mut self, depth: usize) -> Result<Expr, SelectorError> {
+    fn operation(&mut self, depth: usize) -> Result<(Expr, usize), SelectorError> {
         let mut negated = false;
         while self.tok == Tok::Not {
             negated = !negated;
             self.advance()?;
         }
-        let expr = match self.tok {
+        let (expr, list_depth) = match self.tok {
             Tok::Has(key) => {
                 self.advance()?;
-                Expr::Has(key.to_string())
+                (Expr::Has(key.to_string()), 0)
             }
             Tok::All => {
                 self.advance()?;
-                Expr::All
+                (Expr::All, 0)
             }
             Tok::Global => {
                 self.advance()?;
-                Expr::Global
+                (Expr::Global, 0)
             }
             Tok::Label(key) => {
                 self.advance()?;
-                self.comparison(key)?
+                (self.comparison(key)?, 0)
             }
             Tok::LParen => {
                 let open = self.offset;
@@ -117,11 +117,12 @@ impl<'a> Parser<'a> {
             }
             _ => return Err(self.unexpected("where an expression should start")),
         };
-        Ok(if negated {
+        let expr = if negated {
             Expr::Not(Box::new(expr))
         } else {
             expr
-        })
+        };
+        Ok((expr, list_depth))
     }
 
     /// After a label: an operator and its operand.
@@ -143,9 +144,10 @@ impl<'a> Parser<'a> {
                 });
             }
             _ => {
-                return Err(
-                    self.unexpected(&format!("where an operator should follow label {key:?}"))
-                );
+                return Err(self.unexpected(&format!(
+                    "where an operator should follow label {}",
+                    excerpt(key)
+                )));
             }
         };
         self.advance()?;
@@ -180,4 +182,23 @@ impl<'a> Parser<'a> {
         self.advance()?;
         Ok(values)
     }
+}
+
+/// One operand stays itself; more become a list node one level deeper than its deepest operand.
+fn list(
+    mut ops: Vec<(Expr, usize)>,
+    make: fn(Vec<Expr>) -> Expr,
+    start: usize,
+) -> Result<(Expr, usize), SelectorError> {
+    if ops.len() == 1 {
+        return Ok(ops.swap_remove(0));
+    }
+    let depth = 1 + ops.iter().map(|(_, d)| *d).max().unwrap_or(0);
+    if depth > MAX_DEPTH {
+        return Err(SelectorError::new(
+            start,
+            format!("selector nested too deeply (limit {MAX_DEPTH} levels of && and ||)"),
+        ));
+    }
+    Ok((make(ops.into_iter().map(|(e, _)| e).collect()), depth))
 }
