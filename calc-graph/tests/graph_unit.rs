@@ -669,3 +669,100 @@ fn label_change_on_a_pod_touches_only_its_selectors() {
     let evaluated = g.stats().selector_evaluations - before;
     assert!(evaluated <= 30, "a relabel evaluated {evaluated} selectors");
 }
+
+#[test]
+fn set_deactivated_and_reactivated_in_one_batch_emits_only_deltas() {
+    let (mut g, mut dp) = synced(vec![
+        mk_ns_profile("prod", &[]),
+        mk_wep("prod", "web", NODE, "10.0.0.1/32", &[("app", "web")]),
+        mk_wep("prod", "api-a", "node2", "10.0.1.1/32", &[("app", "api")]),
+        mk_wep("prod", "api-b", "node2", "10.0.1.2/32", &[("app", "api")]),
+        mk_np(
+            "prod",
+            "p",
+            "app == 'web'",
+            vec![allow_from("app == 'api'")],
+        ),
+    ]);
+    let id = ns_rule_sel("prod", "app == 'api'");
+    let out = run(
+        &mut g,
+        vec![
+            // The only local match goes away: policy and set deactivate...
+            mk_wep("prod", "web", NODE, "10.0.0.1/32", &[("app", "other")]),
+            mk_wep("prod", "api-c", "node2", "10.0.1.3/32", &[("app", "api")]),
+            del(Kind::WorkloadEndpoint, Some("prod"), "api-a"),
+            // ...and come back before the flush.
+            mk_wep("prod", "web", NODE, "10.0.0.1/32", &[("app", "web")]),
+        ],
+    );
+    assert_eq!(
+        out,
+        vec![
+            Output::IpSetMembersAdded {
+                id: id.clone(),
+                members: vec![IpSetMember::Net(net("10.0.1.3/32"))]
+            },
+            Output::IpSetMembersRemoved {
+                id: id.clone(),
+                members: vec![IpSetMember::Net(net("10.0.1.1/32"))]
+            },
+        ]
+    );
+    dp.apply(&out).unwrap();
+    assert_eq!(members(&dp, &id), ["10.0.1.2/32", "10.0.1.3/32"]);
+}
+
+#[test]
+fn tier_change_reorders_endpoint_tiers() {
+    let (mut g, mut dp) = synced(vec![
+        mk_wep("prod", "web", NODE, "10.0.0.1/32", &[]),
+        mk_gnp("g", "all()", None, vec![Rule::new(Action::Allow)], vec![]),
+        upd({
+            let mut p = mk_gnp_res(
+                "late.x",
+                "all()",
+                None,
+                vec![Rule::new(Action::Allow)],
+                vec![],
+            );
+            p.spec.tier = Some("late".into());
+            p
+        }),
+    ]);
+    let names = |dp: &Dataplane| -> Vec<String> {
+        dp.endpoints
+            .values()
+            .next()
+            .unwrap()
+            .tiers
+            .iter()
+            .map(|t| t.name.clone())
+            .collect()
+    };
+    assert_eq!(
+        names(&dp),
+        ["default", "late"],
+        "a tier without a resource sorts last"
+    );
+    let out = run(&mut g, vec![mk_tier("late", Some(10.0), Action::Pass)]);
+    dp.apply(&out).unwrap();
+    assert_eq!(names(&dp), ["late", "default"]);
+    assert_eq!(
+        dp.endpoints.values().next().unwrap().tiers[0].default_action,
+        Action::Pass
+    );
+}
+
+#[test]
+fn graph_can_move_to_another_thread() {
+    fn assert_send<T: Send>() {}
+    assert_send::<CalcGraph>();
+    let mut g = graph();
+    g.apply(mk_wep("prod", "web", NODE, "10.0.0.1/32", &[]));
+    let handle = std::thread::spawn(move || {
+        g.apply(Update::InSync);
+        g.flush().len()
+    });
+    assert!(handle.join().unwrap() > 1);
+}

@@ -10,13 +10,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::rc::Rc;
+use std::sync::Arc;
 
 /// An interned string.
 pub(crate) type Sym = u32;
 
-/// FxHash (as in rustc): fast, not DoS resistant. Only used for maps keyed by our own small
-/// integers (symbols, item and selector ids), never directly by datastore strings.
+/// FxHash (as in rustc): fast, not DoS resistant; used for the graph's integer-keyed maps and
+/// the label interner.
 #[derive(Default, Clone, Copy)]
 pub(crate) struct FxHasher {
     hash: u64,
@@ -62,12 +62,12 @@ pub(crate) type FxBuild = BuildHasherDefault<FxHasher>;
 pub(crate) type FxMap<K, V> = HashMap<K, V, FxBuild>;
 pub(crate) type FxSet<K> = HashSet<K, FxBuild>;
 
-/// The interner. Strings are looked up with the standard (SipHash) hasher because they come
-/// from the datastore.
+/// The interner. It hashes with FxHash too: label lookups are on the hot path of every
+/// selector evaluation, and label strings are validated (short, restricted alphabet).
 #[derive(Default)]
 pub(crate) struct Interner {
-    map: HashMap<Rc<str>, Sym>,
-    slots: Vec<Option<(Rc<str>, u32)>>,
+    map: HashMap<Arc<str>, Sym, FxBuild>,
+    slots: Vec<Option<(Arc<str>, u32)>>,
     free: Vec<Sym>,
 }
 
@@ -80,7 +80,7 @@ impl Interner {
             }
             return sym;
         }
-        let rc: Rc<str> = Rc::from(s);
+        let rc: Arc<str> = Arc::from(s);
         let sym = match self.free.pop() {
             Some(sym) => {
                 self.slots[sym as usize] = Some((rc.clone(), 1));

@@ -85,13 +85,19 @@ impl IpSets {
         let Some(set) = self.sets.get_mut(id) else {
             return;
         };
+        let mut fresh = Vec::new();
         for m in members {
-            let c = set.members.entry(m.clone()).or_insert(0);
-            *c += 1;
-            if *c == 1 {
-                self.member_count += 1;
-                seq.member_added(id, m);
+            match set.members.get_mut(&m) {
+                Some(c) => *c += 1,
+                None => {
+                    set.members.insert(m.clone(), 1);
+                    fresh.push(m);
+                }
             }
+        }
+        if !fresh.is_empty() {
+            self.member_count += fresh.len();
+            seq.members_added(id, fresh);
         }
     }
 
@@ -99,6 +105,7 @@ impl IpSets {
         let Some(set) = self.sets.get_mut(id) else {
             return;
         };
+        let mut gone = Vec::new();
         for m in members {
             let Some(c) = set.members.get_mut(&m) else {
                 continue;
@@ -106,9 +113,12 @@ impl IpSets {
             *c -= 1;
             if *c == 0 {
                 set.members.remove(&m);
-                self.member_count -= 1;
-                seq.member_removed(id, m);
+                gone.push(m);
             }
+        }
+        if !gone.is_empty() {
+            self.member_count -= gone.len();
+            seq.members_removed(id, gone);
         }
     }
 
@@ -163,10 +173,13 @@ impl IpSets {
             return;
         }
         let set = self.sets.remove(id).expect("present");
-        for (m, _) in set.members {
-            self.member_count -= 1;
-            seq.member_removed(id, m);
-        }
+        self.member_count -= set.members.len();
+        let members = if seq.is_emitted(id) {
+            set.members.into_keys().collect()
+        } else {
+            Vec::new()
+        };
+        seq.set_deactivated(id, members);
         if let Some(v) = self.by_sel.get_mut(&set.sel) {
             v.retain(|s| s != id);
             if v.is_empty() {
@@ -174,7 +187,6 @@ impl IpSets {
             }
         }
         index.remove_selector(interner, set.sel);
-        seq.set_dirty(id);
     }
 
     /// Applies match changes of one item (whose data did not change).

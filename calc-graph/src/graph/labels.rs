@@ -16,7 +16,7 @@ use ipnet::IpNet;
 use crate::model::{Protocol, ResourceKey};
 use crate::selector::Labels;
 
-use super::intern::{FxSet, Interner, Sym};
+use super::intern::{FxBuild, FxSet, Interner, Sym};
 
 /// Dense id of an item (slab index).
 pub(crate) type ItemId = u32;
@@ -74,7 +74,7 @@ impl Labels for LabelView<'_> {
 pub(crate) struct LabelStore {
     items: Vec<Option<Item>>,
     free: Vec<ItemId>,
-    by_key: std::collections::HashMap<ResourceKey, ItemId>,
+    by_key: std::collections::HashMap<ResourceKey, ItemId, FxBuild>,
     profiles: std::collections::HashMap<String, ProfileLabels>,
 }
 
@@ -93,6 +93,27 @@ pub(crate) fn intern_map(interner: &mut Interner, map: &BTreeMap<String, String>
         .collect();
     out.sort_unstable();
     out
+}
+
+/// Interns label pairs; when a key repeats, the last pair wins.
+pub(crate) fn intern_pairs(interner: &mut Interner, pairs: &[(&str, &str)]) -> LabelSet {
+    let mut out: LabelSet = pairs
+        .iter()
+        .map(|(k, v)| (interner.intern(k), interner.intern(v)))
+        .collect();
+    out.sort_by_key(|(k, _)| *k); // stable: equal keys keep their input order
+    let mut dedup: LabelSet = Vec::with_capacity(out.len());
+    for (k, v) in out {
+        match dedup.last_mut() {
+            Some(last) if last.0 == k => {
+                interner.release(k);
+                interner.release(last.1);
+                last.1 = v;
+            }
+            _ => dedup.push((k, v)),
+        }
+    }
+    dedup
 }
 
 fn merge(interner: &mut Interner, own: &LabelSet, inherited: &[&LabelSet]) -> LabelSet {
@@ -151,11 +172,11 @@ impl LabelStore {
         &mut self,
         interner: &mut Interner,
         key: &ResourceKey,
-        own: &BTreeMap<String, String>,
+        own: &[(&str, &str)],
         parents: Vec<String>,
         data: ItemData,
     ) -> Changed {
-        let own = intern_map(interner, own);
+        let own = intern_pairs(interner, own);
         let effective = self.effective_for(interner, &own, &parents);
         match self.by_key.get(key).copied() {
             Some(id) => {
@@ -317,22 +338,35 @@ mod tests {
         let ch = s.upsert(
             &mut i,
             &key,
-            &labels(&[("a", "own")]),
+            &[("a", "own"), ("b", "x"), ("b", "own-last")],
             vec!["p1".into(), "p2".into()],
             ItemData::default(),
         );
         let v = view(&s, &i, ch.id);
         assert_eq!(v.label("a"), Some("own"));
-        assert_eq!(v.label("b"), Some("p1"));
+        assert_eq!(
+            v.label("b"),
+            Some("own-last"),
+            "a repeated own key: last wins"
+        );
         assert_eq!(v.label("c"), Some("p2"));
         assert_eq!(v.label("d"), None);
 
-        let changed = s.set_profile_labels(&mut i, "p1", &labels(&[("b", "new")]));
+        let changed = s.set_profile_labels(&mut i, "p1", &labels(&[("b", "new"), ("x", "1")]));
         assert_eq!(changed.len(), 1);
         for c in changed {
             LabelStore::release(&mut i, c.old_labels.unwrap());
         }
-        assert_eq!(view(&s, &i, ch.id).label("b"), Some("new"));
+        assert_eq!(
+            view(&s, &i, ch.id).label("x"),
+            Some("1"),
+            "new profile label inherited"
+        );
+        assert_eq!(
+            view(&s, &i, ch.id).label("b"),
+            Some("own-last"),
+            "own label still wins"
+        );
         assert_eq!(s.children("p1"), 1);
 
         let (_, eff, _) = s.remove(&mut i, &key).unwrap();

@@ -45,7 +45,7 @@ mod rules;
 mod sequencer;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::rc::Rc;
+use std::sync::Arc;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
@@ -125,7 +125,7 @@ struct PolicyState {
     untracked: bool,
     pre_dnat: bool,
     apply_on_forward: bool,
-    rules: Rc<ScannedRules>,
+    rules: Arc<ScannedRules>,
 }
 
 /// A policy built from its resource, before its selector is registered.
@@ -138,7 +138,7 @@ struct PolicyDraft {
     untracked: bool,
     pre_dnat: bool,
     apply_on_forward: bool,
-    rules: Rc<ScannedRules>,
+    rules: Arc<ScannedRules>,
 }
 
 /// See the module docs.
@@ -156,11 +156,11 @@ pub struct CalcGraph {
     policies_by_sel: FxMap<SelId, Vec<ResourceKey>>,
     policy_keys: HashMap<PolicyId, ResourceKey>,
     active_policies: HashSet<ResourceKey>,
-    profiles: HashMap<String, Rc<ScannedRules>>,
+    profiles: HashMap<String, Arc<ScannedRules>>,
     profile_users: HashMap<String, u32>,
     /// Rules whose IP sets are referenced on behalf of each active profile.
-    active_profiles: HashMap<String, Rc<ScannedRules>>,
-    deny_all: Rc<ScannedRules>,
+    active_profiles: HashMap<String, Arc<ScannedRules>>,
+    deny_all: Arc<ScannedRules>,
     tiers: Tiers,
     ipsets: IpSets,
     seq: Sequencer,
@@ -185,7 +185,7 @@ impl CalcGraph {
             profiles: HashMap::new(),
             profile_users: HashMap::new(),
             active_profiles: HashMap::new(),
-            deny_all: Rc::new(rules::deny_all()),
+            deny_all: Arc::new(rules::deny_all()),
             tiers: Tiers::default(),
             ipsets: IpSets::default(),
             seq: Sequencer::default(),
@@ -269,29 +269,29 @@ impl CalcGraph {
                 };
                 match wep {
                     Some(w) => {
-                        let (labels, parents, data, local) = wep_item(key, &w, &self.node);
-                        self.upsert_item(key, labels, parents, data, local);
+                        let (parents, data, local) = wep_item(key, &w, &self.node);
+                        self.upsert_item(key, &wep_labels(key, &w), parents, data, local);
                     }
                     None => self.remove_item(key),
                 }
             }
             Kind::HostEndpoint => match value {
                 Some(Resource::HostEndpoint(h)) => {
-                    let (labels, parents, data) = hep_item(&h);
-                    self.upsert_item(key, labels, parents, data, None);
+                    let (parents, data) = hep_item(&h);
+                    self.upsert_item(key, &str_pairs(&h.metadata.labels), parents, data, None);
                 }
                 _ => self.remove_item(key),
             },
             Kind::NetworkSet => match value {
                 Some(Resource::NetworkSet(s)) => {
                     let ns = key.namespace.clone().unwrap_or_default();
-                    let mut labels = s.metadata.labels.clone();
-                    labels.insert(LABEL_NAMESPACE.to_string(), ns.clone());
+                    let mut labels = str_pairs(&s.metadata.labels);
+                    labels.push((LABEL_NAMESPACE, &ns));
                     let data = ItemData {
                         nets: split_nets(&s.spec.nets),
                         ports: Vec::new(),
                     };
-                    self.upsert_item(key, labels, vec![format!("kns.{ns}")], data, None);
+                    self.upsert_item(key, &labels, vec![format!("kns.{ns}")], data, None);
                 }
                 _ => self.remove_item(key),
             },
@@ -301,7 +301,7 @@ impl CalcGraph {
                         nets: split_nets(&s.spec.nets),
                         ports: Vec::new(),
                     };
-                    self.upsert_item(key, s.metadata.labels.clone(), Vec::new(), data, None);
+                    self.upsert_item(key, &str_pairs(&s.metadata.labels), Vec::new(), data, None);
                 }
                 _ => self.remove_item(key),
             },
@@ -348,14 +348,14 @@ impl CalcGraph {
     fn upsert_item(
         &mut self,
         key: &ResourceKey,
-        labels: BTreeMap<String, String>,
+        labels: &[(&str, &str)],
         parents: Vec<String>,
         data: ItemData,
         local: Option<LocalEp>,
     ) {
         let ch = self
             .store
-            .upsert(&mut self.interner, key, &labels, parents, data);
+            .upsert(&mut self.interner, key, labels, parents, data);
         let id = ch.id;
         let data_changed = ch.old_data.as_ref() != Some(&self.store.item(id).data);
         let mut events = Vec::new();
@@ -481,7 +481,7 @@ impl CalcGraph {
                     self.errors
                         .extend(r.warnings.iter().map(|w| (key.clone(), w.clone())));
                     labels = p.spec.labels_to_apply;
-                    Some(Rc::new(r))
+                    Some(Arc::new(r))
                 }
                 Err(e) => {
                     self.errors.push((key.clone(), e));
@@ -511,7 +511,7 @@ impl CalcGraph {
         }
     }
 
-    fn profile_rules(&self, name: &str) -> Rc<ScannedRules> {
+    fn profile_rules(&self, name: &str) -> Arc<ScannedRules> {
         self.profiles
             .get(name)
             .cloned()
@@ -757,7 +757,7 @@ fn build_policy(key: &ResourceKey, r: Resource) -> Result<(PolicyDraft, Vec<Stri
                     pre_dnat: false,
                     // Felix's NetworkPolicy processor always sets applyOnForward.
                     apply_on_forward: true,
-                    rules: Rc::new(scanned),
+                    rules: Arc::new(scanned),
                 },
                 warnings,
             )
@@ -782,7 +782,7 @@ fn build_policy(key: &ResourceKey, r: Resource) -> Result<(PolicyDraft, Vec<Stri
                     untracked: spec.do_not_track,
                     pre_dnat: spec.pre_dnat,
                     apply_on_forward: spec.apply_on_forward,
-                    rules: Rc::new(scanned),
+                    rules: Arc::new(scanned),
                 },
                 warnings,
             )
@@ -792,34 +792,42 @@ fn build_policy(key: &ResourceKey, r: Resource) -> Result<(PolicyDraft, Vec<Stri
     Ok((draft, warnings))
 }
 
-type ItemParts = (BTreeMap<String, String>, Vec<String>, ItemData);
+type ItemParts = (Vec<String>, ItemData);
 
-/// Labels, parents, IP set data and (if on this node) local-endpoint data of a workload endpoint.
-fn wep_item(
-    key: &ResourceKey,
-    w: &WorkloadEndpoint,
-    node: &str,
-) -> (
-    BTreeMap<String, String>,
-    Vec<String>,
-    ItemData,
-    Option<LocalEp>,
-) {
-    let ns = key.namespace.clone().unwrap_or_default();
-    let mut labels: BTreeMap<String, String> = w
+fn str_pairs(m: &BTreeMap<String, String>) -> Vec<(&str, &str)> {
+    m.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
+/// Labels of a workload endpoint as Felix sees them: its own labels without `pcns.`/`pcsa.`
+/// ones, plus the namespace, orchestrator and service-account labels from its key and spec.
+fn wep_labels<'a>(key: &'a ResourceKey, w: &'a WorkloadEndpoint) -> Vec<(&'a str, &'a str)> {
+    let mut labels: Vec<(&str, &str)> = w
         .metadata
         .labels
         .iter()
         .filter(|(k, _)| !k.starts_with(NS_PREFIX) && !k.starts_with(SA_PREFIX))
-        .map(|(k, v)| (k.clone(), v.clone()))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
-    labels.insert(LABEL_NAMESPACE.to_string(), ns.clone());
+    labels.push((
+        LABEL_NAMESPACE,
+        key.namespace.as_deref().unwrap_or_default(),
+    ));
     if let Some(o) = &w.spec.orchestrator {
-        labels.insert(LABEL_ORCHESTRATOR.to_string(), o.clone());
+        labels.push((LABEL_ORCHESTRATOR, o));
     }
     if let Some(sa) = &w.spec.service_account_name {
-        labels.insert(LABEL_SERVICE_ACCOUNT.to_string(), sa.clone());
+        labels.push((LABEL_SERVICE_ACCOUNT, sa));
     }
+    labels
+}
+
+/// Parents, IP set data and (if on this node) local-endpoint data of a workload endpoint.
+fn wep_item(
+    key: &ResourceKey,
+    w: &WorkloadEndpoint,
+    node: &str,
+) -> (Vec<String>, ItemData, Option<LocalEp>) {
+    let ns = key.namespace.clone().unwrap_or_default();
     let nets: Vec<IpNet> = w.spec.ip_networks.iter().map(|n| n.trunc()).collect();
     let ports = endpoint_ports(&w.spec.ports);
     let local = (w.spec.node.as_deref() == Some(node)).then(|| LocalEp {
@@ -840,12 +848,7 @@ fn wep_item(
             .collect(),
         profiles: w.spec.profiles.clone(),
     });
-    (
-        labels,
-        w.spec.profiles.clone(),
-        ItemData { nets, ports },
-        local,
-    )
+    (w.spec.profiles.clone(), ItemData { nets, ports }, local)
 }
 
 fn hep_item(h: &HostEndpoint) -> ItemParts {
@@ -856,7 +859,6 @@ fn hep_item(h: &HostEndpoint) -> ItemParts {
         .map(|ip| IpNet::from(*ip))
         .collect();
     (
-        h.metadata.labels.clone(),
         h.spec.profiles.clone(),
         ItemData {
             nets,

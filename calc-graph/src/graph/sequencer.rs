@@ -36,10 +36,26 @@ pub(crate) trait Desired {
     fn endpoint(&self, id: &EndpointId) -> Option<LocalEndpoint>;
 }
 
-#[derive(Default)]
-struct Pending {
-    added: HashSet<IpSetMember>,
-    removed: HashSet<IpSetMember>,
+/// What happened to an IP set since the last flush.
+enum Pending {
+    /// Member changes against the emitted membership (nothing is tracked for a set that has not
+    /// been emitted: the flush sends its full membership).
+    Deltas {
+        added: HashSet<IpSetMember>,
+        removed: HashSet<IpSetMember>,
+    },
+    /// The emitted set was deactivated; `emitted` (sorted) is what the dataplane holds. If the set
+    /// is active again at flush time, the flush diffs its membership against this.
+    Replaced { emitted: Vec<IpSetMember> },
+}
+
+impl Default for Pending {
+    fn default() -> Self {
+        Pending::Deltas {
+            added: HashSet::new(),
+            removed: HashSet::new(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -58,29 +74,68 @@ pub(crate) struct Sequencer {
 }
 
 impl Sequencer {
-    pub(crate) fn set_dirty(&mut self, id: &IpSetId) {
+    fn pending(&mut self, id: &IpSetId) -> &mut Pending {
         if !self.dirty_sets.contains_key(id) {
             self.dirty_sets.insert(id.clone(), Pending::default());
         }
+        self.dirty_sets.get_mut(id).expect("just inserted")
     }
 
-    pub(crate) fn member_added(&mut self, id: &IpSetId, m: IpSetMember) {
-        self.set_dirty(id);
-        if self.emitted_sets.contains(id) {
-            let p = self.dirty_sets.get_mut(id).expect("just inserted");
-            if !p.removed.remove(&m) {
-                p.added.insert(m);
+    /// Whether the dataplane has been told about the set.
+    pub(crate) fn is_emitted(&self, id: &str) -> bool {
+        self.emitted_sets.contains(id)
+    }
+
+    /// A set became active (or its state otherwise needs a look at flush time).
+    pub(crate) fn set_dirty(&mut self, id: &IpSetId) {
+        self.pending(id);
+    }
+
+    /// Members whose reference count went 0 → 1.
+    pub(crate) fn members_added(&mut self, id: &IpSetId, members: Vec<IpSetMember>) {
+        let emitted = self.emitted_sets.contains(id);
+        if let Pending::Deltas { added, removed } = self.pending(id)
+            && emitted
+        {
+            for m in members {
+                if !removed.remove(&m) {
+                    added.insert(m);
+                }
             }
         }
     }
 
-    pub(crate) fn member_removed(&mut self, id: &IpSetId, m: IpSetMember) {
-        self.set_dirty(id);
-        if self.emitted_sets.contains(id) {
-            let p = self.dirty_sets.get_mut(id).expect("just inserted");
-            if !p.added.remove(&m) {
-                p.removed.insert(m);
+    /// Members whose reference count went 1 → 0.
+    pub(crate) fn members_removed(&mut self, id: &IpSetId, members: Vec<IpSetMember>) {
+        let emitted = self.emitted_sets.contains(id);
+        if let Pending::Deltas { added, removed } = self.pending(id)
+            && emitted
+        {
+            for m in members {
+                if !added.remove(&m) {
+                    removed.insert(m);
+                }
             }
+        }
+    }
+
+    /// The set was deactivated; `members` is its membership at that point (only needed, and
+    /// only built by the caller, when [`Sequencer::is_emitted`]).
+    pub(crate) fn set_deactivated(&mut self, id: &IpSetId, members: Vec<IpSetMember>) {
+        let emitted = self.emitted_sets.contains(id);
+        let p = self.pending(id);
+        if !emitted {
+            *p = Pending::default();
+            return;
+        }
+        if let Pending::Deltas { added, removed } = p {
+            let mut dp: Vec<IpSetMember> = members
+                .into_iter()
+                .filter(|m| !added.contains(m))
+                .chain(removed.drain())
+                .collect();
+            dp.sort_unstable();
+            *p = Pending::Replaced { emitted: dp };
         }
     }
 
@@ -137,18 +192,28 @@ impl Sequencer {
                 }
                 continue;
             }
-            if !pending.added.is_empty() {
-                let mut members: Vec<IpSetMember> = pending.added.into_iter().collect();
-                members.sort_unstable();
+            let (mut added, mut removed): (Vec<IpSetMember>, Vec<IpSetMember>) = match pending {
+                Pending::Deltas { added, removed } => {
+                    (added.into_iter().collect(), removed.into_iter().collect())
+                }
+                Pending::Replaced { emitted } => {
+                    let now = d.ip_set(&id).map(|(_, m)| m).unwrap_or_default();
+                    sorted_diff(&emitted, &now)
+                }
+            };
+            if !added.is_empty() {
+                added.sort_unstable();
                 deltas.push(Output::IpSetMembersAdded {
                     id: id.clone(),
-                    members,
+                    members: added,
                 });
             }
-            if !pending.removed.is_empty() {
-                let mut members: Vec<IpSetMember> = pending.removed.into_iter().collect();
-                members.sort_unstable();
-                deltas.push(Output::IpSetMembersRemoved { id, members });
+            if !removed.is_empty() {
+                removed.sort_unstable();
+                deltas.push(Output::IpSetMembersRemoved {
+                    id,
+                    members: removed,
+                });
             }
         }
 
@@ -189,6 +254,30 @@ impl Sequencer {
         }
         out
     }
+}
+
+/// (in `new` but not `old`, in `old` but not `new`) of two sorted lists.
+fn sorted_diff(old: &[IpSetMember], new: &[IpSetMember]) -> (Vec<IpSetMember>, Vec<IpSetMember>) {
+    let (mut added, mut removed) = (Vec::new(), Vec::new());
+    let (mut i, mut j) = (0, 0);
+    while i < old.len() || j < new.len() {
+        match (old.get(i), new.get(j)) {
+            (Some(a), Some(b)) if a == b => {
+                i += 1;
+                j += 1;
+            }
+            (Some(a), b) if b.is_none_or(|b| a < b) => {
+                removed.push(a.clone());
+                i += 1;
+            }
+            (_, Some(b)) => {
+                added.push(b.clone());
+                j += 1;
+            }
+            _ => unreachable!("loop condition"),
+        }
+    }
+    (added, removed)
 }
 
 /// Compares dirty objects with what was emitted; returns (updates, removals) in id order.

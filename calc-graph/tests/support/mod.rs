@@ -3,6 +3,8 @@
 //! evaluate-everything implementation of the graph for a restricted feature set.
 #![allow(dead_code)]
 
+pub mod naive;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use calc_graph::graph::Update;
