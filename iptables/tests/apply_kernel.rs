@@ -309,3 +309,34 @@ fn persistent_failure_names_table_and_payload_line_and_writes_nothing() {
         assert_in_sync(&ns, mode, &mk_state());
     }
 }
+
+#[test]
+fn invalid_input_is_refused_before_anything_is_written() {
+    let ns = Netns::new();
+    let mut applier = mk_applier(&ns, Mode::Nft);
+    let mut bad = mk_state();
+    bad.tables
+        .get_mut(&TableName::Nat)
+        .unwrap()
+        .chains
+        .insert("KUBE-SERVICES".into(), vec![]);
+    let err = applier.apply(&bad).unwrap_err();
+    assert!(
+        matches!(&err, ApplyError::InvalidChain { chain, .. } if chain == "KUBE-SERVICES"),
+        "{err}"
+    );
+    let mut bad = mk_state();
+    bad.tables
+        .get_mut(&TableName::Filter)
+        .unwrap()
+        .chains
+        .insert(
+            "cali-x".into(),
+            mk_rules("cali-x", &["-j ACCEPT\nCOMMIT\n*nat"]),
+        );
+    let err = applier.apply(&bad).unwrap_err();
+    assert!(err.to_string().contains("cali-x"), "{err}");
+    let everything = ns.ok("iptables-nft-save", &[]);
+    assert!(!everything.contains("cali"), "{everything}");
+    assert!(set_names(&ns).is_empty());
+}

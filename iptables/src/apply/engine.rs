@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use super::backend::{self, Backend, Mode};
 use super::desired::{DesiredState, IpVersion, TableName};
-use super::diff::{plan_table, render, simulate};
+use super::diff::{Op, plan_table, render, simulate};
 use super::error::{ApplyError, blame, clean_stderr, failed_line, payload_line};
 use super::ipset::{
     ActualSet, after_updates, parse_save as parse_ipset_save, plan_deletions, plan_updates,
@@ -86,6 +86,10 @@ impl ApplyReport {
     }
 }
 
+static EMPTY_TABLE: ActualTable = ActualTable {
+    chains: BTreeMap::new(),
+};
+
 #[derive(Debug, Clone, Default)]
 struct KernelView {
     tables: BTreeMap<TableName, ActualTable>,
@@ -153,7 +157,6 @@ impl<R: Runner> Applier<R> {
                 desired: desired.family.number(),
             });
         }
-        desired.validate()?;
         let mode = self.mode()?;
         let mut report = ApplyReport::default();
         if self.view.is_none() || self.config.reread_every_apply {
@@ -173,9 +176,24 @@ impl<R: Runner> Applier<R> {
         desired: &DesiredState,
         report: &mut ApplyReport,
     ) -> Result<(), ApplyError> {
-        self.update_sets(desired, report)?;
+        // Plan (and so validate) every table before anything is written: bad input fails the
+        // apply with nothing changed in the kernel.
+        let mut planned = Vec::new();
         for table in TableName::ALL {
-            self.write_table(mode, table, desired, report)?;
+            let d = desired.tables.get(&table);
+            let view = self.view();
+            if d.is_none() && !view.tables.contains_key(&table) {
+                continue;
+            }
+            let ops = plan_table(table, d, view.tables.get(&table).unwrap_or(&EMPTY_TABLE))?;
+            if !ops.is_empty() {
+                planned.push((table, ops));
+            }
+        }
+        plan_updates(desired.family, &desired.ip_sets, &self.view().sets)?;
+        self.update_sets(desired, report)?;
+        for (table, ops) in planned {
+            self.write_table(mode, table, desired, ops, report)?;
         }
         self.delete_sets(desired, report)
     }
@@ -288,7 +306,7 @@ impl<R: Runner> Applier<R> {
     ) -> Result<(), ApplyError> {
         let mut attempt = 0;
         loop {
-            let plan = plan_updates(desired.family, &desired.ip_sets, &self.view().sets);
+            let plan = plan_updates(desired.family, &desired.ip_sets, &self.view().sets)?;
             if plan.payload.is_empty() {
                 return Ok(());
             }
@@ -328,22 +346,24 @@ impl<R: Runner> Applier<R> {
         }
     }
 
+    /// Writes `ops` (planned against the current view) as one transaction; after a failure,
+    /// re-reads the table, plans again and retries.
     fn write_table(
         &mut self,
         mode: Mode,
         table: TableName,
         desired: &DesiredState,
+        ops: Vec<Op>,
         report: &mut ApplyReport,
     ) -> Result<(), ApplyError> {
         let d = desired.tables.get(&table);
         let mut attempt = 0;
+        let mut ops = ops;
         loop {
-            let view = self.view();
-            if d.is_none() && !view.tables.contains_key(&table) {
-                return Ok(());
+            if attempt > 0 {
+                let actual = self.view().tables.entry(table).or_default();
+                ops = plan_table(table, d, actual)?;
             }
-            let actual = view.tables.entry(table).or_default();
-            let ops = plan_table(table, d, actual);
             if ops.is_empty() {
                 return Ok(());
             }
