@@ -106,6 +106,43 @@ fn auto_backend_follows_the_rules_already_there() {
         Mode::Nft,
         "kubelet's hint chain wins over rule counts"
     );
+
+    // No rules anywhere: the distribution's default (`iptables -V`) decides.
+    let ns = Netns::new();
+    let version = ns.ok("iptables", &["-V"]);
+    let expected = if version.contains("nf_tables") {
+        Mode::Nft
+    } else {
+        Mode::Legacy
+    };
+    let mut a = Applier::new(ns.runner(), ApplierConfig::default());
+    assert_eq!(a.mode().unwrap(), expected, "{version}");
+}
+
+#[test]
+fn switching_backend_sweeps_our_leftovers_from_the_old_one() {
+    let ns = Netns::new();
+    let desired = mk_state();
+    mk_applier(&ns, Mode::Legacy).apply(&desired).unwrap();
+    ns.feed(
+        "iptables-legacy-restore",
+        &["--noflush"],
+        "*filter\n-A INPUT -s 192.0.2.9/32 -j DROP\nCOMMIT\n",
+    );
+    let mut nft = mk_applier(&ns, Mode::Nft);
+    let report = nft.apply(&desired).unwrap();
+    assert!(
+        report.other_backend.contains_key(&TableName::Filter),
+        "{report:?}"
+    );
+    let legacy = ns.ok("iptables-legacy-save", &[]);
+    assert!(!legacy.contains("cali"), "{legacy}");
+    assert!(
+        legacy.contains("-A INPUT -s 192.0.2.9/32 -j DROP"),
+        "{legacy}"
+    );
+    assert_in_sync(&ns, Mode::Nft, &desired);
+    assert!(nft.refresh(&desired).unwrap().is_empty());
 }
 
 fn foreign_rules_survive(mode: Mode, file: &str) {

@@ -6,7 +6,8 @@
 //! The kernel view is read once (`iptables-save`, `ipset save`) and then kept current from what
 //! was written, so an apply costs one restore per changed table and nothing when nothing changed.
 //! [`Applier::refresh`] re-reads and repairs drift (flushed chains, deleted or displaced hooks,
-//! rogue rules in our chains, missing sets); call it periodically. A failed write re-reads the
+//! rogue rules in our chains, missing sets) and sweeps leftovers of ours from the other iptables
+//! backend; call it periodically. A failed write re-reads the
 //! affected state and is retried with exponential backoff; each table is one transaction, so a
 //! failure never leaves a table half-written.
 
@@ -60,6 +61,9 @@ pub struct ApplyReport {
     pub iptables: BTreeMap<TableName, String>,
     /// Phase 3 `ipset restore` payload.
     pub ipset_deletions: String,
+    /// Payloads that removed our leftovers from the *other* backend (swept after each full read,
+    /// e.g. after switching from iptables-legacy to iptables-nft).
+    pub other_backend: BTreeMap<TableName, String>,
     /// Sets of ours that could not be destroyed (something still references them).
     pub undeletable_sets: Vec<String>,
     /// Full reads of the kernel state (`iptables-save` + `ipset save`) done by this apply.
@@ -71,7 +75,10 @@ pub struct ApplyReport {
 impl ApplyReport {
     /// Nothing was written.
     pub fn is_empty(&self) -> bool {
-        self.ipset_updates.is_empty() && self.iptables.is_empty() && self.ipset_deletions.is_empty()
+        self.ipset_updates.is_empty()
+            && self.iptables.is_empty()
+            && self.ipset_deletions.is_empty()
+            && self.other_backend.is_empty()
     }
 
     /// Payload lines written (`felix_iptables_lines_executed` + `felix_ipset_lines_executed`).
@@ -83,6 +90,11 @@ impl ApplyReport {
                 .map(|p| p.lines().count())
                 .sum::<usize>()
             + self.ipset_deletions.lines().count()
+            + self
+                .other_backend
+                .values()
+                .map(|p| p.lines().count())
+                .sum::<usize>()
     }
 }
 
@@ -195,6 +207,9 @@ impl<R: Runner> Applier<R> {
         for (table, ops) in planned {
             self.write_table(mode, table, desired, ops, report)?;
         }
+        if report.kernel_reads > 0 {
+            self.sweep_other_backend(mode, report)?;
+        }
         self.delete_sets(desired, report)
     }
 
@@ -204,6 +219,42 @@ impl<R: Runner> Applier<R> {
 
     fn backoff(&self, attempt: u32) {
         std::thread::sleep(self.config.initial_backoff * 2u32.saturating_pow(attempt));
+    }
+
+    /// Removes our chains and hook rules from the backend we do not use (before phase 3, so the
+    /// sets those rules reference can go). Failing to read or write the other backend is logged,
+    /// not fatal: our policy is in place in the backend that holds the host's rules.
+    fn sweep_other_backend(
+        &mut self,
+        mode: Mode,
+        report: &mut ApplyReport,
+    ) -> Result<(), ApplyError> {
+        let other = mode.other();
+        let tables = match self.read_iptables(other, None) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the other iptables backend, not sweeping it");
+                return Ok(());
+            }
+        };
+        for (table, actual) in &tables {
+            let ops = plan_table(*table, None, actual)?;
+            if ops.is_empty() {
+                continue;
+            }
+            let payload = render(*table, &ops);
+            let program = other.restore_program(self.config.family);
+            let out = self
+                .runner
+                .run(&program, other.restore_args(), Some(payload.as_bytes()))?;
+            if out.status.success() {
+                tracing::info!(%table, backend = ?other, "removed our leftovers from the other backend");
+                report.other_backend.insert(*table, payload);
+            } else {
+                tracing::warn!(%table, backend = ?other, stderr = %clean_stderr(&String::from_utf8_lossy(&out.stderr)), "cannot sweep the other backend");
+            }
+        }
+        Ok(())
     }
 
     fn read_all(&self, mode: Mode) -> Result<KernelView, ApplyError> {
