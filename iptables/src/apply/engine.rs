@@ -280,7 +280,7 @@ impl<R: Runner> Applier<R> {
         // iptables-nft-save exits 0 for tables it cannot represent (§6.2).
         if !out.status.success() || text.contains("is incompatible, use 'nft' tool") {
             return Err(ApplyError::Read {
-                table: table.unwrap_or(TableName::Filter),
+                what: table.map_or("all tables".to_string(), |t| format!("table {t}")),
                 program,
                 detail: format!("{} {}", out.status, stderr.trim()),
             });
