@@ -377,3 +377,27 @@ fn invalid_input_is_refused_before_anything_is_written() {
     assert!(!everything.contains("cali"), "{everything}");
     assert!(set_names(&ns).is_empty());
 }
+
+#[test]
+fn reread_every_apply_repairs_drift_without_refresh() {
+    let ns = Netns::new();
+    let desired = mk_state();
+    let mut applier = Applier::new(
+        ns.runner(),
+        ApplierConfig {
+            backend: Backend::Nft,
+            reread_every_apply: true,
+            ..ApplierConfig::default()
+        },
+    );
+    applier.apply(&desired).unwrap();
+    let quiet = applier.apply(&desired).unwrap();
+    assert!(quiet.is_empty() && quiet.kernel_reads == 1, "{quiet:?}");
+    ns.ok("iptables-nft", &["-F", "cali-INPUT"]);
+    let repair = applier.apply(&desired).unwrap();
+    assert!(
+        repair.iptables[&TableName::Filter].contains("-A cali-INPUT "),
+        "{repair:?}"
+    );
+    assert_in_sync(&ns, Mode::Nft, &desired);
+}
