@@ -565,3 +565,187 @@ proptest! {
         }
     }
 }
+
+// === whole endpoint chains: tiers, pass, profiles ===
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Accept,
+    Drop,
+    Return,
+}
+
+/// Runs a chain with jumps and gotos (conntrack state NEW: established/invalid never match).
+fn run_chain(
+    r: &Renderer,
+    name: &str,
+    pkt: &Packet,
+    mark: &mut u32,
+    sets: &BTreeMap<String, IpSetSpec>,
+) -> Outcome {
+    let rules = r
+        .chain(IpVersion::V4, TableName::Filter, name)
+        .unwrap_or_else(|| panic!("jump to missing chain {name}"));
+    for rule in rules {
+        // The packet leaves through the workload's interface `cali0` and arrived on `eth0`.
+        let iface_hit = |pat: &str, name: &str| match pat.strip_suffix('+') {
+            Some(prefix) => name.starts_with(prefix),
+            None => pat == name,
+        };
+        let hit = rule.matches.iter().all(|m| match m {
+            Match::Conntrack { negated, .. } => *negated,
+            Match::OutIface(i) => iface_hit(i, "cali0"),
+            Match::InIface(i) => iface_hit(i, "eth0"),
+            other => rule_matches(other, pkt, *mark, sets),
+        });
+        if !hit {
+            continue;
+        }
+        match &rule.target {
+            Some(Target::SetMark { value, mask }) => *mark = (*mark & !mask) | value,
+            Some(Target::ClearMark(mask)) => *mark &= !mask,
+            Some(Target::Return) => return Outcome::Return,
+            Some(Target::Drop) => return Outcome::Drop,
+            Some(Target::Accept) => return Outcome::Accept,
+            Some(Target::Jump(c)) => match run_chain(r, c, pkt, mark, sets) {
+                Outcome::Return => {}
+                other => return other,
+            },
+            Some(Target::Goto(c)) => return run_chain(r, c, pkt, mark, sets),
+            Some(Target::Log { .. } | Target::Nflog { .. }) | None => {}
+        }
+    }
+    Outcome::Return
+}
+
+fn arb_simple_rule() -> impl Strategy<Value = ParsedRule> {
+    (
+        prop::sample::select(vec![
+            Action::Allow,
+            Action::Deny,
+            Action::Pass,
+            Action::Pass,
+            Action::Log,
+        ]),
+        prop::option::of(prop::sample::select(vec![Protocol::Tcp, Protocol::Udp])),
+        prop::collection::vec(
+            arb_net().prop_filter("v4", |n| matches!(n, IpNet::V4(_))),
+            0..2,
+        ),
+        prop::collection::vec(
+            (1u16..6).prop_map(|p| PortRange { first: p, last: p }),
+            0..3,
+        ),
+    )
+        .prop_map(|(action, protocol, src_nets, ports)| ParsedRule {
+            action: Some(action),
+            protocol,
+            src_nets,
+            dst_ports: if protocol.is_some() { ports } else { vec![] },
+            ..Default::default()
+        })
+}
+
+#[derive(Debug, Clone)]
+struct TierSpec {
+    pass_default: bool,
+    policies: Vec<Vec<ParsedRule>>,
+}
+
+fn arb_tiers() -> impl Strategy<Value = Vec<TierSpec>> {
+    prop::collection::vec(
+        (
+            any::<bool>(),
+            prop::collection::vec(prop::collection::vec(arb_simple_rule(), 0..3), 0..5),
+        )
+            .prop_map(|(pass_default, policies)| TierSpec {
+                pass_default,
+                policies,
+            }),
+        1..4,
+    )
+}
+
+fn direct_endpoint(tiers: &[TierSpec], profiles: &[Vec<ParsedRule>], pkt: &Packet) -> Verdict {
+    let no_sets = BTreeMap::new();
+    'tiers: for t in tiers.iter().filter(|t| !t.policies.is_empty()) {
+        for p in &t.policies {
+            match direct_verdict(p, pkt, IpVersion::V4, &no_sets) {
+                Verdict::Allow => return Verdict::Allow,
+                Verdict::Deny => return Verdict::Deny,
+                Verdict::Pass => continue 'tiers,
+                Verdict::NoMatch => {}
+            }
+        }
+        if !t.pass_default {
+            return Verdict::Deny;
+        }
+    }
+    for p in profiles {
+        match direct_verdict(p, pkt, IpVersion::V4, &no_sets) {
+            Verdict::Allow => return Verdict::Allow,
+            Verdict::Deny => return Verdict::Deny,
+            Verdict::Pass | Verdict::NoMatch => {}
+        }
+    }
+    Verdict::Deny
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// The whole ingress path (`cali-tw-` chain, tiers with Deny or Pass defaults, pass-bit
+    /// guards, policy and profile chains) gives the verdict of Calico's tier semantics.
+    #[test]
+    fn endpoint_chains_implement_tier_semantics(
+        tiers in arb_tiers(),
+        profiles in prop::collection::vec(prop::collection::vec(arb_simple_rule(), 0..3), 0..3),
+        packets in prop::collection::vec(arb_packet(false), 32),
+        junk in any::<u32>(),
+    ) {
+        let mut r = Renderer::new(RenderConfig::default()).unwrap();
+        let mut outputs = Vec::new();
+        let mut tier_infos = Vec::new();
+        for (ti, t) in tiers.iter().enumerate() {
+            let mut ids = Vec::new();
+            for (pi, rules) in t.policies.iter().enumerate() {
+                let id = mk_np("ns", &format!("t{ti}p{pi}"));
+                outputs.push(Output::PolicyUpdated(mk_policy(id.clone(), rules.clone(), vec![])));
+                ids.push(id);
+            }
+            tier_infos.push(TierInfo {
+                name: format!("tier{ti}"),
+                default_action: if t.pass_default { Action::Pass } else { Action::Deny },
+                ingress_policies: ids,
+                egress_policies: vec![],
+            });
+        }
+        let mut profile_ids = Vec::new();
+        for (i, rules) in profiles.iter().enumerate() {
+            outputs.push(Output::ProfileUpdated(mk_profile(&format!("prof{i}"), rules.clone(), vec![])));
+            profile_ids.push(format!("prof{i}"));
+        }
+        let refs: Vec<&str> = profile_ids.iter().map(String::as_str).collect();
+        outputs.push(Output::EndpointUpdated(mk_endpoint("ns", "ep", "cali0", &[], tier_infos, &refs)));
+        prop_assert!(r.apply_all(outputs).is_empty());
+        prop_assert!(r.flush().is_empty());
+        let marks = *r.marks();
+        let sets = BTreeMap::new();
+        for p in &packets {
+            let mut pkt = *p;
+            if pkt.proto == 58 {
+                pkt.proto = 1;
+            }
+            // As cali-FORWARD leaves it: pass and scratch bits clear, accept arbitrary.
+            let mut mark = junk & !(marks.pass | marks.scratch0 | marks.scratch1 | marks.drop);
+            let got = match run_chain(&r, "cali-to-wl-dispatch", &pkt, &mut mark, &sets) {
+                Outcome::Drop => Verdict::Deny,
+                Outcome::Accept => Verdict::Allow,
+                Outcome::Return if mark & marks.accept != 0 => Verdict::Allow,
+                Outcome::Return => Verdict::Deny,
+            };
+            let want = direct_endpoint(&tiers, &profiles, &pkt);
+            prop_assert_eq!(got, want, "packet {:?}", pkt);
+        }
+    }
+}

@@ -17,6 +17,26 @@
 //! * Lazy programming (§2.10): a policy/profile chain exists only while an endpoint chain jumps to
 //!   it; an IP set exists in a family only while a chain of that family references it.
 //!
+//! # Use
+//! ```
+//! use calc_graph::proto::{IpVersion, Output};
+//! use iptables::render::{RenderConfig, Renderer};
+//! let mut r = Renderer::new(RenderConfig::default()).unwrap();
+//! let errors = r.apply_all([Output::InSync]); // one bad object never stops the others
+//! assert!(errors.is_empty());
+//! assert!(r.flush().is_empty()); // re-render what changed (errors: objects rendered fail-closed)
+//! let v4 = r.desired(IpVersion::V4); // full state for the applier ...
+//! assert!(v4.tables.values().any(|t| t.chains.contains_key("cali-from-wl-dispatch")));
+//! let delta = r.take_delta(IpVersion::V4); // ... or only what changed since the last take_delta
+//! assert!(!delta.is_empty());
+//! ```
+//!
+//! # Tests
+//! `iptables/tests/render_golden.rs` (ids from a live Felix dump, §2.4/§4.4 examples),
+//! `render_felix_policy.rs` (Felix's `policy_test.go` tables), `render_eval.rs` (packet evaluator
+//! property tests), `render_hostile.rs`, `render_state.rs`, `render_kernel.rs` (real kernel round
+//! trip in a throwaway netns). Benchmark: `iptables/benches/render.rs`.
+//!
 //! # Simplifications against Felix (deliberate; features out of scope)
 //! * No host endpoints: `cali-FORWARD` has no `cali-from-hep-forward`/`cali-to-hep-forward` jumps,
 //!   `cali-INPUT`/`cali-OUTPUT` do not jump to `cali-from-host-endpoint`/`cali-to-host-endpoint`
@@ -31,12 +51,22 @@
 //!   exist but are empty (no floating IPs, no natOutgoing pools in scope).
 //! * No policy-group chains (`cali-gi-`/`cali-go-`, §2.5): each endpoint jumps to each policy.
 //! * No staged policies, no QoS, no flow logs (the NFLOG rules of §4.3 with flow logs on).
+//! * IPv6 neighbour discovery (ICMPv6 130-133, 135, 136) is accepted where Felix accepts it: at the
+//!   top of `cali-wl-to-host` (workload -> host, before egress policy). NDP never crosses
+//!   `cali-FORWARD` (link-local) and host -> workload traffic is not policed (`cali-OUTPUT` RETURNs
+//!   for `cali+`), so the endpoint chains need no NDP rules.
+//! * The LOG prefix is used verbatim (sanitised to `[A-Za-z0-9 _@+=:,./-]`, cut to 27 bytes):
+//!   Felix's `%t`/`%k`/`%n`/`%p` substitutions are not implemented.
 //! * Log action: `LOG` as Felix (§4.3), or `NFLOG` (group from [`LogAction::Nflog`]) with the
 //!   prefix `L<P|R><I|E><rule index>|<policy id>` (≤ 63 chars, hashed when longer).
 //!
 //! # Deliberate differences in behaviour
 //! * OR blocks clear TB at the start of each positive block after the second (Felix's TB bug,
 //!   §4.4); outputs with ≤ 2 positive blocks are byte-identical to Felix's.
+//! * A profile chain with a Pass rule starts by clearing the pass bit: profiles are entered with
+//!   it possibly set (last tier passed, or an earlier profile passed), and Felix's check
+//!   "RETURN if pass bit" would then skip the rest of the profile (possibly a Deny, so a later
+//!   profile could allow). Found by the endpoint-chain property test in `render_eval.rs`.
 //! * A negated CIDR list that only holds other-family CIDRs is dropped instead of the whole rule.
 //! * Human comments are cut to 255 bytes (the kernel's limit), not 256.
 //! * Names with characters outside `[A-Za-z0-9._:/-]` are always hashed into chain names.
@@ -46,6 +76,7 @@
 
 pub mod dispatch;
 pub mod endpoint;
+mod family;
 pub mod hash;
 pub mod ir;
 pub mod marks;

@@ -534,7 +534,34 @@ pub fn render_rules(
     comment: &str,
     ctx: &RuleCtx<'_>,
 ) -> Result<Vec<Rule>, RuleError> {
-    let mut out = Vec::new();
+    render_rules_after(rules, comment, ctx, Vec::new())
+}
+
+/// A profile's chain. Profiles are entered with the pass bit possibly still set (by the last
+/// tier's Pass, or by an earlier profile's Pass), so a profile with a Pass rule first clears it;
+/// otherwise its "RETURN if pass bit" rule would fire before its own rules matched and skip the
+/// rest of the profile (Felix has this bug: a later Deny in the profile could be skipped and a
+/// later profile allow the packet). Profiles without Pass rules are byte-identical to Felix's.
+pub fn render_profile_rules(
+    rules: &[ParsedRule],
+    comment: &str,
+    ctx: &RuleCtx<'_>,
+) -> Result<Vec<Rule>, RuleError> {
+    let lead = if rules.iter().any(|r| r.action() == Action::Pass) {
+        vec![Rule::new(vec![], Target::ClearMark(ctx.marks.pass))]
+    } else {
+        Vec::new()
+    };
+    render_rules_after(rules, comment, ctx, lead)
+}
+
+fn render_rules_after(
+    rules: &[ParsedRule],
+    comment: &str,
+    ctx: &RuleCtx<'_>,
+    lead: Vec<Rule>,
+) -> Result<Vec<Rule>, RuleError> {
+    let mut out = lead;
     for (i, r) in rules.iter().enumerate() {
         out.extend(render_rule(r, i, ctx)?);
     }

@@ -14,120 +14,14 @@ use calc_graph::proto::{
     LocalEndpoint, Output, PolicyId,
 };
 
-use super::hash::{escape_comment, rule_hashes};
-use super::ir::{Match, Rule, Target};
+pub use super::family::{Delta, SetChange};
+use super::family::{Family, hash_hooks};
+use super::hash::escape_comment;
+use super::ir::{Rule, Target};
 use super::marks::MarkBits;
-use super::rule::{RuleCtx, render_rules};
+use super::rule::{RuleCtx, render_profile_rules, render_rules};
 use super::{RenderConfig, RenderError, dispatch, endpoint, names, static_chains};
-use crate::apply::{DesiredRule, DesiredState, HookPosition, HookRule, IpSetSpec, TableName};
-
-/// A rendered chain: the renderer's rules and the applier's (hash, body) form of them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RenderedChain {
-    pub rules: Vec<Rule>,
-    pub desired: Vec<DesiredRule>,
-}
-
-/// An IP set that changed in a family: its new content, or `None` when it is no longer wanted.
-pub type SetChange = (String, Option<IpSetSpec>);
-
-/// What changed in one family since the previous [`Renderer::take_delta`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Delta {
-    pub family: IpVersion,
-    /// `(table, chain, new rules or None when deleted)`.
-    pub chains: Vec<(TableName, String, Option<Vec<DesiredRule>>)>,
-    pub ip_sets: Vec<SetChange>,
-}
-
-impl Delta {
-    pub fn is_empty(&self) -> bool {
-        self.chains.is_empty() && self.ip_sets.is_empty()
-    }
-
-    /// Total number of rules in the changed chains.
-    pub fn rule_count(&self) -> usize {
-        self.chains
-            .iter()
-            .filter_map(|(_, _, r)| r.as_ref())
-            .map(Vec::len)
-            .sum()
-    }
-}
-
-struct Family {
-    version: IpVersion,
-    chains: BTreeMap<(TableName, String), RenderedChain>,
-    changed: BTreeSet<(TableName, String)>,
-    set_refs: HashMap<String, usize>,
-    changed_sets: BTreeSet<String>,
-    hooks: Vec<(TableName, HookRule)>,
-    dispatch_names: Vec<String>,
-}
-
-fn set_names(rules: &[Rule]) -> impl Iterator<Item = &str> {
-    rules
-        .iter()
-        .flat_map(|r| r.matches.iter())
-        .filter_map(|m| match m {
-            Match::Set { name, .. } => Some(name.as_str()),
-            _ => None,
-        })
-}
-
-impl Family {
-    fn set_chain(&mut self, table: TableName, name: String, rules: Vec<Rule>) {
-        let key = (table, name);
-        if self.chains.get(&key).is_some_and(|c| c.rules == rules) {
-            return;
-        }
-        let bodies: Vec<String> = rules.iter().map(Rule::felix_text).collect();
-        let hashes = rule_hashes(&key.1, bodies.iter().map(String::as_str));
-        let desired = desired_rules(&key.1, hashes, &rules);
-        for s in set_names(&rules) {
-            let n = self.set_refs.entry(s.to_string()).or_default();
-            *n += 1;
-            if *n == 1 {
-                self.changed_sets.insert(s.to_string());
-            }
-        }
-        let old = self
-            .chains
-            .insert(key.clone(), RenderedChain { rules, desired });
-        if let Some(old) = old {
-            self.unref_sets(&old.rules);
-        }
-        self.changed.insert(key);
-    }
-
-    fn remove_chain(&mut self, table: TableName, name: &str) {
-        let key = (table, name.to_string());
-        if let Some(old) = self.chains.remove(&key) {
-            self.unref_sets(&old.rules);
-            self.changed.insert(key);
-        }
-    }
-
-    fn unref_sets(&mut self, rules: &[Rule]) {
-        for s in set_names(rules) {
-            if let Some(n) = self.set_refs.get_mut(s) {
-                *n -= 1;
-                if *n == 0 {
-                    self.set_refs.remove(s);
-                    self.changed_sets.insert(s.to_string());
-                }
-            }
-        }
-    }
-
-    fn has(&self, table: TableName, name: &str) -> bool {
-        // Avoids allocating a key for the common lookup.
-        self.chains
-            .range((table, name.to_string())..)
-            .next()
-            .is_some_and(|((t, n), _)| *t == table && n == name)
-    }
-}
+use crate::apply::{DesiredState, IpSetSpec, TableName};
 
 /// What an endpoint's chains reference, for reference counting.
 struct EpRefs {
@@ -188,15 +82,6 @@ impl Renderer {
         if let Some(p) = cfg.interface_prefixes.iter().find(|p| !valid_prefix(p)) {
             return Err(RenderError::InvalidInterfacePrefix { prefix: p.clone() });
         }
-        let mk_family = |version| Family {
-            version,
-            chains: BTreeMap::new(),
-            changed: BTreeSet::new(),
-            set_refs: HashMap::new(),
-            changed_sets: BTreeSet::new(),
-            hooks: Vec::new(),
-            dispatch_names: Vec::new(),
-        };
         let mut r = Renderer {
             log_prefix: sanitize_log_prefix(&cfg.log_prefix),
             cfg,
@@ -216,7 +101,7 @@ impl Renderer {
             dispatch_dirty: true,
             waiting_policies: HashSet::new(),
             waiting_profiles: HashSet::new(),
-            families: [mk_family(IpVersion::V4), mk_family(IpVersion::V6)],
+            families: [Family::new(IpVersion::V4), Family::new(IpVersion::V6)],
             in_sync: false,
         };
         for fam in &mut r.families {
@@ -231,7 +116,7 @@ impl Renderer {
                 (TableName::Nat, static_chains::nat_hooks()),
             ];
             for (table, list) in hooks {
-                fam.hooks.extend(hash_hooks(table, list));
+                fam.add_hooks(hash_hooks(table, list));
             }
         }
         r.flush();
@@ -276,15 +161,16 @@ impl Renderer {
             Output::IpSetMembersAdded { id, members } => {
                 let entry = self.ip_sets.get_mut(&id).expect("checked above");
                 check_set(&id, entry.0, &members)?;
+                let fams = families_of(&members);
                 entry.1.extend(members);
-                self.mark_set_changed(&id);
+                self.mark_set_changed_in(&id, fams);
             }
             Output::IpSetMembersRemoved { id, members } => {
                 let entry = self.ip_sets.get_mut(&id).expect("checked above");
                 for m in &members {
                     entry.1.remove(m);
                 }
-                self.mark_set_changed(&id);
+                self.mark_set_changed_in(&id, families_of(&members));
             }
             Output::IpSetRemoved(id) => {
                 self.ip_sets.remove(&id);
@@ -322,10 +208,15 @@ impl Renderer {
     }
 
     fn mark_set_changed(&mut self, id: &str) {
-        for fam in &mut self.families {
+        self.mark_set_changed_in(id, [true, true]);
+    }
+
+    /// Marks the set changed in the families flagged `[v4, v6]` where it is referenced.
+    fn mark_set_changed_in(&mut self, id: &str, which: [bool; 2]) {
+        for (fam, _) in self.families.iter_mut().zip(which).filter(|(_, w)| *w) {
             let name = names::ipset_name(fam.version, id);
             if fam.set_refs.contains_key(&name) {
-                fam.changed_sets.insert(name);
+                fam.set_changed(&name);
             }
         }
     }
@@ -507,6 +398,17 @@ impl Renderer {
                 }
             }
         }
+        for fi in 0..2 {
+            let v = self.families[fi].version;
+            for name in std::mem::take(&mut self.families[fi].sets_dirty) {
+                if self.families[fi].set_refs.contains_key(&name) {
+                    let spec = self.set_spec(v, &name);
+                    self.families[fi].state.ip_sets.insert(name, spec);
+                } else {
+                    self.families[fi].state.ip_sets.remove(&name);
+                }
+            }
+        }
         errors
     }
 
@@ -587,7 +489,7 @@ impl Renderer {
         } else {
             &p.outbound_rules
         };
-        match render_rules(rules, &comment, &ctx) {
+        match render_profile_rules(rules, &comment, &ctx) {
             Ok(r) => r,
             Err(reason) => {
                 if matches!(reason, super::RuleError::UnknownIpSet { .. }) {
@@ -603,30 +505,15 @@ impl Renderer {
         }
     }
 
-    /// The full desired state of one family (call [`flush`](Self::flush) first).
+    /// The full desired state of one family, maintained incrementally: borrowing it costs
+    /// nothing (call [`flush`](Self::flush) first).
+    pub fn desired_ref(&self, v: IpVersion) -> &DesiredState {
+        &self.family(v).state
+    }
+
+    /// An owned copy of [`desired_ref`](Self::desired_ref).
     pub fn desired(&self, v: IpVersion) -> DesiredState {
-        let fam = self.family(v);
-        let mut state = DesiredState::new(v);
-        for ((table, name), chain) in &fam.chains {
-            state
-                .tables
-                .entry(*table)
-                .or_default()
-                .chains
-                .insert(name.clone(), chain.desired.clone());
-        }
-        for (table, hook) in &fam.hooks {
-            state
-                .tables
-                .entry(*table)
-                .or_default()
-                .hooks
-                .push(hook.clone());
-        }
-        for name in fam.set_refs.keys() {
-            state.ip_sets.insert(name.clone(), self.set_spec(v, name));
-        }
-        state
+        self.family(v).state.clone()
     }
 
     fn set_spec(&self, v: IpVersion, name: &str) -> IpSetSpec {
@@ -637,7 +524,7 @@ impl Renderer {
                 members
                     .iter()
                     .filter(|m| m.is_ipv6() == (v == IpVersion::V6))
-                    .cloned(),
+                    .flat_map(split_zero_prefix),
             ),
             // Referenced but removed by the graph: keep an empty set so no rule dangles.
             None => {
@@ -656,21 +543,22 @@ impl Renderer {
         let fi = usize::from(v == IpVersion::V6);
         let changed = std::mem::take(&mut self.families[fi].changed);
         let changed_sets = std::mem::take(&mut self.families[fi].changed_sets);
-        let fam = &self.families[fi];
+        let state = &self.families[fi].state;
         let chains = changed
             .into_iter()
             .map(|(t, n)| {
-                let rules = fam.chains.get(&(t, n.clone())).map(|c| c.desired.clone());
+                let rules = state
+                    .tables
+                    .get(&t)
+                    .and_then(|tb| tb.chains.get(&n))
+                    .cloned();
                 (t, n, rules)
             })
             .collect();
         let ip_sets = changed_sets
             .into_iter()
             .map(|name| {
-                let spec = fam
-                    .set_refs
-                    .contains_key(&name)
-                    .then(|| self.set_spec(v, &name));
+                let spec = state.ip_sets.get(&name).cloned();
                 (name, spec)
             })
             .collect();
@@ -686,7 +574,7 @@ impl Renderer {
         self.family(v)
             .chains
             .get(&(table, name.to_string()))
-            .map(|c| c.rules.as_slice())
+            .map(Vec::as_slice)
     }
 
     /// Names of all chains of a family and table.
@@ -748,67 +636,28 @@ fn check_set(id: &str, kind: IpSetKind, members: &[IpSetMember]) -> Result<(), R
     Ok(())
 }
 
-/// Hashes hook rules Felix's way: inserts per kernel chain over the chain name, appends over
-/// `<chain>*appends*`.
-fn hash_hooks(
-    table: TableName,
-    hooks: Vec<(&'static str, HookPosition, Rule)>,
-) -> Vec<(TableName, HookRule)> {
-    let mut out = Vec::new();
-    let mut by_chain: BTreeMap<(&str, bool), Vec<&Rule>> = BTreeMap::new();
-    for (chain, pos, rule) in &hooks {
-        by_chain
-            .entry((chain, *pos == HookPosition::Append))
-            .or_default()
-            .push(rule);
-    }
-    let mut hashes: HashMap<(&str, bool), std::vec::IntoIter<String>> = HashMap::new();
-    for ((chain, append), rules) in &by_chain {
-        let hash_chain = if *append {
-            format!("{chain}*appends*")
-        } else {
-            chain.to_string()
-        };
-        let bodies: Vec<String> = rules.iter().map(|r| r.felix_text()).collect();
-        hashes.insert(
-            (chain, *append),
-            rule_hashes(&hash_chain, bodies.iter().map(String::as_str)).into_iter(),
-        );
-    }
-    for (chain, pos, rule) in hooks {
-        let hash = hashes
-            .get_mut(&(chain, pos == HookPosition::Append))
-            .and_then(Iterator::next)
-            .unwrap_or_default();
-        out.push((
-            table,
-            HookRule {
-                kernel_chain: chain.to_string(),
-                rule: desired_rules(chain, vec![hash], std::slice::from_ref(&rule)).remove(0),
-                position: pos,
-            },
-        ));
-    }
-    out
+/// `[has v4 members, has v6 members]`.
+fn families_of(members: &[IpSetMember]) -> [bool; 2] {
+    [
+        members.iter().any(|m| !m.is_ipv6()),
+        members.iter().any(IpSetMember::is_ipv6),
+    ]
 }
 
-/// The applier's form of a chain's rules: the hash and the kernel-form body of the typed model
-/// rule. A rule the model refuses (impossible for validated names; kept as a safety net) becomes
-/// a bare DROP, so a bug can only make a chain stricter.
-fn desired_rules(chain: &str, hashes: Vec<String>, rules: &[Rule]) -> Vec<DesiredRule> {
-    let chain_name = crate::model::ChainName::new(chain);
-    hashes
-        .into_iter()
-        .zip(rules)
-        .map(|(h, r)| {
-            let body = chain_name.as_ref().map_err(Clone::clone).and_then(|c| r.to_model(c, None));
-            match body {
-                Ok(m) => DesiredRule::new(h, m.render_spec()),
-                Err(e) => {
-                    tracing::error!(chain, error = %e, "rule refused by the model; rendering DROP instead");
-                    DesiredRule::new(h, "-j DROP")
-                }
-            }
-        })
-        .collect()
+/// The kernel's `hash:net` cannot hold a `/0`; like Felix, store it as the two `/1` halves.
+fn split_zero_prefix(m: &IpSetMember) -> Vec<IpSetMember> {
+    match m {
+        IpSetMember::Net(n) if n.prefix_len() == 0 => {
+            let halves: [&str; 2] = if n.addr().is_ipv6() {
+                ["::/1", "8000::/1"]
+            } else {
+                ["0.0.0.0/1", "128.0.0.0/1"]
+            };
+            halves
+                .iter()
+                .map(|h| IpSetMember::Net(h.parse().expect("valid literal")))
+                .collect()
+        }
+        other => vec![other.clone()],
+    }
 }

@@ -1,0 +1,216 @@
+//! Per-family chain store: rendered chains, the applier's [`DesiredState`] kept up to date
+//! incrementally (so handing it to the applier costs nothing), reference counts of IP sets, and
+//! the change log that [`super::Renderer::take_delta`] drains.
+//!
+//! Invariants: `state.tables[t].chains` has exactly the keys of `chains` (with the hashed,
+//! kernel-form rules); `set_refs[name]` is the number of stored chains whose rules name set
+//! `name`; a set (or chain) whose presence or content changed is in `changed_sets` (`changed`)
+//! until drained, and in `sets_dirty` until the renderer refreshes `state.ip_sets`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use calc_graph::proto::IpVersion;
+
+use super::hash::rule_hashes;
+use super::ir::{Match, Rule};
+use crate::apply::{DesiredRule, DesiredState, HookPosition, HookRule, IpSetSpec, TableName};
+
+/// An IP set that changed in a family: its new content, or `None` when it is no longer wanted.
+pub type SetChange = (String, Option<IpSetSpec>);
+
+/// What changed in one family since the previous [`Renderer::take_delta`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delta {
+    pub family: IpVersion,
+    /// `(table, chain, new rules or None when deleted)`.
+    pub chains: Vec<(TableName, String, Option<Vec<DesiredRule>>)>,
+    pub ip_sets: Vec<SetChange>,
+}
+
+impl Delta {
+    pub fn is_empty(&self) -> bool {
+        self.chains.is_empty() && self.ip_sets.is_empty()
+    }
+
+    /// Total number of rules in the changed chains.
+    pub fn rule_count(&self) -> usize {
+        self.chains
+            .iter()
+            .filter_map(|(_, _, r)| r.as_ref())
+            .map(Vec::len)
+            .sum()
+    }
+}
+
+pub(super) struct Family {
+    pub(super) version: IpVersion,
+    /// The renderer's rules per chain (the hashed kernel form lives in `state`).
+    pub(super) chains: BTreeMap<(TableName, String), Vec<Rule>>,
+    pub(super) state: DesiredState,
+    pub(super) changed: BTreeSet<(TableName, String)>,
+    pub(super) set_refs: HashMap<String, usize>,
+    pub(super) changed_sets: BTreeSet<String>,
+    pub(super) sets_dirty: BTreeSet<String>,
+    pub(super) dispatch_names: Vec<String>,
+}
+
+fn set_names(rules: &[Rule]) -> impl Iterator<Item = &str> {
+    rules
+        .iter()
+        .flat_map(|r| r.matches.iter())
+        .filter_map(|m| match m {
+            Match::Set { name, .. } => Some(name.as_str()),
+            _ => None,
+        })
+}
+
+impl Family {
+    pub(super) fn new(version: IpVersion) -> Self {
+        Family {
+            version,
+            chains: BTreeMap::new(),
+            state: DesiredState::new(version),
+            changed: BTreeSet::new(),
+            set_refs: HashMap::new(),
+            changed_sets: BTreeSet::new(),
+            sets_dirty: BTreeSet::new(),
+            dispatch_names: Vec::new(),
+        }
+    }
+
+    pub(super) fn set_chain(&mut self, table: TableName, name: String, rules: Vec<Rule>) {
+        let key = (table, name);
+        if self.chains.get(&key).is_some_and(|c| *c == rules) {
+            return;
+        }
+        let bodies: Vec<String> = rules.iter().map(Rule::felix_text).collect();
+        let hashes = rule_hashes(&key.1, bodies.iter().map(String::as_str));
+        let desired = desired_rules(&key.1, hashes, &rules);
+        for s in set_names(&rules) {
+            let n = self.set_refs.entry(s.to_string()).or_default();
+            *n += 1;
+            if *n == 1 {
+                self.set_changed(s);
+            }
+        }
+        self.state
+            .tables
+            .entry(table)
+            .or_default()
+            .chains
+            .insert(key.1.clone(), desired);
+        if let Some(old) = self.chains.insert(key.clone(), rules) {
+            self.unref_sets(&old);
+        }
+        self.changed.insert(key);
+    }
+
+    pub(super) fn remove_chain(&mut self, table: TableName, name: &str) {
+        let key = (table, name.to_string());
+        if let Some(old) = self.chains.remove(&key) {
+            if let Some(t) = self.state.tables.get_mut(&table) {
+                t.chains.remove(name);
+            }
+            self.unref_sets(&old);
+            self.changed.insert(key);
+        }
+    }
+
+    /// Records that set `name` changed (content or presence) in this family.
+    pub(super) fn set_changed(&mut self, name: &str) {
+        self.changed_sets.insert(name.to_string());
+        self.sets_dirty.insert(name.to_string());
+    }
+
+    fn unref_sets(&mut self, rules: &[Rule]) {
+        for s in set_names(rules) {
+            if let Some(n) = self.set_refs.get_mut(s) {
+                *n -= 1;
+                if *n == 0 {
+                    self.set_refs.remove(s);
+                    self.set_changed(s);
+                }
+            }
+        }
+    }
+
+    /// Adds hook rules to the state (done once, at construction).
+    pub(super) fn add_hooks(&mut self, hooks: Vec<(TableName, HookRule)>) {
+        for (table, hook) in hooks {
+            self.state.tables.entry(table).or_default().hooks.push(hook);
+        }
+    }
+
+    pub(super) fn has(&self, table: TableName, name: &str) -> bool {
+        // Avoids allocating a key for the common lookup.
+        self.chains
+            .range((table, name.to_string())..)
+            .next()
+            .is_some_and(|((t, n), _)| *t == table && n == name)
+    }
+}
+
+/// Hashes hook rules Felix's way: inserts per kernel chain over the chain name, appends over
+/// `<chain>*appends*`.
+pub(super) fn hash_hooks(
+    table: TableName,
+    hooks: Vec<(&'static str, HookPosition, Rule)>,
+) -> Vec<(TableName, HookRule)> {
+    let mut out = Vec::new();
+    let mut by_chain: BTreeMap<(&str, bool), Vec<&Rule>> = BTreeMap::new();
+    for (chain, pos, rule) in &hooks {
+        by_chain
+            .entry((chain, *pos == HookPosition::Append))
+            .or_default()
+            .push(rule);
+    }
+    let mut hashes: HashMap<(&str, bool), std::vec::IntoIter<String>> = HashMap::new();
+    for ((chain, append), rules) in &by_chain {
+        let hash_chain = if *append {
+            format!("{chain}*appends*")
+        } else {
+            chain.to_string()
+        };
+        let bodies: Vec<String> = rules.iter().map(|r| r.felix_text()).collect();
+        hashes.insert(
+            (chain, *append),
+            rule_hashes(&hash_chain, bodies.iter().map(String::as_str)).into_iter(),
+        );
+    }
+    for (chain, pos, rule) in hooks {
+        let hash = hashes
+            .get_mut(&(chain, pos == HookPosition::Append))
+            .and_then(Iterator::next)
+            .unwrap_or_default();
+        out.push((
+            table,
+            HookRule {
+                kernel_chain: chain.to_string(),
+                rule: desired_rules(chain, vec![hash], std::slice::from_ref(&rule)).remove(0),
+                position: pos,
+            },
+        ));
+    }
+    out
+}
+
+/// The applier's form of a chain's rules: the hash and the kernel-form body of the typed model
+/// rule. A rule the model refuses (impossible for validated names; kept as a safety net) becomes
+/// a bare DROP, so a bug can only make a chain stricter.
+fn desired_rules(chain: &str, hashes: Vec<String>, rules: &[Rule]) -> Vec<DesiredRule> {
+    let chain_name = crate::model::ChainName::new(chain);
+    hashes
+        .into_iter()
+        .zip(rules)
+        .map(|(h, r)| {
+            let body = chain_name.as_ref().map_err(Clone::clone).and_then(|c| r.to_model(c, None));
+            match body {
+                Ok(m) => DesiredRule::new(h, m.render_spec()),
+                Err(e) => {
+                    tracing::error!(chain, error = %e, "rule refused by the model; rendering DROP instead");
+                    DesiredRule::new(h, "-j DROP")
+                }
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,258 @@
+//! Kernel round trip: the rendered state is loaded with the real `iptables-restore` /
+//! `ip6tables-restore` (and `ipset`) inside a network namespace this test creates, read back with
+//! `iptables-save`, parsed with our parser, and must equal the typed rules we rendered, rule for
+//! rule (hash comment first). Needs root and iproute2/iptables/ipset (CI has them); fails loudly
+//! otherwise.
+
+mod render_support;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use calc_graph::proto::*;
+use iptables::apply::IpSetKind as Kind;
+use iptables::apply::desired::member_text;
+use iptables::render::{LogAction, RenderConfig, Renderer};
+use render_support::*;
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// A network namespace named `fxt-<pid>-render<n>`, deleted on drop (also on panic).
+struct Netns(String);
+
+impl Netns {
+    fn new() -> Self {
+        let name = format!(
+            "fxt-{}-render{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::SeqCst)
+        );
+        let st = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .expect("running `ip netns add` (iproute2 missing?)");
+        assert!(st.success(), "ip netns add {name} failed (are we root?)");
+        Netns(name)
+    }
+
+    fn run(&self, cmd: &str, args: &[&str], stdin: &str) -> String {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.0, cmd])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {cmd}: {e}"));
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{cmd} {args:?} failed: {}\ninput:\n{stdin}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &self.0])
+            .status();
+    }
+}
+
+fn mk_state() -> Renderer {
+    let cfg = RenderConfig {
+        log_action: LogAction::Nflog { group: 3 },
+        ..Default::default()
+    };
+    let mut r = Renderer::new(cfg).unwrap();
+    let web = mk_np("prod", "web");
+    let deny = mk_gnp("deny-external");
+    let logp = mk_np("prod", "log-\"all\"");
+    let many: Vec<(u16, u16)> = (1..=20).map(|p| (p * 10, p * 10)).collect();
+    let rules = vec![
+        ParsedRule {
+            protocol: Some(Protocol::Tcp),
+            src_ip_set_ids: vec!["s:frontend".into()],
+            dst_ports: ports(&many),
+            dst_named_port_ip_set_ids: vec!["n:http".into()],
+            src_nets: vec![net("10.0.0.0/8"), net("192.168.0.0/16"), net("fd00::/8")],
+            not_src_nets: vec![net("10.9.0.0/16")],
+            annotations: vec![("owner".into(), "team \"a\"".into())],
+            ..mk_allow()
+        },
+        ParsedRule {
+            protocol: Some(Protocol::Icmp),
+            icmp: Some(IcmpFields {
+                type_: Some(8),
+                code: Some(0),
+            }),
+            ..mk_allow()
+        },
+        ParsedRule {
+            protocol: Some(Protocol::IcmpV6),
+            icmp: Some(IcmpFields {
+                type_: Some(128),
+                code: None,
+            }),
+            ..mk_allow()
+        },
+        ParsedRule {
+            action: Some(Action::Pass),
+            not_protocol: Some(Protocol::Udp),
+            not_dst_ip_set_ids: vec!["s:frontend".into()],
+            ..Default::default()
+        },
+    ];
+    let deny_rules = vec![ParsedRule {
+        action: Some(Action::Deny),
+        protocol: Some(Protocol::Udp),
+        not_src_ports: ports(&[(53, 53), (1000, 2000)]),
+        dst_nets: vec![net("0.0.0.0/0")],
+        ..Default::default()
+    }];
+    let log_rules = vec![ParsedRule {
+        action: Some(Action::Log),
+        ..Default::default()
+    }];
+    let errs = r.apply_all([
+        Output::IpSetCreated {
+            id: "s:frontend".into(),
+            kind: IpSetKind::Net,
+            members: vec![
+                IpSetMember::Net(net("10.1.2.3/32")),
+                IpSetMember::Net(net("fd00::3/128")),
+            ],
+        },
+        Output::IpSetCreated {
+            id: "n:http".into(),
+            kind: IpSetKind::IpPort,
+            members: vec![IpSetMember::IpPort {
+                addr: "10.1.2.4".parse().unwrap(),
+                protocol: Protocol::Tcp,
+                port: 8080,
+            }],
+        },
+        Output::PolicyUpdated(mk_policy(web.clone(), rules.clone(), rules)),
+        Output::PolicyUpdated(mk_policy(deny.clone(), deny_rules.clone(), deny_rules)),
+        Output::PolicyUpdated(mk_policy(logp.clone(), log_rules.clone(), log_rules)),
+        Output::ProfileUpdated(mk_profile("kns.prod", vec![mk_allow()], vec![mk_allow()])),
+        Output::EndpointUpdated({
+            let mut ep = mk_endpoint(
+                "prod",
+                "web-0",
+                "calic440f455693",
+                &["10.65.0.5/32"],
+                vec![
+                    TierInfo {
+                        name: "security".into(),
+                        default_action: Action::Pass,
+                        ingress_policies: vec![deny.clone()],
+                        egress_policies: vec![deny],
+                    },
+                    mk_tier("default", vec![logp.clone(), web.clone()], vec![web, logp]),
+                ],
+                &["kns.prod", "ksa.prod.missing"],
+            );
+            ep.ipv6_nets = vec![net("fd00::5/128")];
+            ep
+        }),
+        Output::EndpointUpdated(mk_endpoint(
+            "prod",
+            "web-1",
+            "calic440f455694",
+            &["10.65.0.6/32"],
+            vec![],
+            &["kns.prod"],
+        )),
+        Output::EndpointUpdated(mk_endpoint(
+            "prod",
+            "db-0",
+            "cali0011223344a",
+            &["10.65.0.7/32"],
+            vec![],
+            &["kns.prod"],
+        )),
+    ]);
+    assert!(errs.is_empty(), "{errs:?}");
+    assert!(r.flush().is_empty());
+    r
+}
+
+#[test]
+fn kernel_resaves_exactly_the_rules_we_render() {
+    let r = mk_state();
+    for v in [IpVersion::V4, IpVersion::V6] {
+        let ns = Netns::new();
+        let d = r.desired(v);
+        d.validate().unwrap();
+        let family = if v == IpVersion::V4 { "inet" } else { "inet6" };
+        let mut sets = String::new();
+        for (name, spec) in &d.ip_sets {
+            let kind = if spec.kind == Kind::Net {
+                "hash:net"
+            } else {
+                "hash:ip,port"
+            };
+            sets.push_str(&format!(
+                "create {name} {kind} family {family} maxelem {}\n",
+                spec.maxelem
+            ));
+            for m in &spec.members {
+                sets.push_str(&format!("add {name} {}\n", member_text(m)));
+            }
+        }
+        assert!(!d.ip_sets.is_empty());
+        ns.run("ipset", &["restore"], &sets);
+        let (restore, save) = if v == IpVersion::V4 {
+            ("iptables-restore", "iptables-save")
+        } else {
+            ("ip6tables-restore", "ip6tables-save")
+        };
+        ns.run(restore, &["--noflush"], &restore_text(&d));
+        let saved = ns.run(save, &[], "");
+        let parsed = iptables::parse::parse_save(&saved)
+            .unwrap_or_else(|e| panic!("kernel output does not parse: {e}\n{saved}"));
+        let mut checked = 0;
+        for (table, t) in &d.tables {
+            let pt = parsed
+                .table(table.as_str().parse().unwrap())
+                .unwrap_or_else(|| panic!("no table {table}"));
+            for (name, rules) in &t.chains {
+                let ours = r.chain(v, *table, name).unwrap();
+                let got: Vec<_> = pt.rules_of(name).collect();
+                assert_eq!(got.len(), rules.len(), "{v:?} {name}: rule count\n{saved}");
+                let cn = iptables::model::ChainName::new(name.as_str()).unwrap();
+                for ((g, ir), want) in got.iter().zip(ours).zip(rules) {
+                    let expected = ir.to_model(&cn, Some(&want.hash)).unwrap();
+                    assert_eq!(
+                        **g, expected,
+                        "{v:?} {name}: kernel re-saved a different rule"
+                    );
+                    checked += 1;
+                }
+            }
+            for h in &t.hooks {
+                assert!(
+                    pt.rules_of(&h.kernel_chain)
+                        .any(|g| g.cali_comment() == Some(&format!("cali:{}", h.rule.hash))),
+                    "hook {} missing",
+                    h.rule.hash
+                );
+            }
+        }
+        assert!(checked > 60, "{checked}");
+        if std::env::var_os("RENDER_KERNEL_DUMP").is_some() {
+            println!("{saved}");
+        }
+    }
+}
