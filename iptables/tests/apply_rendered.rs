@@ -190,3 +190,55 @@ fn rendered_policy_enforces_on_nft() {
 fn rendered_policy_enforces_on_legacy() {
     rendered_policy_enforces(Backend::Legacy);
 }
+
+/// A node that real Felix programmed (corpus 002, a live Felix v3.30+ dump) is taken over: rules
+/// whose ids equal Felix's are left alone (their counters survive), everything else of Calico's
+/// (host-endpoint chains, the raw and mangle chains we do not program) is replaced or removed.
+#[test]
+fn takes_over_a_felix_node_keeping_identical_rules_and_their_counters() {
+    let ns = Netns::new();
+    let path = format!(
+        "{}/../../shared/iptables-corpus/002-calico-felix-cali-raw-nat-mangle-filter.kernel.txt",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let dump = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let dispatch = "-A cali-from-wl-dispatch -m comment --comment \"cali:zTj6P0TIgYvgz-md\"";
+    assert!(dump.contains(dispatch), "corpus 002 changed");
+    let with_counters = dump.replace(dispatch, &format!("[7:700] {dispatch}"));
+    ns.feed("iptables-nft-restore", &["-c"], &with_counters);
+
+    let mut renderer = Renderer::new(RenderConfig::default()).unwrap();
+    renderer.apply(Output::InSync).unwrap();
+    assert!(renderer.flush().is_empty());
+    let desired = renderer.desired(V::V4);
+    let mut applier = Applier::new(
+        ns.runner(),
+        ApplierConfig {
+            backend: Backend::Nft,
+            ..ApplierConfig::default()
+        },
+    );
+    let report = applier.apply(&desired).unwrap();
+    let filter = &report.iptables[&TableName::Filter];
+    for kept in [
+        "cali-from-wl-dispatch",
+        "cali-to-wl-dispatch",
+        "cali-wl-to-host",
+    ] {
+        assert!(
+            !filter.contains(&format!("-R {kept} ")) && !filter.contains(&format!("-A {kept} ")),
+            "{kept} rewritten although its ids equal Felix's:\n{filter}"
+        );
+    }
+    assert!(filter.contains("-X cali-from-hep-forward"), "{filter}");
+    assert!(report.iptables.contains_key(&TableName::Raw));
+    assert!(report.iptables.contains_key(&TableName::Mangle));
+    assert_in_sync(&ns, iptables::apply::Mode::Nft, &desired);
+    let saved = ns.ok("iptables-nft-save", &["-c"]);
+    assert!(saved.contains(&format!("[7:700] {dispatch}")), "{saved}");
+    for table in ["raw", "mangle"] {
+        let t = ns.ok("iptables-nft-save", &["-t", table]);
+        assert!(!t.contains("cali"), "{t}");
+    }
+    assert!(applier.refresh(&desired).unwrap().is_empty());
+}
