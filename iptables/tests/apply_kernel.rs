@@ -401,3 +401,20 @@ fn reread_every_apply_repairs_drift_without_refresh() {
     );
     assert_in_sync(&ns, Mode::Nft, &desired);
 }
+
+#[test]
+fn preview_is_exactly_what_a_first_apply_writes() {
+    let desired = mk_state();
+    let text = iptables::apply::preview(&desired).unwrap();
+    let ns = Netns::new();
+    let report = mk_applier(&ns, Mode::Nft).apply(&desired).unwrap();
+    let mut expected = format!("# ipset restore (IPv4)\n{}", report.ipset_updates);
+    for table in TableName::ALL {
+        if let Some(p) = report.iptables.get(&table) {
+            expected.push_str(&format!(
+                "# iptables-restore --noflush (IPv4, {table})\n{p}"
+            ));
+        }
+    }
+    assert_eq!(text, expected);
+}

@@ -102,6 +102,29 @@ static EMPTY_TABLE: ActualTable = ActualTable {
     chains: BTreeMap::new(),
 };
 
+/// What an apply would write to a kernel with nothing of ours in it: the phase-1 `ipset restore`
+/// payload, then one `iptables-restore --noflush` transaction per table, each preceded by a
+/// `# …` header line naming the tool (for `felixrs render`-style dry runs). Validates exactly as
+/// an apply does.
+pub fn preview(desired: &DesiredState) -> Result<String, ApplyError> {
+    let n = desired.family.number();
+    let mut out = String::new();
+    let sets = plan_updates(desired.family, &desired.ip_sets, &BTreeMap::new())?;
+    if !sets.payload.is_empty() {
+        out.push_str(&format!("# ipset restore (IPv{n})\n"));
+        out.push_str(&sets.payload);
+    }
+    for table in TableName::ALL {
+        let ops = plan_table(table, desired.tables.get(&table), &EMPTY_TABLE)?;
+        if ops.is_empty() {
+            continue;
+        }
+        out.push_str(&format!("# iptables-restore --noflush (IPv{n}, {table})\n"));
+        out.push_str(&render(table, &ops));
+    }
+    Ok(out)
+}
+
 #[derive(Debug, Clone, Default)]
 struct KernelView {
     tables: BTreeMap<TableName, ActualTable>,

@@ -60,6 +60,6 @@ pub use desired::{
     DesiredRule, DesiredState, DesiredTable, HookPosition, HookRule, IpSetKind, IpSetMember,
     IpSetSpec, IpVersion, TableName,
 };
-pub use engine::{Applier, ApplierConfig, ApplyReport};
+pub use engine::{Applier, ApplierConfig, ApplyReport, preview};
 pub use error::ApplyError;
 pub use runner::{ExecRunner, RunError, Runner};
