@@ -9,8 +9,10 @@ use std::time::Duration;
 
 use super::netns::Netns;
 
-/// How long a probe waits before calling the connection dropped.
-pub const PROBE_TIMEOUT: Duration = Duration::from_millis(700);
+/// How long a probe waits for the handshake before calling the connection dropped.
+pub const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
+/// How long a connected probe waits for the answer (generous: only the passing path waits).
+pub const ANSWER_TIMEOUT: Duration = Duration::from_millis(3000);
 
 /// Listens on `addr:port` inside `ns` and answers every connection with `ok`, on a thread.
 pub fn serve(ns: &Netns, addr: &str, port: u16) {
@@ -29,7 +31,7 @@ pub fn connects(ns: &Netns, addr: &str, port: u16) -> bool {
     ns.in_thread(
         move || match TcpStream::connect_timeout(&sock, PROBE_TIMEOUT) {
             Ok(mut s) => {
-                s.set_read_timeout(Some(PROBE_TIMEOUT)).unwrap();
+                s.set_read_timeout(Some(ANSWER_TIMEOUT)).unwrap();
                 let mut buf = [0u8; 2];
                 s.read_exact(&mut buf).is_ok() && &buf == b"ok"
             }
