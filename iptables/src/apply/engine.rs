@@ -19,8 +19,8 @@ use super::desired::{DesiredState, IpVersion, TableName};
 use super::diff::{Op, plan_table, render, simulate};
 use super::error::{ApplyError, blame, clean_stderr, failed_line, payload_line};
 use super::ipset::{
-    ActualSet, after_updates, parse_save as parse_ipset_save, plan_deletions, plan_updates,
-    render_deletions,
+    ActualSet, SetUpdatePlan, after_updates, parse_save as parse_ipset_save, plan_deletions,
+    plan_updates, render_deletions,
 };
 use super::kernel::ActualTable;
 use super::read::read_tables;
@@ -225,8 +225,8 @@ impl<R: Runner> Applier<R> {
                 planned.push((table, ops));
             }
         }
-        plan_updates(desired.family, &desired.ip_sets, &self.view().sets)?;
-        self.update_sets(desired, report)?;
+        let set_plan = plan_updates(desired.family, &desired.ip_sets, &self.view().sets)?;
+        self.update_sets(desired, set_plan, report)?;
         for (table, ops) in planned {
             self.write_table(mode, table, desired, ops, report)?;
         }
@@ -373,14 +373,20 @@ impl<R: Runner> Applier<R> {
         Ok(Err((failed_line(&stderr), stderr)))
     }
 
+    /// Phase 1: writes `plan` (made against the current view); after a failure, re-reads the
+    /// sets, plans again and retries.
     fn update_sets(
         &mut self,
         desired: &DesiredState,
+        plan: SetUpdatePlan,
         report: &mut ApplyReport,
     ) -> Result<(), ApplyError> {
         let mut attempt = 0;
+        let mut plan = plan;
         loop {
-            let plan = plan_updates(desired.family, &desired.ip_sets, &self.view().sets)?;
+            if attempt > 0 {
+                plan = plan_updates(desired.family, &desired.ip_sets, &self.view().sets)?;
+            }
             if plan.payload.is_empty() {
                 return Ok(());
             }
