@@ -16,7 +16,11 @@
 //! * [`metrics`], [`cli`].
 #![forbid(unsafe_code)]
 
+pub mod cli;
 pub mod convert;
+pub mod election;
+pub mod index;
+pub mod k8s_source;
 pub mod manifests;
 mod selector_check;
 pub mod v3_passthrough;
@@ -24,3 +28,5 @@ pub mod validate;
 
 pub use convert::{CalicoResource, ConvertOptions, ObjectRef, SkipReport};
 pub use manifests::{ManifestError, ManifestSet, ManifestSkip, load_manifests};
+pub mod metrics;
+pub mod writer;
