@@ -1,3 +1,54 @@
-//! Calico v3 resources, their etcd keys and validation.
+//! Calico `projectcalico.org/v3` resources, their etcd keys and validation.
+//!
+//! * [`Resource`] is one decoded resource of any supported [`Kind`]; [`ResourceKey`] is its
+//!   identity and etcd key (`/calico/resources/v3/projectcalico.org/<plural>/[<ns>/]<name>`).
+//! * Decoding ([`Resource::from_json`], [`Resource::from_etcd`]) checks shape only: JSON types,
+//!   enum values, CIDR and port syntax. A decode error names the resource and the JSON path of the
+//!   bad field. Everything semantic (names, selectors, port/protocol combinations, IP versions,
+//!   labels) is [`Resource::validate`], which returns every problem at once.
+//! * Serialisation ([`Resource::to_json`]) is canonical: `apiVersion`, `kind`, `metadata`,
+//!   `spec` in that order, maps sorted, empty fields omitted as Go's `omitempty` does, CIDRs as
+//!   `addr/len` (a bare address in `nets` decodes as a host network and re-encodes with its
+//!   prefix length; host bits are kept as written, the graph masks them).
+//! * Unknown JSON fields are ignored, so newer Calico data decodes; they are not preserved.
+//!
+//! Invariant: for a resource that decodes, `from_json(to_json(r)) == r`.
 
+pub mod endpoint;
+mod error;
+mod key;
+pub mod metadata;
+mod names;
+pub mod netset;
+pub mod policy;
 pub mod primitives;
+pub mod profile;
+mod resource;
+pub mod rule;
+pub mod tier;
+mod validate;
+
+pub use endpoint::{
+    EndpointPort, HostEndpoint, HostEndpointSpec, IpNat, WorkloadEndpoint, WorkloadEndpointSpec,
+};
+pub use error::{ModelError, ValidationError};
+pub use key::{API_VERSION, CALICO_PREFIX, Kind, ResourceKey};
+pub use metadata::{Metadata, parse_net};
+pub use names::{
+    validate_identifier, validate_interface_name, validate_label_key, validate_label_value,
+    validate_mac, validate_name, validate_named_port, validate_namespace, validate_tier_name,
+};
+pub use netset::{GlobalNetworkSet, NetworkSet, NetworkSetSpec};
+pub use policy::{
+    GlobalNetworkPolicy, GlobalNetworkPolicySpec, NetworkPolicy, NetworkPolicySpec,
+    PolicySpecCommon, PolicyType, StagedAction, StagedGlobalNetworkPolicy,
+    StagedGlobalNetworkPolicySpec, StagedKubernetesNetworkPolicy,
+    StagedKubernetesNetworkPolicySpec, StagedNetworkPolicy, StagedNetworkPolicySpec,
+};
+pub use primitives::{Action, IcmpFields, IpVersion, Port, Protocol};
+pub use profile::{DEFAULT_ALLOW_PROFILE, Profile, ProfileSpec};
+pub use resource::Resource;
+pub use rule::{
+    EntityRule, HttpMatch, HttpPath, Rule, RuleMetadata, ServiceAccountMatch, ServiceMatch,
+};
+pub use tier::{DEFAULT_TIER, KUBE_ADMIN_TIER, KUBE_BASELINE_TIER, Tier, TierSpec};
