@@ -22,7 +22,6 @@ pub mod election;
 pub mod index;
 pub mod k8s_source;
 pub mod manifests;
-mod selector_check;
 pub mod v3_passthrough;
 pub mod validate;
 
