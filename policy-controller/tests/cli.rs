@@ -160,7 +160,34 @@ impl Drop for Proc {
     }
 }
 
-fn spawn_replica(etcd: &TestEtcd, dir: &Path, identity: &str) -> Proc {
+use support::etcd::free_port;
+
+/// GET with retries while the server starts listening.
+async fn http_get(port: u16, path: &str) -> Option<String> {
+    for _ in 0..100 {
+        if let Some(b) = http_get_once(port, path).await {
+            return Some(b);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// A minimal HTTP/1.0 GET; returns the body.
+async fn http_get_once(port: u16, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.ok()?;
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+}
+
+fn spawn_replica(etcd: &TestEtcd, dir: &Path, identity: &str, metrics_port: u16) -> Proc {
     let child = Command::new(BIN)
         .args([
             "sync",
@@ -171,6 +198,7 @@ fn spawn_replica(etcd: &TestEtcd, dir: &Path, identity: &str) -> Proc {
             "--resync-interval",
             "1",
         ])
+        .arg(format!("--metrics-listen=127.0.0.1:{metrics_port}"))
         .args(["--identity", identity, "--manifests"])
         .arg(dir)
         .stdout(Stdio::null())
@@ -202,8 +230,9 @@ async fn standby_takes_over_within_the_lease_ttl() {
     let c = etcd.client().await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.yaml"), MANIFESTS).unwrap();
-    let mut a = Some(spawn_replica(&etcd, dir.path(), "replica-a"));
-    let mut b = Some(spawn_replica(&etcd, dir.path(), "replica-b"));
+    let (port_a, port_b) = (free_port(), free_port());
+    let mut a = Some(spawn_replica(&etcd, dir.path(), "replica-a", port_a));
+    let mut b = Some(spawn_replica(&etcd, dir.path(), "replica-b", port_b));
     let profile = format!("{RESOURCE_PREFIX}profiles/kns.prod");
 
     wait_for("a leader and a first sync", Duration::from_secs(20), || {
@@ -230,6 +259,30 @@ async fn standby_takes_over_within_the_lease_ttl() {
     } else {
         "replica-a"
     };
+    let (leader_port, standby_port) = if leader == "replica-a" {
+        (port_a, port_b)
+    } else {
+        (port_b, port_a)
+    };
+    // Metrics: the leader says so, the standby does not; the leader reports the skipped policy.
+    let m = http_get(leader_port, "/metrics")
+        .await
+        .expect("leader metrics");
+    assert!(m.contains("policy_controller_leader 1"), "{m}");
+    assert!(
+        m.contains(
+            "policy_controller_objects_skipped{kind=\"NetworkPolicy\",field=\"spec.podSelector.matchLabels.app\"} 1"
+        ),
+        "{m}"
+    );
+    assert!(
+        m.contains("policy_controller_etcd_txn_duration_seconds_count"),
+        "{m}"
+    );
+    let m = http_get(standby_port, "/metrics")
+        .await
+        .expect("standby metrics");
+    assert!(m.contains("policy_controller_leader 0"), "{m}");
 
     // SIGKILL the leader: no resignation, its lease must expire.
     if leader == "replica-a" {
@@ -269,4 +322,69 @@ async fn standby_takes_over_within_the_lease_ttl() {
     )
     .await;
     drop((a, b));
+}
+
+#[tokio::test]
+async fn sync_once_from_a_kubeconfig_and_manifests() {
+    let etcd = TestEtcd::start().await;
+    let mut c = etcd.client().await;
+    let api = support::fake_apiserver::FakeApiServer::start().await;
+    api.apply(
+        serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}),
+    );
+    api.apply(serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": "shop"}}));
+    api.apply(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cart", "namespace": "shop"},
+        "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]},
+        "status": {"phase": "Running", "podIP": "10.9.0.1"},
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{}\"}}}}]\n\
+             users: [{{name: u, user: {{}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u}}}}]\n\
+             current-context: c\n",
+            api.url
+        ),
+    )
+    .unwrap();
+    let manifests = dir.path().join("m");
+    std::fs::create_dir(&manifests).unwrap();
+    std::fs::write(manifests.join("gnp.yaml"), MANIFESTS).unwrap();
+    // The fake server runs on this runtime, so the child is awaited, not blocked on.
+    let out = tokio::process::Command::new(BIN)
+        .args([
+            "sync",
+            "--once",
+            "--etcd-endpoints",
+            &etcd.endpoint,
+            "--kubeconfig",
+        ])
+        .arg(&kubeconfig)
+        .arg("--manifests")
+        .arg(&manifests)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let r: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(r["revision"].as_i64().unwrap(), revision(&mut c).await);
+    let k = keys(&mut c).await;
+    let p = RESOURCE_PREFIX;
+    for want in [
+        format!("{p}profiles/kns.shop"),
+        format!("{p}profiles/ksa.shop.default"),
+        format!("{p}workloadendpoints/shop/n1-k8s-cart-eth0"),
+        format!("{p}profiles/kns.prod"),
+        format!("{p}globalnetworkpolicies/deny-metadata"),
+    ] {
+        assert!(k.contains(&want), "missing {want} in {k:?}");
+    }
 }
