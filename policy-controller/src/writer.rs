@@ -109,14 +109,37 @@ struct Change {
     compares: Vec<Compare>,
     ops: Vec<TxnOp>,
     kind: ChangeKind,
+    /// Dependency rank of the key's resource type ([`rank`]).
+    rank: u8,
+}
+
+/// Dependency rank: tiers, then sets, then policies, then profiles, then endpoints. Creates and
+/// updates go out in rising rank and deletes in falling rank, so even when a pass spans several
+/// transactions a new endpoint never appears before the policies and profiles that apply to it, and
+/// an endpoint is removed before its policies are. This is the order Felix's calc graph emits (§8.5).
+fn rank(key: &str) -> u8 {
+    let plural = key
+        .strip_prefix(RESOURCE_PREFIX)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or("");
+    match plural {
+        "tiers" => 0,
+        "globalnetworksets" | "networksets" => 1,
+        "profiles" => 3,
+        "workloadendpoints" | "hostendpoints" => 4,
+        _ => 2,
+    }
 }
 
 #[derive(Clone, Copy)]
 enum ChangeKind {
     Create,
     Update,
+    /// Only an ownership marker is added to an existing, identical resource.
+    Adopt,
     Delete,
-    Marker,
+    /// A marker whose resource is already gone is removed.
+    Cleanup,
 }
 
 /// Writes desired state into etcd.
@@ -275,7 +298,7 @@ impl Writer {
                     ChangeKind::Create => stats.created += 1,
                     ChangeKind::Update => stats.updated += 1,
                     ChangeKind::Delete => stats.deleted += 1,
-                    ChangeKind::Marker => {}
+                    ChangeKind::Adopt | ChangeKind::Cleanup => {}
                 }
             }
         }
@@ -312,6 +335,7 @@ fn plan(desired: &Desired, current: &Current) -> Vec<Change> {
                     compares: vec![Compare::create_revision(key.as_str(), CompareOp::Equal, 0)],
                     ops,
                     kind: ChangeKind::Create,
+                    rank: rank(key),
                 });
             }
             Some((old, rev)) => {
@@ -330,10 +354,11 @@ fn plan(desired: &Desired, current: &Current) -> Vec<Change> {
                     compares: vec![Compare::mod_revision(key.as_str(), CompareOp::Equal, *rev)],
                     ops,
                     kind: if same {
-                        ChangeKind::Marker
+                        ChangeKind::Adopt
                     } else {
                         ChangeKind::Update
                     },
+                    rank: rank(key),
                 });
             }
         }
@@ -354,6 +379,7 @@ fn plan(desired: &Desired, current: &Current) -> Vec<Change> {
             compares: vec![Compare::mod_revision(key.as_str(), CompareOp::Equal, *rev)],
             ops,
             kind: ChangeKind::Delete,
+            rank: rank(key),
         });
     }
     // Markers whose resource is gone (deleted by someone else) and not desired.
@@ -363,10 +389,17 @@ fn plan(desired: &Desired, current: &Current) -> Vec<Change> {
             changes.push(Change {
                 compares: vec![Compare::mod_revision(m.as_str(), CompareOp::Equal, *mrev)],
                 ops: vec![TxnOp::delete(m, None)],
-                kind: ChangeKind::Marker,
+                kind: ChangeKind::Cleanup,
+                rank: 0,
             });
         }
     }
+    // Stable sort: upserts by rising rank, then deletes by falling rank, then marker cleanup.
+    changes.sort_by_key(|c| match c.kind {
+        ChangeKind::Create | ChangeKind::Update | ChangeKind::Adopt => (0, c.rank),
+        ChangeKind::Delete => (1, u8::MAX - c.rank),
+        ChangeKind::Cleanup => (2, 0),
+    });
     changes
 }
 
@@ -391,6 +424,51 @@ mod tests {
         )));
         assert!(!owned_by_pattern(&format!("{p}globalnetworkpolicies/x")));
         assert!(!owned_by_pattern("/other/profiles/kns.prod"));
+    }
+
+    #[test]
+    fn endpoints_are_written_after_and_deleted_before_policies() {
+        let p = RESOURCE_PREFIX;
+        let desired = Desired {
+            resources: [
+                (format!("{p}workloadendpoints/ns/w"), "{}".to_string()),
+                (format!("{p}profiles/kns.ns"), "{}".to_string()),
+                (format!("{p}tiers/t"), "{}".to_string()),
+                (
+                    format!("{p}networkpolicies/ns/knp.default.a"),
+                    "{}".to_string(),
+                ),
+            ]
+            .into(),
+            ..Desired::default()
+        };
+        let current = Current {
+            values: [
+                (
+                    format!("{p}networkpolicies/ns/knp.default.old"),
+                    (b"{}".to_vec(), 3),
+                ),
+                (format!("{p}workloadendpoints/ns/old"), (b"{}".to_vec(), 4)),
+            ]
+            .into(),
+            markers: BTreeMap::new(),
+            revision: 4,
+        };
+        let order: Vec<(u8, bool)> = plan(&desired, &current)
+            .iter()
+            .map(|c| (c.rank, matches!(c.kind, ChangeKind::Delete)))
+            .collect();
+        assert_eq!(
+            order,
+            vec![
+                (0, false),
+                (2, false),
+                (3, false),
+                (4, false),
+                (4, true),
+                (2, true)
+            ]
+        );
     }
 
     #[test]
