@@ -16,11 +16,16 @@
 //! * [`metrics`], [`cli`].
 #![forbid(unsafe_code)]
 
+pub mod cli;
 pub mod convert;
+pub mod election;
+pub mod index;
+pub mod k8s_source;
 pub mod manifests;
-mod selector_check;
 pub mod v3_passthrough;
 pub mod validate;
 
 pub use convert::{CalicoResource, ConvertOptions, ObjectRef, SkipReport};
 pub use manifests::{ManifestError, ManifestSet, ManifestSkip, load_manifests};
+pub mod metrics;
+pub mod writer;

@@ -3,7 +3,8 @@
 //!
 //! Server-managed metadata (`resourceVersion`, `selfLink`, `generation`, `managedFields`) is dropped,
 //! because in etcd the revision is the resource version. Namespaced kinds without a namespace go to
-//! `default`, as calicoctl does.
+//! `default`, as calicoctl does. Validation (names, labels, selectors, rules) is the model's, applied by
+//! [`crate::validate::checked`] to every resource.
 
 use serde_json::{Map, Value};
 
@@ -59,33 +60,6 @@ pub fn convert_v3(v: &Value) -> Converted {
             );
         }
     };
-    if let Some(labels) = meta.get("labels") {
-        let parsed: Result<std::collections::BTreeMap<String, String>, _> =
-            serde_json::from_value(labels.clone());
-        match parsed {
-            Ok(l) => {
-                if let Err((k, e)) = convert::validate_labels(&l) {
-                    return Converted::skipped(
-                        SkipReport::new(&obj, format!("metadata.labels.{k}"), e),
-                        Some(key),
-                    );
-                }
-            }
-            Err(e) => {
-                return Converted::skipped(
-                    SkipReport::new(
-                        &obj,
-                        "metadata.labels",
-                        format!("labels must be strings: {e}"),
-                    ),
-                    Some(key),
-                );
-            }
-        }
-    }
-    if let Err((field, msg)) = crate::validate::validate_v3(kind, &spec) {
-        return Converted::skipped(SkipReport::new(&obj, field, msg), Some(key));
-    }
     let mut out_meta = Map::new();
     for (k, val) in meta {
         if !matches!(

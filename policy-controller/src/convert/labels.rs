@@ -234,3 +234,82 @@ mod tests {
         assert!(validate_label_value("-x").is_err());
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+    use proptest::prelude::*;
+
+    use super::selector_from_label_selector;
+
+    /// Kubernetes' own LabelSelector semantics.
+    fn k8s_matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+        let ml = sel.match_labels.clone().unwrap_or_default();
+        ml.iter().all(|(k, v)| labels.get(k) == Some(v))
+            && sel.match_expressions.iter().flatten().all(|e| {
+                let vals = e.values.clone().unwrap_or_default();
+                match e.operator.as_str() {
+                    "In" => labels.get(&e.key).is_some_and(|v| vals.contains(v)),
+                    "NotIn" => labels.get(&e.key).is_none_or(|v| !vals.contains(v)),
+                    "Exists" => labels.contains_key(&e.key),
+                    _ => !labels.contains_key(&e.key),
+                }
+            })
+    }
+
+    fn key() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("app"),
+            Just("tier"),
+            Just("example.com/role"),
+            Just("x")
+        ]
+        .prop_map(String::from)
+    }
+
+    fn value() -> impl Strategy<Value = String> {
+        prop_oneof![Just("a"), Just("b"), Just("web-1"), Just("v1.2")].prop_map(String::from)
+    }
+
+    fn requirement() -> impl Strategy<Value = LabelSelectorRequirement> {
+        (
+            key(),
+            prop_oneof![
+                Just("In"),
+                Just("NotIn"),
+                Just("Exists"),
+                Just("DoesNotExist")
+            ],
+            proptest::collection::vec(value(), 1..3),
+        )
+            .prop_map(|(key, op, values)| LabelSelectorRequirement {
+                key,
+                operator: op.to_string(),
+                values: matches!(op, "In" | "NotIn").then_some(values),
+            })
+    }
+
+    proptest! {
+        /// The rendered Calico selector parses, and on k8s pods (which carry the orchestrator label)
+        /// selects exactly what the Kubernetes LabelSelector selects.
+        #[test]
+        fn rendered_selector_means_the_same(
+            ml in proptest::collection::btree_map(key(), value(), 0..3),
+            exprs in proptest::collection::vec(requirement(), 0..3),
+            pod_labels in proptest::collection::btree_map(key(), value(), 0..4),
+        ) {
+            let sel = LabelSelector {
+                match_labels: Some(ml),
+                match_expressions: Some(exprs),
+            };
+            let rendered = selector_from_label_selector(Some(&sel), true).unwrap();
+            let parsed = calc_graph::selector::parse(&rendered)
+                .map_err(|e| TestCaseError::fail(format!("{rendered}: {e:?}")))?;
+            let mut labels = pod_labels.clone();
+            labels.insert("projectcalico.org/orchestrator".into(), "k8s".into());
+            prop_assert_eq!(parsed.matches(&labels), k8s_matches(&sel, &pod_labels), "{}", rendered);
+        }
+    }
+}

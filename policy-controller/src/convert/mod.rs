@@ -26,7 +26,7 @@ pub use networkpolicy::network_policy_to_calico;
 pub use pod::{interface_name, pod_to_workload_endpoint, workload_endpoint_name};
 
 /// The etcd prefix under which Calico v3 resources live.
-pub const RESOURCE_PREFIX: &str = "/calico/resources/v3/projectcalico.org/";
+pub const RESOURCE_PREFIX: &str = calc_graph::model::CALICO_PREFIX;
 
 /// Options that change how objects convert.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,42 +146,34 @@ impl CalicoResource {
     }
 }
 
-/// The plural resource name used in etcd keys, for the v3 kinds this controller handles.
+/// The model's kind for a v3 kind name, if this controller can store it.
+pub fn model_kind(kind: &str) -> Option<calc_graph::model::Kind> {
+    calc_graph::model::Kind::from_kind_name(kind)
+}
+
+/// The plural resource name used in etcd keys.
 pub fn plural(kind: &str) -> Option<&'static str> {
-    Some(match kind {
-        "NetworkPolicy" => "networkpolicies",
-        "GlobalNetworkPolicy" => "globalnetworkpolicies",
-        "StagedNetworkPolicy" => "stagednetworkpolicies",
-        "StagedGlobalNetworkPolicy" => "stagedglobalnetworkpolicies",
-        "Tier" => "tiers",
-        "Profile" => "profiles",
-        "WorkloadEndpoint" => "workloadendpoints",
-        "HostEndpoint" => "hostendpoints",
-        "NetworkSet" => "networksets",
-        "GlobalNetworkSet" => "globalnetworksets",
-        _ => return None,
-    })
+    model_kind(kind).map(|k| k.plural())
 }
 
 /// Whether a v3 kind is namespaced.
 pub fn is_namespaced(kind: &str) -> bool {
-    matches!(
-        kind,
-        "NetworkPolicy" | "StagedNetworkPolicy" | "WorkloadEndpoint" | "NetworkSet"
-    )
+    model_kind(kind).is_some_and(|k| k.is_namespaced())
 }
 
 /// The etcd key of a v3 resource: `/calico/resources/v3/projectcalico.org/<plural>/[<ns>/]<name>`.
+/// Names and namespaces are checked first so that nothing in them can add a path segment.
 pub fn etcd_key(kind: &str, namespace: Option<&str>, name: &str) -> Result<String, String> {
-    let plural = plural(kind).ok_or_else(|| format!("unsupported kind {kind:?}"))?;
-    validate_dns_subdomain(name).map_err(|e| format!("invalid name: {e}"))?;
-    match (is_namespaced(kind), namespace) {
+    use calc_graph::model::{ResourceKey, validate_name, validate_namespace};
+    let k = model_kind(kind).ok_or_else(|| format!("unsupported kind {kind:?}"))?;
+    validate_name(name).map_err(|e| format!("invalid name: {e}"))?;
+    match (k.is_namespaced(), namespace) {
         (true, Some(ns)) => {
-            validate_dns_label(ns).map_err(|e| format!("invalid namespace: {e}"))?;
-            Ok(format!("{RESOURCE_PREFIX}{plural}/{ns}/{name}"))
+            validate_namespace(ns).map_err(|e| format!("invalid namespace: {e}"))?;
+            Ok(ResourceKey::namespaced(k, ns, name).etcd_key())
         }
         (true, None) => Err(format!("{kind} is namespaced but has no namespace")),
-        (false, None) => Ok(format!("{RESOURCE_PREFIX}{plural}/{name}")),
+        (false, None) => Ok(ResourceKey::global(k, name).etcd_key()),
         (false, Some(_)) => Err(format!("{kind} is cluster-scoped but has a namespace")),
     }
 }

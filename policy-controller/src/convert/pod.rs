@@ -120,11 +120,15 @@ pub fn pod_to_workload_endpoint(pod: &Pod, opts: &ConvertOptions) -> Converted {
     labels.insert("projectcalico.org/orchestrator".into(), "k8s".into());
     labels.insert("projectcalico.org/serviceaccount".into(), sa.to_string());
 
-    let containers = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .chain(spec.containers.iter());
+    let init = spec.init_containers.iter().flatten().enumerate();
+    let containers = init
+        .map(|(i, c)| (format!("spec.initContainers[{i}]"), c))
+        .chain(
+            spec.containers
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (format!("spec.containers[{i}]"), c)),
+        );
     let ports = match endpoint_ports(containers) {
         Ok(p) => p,
         Err((f, m)) => return fail(&f, m, Some(key)),
@@ -169,15 +173,15 @@ pub fn pod_to_workload_endpoint(pod: &Pod, opts: &ConvertOptions) -> Converted {
 
 /// Named container ports (init containers first, as the pod spec lists them).
 fn endpoint_ports<'a>(
-    containers: impl Iterator<Item = &'a Container>,
+    containers: impl Iterator<Item = (String, &'a Container)>,
 ) -> Result<Vec<EndpointPort>, (String, String)> {
     let mut out = Vec::new();
-    for c in containers {
+    for (path, c) in containers {
         for (j, p) in c.ports.iter().flatten().enumerate() {
             let Some(pname) = p.name.as_deref().filter(|n| !n.is_empty()) else {
                 continue;
             };
-            let field = format!("spec.containers[{}].ports[{j}]", c.name);
+            let field = format!("{path}.ports[{j}]");
             validate_port_name(pname).map_err(|m| (format!("{field}.name"), m))?;
             let protocol = match p.protocol.as_deref() {
                 None | Some("") => "TCP",
@@ -217,6 +221,38 @@ fn endpoint_ports<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn mk_pod(ports: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"nodeName": "n", "containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "x", "ports": ports}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.1"},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn bad_container_port_is_reported_with_its_path() {
+        let opts = ConvertOptions::default();
+        let c = pod_to_workload_endpoint(
+            &mk_pod(serde_json::json!([{"name": "x", "containerPort": 80, "protocol": "ICMP"}])),
+            &opts,
+        );
+        assert!(c.resource.is_none());
+        assert_eq!(c.skips[0].field, "spec.containers[1].ports[0].protocol");
+        assert!(c.retain_key.is_some());
+        let c = pod_to_workload_endpoint(
+            &mk_pod(serde_json::json!([{"name": "Bad_Name", "containerPort": 80}])),
+            &opts,
+        );
+        assert_eq!(c.skips[0].field, "spec.containers[1].ports[0].name");
+        let c = pod_to_workload_endpoint(
+            &mk_pod(serde_json::json!([{"name": "web", "containerPort": 80}])),
+            &opts,
+        );
+        assert!(c.skips.is_empty());
+        assert!(c.resource.unwrap().json.contains("\"web\""));
+    }
 
     #[test]
     fn veth_and_wep_names_match_calico() {
