@@ -96,11 +96,13 @@ impl Args {
         for v in [IpVersion::V4, IpVersion::V6] {
             let desired = renderer.desired(v);
             let n = v.number();
-            let plan = plan_updates(v, &desired.ip_sets, &BTreeMap::new());
+            let plan = plan_updates(v, &desired.ip_sets, &BTreeMap::new())
+                .with_context(|| format!("planning IPv{n} ip sets"))?;
             let _ = writeln!(out.text, "# ipset restore (IPv{n})");
             out.text.push_str(&plan.payload);
             for table in TableName::ALL {
-                let ops = plan_table(table, desired.tables.get(&table), &ActualTable::default());
+                let ops = plan_table(table, desired.tables.get(&table), &ActualTable::default())
+                    .with_context(|| format!("planning IPv{n} {table} table"))?;
                 let payload = render_ops(table, &ops);
                 if payload.is_empty() {
                     continue;
