@@ -5,7 +5,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::endpoint::{HostEndpoint, WorkloadEndpoint};
-use super::key::{API_VERSION, Kind, ResourceKey};
+use super::key::{API_VERSION, Kind, ResourceKey, write_segment};
 use super::metadata::Metadata;
 use super::netset::{GlobalNetworkSet, NetworkSet};
 use super::policy::{
@@ -115,15 +115,19 @@ fn label_of(json: &[u8], kind: Option<Kind>) -> String {
     };
     let name = field("name").unwrap_or_else(|| "<unnamed>".to_string());
     let ns = field("namespace").filter(|s| !s.is_empty());
-    let ns_part = match (ns, kind) {
-        (Some(ns), None) => format!("{ns}/"),
-        (Some(ns), Some(k)) if k.is_namespaced() => format!("{ns}/"),
-        _ => String::new(),
-    };
-    match kind {
-        Some(k) => format!("{}/{ns_part}{name}", k.plural()),
-        None => format!("{ns_part}{name}"),
+    let mut out = String::new();
+    if let Some(k) = kind {
+        out.push_str(k.plural());
+        out.push('/');
     }
+    if let Some(ns) = ns
+        && kind.is_none_or(Kind::is_namespaced)
+    {
+        let _ = write_segment(&mut out, &ns);
+        out.push('/');
+    }
+    let _ = write_segment(&mut out, &name);
+    out
 }
 
 /// Decodes `json` as `T`. The fast path is plain serde_json; only when that fails is the
