@@ -237,6 +237,14 @@ impl Resource {
     }
 
     fn decode(json: &[u8], key: Option<&ResourceKey>) -> Result<Resource, ModelError> {
+        // serde also accepts a struct as a positional array; a resource is only ever an object.
+        if json.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(ModelError::Decode {
+                resource: key.map_or_else(|| "resource".to_string(), ToString::to_string),
+                path: String::new(),
+                message: "a resource must be a JSON object".to_string(),
+            });
+        }
         let head: Head = serde_json::from_slice(json).map_err(|e| ModelError::Decode {
             resource: key.map_or_else(|| "resource".to_string(), ToString::to_string),
             path: String::new(),
@@ -375,6 +383,10 @@ mod tests {
             err.starts_with("tiers/t: spec.defaultAction: unknown variant `Drop`"),
             "{err}"
         );
+        let err = Resource::from_json(br#"["projectcalico.org/v3", "Tier", {"name": "t"}, {}]"#)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "resource: a resource must be a JSON object");
         let err = Resource::from_json(b"{not json").unwrap_err().to_string();
         assert!(err.starts_with("resource: key must be a string"), "{err}");
         let err = Resource::from_json(br#"{"kind":"IPPool","metadata":{"name":"p"}}"#)
