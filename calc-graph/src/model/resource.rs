@@ -1,0 +1,492 @@
+//! [`Resource`]: any supported resource, with JSON/etcd decoding dispatched on `kind` and
+//! canonical encoding.
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::endpoint::{HostEndpoint, WorkloadEndpoint};
+use super::key::{API_VERSION, Kind, ResourceKey, write_segment};
+use super::metadata::Metadata;
+use super::netset::{GlobalNetworkSet, NetworkSet};
+use super::policy::{
+    GlobalNetworkPolicy, NetworkPolicy, StagedGlobalNetworkPolicy, StagedKubernetesNetworkPolicy,
+    StagedNetworkPolicy,
+};
+use super::profile::Profile;
+use super::tier::Tier;
+use super::{ModelError, ValidationError};
+
+/// One Calico v3 resource of any supported kind.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resource {
+    NetworkPolicy(NetworkPolicy),
+    GlobalNetworkPolicy(GlobalNetworkPolicy),
+    Tier(Tier),
+    Profile(Profile),
+    WorkloadEndpoint(WorkloadEndpoint),
+    HostEndpoint(HostEndpoint),
+    NetworkSet(NetworkSet),
+    GlobalNetworkSet(GlobalNetworkSet),
+    StagedNetworkPolicy(StagedNetworkPolicy),
+    StagedGlobalNetworkPolicy(StagedGlobalNetworkPolicy),
+    StagedKubernetesNetworkPolicy(StagedKubernetesNetworkPolicy),
+}
+
+/// Applies `$body` to the inner value of every variant.
+macro_rules! each_variant {
+    ($self:expr, $inner:ident => $body:expr) => {
+        match $self {
+            Resource::NetworkPolicy($inner) => $body,
+            Resource::GlobalNetworkPolicy($inner) => $body,
+            Resource::Tier($inner) => $body,
+            Resource::Profile($inner) => $body,
+            Resource::WorkloadEndpoint($inner) => $body,
+            Resource::HostEndpoint($inner) => $body,
+            Resource::NetworkSet($inner) => $body,
+            Resource::GlobalNetworkSet($inner) => $body,
+            Resource::StagedNetworkPolicy($inner) => $body,
+            Resource::StagedGlobalNetworkPolicy($inner) => $body,
+            Resource::StagedKubernetesNetworkPolicy($inner) => $body,
+        }
+    };
+}
+
+macro_rules! impl_from {
+    ($($t:ident),*) => {
+        $(impl From<$t> for Resource {
+            fn from(r: $t) -> Resource {
+                Resource::$t(r)
+            }
+        })*
+    };
+}
+impl_from!(
+    NetworkPolicy,
+    GlobalNetworkPolicy,
+    Tier,
+    Profile,
+    WorkloadEndpoint,
+    HostEndpoint,
+    NetworkSet,
+    GlobalNetworkSet,
+    StagedNetworkPolicy,
+    StagedGlobalNetworkPolicy,
+    StagedKubernetesNetworkPolicy
+);
+
+/// The output envelope: type meta first, then the resource's own `metadata` and `spec`.
+#[derive(Serialize)]
+struct Envelope<'a, T: Serialize> {
+    #[serde(rename = "apiVersion")]
+    api_version: &'static str,
+    kind: &'static str,
+    #[serde(flatten)]
+    body: &'a T,
+}
+
+/// Just enough of a document to dispatch on. Metadata is skipped here (no allocation); it is
+/// only parsed again to name the resource when something fails.
+#[derive(Deserialize)]
+struct Head {
+    #[serde(rename = "apiVersion", default)]
+    api_version: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+}
+
+/// The document's metadata, read only on the error path to name the resource.
+#[derive(Deserialize)]
+struct HeadMeta {
+    #[serde(default)]
+    metadata: Option<serde_json::Value>,
+}
+
+/// A best-effort name for a resource in errors: `networkpolicies/prod/web`, or just
+/// `[<ns>/]<name>` when the kind is unknown.
+fn label_of(json: &[u8], kind: Option<Kind>) -> String {
+    let meta = serde_json::from_slice::<HeadMeta>(json)
+        .ok()
+        .and_then(|h| h.metadata);
+    let field = |f: &str| {
+        meta.as_ref()
+            .and_then(|m| m.get(f))
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+    };
+    let name = field("name").unwrap_or_else(|| "<unnamed>".to_string());
+    let ns = field("namespace").filter(|s| !s.is_empty());
+    let mut out = String::new();
+    if let Some(k) = kind {
+        out.push_str(k.plural());
+        out.push('/');
+    }
+    if let Some(ns) = ns
+        && kind.is_none_or(Kind::is_namespaced)
+    {
+        let _ = write_segment(&mut out, &ns);
+        out.push('/');
+    }
+    let _ = write_segment(&mut out, &name);
+    out
+}
+
+/// Decodes `json` as `T`. The fast path is plain serde_json; only when that fails is the
+/// document decoded again with path tracking, to say which field was wrong.
+fn decode_as<T: DeserializeOwned>(
+    json: &[u8],
+    label: &dyn Fn() -> String,
+) -> Result<T, ModelError> {
+    if let Ok(v) = serde_json::from_slice(json) {
+        return Ok(v);
+    }
+    let mut de = serde_json::Deserializer::from_slice(json);
+    let e = match serde_path_to_error::deserialize::<_, T>(&mut de) {
+        Ok(v) => return Ok(v),
+        Err(e) => e,
+    };
+    let path = e.path().to_string();
+    Err(ModelError::Decode {
+        resource: label(),
+        path: if path == "." { String::new() } else { path },
+        message: e.into_inner().to_string(),
+    })
+}
+
+impl Resource {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Resource::NetworkPolicy(_) => Kind::NetworkPolicy,
+            Resource::GlobalNetworkPolicy(_) => Kind::GlobalNetworkPolicy,
+            Resource::Tier(_) => Kind::Tier,
+            Resource::Profile(_) => Kind::Profile,
+            Resource::WorkloadEndpoint(_) => Kind::WorkloadEndpoint,
+            Resource::HostEndpoint(_) => Kind::HostEndpoint,
+            Resource::NetworkSet(_) => Kind::NetworkSet,
+            Resource::GlobalNetworkSet(_) => Kind::GlobalNetworkSet,
+            Resource::StagedNetworkPolicy(_) => Kind::StagedNetworkPolicy,
+            Resource::StagedGlobalNetworkPolicy(_) => Kind::StagedGlobalNetworkPolicy,
+            Resource::StagedKubernetesNetworkPolicy(_) => Kind::StagedKubernetesNetworkPolicy,
+        }
+    }
+
+    pub fn metadata(&self) -> &Metadata {
+        each_variant!(self, r => &r.metadata)
+    }
+
+    pub fn metadata_mut(&mut self) -> &mut Metadata {
+        each_variant!(self, r => &mut r.metadata)
+    }
+
+    /// The resource's identity from its metadata. The namespace is kept only for namespaced
+    /// kinds; a namespaced resource without one has `namespace: None` (validation rejects it).
+    pub fn key(&self) -> ResourceKey {
+        let kind = self.kind();
+        let meta = self.metadata();
+        ResourceKey {
+            kind,
+            namespace: meta.namespace.clone().filter(|_| kind.is_namespaced()),
+            name: meta.name.clone(),
+        }
+    }
+
+    /// Decodes a resource document, dispatching on its `kind`. `apiVersion`, when present, must
+    /// be `projectcalico.org/v3`.
+    pub fn from_json(json: &[u8]) -> Result<Resource, ModelError> {
+        Self::decode(json, None)
+    }
+
+    /// Decodes an etcd key/value pair and checks that the body's kind, namespace and name are
+    /// the ones in the key.
+    pub fn from_etcd(key: &str, value: &[u8]) -> Result<(ResourceKey, Resource), ModelError> {
+        let rk = ResourceKey::parse_etcd_key(key)?;
+        let resource = Self::decode(value, Some(&rk))?;
+        let mismatch = |field: &'static str, key: &str, body: &str| ModelError::KeyMismatch {
+            resource: rk.to_string(),
+            field,
+            key: key.to_string(),
+            body: body.to_string(),
+        };
+        if resource.kind() != rk.kind {
+            return Err(mismatch(
+                "kind",
+                rk.kind.kind_name(),
+                resource.kind().kind_name(),
+            ));
+        }
+        let meta = resource.metadata();
+        let body_ns = meta.namespace.as_deref().unwrap_or("");
+        let key_ns = rk.namespace.as_deref().unwrap_or("");
+        if body_ns != key_ns {
+            return Err(mismatch("metadata.namespace", key_ns, body_ns));
+        }
+        if meta.name != rk.name {
+            return Err(mismatch("metadata.name", &rk.name, &meta.name));
+        }
+        Ok((rk, resource))
+    }
+
+    /// [`Resource::from_etcd`] followed by [`Resource::validate`], for callers that want only
+    /// valid resources.
+    pub fn from_etcd_validated(
+        key: &str,
+        value: &[u8],
+    ) -> Result<(ResourceKey, Resource), ModelError> {
+        let (rk, resource) = Self::from_etcd(key, value)?;
+        resource.validate().map_err(ModelError::Invalid)?;
+        Ok((rk, resource))
+    }
+
+    fn decode(json: &[u8], key: Option<&ResourceKey>) -> Result<Resource, ModelError> {
+        // serde also accepts a struct as a positional array; a resource is only ever an object.
+        if json.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(ModelError::Decode {
+                resource: key.map_or_else(|| "resource".to_string(), ToString::to_string),
+                path: String::new(),
+                message: "a resource must be a JSON object".to_string(),
+            });
+        }
+        let head: Head = serde_json::from_slice(json).map_err(|e| ModelError::Decode {
+            resource: key.map_or_else(|| "resource".to_string(), ToString::to_string),
+            path: String::new(),
+            message: e.to_string(),
+        })?;
+        let kind = head.kind.as_deref().and_then(Kind::from_kind_name);
+        let label = || key.map_or_else(|| label_of(json, kind), ToString::to_string);
+        let Some(kind) = kind else {
+            return Err(ModelError::UnknownKind {
+                resource: label(),
+                kind: head.kind.clone().unwrap_or_default(),
+            });
+        };
+        if let Some(v) = head.api_version.as_deref().filter(|v| *v != API_VERSION) {
+            return Err(ModelError::ApiVersion {
+                resource: label(),
+                api_version: v.to_string(),
+            });
+        }
+        let l: &dyn Fn() -> String = &label;
+        Ok(match kind {
+            Kind::NetworkPolicy => Resource::NetworkPolicy(decode_as(json, l)?),
+            Kind::GlobalNetworkPolicy => Resource::GlobalNetworkPolicy(decode_as(json, l)?),
+            Kind::Tier => Resource::Tier(decode_as(json, l)?),
+            Kind::Profile => Resource::Profile(decode_as(json, l)?),
+            Kind::WorkloadEndpoint => Resource::WorkloadEndpoint(decode_as(json, l)?),
+            Kind::HostEndpoint => Resource::HostEndpoint(decode_as(json, l)?),
+            Kind::NetworkSet => Resource::NetworkSet(decode_as(json, l)?),
+            Kind::GlobalNetworkSet => Resource::GlobalNetworkSet(decode_as(json, l)?),
+            Kind::StagedNetworkPolicy => Resource::StagedNetworkPolicy(decode_as(json, l)?),
+            Kind::StagedGlobalNetworkPolicy => {
+                Resource::StagedGlobalNetworkPolicy(decode_as(json, l)?)
+            }
+            Kind::StagedKubernetesNetworkPolicy => {
+                Resource::StagedKubernetesNetworkPolicy(decode_as(json, l)?)
+            }
+        })
+    }
+
+    /// The canonical JSON: what the controller writes to etcd.
+    pub fn to_json(&self) -> String {
+        // Infallible for this data: every map key is a string and serde_json writes a
+        // non-finite f64 (an order set to NaN by code, never by JSON) as `null`.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Decodes a resource from an already-parsed JSON value (for example a YAML manifest read
+    /// with serde_yaml into `serde_json::Value`).
+    pub fn from_value(value: serde_json::Value) -> Result<Resource, ModelError> {
+        let bytes = serde_json::to_vec(&value).map_err(|e| ModelError::Decode {
+            resource: "resource".to_string(),
+            path: String::new(),
+            message: e.to_string(),
+        })?;
+        Self::from_json(&bytes)
+    }
+
+    /// Whether this is a staged policy (decoded, never enforced).
+    pub fn is_staged(&self) -> bool {
+        self.kind().is_staged()
+    }
+
+    /// Validates the resource; see the `validate` module for the rules. Returns every problem.
+    pub fn validate(&self) -> Result<(), Vec<ValidationError>> {
+        super::validate::validate_resource(self)
+    }
+}
+
+/// Serialises as the canonical document (`apiVersion`, `kind`, `metadata`, `spec`).
+impl Serialize for Resource {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let kind = self.kind().kind_name();
+        each_variant!(self, r => Envelope { api_version: API_VERSION, kind, body: r }.serialize(s))
+    }
+}
+
+/// Deserialises any supported kind, dispatching on `kind` as [`Resource::from_json`] does, so
+/// `serde_yaml::from_str::<Resource>` reads Calico manifests.
+impl<'de> Deserialize<'de> for Resource {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = serde_json::Value::deserialize(d)?;
+        Resource::from_value(value).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn mk_np_json(ns: &str, name: &str) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "projectcalico.org/v3", "kind": "NetworkPolicy",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"selector": "app == 'web'", "ingress": [{"action": "Allow"}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn from_json_dispatches_and_round_trips() {
+        let r = Resource::from_json(&mk_np_json("prod", "web")).unwrap();
+        assert_eq!(r.kind(), Kind::NetworkPolicy);
+        assert_eq!(r.key().to_string(), "networkpolicies/prod/web");
+        let out = r.to_json();
+        assert!(
+            out.starts_with(
+                r#"{"apiVersion":"projectcalico.org/v3","kind":"NetworkPolicy","metadata":"#
+            ),
+            "{out}"
+        );
+        assert_eq!(Resource::from_json(out.as_bytes()).unwrap(), r);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let want: serde_json::Value = serde_json::from_slice(&mk_np_json("prod", "web")).unwrap();
+        assert_eq!(v, want);
+    }
+
+    #[test]
+    fn decode_errors_name_resource_and_path() {
+        let doc = json!({
+            "kind": "NetworkPolicy", "metadata": {"name": "web", "namespace": "prod"},
+            "spec": {"ingress": [{"action": "Allow"}, {"action": "Allow", "destination": {"ports": ["1:x"]}}]}
+        });
+        let err = Resource::from_json(&serde_json::to_vec(&doc).unwrap()).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("networkpolicies/prod/web: spec.ingress[1].destination.ports[0]: invalid port range \"1:x\""),
+            "{msg}"
+        );
+        let err = Resource::from_json(
+            br#"{"kind":"Tier","metadata":{"name":"t"},"spec":{"defaultAction":"Drop"}}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("tiers/t: spec.defaultAction: unknown variant `Drop`"),
+            "{err}"
+        );
+        let err = Resource::from_json(br#"["projectcalico.org/v3", "Tier", {"name": "t"}, {}]"#)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "resource: a resource must be a JSON object");
+        let err = Resource::from_json(b"{not json").unwrap_err().to_string();
+        assert!(err.starts_with("resource: key must be a string"), "{err}");
+        let err = Resource::from_json(br#"{"kind":"IPPool","metadata":{"name":"p"}}"#)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "p: unknown kind \"IPPool\"");
+        let err = Resource::from_json(
+            br#"{"apiVersion":"crd.projectcalico.org/v1","kind":"Tier","metadata":{"name":"t"}}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("unsupported apiVersion \"crd.projectcalico.org/v1\""),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn from_etcd_checks_key_against_body() {
+        let key = "/calico/resources/v3/projectcalico.org/networkpolicies/prod/web";
+        let (rk, r) = Resource::from_etcd(key, &mk_np_json("prod", "web")).unwrap();
+        assert_eq!(rk, r.key());
+        assert_eq!(rk.etcd_key(), key);
+
+        let err = Resource::from_etcd(key, &mk_np_json("dev", "web")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "networkpolicies/prod/web: metadata.namespace in the body is \"dev\" but the etcd key says \"prod\""
+        );
+        let err = Resource::from_etcd(key, &mk_np_json("prod", "api")).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("metadata.name in the body is \"api\"")
+        );
+        let err = Resource::from_etcd(
+            "/calico/resources/v3/projectcalico.org/networksets/prod/web",
+            &mk_np_json("prod", "web"),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains(
+            "kind in the body is \"NetworkPolicy\" but the etcd key says \"NetworkSet\""
+        ));
+        let err = Resource::from_etcd(
+            "/calico/resources/v3/projectcalico.org/networkpolicies/prod/web",
+            b"{\"kind\": \"NetworkPolicy\", \"spec\": 5}",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("networkpolicies/prod/web: spec: invalid type"),
+            "{err}"
+        );
+        assert!(matches!(
+            Resource::from_etcd("/calico/resources/v3/projectcalico.org/bogus/x", b"{}"),
+            Err(ModelError::InvalidKey { .. })
+        ));
+    }
+
+    #[test]
+    fn serde_impls_match_from_json_and_to_json() {
+        let r: Resource = serde_json::from_slice(&mk_np_json("prod", "web")).unwrap();
+        assert_eq!(r, Resource::from_json(&mk_np_json("prod", "web")).unwrap());
+        assert_eq!(serde_json::to_string(&r).unwrap(), r.to_json());
+        assert!(!r.is_staged());
+        let err = serde_json::from_str::<Resource>(
+            r#"{"kind":"Tier","metadata":{"name":"t"},"spec":{"order":"x"}}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("tiers/t: spec.order: invalid type"),
+            "{err}"
+        );
+        let v = serde_json::json!({"kind": "StagedNetworkPolicy", "metadata": {"name": "s", "namespace": "n"}});
+        assert!(Resource::from_value(v).unwrap().is_staged());
+    }
+
+    #[test]
+    fn every_kind_encodes_its_kind_name() {
+        for kind in Kind::ALL {
+            let mut meta = json!({"name": "x"});
+            if kind.is_namespaced() {
+                meta["namespace"] = json!("ns");
+            }
+            let doc =
+                json!({"apiVersion": API_VERSION, "kind": kind.kind_name(), "metadata": meta});
+            let r = Resource::from_json(&serde_json::to_vec(&doc).unwrap()).unwrap();
+            assert_eq!(r.kind(), kind);
+            assert_eq!(
+                r.key().etcd_key(),
+                ResourceKey {
+                    kind,
+                    namespace: kind.is_namespaced().then(|| "ns".to_string()),
+                    name: "x".into()
+                }
+                .etcd_key()
+            );
+            let v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+            assert_eq!(v["kind"], kind.kind_name());
+            assert_eq!(v["spec"], json!({}));
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! Policy and profile rules (`Rule`, `EntityRule`) in Calico's v3 JSON form.
+//!
+//! A rule's `action` is required (Calico rejects a rule without one). `source` and
+//! `destination` are omitted on output when empty (Go writes `{}`; both forms decode the same).
+//! Selector strings are kept verbatim; the calculation graph parses and rewrites them.
+
+use std::collections::BTreeMap;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use super::metadata::{empty_as_none, nets, null_as_default};
+use super::primitives::{Action, IcmpFields, IpVersion, Port, Protocol};
+
+/// One ingress or egress rule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Rule {
+    pub action: Action,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip_version: Option<IpVersion>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<Protocol>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_protocol: Option<Protocol>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub icmp: Option<IcmpFields>,
+    #[serde(rename = "notICMP", default, skip_serializing_if = "Option::is_none")]
+    pub not_icmp: Option<IcmpFields>,
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "EntityRule::is_empty"
+    )]
+    pub source: EntityRule,
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "EntityRule::is_empty"
+    )]
+    pub destination: EntityRule,
+    /// L7 match; ignored by the iptables dataplane (see the reference, §10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpMatch>,
+    /// `metadata.annotations`, rendered as rule comments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<RuleMetadata>,
+}
+
+impl Rule {
+    /// A rule with only an action (`{action: Allow}` is "allow everything").
+    pub fn new(action: Action) -> Rule {
+        Rule {
+            action,
+            ip_version: None,
+            protocol: None,
+            not_protocol: None,
+            icmp: None,
+            not_icmp: None,
+            source: EntityRule::default(),
+            destination: EntityRule::default(),
+            http: None,
+            metadata: None,
+        }
+    }
+
+    /// The rule's annotations (empty when it has no metadata).
+    pub fn annotations(&self) -> impl Iterator<Item = (&String, &String)> {
+        self.metadata.iter().flat_map(|m| m.annotations.iter())
+    }
+}
+
+/// The source or destination half of a rule. All present fields must match (AND); within a list,
+/// any entry matches (OR); `not*` fields match when none of their entries do.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EntityRule {
+    #[serde(default, with = "nets", skip_serializing_if = "Vec::is_empty")]
+    pub nets: Vec<IpNet>,
+    #[serde(default, with = "nets", skip_serializing_if = "Vec::is_empty")]
+    pub not_nets: Vec<IpNet>,
+    #[serde(
+        default,
+        deserialize_with = "empty_as_none",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub selector: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "empty_as_none",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub not_selector: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "empty_as_none",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub namespace_selector: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub ports: Vec<Port>,
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub not_ports: Vec<Port>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_accounts: Option<ServiceAccountMatch>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub services: Option<ServiceMatch>,
+}
+
+impl EntityRule {
+    pub fn is_empty(&self) -> bool {
+        *self == EntityRule::default()
+    }
+
+    /// Whether any selector-like field is set (selector, notSelector, namespaceSelector,
+    /// serviceAccounts): the condition under which Calico ANDs in the policy's namespace.
+    pub fn has_selector_fields(&self) -> bool {
+        self.selector.is_some()
+            || self.not_selector.is_some()
+            || self.namespace_selector.is_some()
+            || self.service_accounts.is_some()
+    }
+}
+
+/// `serviceAccounts`: match endpoints by service account name and/or labels.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceAccountMatch {
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub names: Vec<String>,
+    #[serde(
+        default,
+        deserialize_with = "empty_as_none",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub selector: Option<String>,
+}
+
+/// `services`: match the endpoints of a Kubernetes Service.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceMatch {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    #[serde(
+        default,
+        deserialize_with = "empty_as_none",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub namespace: Option<String>,
+}
+
+/// `http`: L7 match on methods and paths.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpMatch {
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub methods: Vec<String>,
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub paths: Vec<HttpPath>,
+}
+
+/// One entry of `http.paths`: exactly one of `exact` or `prefix`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpPath {
+    #[serde(
+        default,
+        deserialize_with = "empty_as_none",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub exact: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "empty_as_none",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub prefix: Option<String>,
+}
+
+/// A rule's own `metadata`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RuleMetadata {
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn full_rule_round_trips() {
+        let v = json!({
+            "action": "Allow",
+            "ipVersion": 4,
+            "protocol": "TCP",
+            "notProtocol": 17,
+            "source": {
+                "nets": ["10.0.0.0/8"],
+                "notNets": ["10.1.0.0/16"],
+                "selector": "app == 'web'",
+                "notSelector": "bad == 'true'",
+                "namespaceSelector": "team == 'a'",
+                "ports": [1024, "2000:3000"],
+                "notPorts": ["metrics"],
+                "serviceAccounts": {"names": ["api"], "selector": "x == 'y'"}
+            },
+            "destination": {"ports": [80, "http"], "services": {"name": "db", "namespace": "prod"}},
+            "http": {"methods": ["GET"], "paths": [{"exact": "/a"}, {"prefix": "/b"}]},
+            "metadata": {"annotations": {"owner": "ops"}}
+        });
+        let rule: Rule = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(rule.protocol, Some(Protocol::Tcp));
+        assert_eq!(rule.not_protocol, Some(Protocol::Number(17)));
+        assert_eq!(rule.source.ports[1], Port::Range(2000, 3000));
+        assert_eq!(
+            rule.annotations().collect::<Vec<_>>(),
+            vec![(&"owner".to_string(), &"ops".to_string())]
+        );
+        assert_eq!(serde_json::to_value(&rule).unwrap(), v);
+    }
+
+    #[test]
+    fn empty_parts_are_omitted_and_nulls_tolerated() {
+        let rule: Rule = serde_json::from_value(json!({
+            "action": "Deny", "source": {}, "destination": null,
+            "icmp": {"type": 8}, "notICMP": {"type": 3, "code": 1},
+            "unknownFutureField": true
+        }))
+        .unwrap();
+        assert_eq!(
+            serde_json::to_value(&rule).unwrap(),
+            json!({"action": "Deny", "icmp": {"type": 8}, "notICMP": {"type": 3, "code": 1}})
+        );
+        assert_eq!(
+            serde_json::to_value(Rule::new(Action::Pass)).unwrap(),
+            json!({"action": "Pass"})
+        );
+    }
+
+    #[test]
+    fn action_is_required() {
+        let err = serde_json::from_value::<Rule>(json!({"protocol": "TCP"})).unwrap_err();
+        assert!(err.to_string().contains("missing field `action`"), "{err}");
+    }
+
+    #[test]
+    fn bare_ip_nets_become_host_routes() {
+        let e: EntityRule =
+            serde_json::from_value(json!({"nets": ["10.0.0.1", "fd00::/64"]})).unwrap();
+        assert_eq!(
+            serde_json::to_value(&e).unwrap(),
+            json!({"nets": ["10.0.0.1/32", "fd00::/64"]})
+        );
+    }
+}
