@@ -85,7 +85,7 @@ pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
     if text.is_empty() {
         return Ok(rs);
     }
-    let has_cr_or_nul = body.bytes().any(|b| b == b'\r' || b == 0);
+    let has_cr_or_nul = body.contains('\r') || body.contains('\0'); // memchr, fast
     let mut state = RuleState::default();
     let mut toks = Vec::with_capacity(32);
     for (idx, line) in body.split('\n').enumerate() {
