@@ -1,7 +1,15 @@
 //! `felixrs iptables ...`: operator tools over iptables-save text.
+//!
+//! * `roundtrip [FILE]`: parse iptables-save / ip6tables-save text (stdin without FILE) and print it
+//!   re-rendered from the typed model. Kernel output comes back byte for byte; program-written
+//!   restore input comes back in the kernel's normal form. On a syntax error: `LINE:COL: message`
+//!   on stderr and exit status 1.
 
+use std::io::{Read, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::{Args, Subcommand};
 
 #[derive(Args)]
@@ -11,8 +19,59 @@ pub struct IptablesArgs {
 }
 
 #[derive(Subcommand)]
-enum IptablesCommand {}
+enum IptablesCommand {
+    /// Parse iptables-save output and print it re-rendered (exact for kernel output).
+    Roundtrip {
+        /// File with iptables-save text; stdin when absent.
+        file: Option<PathBuf>,
+    },
+}
 
 pub fn run(args: IptablesArgs) -> ExitCode {
-    match args.command {}
+    match args.command {
+        IptablesCommand::Roundtrip { file } => roundtrip(file),
+    }
+}
+
+fn read_input(file: Option<&PathBuf>) -> anyhow::Result<String> {
+    let mut bytes = Vec::new();
+    match file {
+        Some(path) => {
+            bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        }
+        None => {
+            std::io::stdin()
+                .read_to_end(&mut bytes)
+                .context("reading stdin")?;
+        }
+    }
+    let what = file.map_or_else(|| "stdin".to_string(), |p| p.display().to_string());
+    String::from_utf8(bytes).with_context(|| format!("{what} is not UTF-8 text"))
+}
+
+fn roundtrip(file: Option<PathBuf>) -> ExitCode {
+    let text = match read_input(file.as_ref()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("felixrs iptables roundtrip: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match iptables::parse::parse_save(&text) {
+        Ok(rs) => {
+            let mut out = std::io::stdout().lock();
+            if let Err(e) = out
+                .write_all(rs.render().as_bytes())
+                .and_then(|()| out.flush())
+            {
+                eprintln!("felixrs iptables roundtrip: writing stdout: {e}");
+                return ExitCode::FAILURE;
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
 }

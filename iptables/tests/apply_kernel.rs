@@ -106,6 +106,43 @@ fn auto_backend_follows_the_rules_already_there() {
         Mode::Nft,
         "kubelet's hint chain wins over rule counts"
     );
+
+    // No rules anywhere: the distribution's default (`iptables -V`) decides.
+    let ns = Netns::new();
+    let version = ns.ok("iptables", &["-V"]);
+    let expected = if version.contains("nf_tables") {
+        Mode::Nft
+    } else {
+        Mode::Legacy
+    };
+    let mut a = Applier::new(ns.runner(), ApplierConfig::default());
+    assert_eq!(a.mode().unwrap(), expected, "{version}");
+}
+
+#[test]
+fn switching_backend_sweeps_our_leftovers_from_the_old_one() {
+    let ns = Netns::new();
+    let desired = mk_state();
+    mk_applier(&ns, Mode::Legacy).apply(&desired).unwrap();
+    ns.feed(
+        "iptables-legacy-restore",
+        &["--noflush"],
+        "*filter\n-A INPUT -s 192.0.2.9/32 -j DROP\nCOMMIT\n",
+    );
+    let mut nft = mk_applier(&ns, Mode::Nft);
+    let report = nft.apply(&desired).unwrap();
+    assert!(
+        report.other_backend.contains_key(&TableName::Filter),
+        "{report:?}"
+    );
+    let legacy = ns.ok("iptables-legacy-save", &[]);
+    assert!(!legacy.contains("cali"), "{legacy}");
+    assert!(
+        legacy.contains("-A INPUT -s 192.0.2.9/32 -j DROP"),
+        "{legacy}"
+    );
+    assert_in_sync(&ns, Mode::Nft, &desired);
+    assert!(nft.refresh(&desired).unwrap().is_empty());
 }
 
 fn foreign_rules_survive(mode: Mode, file: &str) {
@@ -308,4 +345,76 @@ fn persistent_failure_names_table_and_payload_line_and_writes_nothing() {
         applier.apply(&mk_state()).unwrap();
         assert_in_sync(&ns, mode, &mk_state());
     }
+}
+
+#[test]
+fn invalid_input_is_refused_before_anything_is_written() {
+    let ns = Netns::new();
+    let mut applier = mk_applier(&ns, Mode::Nft);
+    let mut bad = mk_state();
+    bad.tables
+        .get_mut(&TableName::Nat)
+        .unwrap()
+        .chains
+        .insert("KUBE-SERVICES".into(), vec![]);
+    let err = applier.apply(&bad).unwrap_err();
+    assert!(
+        matches!(&err, ApplyError::InvalidChain { chain, .. } if chain == "KUBE-SERVICES"),
+        "{err}"
+    );
+    let mut bad = mk_state();
+    bad.tables
+        .get_mut(&TableName::Filter)
+        .unwrap()
+        .chains
+        .insert(
+            "cali-x".into(),
+            mk_rules("cali-x", &["-j ACCEPT\nCOMMIT\n*nat"]),
+        );
+    let err = applier.apply(&bad).unwrap_err();
+    assert!(err.to_string().contains("cali-x"), "{err}");
+    let everything = ns.ok("iptables-nft-save", &[]);
+    assert!(!everything.contains("cali"), "{everything}");
+    assert!(set_names(&ns).is_empty());
+}
+
+#[test]
+fn reread_every_apply_repairs_drift_without_refresh() {
+    let ns = Netns::new();
+    let desired = mk_state();
+    let mut applier = Applier::new(
+        ns.runner(),
+        ApplierConfig {
+            backend: Backend::Nft,
+            reread_every_apply: true,
+            ..ApplierConfig::default()
+        },
+    );
+    applier.apply(&desired).unwrap();
+    let quiet = applier.apply(&desired).unwrap();
+    assert!(quiet.is_empty() && quiet.kernel_reads == 1, "{quiet:?}");
+    ns.ok("iptables-nft", &["-F", "cali-INPUT"]);
+    let repair = applier.apply(&desired).unwrap();
+    assert!(
+        repair.iptables[&TableName::Filter].contains("-A cali-INPUT "),
+        "{repair:?}"
+    );
+    assert_in_sync(&ns, Mode::Nft, &desired);
+}
+
+#[test]
+fn preview_is_exactly_what_a_first_apply_writes() {
+    let desired = mk_state();
+    let text = iptables::apply::preview(&desired).unwrap();
+    let ns = Netns::new();
+    let report = mk_applier(&ns, Mode::Nft).apply(&desired).unwrap();
+    let mut expected = format!("# ipset restore (IPv4)\n{}", report.ipset_updates);
+    for table in TableName::ALL {
+        if let Some(p) = report.iptables.get(&table) {
+            expected.push_str(&format!(
+                "# iptables-restore --noflush (IPv4, {table})\n{p}"
+            ));
+        }
+    }
+    assert_eq!(text, expected);
 }

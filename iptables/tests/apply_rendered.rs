@@ -6,16 +6,12 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::Command;
-use std::time::Duration;
-
 use calc_graph::proto::*;
 use iptables::apply::{Applier, ApplierConfig, Backend, IpVersion as V, TableName};
 use iptables::render::{RenderConfig, Renderer};
 use support::check::assert_in_sync;
-use support::netns::Netns;
+use support::netns::{Netns, veth};
+use support::tcp;
 
 const POD: &str = "10.98.0.2";
 const CLIENT: &str = "10.99.0.1";
@@ -24,23 +20,6 @@ struct Topology {
     client: Netns,
     node: Netns,
     pod: Netns,
-}
-
-fn veth(a: &Netns, a_name: &str, b: &Netns, b_name: &str) {
-    let out = Command::new("ip")
-        .args([
-            "link", "add", a_name, "netns", &a.name, "type", "veth", "peer", "name", b_name,
-            "netns", &b.name,
-        ])
-        .output()
-        .expect("ip link add");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    a.ok("ip", &["link", "set", a_name, "up"]);
-    b.ok("ip", &["link", "set", b_name, "up"]);
 }
 
 fn mk_topology() -> Topology {
@@ -65,32 +44,6 @@ fn mk_topology() -> Topology {
     t.pod
         .ok("ip", &["route", "add", "default", "via", "10.98.0.1"]);
     t
-}
-
-fn serve(ns: &Netns, port: u16) {
-    let listener = ns.in_thread(move || {
-        TcpListener::bind(SocketAddr::new(POD.parse().unwrap(), port)).expect("bind in pod")
-    });
-    std::thread::spawn(move || {
-        for mut conn in listener.incoming().flatten() {
-            let _ = conn.write_all(b"ok");
-        }
-    });
-}
-
-fn connects(ns: &Netns, port: u16) -> bool {
-    ns.in_thread(move || {
-        let addr = SocketAddr::new(POD.parse().unwrap(), port);
-        match TcpStream::connect_timeout(&addr, Duration::from_millis(700)) {
-            Ok(mut s) => {
-                s.set_read_timeout(Some(Duration::from_millis(700)))
-                    .unwrap();
-                let mut buf = [0u8; 2];
-                s.read_exact(&mut buf).is_ok() && &buf == b"ok"
-            }
-            Err(_) => false,
-        }
-    })
 }
 
 fn mk_policy_id() -> PolicyId {
@@ -158,9 +111,12 @@ fn mk_outputs() -> Vec<Output> {
 
 fn rendered_policy_enforces(backend: Backend) {
     let t = mk_topology();
-    serve(&t.pod, 8080);
-    serve(&t.pod, 8081);
-    assert!(connects(&t.client, 8081), "no routing before policy");
+    tcp::serve(&t.pod, POD, 8080);
+    tcp::serve(&t.pod, POD, 8081);
+    assert!(
+        tcp::connects(&t.client, POD, 8081),
+        "no routing before policy"
+    );
 
     let mut renderer = Renderer::new(RenderConfig::default()).unwrap();
     assert!(renderer.apply_all(mk_outputs()).is_empty());
@@ -180,11 +136,11 @@ fn rendered_policy_enforces(backend: Backend) {
     let mode = applier.mode().unwrap();
     assert_in_sync(&t.node, mode, &desired);
     assert!(
-        connects(&t.client, 8080),
+        tcp::connects(&t.client, POD, 8080),
         "allowed port from allowed client dropped"
     );
     assert!(
-        !connects(&t.client, 8081),
+        !tcp::connects(&t.client, POD, 8081),
         "port outside the policy not dropped"
     );
     assert!(applier.apply(&desired).unwrap().is_empty());
@@ -200,7 +156,7 @@ fn rendered_policy_enforces(backend: Backend) {
     let report = applier.apply(&renderer.desired(V::V4)).unwrap();
     assert!(report.iptables.is_empty(), "{report:?}");
     assert!(
-        !connects(&t.client, 8080),
+        !tcp::connects(&t.client, POD, 8080),
         "client removed from the set still connects"
     );
 
@@ -219,7 +175,7 @@ fn rendered_policy_enforces(backend: Backend) {
         "{report:?}"
     );
     assert!(
-        !connects(&t.client, 8081),
+        !tcp::connects(&t.client, POD, 8081),
         "unknown interface must be dropped"
     );
     assert_in_sync(&t.node, mode, &gone);
@@ -233,4 +189,56 @@ fn rendered_policy_enforces_on_nft() {
 #[test]
 fn rendered_policy_enforces_on_legacy() {
     rendered_policy_enforces(Backend::Legacy);
+}
+
+/// A node that real Felix programmed (corpus 002, a live Felix v3.30+ dump) is taken over: rules
+/// whose ids equal Felix's are left alone (their counters survive), everything else of Calico's
+/// (host-endpoint chains, the raw and mangle chains we do not program) is replaced or removed.
+#[test]
+fn takes_over_a_felix_node_keeping_identical_rules_and_their_counters() {
+    let ns = Netns::new();
+    let path = format!(
+        "{}/../../shared/iptables-corpus/002-calico-felix-cali-raw-nat-mangle-filter.kernel.txt",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let dump = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let dispatch = "-A cali-from-wl-dispatch -m comment --comment \"cali:zTj6P0TIgYvgz-md\"";
+    assert!(dump.contains(dispatch), "corpus 002 changed");
+    let with_counters = dump.replace(dispatch, &format!("[7:700] {dispatch}"));
+    ns.feed("iptables-nft-restore", &["-c"], &with_counters);
+
+    let mut renderer = Renderer::new(RenderConfig::default()).unwrap();
+    renderer.apply(Output::InSync).unwrap();
+    assert!(renderer.flush().is_empty());
+    let desired = renderer.desired(V::V4);
+    let mut applier = Applier::new(
+        ns.runner(),
+        ApplierConfig {
+            backend: Backend::Nft,
+            ..ApplierConfig::default()
+        },
+    );
+    let report = applier.apply(&desired).unwrap();
+    let filter = &report.iptables[&TableName::Filter];
+    for kept in [
+        "cali-from-wl-dispatch",
+        "cali-to-wl-dispatch",
+        "cali-wl-to-host",
+    ] {
+        assert!(
+            !filter.contains(&format!("-R {kept} ")) && !filter.contains(&format!("-A {kept} ")),
+            "{kept} rewritten although its ids equal Felix's:\n{filter}"
+        );
+    }
+    assert!(filter.contains("-X cali-from-hep-forward"), "{filter}");
+    assert!(report.iptables.contains_key(&TableName::Raw));
+    assert!(report.iptables.contains_key(&TableName::Mangle));
+    assert_in_sync(&ns, iptables::apply::Mode::Nft, &desired);
+    let saved = ns.ok("iptables-nft-save", &["-c"]);
+    assert!(saved.contains(&format!("[7:700] {dispatch}")), "{saved}");
+    for table in ["raw", "mangle"] {
+        let t = ns.ok("iptables-nft-save", &["-t", table]);
+        assert!(!t.contains("cali"), "{t}");
+    }
+    assert!(applier.refresh(&desired).unwrap().is_empty());
 }

@@ -4,16 +4,13 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::time::Duration;
-
 use iptables::apply::{
     Applier, ApplierConfig, Backend, DesiredState, DesiredTable, HookPosition, IpSetKind,
     IpSetSpec, IpVersion, TableName,
 };
 use support::desired::{mk_hook, mk_net, mk_rules};
-use support::netns::{ADDR_A, ADDR_B, Netns, VethPair};
+use support::netns::{ADDR_A, ADDR_B, VethPair};
+use support::tcp;
 
 const ALLOWED: &str = "cali40s:allowed-clients";
 const PORT: u16 = 8080;
@@ -49,40 +46,15 @@ fn mk_policy(allowed: &[&str]) -> DesiredState {
     s
 }
 
-/// Starts an echo-once TCP server inside `ns` on `ADDR_B:port`, serving forever on a thread.
-fn serve(ns: &Netns, port: u16) {
-    let listener = ns.in_thread(move || {
-        TcpListener::bind(SocketAddr::new(ADDR_B.parse().unwrap(), port)).expect("bind in netns")
-    });
-    std::thread::spawn(move || {
-        for mut conn in listener.incoming().flatten() {
-            let _ = conn.write_all(b"ok");
-        }
-    });
-}
-
-/// Whether a TCP connect from `ns` to `ADDR_B:port` completes (and the server answers).
-fn connects(ns: &Netns, port: u16) -> bool {
-    ns.in_thread(move || {
-        let addr = SocketAddr::new(ADDR_B.parse().unwrap(), port);
-        match TcpStream::connect_timeout(&addr, Duration::from_millis(700)) {
-            Ok(mut s) => {
-                s.set_read_timeout(Some(Duration::from_millis(700)))
-                    .unwrap();
-                let mut buf = [0u8; 2];
-                s.read_exact(&mut buf).is_ok() && &buf == b"ok"
-            }
-            Err(_) => false,
-        }
-    })
-}
-
 fn allow_and_deny(backend: Backend) {
     let pair = VethPair::new();
-    serve(&pair.b, PORT);
-    serve(&pair.b, PORT + 1);
-    serve(&pair.b, PORT + 2);
-    assert!(connects(&pair.a, PORT), "no connectivity before any policy");
+    tcp::serve(&pair.b, ADDR_B, PORT);
+    tcp::serve(&pair.b, ADDR_B, PORT + 1);
+    tcp::serve(&pair.b, ADDR_B, PORT + 2);
+    assert!(
+        tcp::connects(&pair.a, ADDR_B, PORT),
+        "no connectivity before any policy"
+    );
 
     let mut applier = Applier::new(
         pair.b.runner(),
@@ -94,13 +66,16 @@ fn allow_and_deny(backend: Backend) {
     applier
         .apply(&mk_policy(&[&format!("{ADDR_A}/32")]))
         .unwrap();
-    assert!(connects(&pair.a, PORT), "allowed client was dropped");
     assert!(
-        !connects(&pair.a, PORT + 1),
+        tcp::connects(&pair.a, ADDR_B, PORT),
+        "allowed client was dropped"
+    );
+    assert!(
+        !tcp::connects(&pair.a, ADDR_B, PORT + 1),
         "port outside the policy was not dropped"
     );
     assert!(
-        connects(&pair.a, PORT + 2),
+        tcp::connects(&pair.a, ADDR_B, PORT + 2),
         "a port the rules do not cover was dropped"
     );
 
@@ -110,17 +85,20 @@ fn allow_and_deny(backend: Backend) {
         report.iptables.is_empty(),
         "rules rewritten for a member change"
     );
-    assert!(!connects(&pair.a, PORT), "removed client still connects");
+    assert!(
+        !tcp::connects(&pair.a, ADDR_B, PORT),
+        "removed client still connects"
+    );
 
     applier.apply(&mk_policy(&["10.99.0.0/24"])).unwrap();
     assert!(
-        connects(&pair.a, PORT),
+        tcp::connects(&pair.a, ADDR_B, PORT),
         "client in allowed subnet was dropped"
     );
 
     // Removing all of our state restores the namespace's open default.
     applier.apply(&DesiredState::new(IpVersion::V4)).unwrap();
-    assert!(connects(&pair.a, PORT + 1));
+    assert!(tcp::connects(&pair.a, ADDR_B, PORT + 1));
 }
 
 #[test]

@@ -35,6 +35,14 @@ pub enum Mode {
 pub const LOCK_WAIT_SECS: &str = "10";
 
 impl Mode {
+    /// The other backend (whose leftovers of ours get swept, §6.8 "cleanup across backends").
+    pub fn other(self) -> Mode {
+        match self {
+            Mode::Legacy => Mode::Nft,
+            Mode::Nft => Mode::Legacy,
+        }
+    }
+
     fn infix(self) -> &'static str {
         match self {
             Mode::Legacy => "legacy",

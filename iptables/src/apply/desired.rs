@@ -149,47 +149,79 @@ impl DesiredState {
 
     /// Checks every name, hash, rule body and set member (see the module docs); the first problem
     /// found is returned as an error naming the table/chain/set and the offending value.
+    ///
+    /// The applier itself runs the same checks lazily, on exactly what goes into a payload (every
+    /// chain name and hook chain, and each rule or set when it is written), so an apply whose
+    /// change is small does not pay for re-checking the whole state.
     pub fn validate(&self) -> Result<(), ApplyError> {
         for (table, t) in &self.tables {
             for (chain, rules) in &t.chains {
-                if !is_our_chain(chain) || !valid_chain_name(chain) {
-                    return Err(ApplyError::InvalidChain {
-                        table: *table,
-                        chain: chain.clone(),
-                        reason: "our chains are `cali-` + [A-Za-z0-9_.:/-], at most 28 bytes",
-                    });
-                }
+                validate_chain_name(*table, chain)?;
                 for rule in rules {
-                    validate_rule(*table, chain, rule)?;
-                    check_target(*table, t, chain, rule)?;
+                    validate_written_rule(*table, t, chain, rule)?;
                 }
             }
             for hook in &t.hooks {
-                if !table.builtin_chains().contains(&hook.kernel_chain.as_str()) {
-                    return Err(ApplyError::InvalidChain {
-                        table: *table,
-                        chain: hook.kernel_chain.clone(),
-                        reason: "hook rules go only into the table's built-in chains",
-                    });
-                }
-                validate_rule(*table, &hook.kernel_chain, &hook.rule)?;
-                check_target(*table, t, &hook.kernel_chain, &hook.rule)?;
+                validate_hook_chain(*table, &hook.kernel_chain)?;
+                validate_written_rule(*table, t, &hook.kernel_chain, &hook.rule)?;
             }
         }
         for (name, spec) in &self.ip_sets {
-            validate_set_name(self.family, name)?;
-            if spec.maxelem == 0 {
-                return Err(ApplyError::InvalidSet {
-                    set: name.clone(),
-                    reason: "maxelem must be positive".into(),
-                });
-            }
-            for m in &spec.members {
-                validate_member(self.family, name, spec.kind, m)?;
-            }
+            validate_set(self.family, name, spec)?;
         }
         Ok(())
     }
+}
+
+/// A desired chain must be ours: `cali-` + `[A-Za-z0-9_.:/-]`, at most 28 bytes.
+pub fn validate_chain_name(table: TableName, chain: &str) -> Result<(), ApplyError> {
+    if is_our_chain(chain) && valid_chain_name(chain) {
+        return Ok(());
+    }
+    Err(ApplyError::InvalidChain {
+        table,
+        chain: chain.to_string(),
+        reason: "our chains are `cali-` + [A-Za-z0-9_.:/-], at most 28 bytes",
+    })
+}
+
+/// Hook rules go only into the table's built-in chains.
+pub fn validate_hook_chain(table: TableName, chain: &str) -> Result<(), ApplyError> {
+    if table.builtin_chains().contains(&chain) {
+        return Ok(());
+    }
+    Err(ApplyError::InvalidChain {
+        table,
+        chain: chain.to_string(),
+        reason: "hook rules go only into the table's built-in chains",
+    })
+}
+
+/// Checks one rule of desired table `t` before it is written into `chain`: hash shape, body
+/// shape and that a jump to one of our chains goes to a chain the table desires.
+pub fn validate_written_rule(
+    table: TableName,
+    t: &DesiredTable,
+    chain: &str,
+    rule: &DesiredRule,
+) -> Result<(), ApplyError> {
+    validate_rule(table, chain, rule)?;
+    check_target(table, t, chain, rule)
+}
+
+/// Checks one set before it is written: name, maxelem and every member.
+pub fn validate_set(family: IpVersion, name: &str, spec: &IpSetSpec) -> Result<(), ApplyError> {
+    validate_set_name(family, name)?;
+    if spec.maxelem == 0 {
+        return Err(ApplyError::InvalidSet {
+            set: name.to_string(),
+            reason: "maxelem must be positive".into(),
+        });
+    }
+    for m in &spec.members {
+        validate_member(family, name, spec.kind, m)?;
+    }
+    Ok(())
 }
 
 /// Whether a chain name has our prefix.
@@ -285,7 +317,7 @@ fn check_target(
     rule: &DesiredRule,
 ) -> Result<(), ApplyError> {
     match super::kernel::body_target(&rule.body) {
-        Some(target) if is_our_chain(&target) && !t.chains.contains_key(&target) => {
+        Some(target) if is_our_chain(target) && !t.chains.contains_key(target) => {
             Err(ApplyError::InvalidRule {
                 table,
                 chain: chain.to_string(),

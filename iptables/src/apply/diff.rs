@@ -14,7 +14,11 @@
 
 use std::fmt::Write as _;
 
-use super::desired::{DesiredRule, DesiredTable, HookPosition, TableName, is_our_chain};
+use super::desired::{
+    DesiredRule, DesiredTable, HookPosition, TableName, is_our_chain, validate_chain_name,
+    validate_hook_chain, validate_written_rule,
+};
+use super::error::ApplyError;
 use super::kernel::{ActualRule, ActualTable, body_target};
 
 /// One line of a restore transaction.
@@ -53,7 +57,7 @@ impl NewRule {
         NewRule {
             hash: r.hash.clone(),
             spec: r.restore_spec(),
-            target: body_target(&r.body),
+            target: body_target(&r.body).map(str::to_string),
         }
     }
 
@@ -71,14 +75,25 @@ impl NewRule {
 }
 
 /// Plans the ops that turn `actual` into `desired` (`None`: remove everything of ours from the
-/// table).
+/// table). Every desired chain name and hook chain is checked, and every rule that goes into an
+/// op (and so into the payload) is validated first.
 pub fn plan_table(
     table: TableName,
     desired: Option<&DesiredTable>,
     actual: &ActualTable,
-) -> Vec<Op> {
+) -> Result<Vec<Op>, ApplyError> {
     let empty = DesiredTable::default();
     let d = desired.unwrap_or(&empty);
+    for name in d.chains.keys() {
+        validate_chain_name(table, name)?;
+    }
+    for h in &d.hooks {
+        validate_hook_chain(table, &h.kernel_chain)?;
+    }
+    let new_rule = |chain: &str, r: &DesiredRule| -> Result<NewRule, ApplyError> {
+        validate_written_rule(table, d, chain, r)?;
+        Ok(NewRule::from_desired(r))
+    };
     let mut declares = Vec::new();
     let mut updates = Vec::new();
     let mut hooks = Vec::new();
@@ -105,7 +120,7 @@ pub fn plan_table(
             for r in rules {
                 updates.push(Op::Append {
                     chain: name.clone(),
-                    rule: NewRule::from_desired(r),
+                    rule: new_rule(name, r)?,
                 });
             }
             continue;
@@ -116,11 +131,11 @@ pub fn plan_table(
                 Some(_) => updates.push(Op::Replace {
                     chain: name.clone(),
                     index: i + 1,
-                    rule: NewRule::from_desired(r),
+                    rule: new_rule(name, r)?,
                 }),
                 None => updates.push(Op::Append {
                     chain: name.clone(),
-                    rule: NewRule::from_desired(r),
+                    rule: new_rule(name, r)?,
                 }),
             }
         }
@@ -148,13 +163,13 @@ pub fn plan_table(
         for r in top.iter().rev() {
             hooks.push(Op::Insert {
                 chain: kc.to_string(),
-                rule: NewRule::from_desired(r),
+                rule: new_rule(kc, r)?,
             });
         }
         for r in &bottom {
             hooks.push(Op::Append {
                 chain: kc.to_string(),
-                rule: NewRule::from_desired(r),
+                rule: new_rule(kc, r)?,
             });
         }
     }
@@ -163,7 +178,7 @@ pub fn plan_table(
     ops.extend(updates);
     ops.extend(hooks);
     ops.extend(deletes);
-    ops
+    Ok(ops)
 }
 
 fn hooks_of<'a>(d: &'a DesiredTable, chain: &str, pos: HookPosition) -> Vec<&'a DesiredRule> {

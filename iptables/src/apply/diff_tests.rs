@@ -31,7 +31,7 @@ fn mk_desired() -> DesiredTable {
 }
 
 fn apply(table: TableName, d: Option<&DesiredTable>, actual: &mut ActualTable) -> Vec<Op> {
-    let ops = plan_table(table, d, actual);
+    let ops = plan_table(table, d, actual).unwrap();
     simulate(table, actual, &ops).unwrap();
     ops
 }
@@ -53,7 +53,11 @@ fn fresh_table_gets_chains_then_hooks() {
          -I INPUT 1 -m comment --comment \"cali:0000000000000009\" -j cali-INPUT\nCOMMIT\n"
     );
     assert_eq!(actual.chains["INPUT"].len(), 2);
-    assert!(plan_table(TableName::Filter, Some(&d), &actual).is_empty());
+    assert!(
+        plan_table(TableName::Filter, Some(&d), &actual)
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(render(TableName::Filter, &[]), "");
 }
 
@@ -113,6 +117,24 @@ fn rule_inserted_above_hook_triggers_reinsert() {
     assert!(matches!(&ops[0], Op::DeleteSpec { chain, .. } if chain == "INPUT"));
     assert!(matches!(&ops[1], Op::Insert { chain, .. } if chain == "INPUT"));
     assert_eq!(actual.chains["INPUT"][1].spec, "-j LOG");
+}
+
+#[test]
+fn written_rules_and_all_chain_names_are_validated() {
+    let actual = ActualTable::default();
+    let mut d = mk_desired();
+    d.chains
+        .insert("cali-x".into(), vec![mk_rule(7, "-j ACCEPT\nCOMMIT")]);
+    let err = plan_table(TableName::Filter, Some(&d), &actual).unwrap_err();
+    assert!(err.to_string().contains("cali-x"), "{err}");
+    let mut d = mk_desired();
+    d.chains.insert("KUBE-SERVICES".into(), vec![]);
+    let err = plan_table(TableName::Filter, Some(&d), &actual).unwrap_err();
+    assert!(err.to_string().contains("KUBE-SERVICES"), "{err}");
+    let mut d = mk_desired();
+    d.hooks[0].kernel_chain = "PREROUTING".into();
+    let err = plan_table(TableName::Filter, Some(&d), &actual).unwrap_err();
+    assert!(err.to_string().contains("built-in"), "{err}");
 }
 
 #[test]
@@ -294,7 +316,7 @@ proptest! {
     ) {
         let foreign_before = foreign_view(&actual);
         let before = actual.clone();
-        let ops = plan_table(TableName::Filter, desired.as_ref(), &actual);
+        let ops = plan_table(TableName::Filter, desired.as_ref(), &actual).unwrap();
         simulate(TableName::Filter, &mut actual, &ops).map_err(TestCaseError::fail)?;
         let empty = DesiredTable::default();
         let d = desired.as_ref().unwrap_or(&empty);
@@ -320,7 +342,7 @@ proptest! {
                 prop_assert_ne!(old, Some(rule.hash.as_str()));
             }
         }
-        prop_assert!(plan_table(TableName::Filter, desired.as_ref(), &actual).is_empty());
+        prop_assert!(plan_table(TableName::Filter, desired.as_ref(), &actual).unwrap().is_empty());
         let hashes_ok = ops.iter().all(|op| match op {
             Op::Replace { rule, .. } | Op::Append { rule, .. } | Op::Insert { rule, .. } => {
                 valid_hash(&rule.hash)

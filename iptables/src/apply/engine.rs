@@ -6,7 +6,8 @@
 //! The kernel view is read once (`iptables-save`, `ipset save`) and then kept current from what
 //! was written, so an apply costs one restore per changed table and nothing when nothing changed.
 //! [`Applier::refresh`] re-reads and repairs drift (flushed chains, deleted or displaced hooks,
-//! rogue rules in our chains, missing sets); call it periodically. A failed write re-reads the
+//! rogue rules in our chains, missing sets) and sweeps leftovers of ours from the other iptables
+//! backend; call it periodically. A failed write re-reads the
 //! affected state and is retried with exponential backoff; each table is one transaction, so a
 //! failure never leaves a table half-written.
 
@@ -15,11 +16,11 @@ use std::time::Duration;
 
 use super::backend::{self, Backend, Mode};
 use super::desired::{DesiredState, IpVersion, TableName};
-use super::diff::{plan_table, render, simulate};
+use super::diff::{Op, plan_table, render, simulate};
 use super::error::{ApplyError, blame, clean_stderr, failed_line, payload_line};
 use super::ipset::{
-    ActualSet, after_updates, parse_save as parse_ipset_save, plan_deletions, plan_updates,
-    render_deletions,
+    ActualSet, SetUpdatePlan, after_updates, parse_save as parse_ipset_save, plan_deletions,
+    plan_updates, render_deletions,
 };
 use super::kernel::ActualTable;
 use super::read::read_tables;
@@ -60,6 +61,9 @@ pub struct ApplyReport {
     pub iptables: BTreeMap<TableName, String>,
     /// Phase 3 `ipset restore` payload.
     pub ipset_deletions: String,
+    /// Payloads that removed our leftovers from the *other* backend (swept after each full read,
+    /// e.g. after switching from iptables-legacy to iptables-nft).
+    pub other_backend: BTreeMap<TableName, String>,
     /// Sets of ours that could not be destroyed (something still references them).
     pub undeletable_sets: Vec<String>,
     /// Full reads of the kernel state (`iptables-save` + `ipset save`) done by this apply.
@@ -71,7 +75,10 @@ pub struct ApplyReport {
 impl ApplyReport {
     /// Nothing was written.
     pub fn is_empty(&self) -> bool {
-        self.ipset_updates.is_empty() && self.iptables.is_empty() && self.ipset_deletions.is_empty()
+        self.ipset_updates.is_empty()
+            && self.iptables.is_empty()
+            && self.ipset_deletions.is_empty()
+            && self.other_backend.is_empty()
     }
 
     /// Payload lines written (`felix_iptables_lines_executed` + `felix_ipset_lines_executed`).
@@ -83,7 +90,39 @@ impl ApplyReport {
                 .map(|p| p.lines().count())
                 .sum::<usize>()
             + self.ipset_deletions.lines().count()
+            + self
+                .other_backend
+                .values()
+                .map(|p| p.lines().count())
+                .sum::<usize>()
     }
+}
+
+static EMPTY_TABLE: ActualTable = ActualTable {
+    chains: BTreeMap::new(),
+};
+
+/// What an apply would write to a kernel with nothing of ours in it: the phase-1 `ipset restore`
+/// payload, then one `iptables-restore --noflush` transaction per table, each preceded by a
+/// `# …` header line naming the tool (for `felixrs render`-style dry runs). Validates exactly as
+/// an apply does.
+pub fn preview(desired: &DesiredState) -> Result<String, ApplyError> {
+    let n = desired.family.number();
+    let mut out = String::new();
+    let sets = plan_updates(desired.family, &desired.ip_sets, &BTreeMap::new())?;
+    if !sets.payload.is_empty() {
+        out.push_str(&format!("# ipset restore (IPv{n})\n"));
+        out.push_str(&sets.payload);
+    }
+    for table in TableName::ALL {
+        let ops = plan_table(table, desired.tables.get(&table), &EMPTY_TABLE)?;
+        if ops.is_empty() {
+            continue;
+        }
+        out.push_str(&format!("# iptables-restore --noflush (IPv{n}, {table})\n"));
+        out.push_str(&render(table, &ops));
+    }
+    Ok(out)
 }
 
 #[derive(Debug, Clone, Default)]
@@ -153,7 +192,6 @@ impl<R: Runner> Applier<R> {
                 desired: desired.family.number(),
             });
         }
-        desired.validate()?;
         let mode = self.mode()?;
         let mut report = ApplyReport::default();
         if self.view.is_none() || self.config.reread_every_apply {
@@ -173,9 +211,27 @@ impl<R: Runner> Applier<R> {
         desired: &DesiredState,
         report: &mut ApplyReport,
     ) -> Result<(), ApplyError> {
-        self.update_sets(desired, report)?;
+        // Plan (and so validate) every table before anything is written: bad input fails the
+        // apply with nothing changed in the kernel.
+        let mut planned = Vec::new();
         for table in TableName::ALL {
-            self.write_table(mode, table, desired, report)?;
+            let d = desired.tables.get(&table);
+            let view = self.view();
+            if d.is_none() && !view.tables.contains_key(&table) {
+                continue;
+            }
+            let ops = plan_table(table, d, view.tables.get(&table).unwrap_or(&EMPTY_TABLE))?;
+            if !ops.is_empty() {
+                planned.push((table, ops));
+            }
+        }
+        let set_plan = plan_updates(desired.family, &desired.ip_sets, &self.view().sets)?;
+        self.update_sets(desired, set_plan, report)?;
+        for (table, ops) in planned {
+            self.write_table(mode, table, desired, ops, report)?;
+        }
+        if report.kernel_reads > 0 {
+            self.sweep_other_backend(mode, report)?;
         }
         self.delete_sets(desired, report)
     }
@@ -186,6 +242,42 @@ impl<R: Runner> Applier<R> {
 
     fn backoff(&self, attempt: u32) {
         std::thread::sleep(self.config.initial_backoff * 2u32.saturating_pow(attempt));
+    }
+
+    /// Removes our chains and hook rules from the backend we do not use (before phase 3, so the
+    /// sets those rules reference can go). Failing to read or write the other backend is logged,
+    /// not fatal: our policy is in place in the backend that holds the host's rules.
+    fn sweep_other_backend(
+        &mut self,
+        mode: Mode,
+        report: &mut ApplyReport,
+    ) -> Result<(), ApplyError> {
+        let other = mode.other();
+        let tables = match self.read_iptables(other, None) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the other iptables backend, not sweeping it");
+                return Ok(());
+            }
+        };
+        for (table, actual) in &tables {
+            let ops = plan_table(*table, None, actual)?;
+            if ops.is_empty() {
+                continue;
+            }
+            let payload = render(*table, &ops);
+            let program = other.restore_program(self.config.family);
+            let out = self
+                .runner
+                .run(&program, other.restore_args(), Some(payload.as_bytes()))?;
+            if out.status.success() {
+                tracing::info!(%table, backend = ?other, "removed our leftovers from the other backend");
+                report.other_backend.insert(*table, payload);
+            } else {
+                tracing::warn!(%table, backend = ?other, stderr = %clean_stderr(&String::from_utf8_lossy(&out.stderr)), "cannot sweep the other backend");
+            }
+        }
+        Ok(())
     }
 
     fn read_all(&self, mode: Mode) -> Result<KernelView, ApplyError> {
@@ -211,7 +303,7 @@ impl<R: Runner> Applier<R> {
         // iptables-nft-save exits 0 for tables it cannot represent (§6.2).
         if !out.status.success() || text.contains("is incompatible, use 'nft' tool") {
             return Err(ApplyError::Read {
-                table: table.unwrap_or(TableName::Filter),
+                what: table.map_or("all tables".to_string(), |t| format!("table {t}")),
                 program,
                 detail: format!("{} {}", out.status, stderr.trim()),
             });
@@ -281,14 +373,20 @@ impl<R: Runner> Applier<R> {
         Ok(Err((failed_line(&stderr), stderr)))
     }
 
+    /// Phase 1: writes `plan` (made against the current view); after a failure, re-reads the
+    /// sets, plans again and retries.
     fn update_sets(
         &mut self,
         desired: &DesiredState,
+        plan: SetUpdatePlan,
         report: &mut ApplyReport,
     ) -> Result<(), ApplyError> {
         let mut attempt = 0;
+        let mut plan = plan;
         loop {
-            let plan = plan_updates(desired.family, &desired.ip_sets, &self.view().sets);
+            if attempt > 0 {
+                plan = plan_updates(desired.family, &desired.ip_sets, &self.view().sets)?;
+            }
             if plan.payload.is_empty() {
                 return Ok(());
             }
@@ -328,22 +426,24 @@ impl<R: Runner> Applier<R> {
         }
     }
 
+    /// Writes `ops` (planned against the current view) as one transaction; after a failure,
+    /// re-reads the table, plans again and retries.
     fn write_table(
         &mut self,
         mode: Mode,
         table: TableName,
         desired: &DesiredState,
+        ops: Vec<Op>,
         report: &mut ApplyReport,
     ) -> Result<(), ApplyError> {
         let d = desired.tables.get(&table);
         let mut attempt = 0;
+        let mut ops = ops;
         loop {
-            let view = self.view();
-            if d.is_none() && !view.tables.contains_key(&table) {
-                return Ok(());
+            if attempt > 0 {
+                let actual = self.view().tables.entry(table).or_default();
+                ops = plan_table(table, d, actual)?;
             }
-            let actual = view.tables.entry(table).or_default();
-            let ops = plan_table(table, d, actual);
             if ops.is_empty() {
                 return Ok(());
             }

@@ -31,9 +31,10 @@ pub enum ApplyError {
     FamilyMismatch { applier: u8, desired: u8 },
     #[error(transparent)]
     Run(#[from] RunError),
-    #[error("reading table {table} with {program} failed: {detail}")]
+    #[error("reading {what} with {program} failed: {detail}")]
     Read {
-        table: TableName,
+        /// `table filter` or `all tables`.
+        what: String,
         program: String,
         detail: String,
     },

@@ -19,7 +19,9 @@ use std::fmt::Write as _;
 
 use super::desired::{
     IpSetKind, IpSetMember, IpSetSpec, IpVersion, is_our_set, member_text, temp_set_prefix,
+    validate_set,
 };
+use super::error::ApplyError;
 
 /// One of our sets as the kernel has it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +31,9 @@ pub struct ActualSet {
     pub maxelem: u32,
     /// Members in `ipset save` text form.
     pub members: BTreeSet<String>,
+    /// The spec this content was written from, when we wrote it (not when read from the kernel):
+    /// an unchanged spec is recognised without rendering its members again.
+    pub written: Option<IpSetSpec>,
 }
 
 /// The `ipset` type name of a kind.
@@ -84,6 +89,7 @@ pub fn parse_save(family: IpVersion, text: &str) -> BTreeMap<String, ActualSet> 
                         type_name,
                         maxelem,
                         members: BTreeSet::new(),
+                        written: None,
                     },
                 );
             }
@@ -110,17 +116,22 @@ pub struct SetUpdatePlan {
     pub temps: Vec<String>,
 }
 
-/// Plans phase 1.
+/// Plans phase 1. Every set that goes into the payload is validated first.
 pub fn plan_updates(
     family: IpVersion,
     desired: &BTreeMap<String, IpSetSpec>,
     actual: &BTreeMap<String, ActualSet>,
-) -> SetUpdatePlan {
+) -> Result<SetUpdatePlan, ApplyError> {
     let mut plan = SetUpdatePlan::default();
     let mut p = String::new();
     let fam = family_name(family);
     let mut temp_n = 0usize;
     for (name, spec) in desired {
+        let actual_set = actual.get(name);
+        if actual_set.is_some_and(|a| a.written.as_ref() == Some(spec)) {
+            continue;
+        }
+        validate_set(family, name, spec)?;
         let want = desired_texts(spec);
         let ty = type_name(spec.kind);
         let create = |p: &mut String, n: &str| {
@@ -131,7 +142,7 @@ pub fn plan_updates(
                 let _ = writeln!(p, "add {n} {m}");
             }
         };
-        match actual.get(name) {
+        match actual_set {
             None => {
                 create(&mut p, name);
                 fill(&mut p, name, &mut want.iter());
@@ -166,7 +177,7 @@ pub fn plan_updates(
         }
     }
     plan.payload = p;
-    plan
+    Ok(plan)
 }
 
 /// Our sets that are not desired (phase 3), in name order.
@@ -192,12 +203,19 @@ pub fn after_updates(
     actual: &mut BTreeMap<String, ActualSet>,
 ) {
     for (name, spec) in desired {
+        if actual
+            .get(name)
+            .is_some_and(|a| a.written.as_ref() == Some(spec))
+        {
+            continue;
+        }
         actual.insert(
             name.clone(),
             ActualSet {
                 type_name: type_name(spec.kind).to_string(),
                 maxelem: spec.maxelem,
                 members: desired_texts(spec),
+                written: Some(spec.clone()),
             },
         );
     }
@@ -254,7 +272,7 @@ create cali60v6 hash:net family inet6 hashsize 1024 maxelem 1048576
         );
         b.maxelem = 4096;
         desired.insert("cali40b".to_string(), b);
-        let plan = plan_updates(IpVersion::V4, &desired, &actual);
+        let plan = plan_updates(IpVersion::V4, &desired, &actual).unwrap();
         assert_eq!(
             plan.payload,
             "del cali40a 10.1.0.0/16\nadd cali40a 10.2.0.0/16\n\
@@ -267,6 +285,7 @@ create cali60v6 hash:net family inet6 hashsize 1024 maxelem 1048576
         after_updates(&desired, &mut after);
         assert!(
             plan_updates(IpVersion::V4, &desired, &after)
+                .unwrap()
                 .payload
                 .is_empty()
         );
@@ -274,13 +293,24 @@ create cali60v6 hash:net family inet6 hashsize 1024 maxelem 1048576
         // maxelem change: temp set + swap.
         let mut d2 = desired.clone();
         d2.get_mut("cali40a").unwrap().maxelem = 2048;
-        let plan = plan_updates(IpVersion::V4, &d2, &after);
+        let plan = plan_updates(IpVersion::V4, &d2, &after).unwrap();
         assert_eq!(
             plan.payload,
             "create cali4t0 hash:net family inet maxelem 2048\nadd cali4t0 10.0.0.1\n\
              add cali4t0 10.2.0.0/16\nswap cali40a cali4t0\ndestroy cali4t0\n"
         );
         assert_eq!(plan.temps, ["cali4t0"]);
+    }
+
+    #[test]
+    fn sets_are_validated_before_they_reach_a_payload() {
+        let mut desired = BTreeMap::new();
+        desired.insert(
+            "cali40s:x\ncreate evil".to_string(),
+            IpSetSpec::new(IpSetKind::Net, []),
+        );
+        let err = plan_updates(IpVersion::V4, &desired, &BTreeMap::new()).unwrap_err();
+        assert!(err.to_string().contains("invalid ip set"), "{err}");
     }
 
     #[test]

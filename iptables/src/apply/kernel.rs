@@ -2,9 +2,12 @@
 //! (if the rule's first comment is `cali:<hash>`), its jump/goto target and, outside our own
 //! chains, its full spec (so our rules in shared chains can be deleted by spec, never by index).
 //!
-//! Built from `iptables-save` output. Like Felix (§6.2 of the reference) we need only chain
-//! names, the first comment and the target of each rule, so reading is a tolerant line scan: a
-//! foreign rule using a match extension nobody here knows cannot stop us from programming policy.
+//! Built from `iptables-save` output by the crate's parser (module `read`). Like Felix (§6.2 of
+//! the reference) we need only chain names, the first comment and the target of each rule, so
+//! this module also has a tolerant line scan ([`scan_save`]) that reads the same three facts:
+//! it is the fallback when the parser rejects a dump (a foreign rule using syntax nobody here
+//! knows must not stop us from programming policy), and it checks rule bodies we write
+//! ([`body_target`]) without allocating. Both readings are proven equal on the whole corpus.
 
 use std::collections::BTreeMap;
 
@@ -96,21 +99,35 @@ fn strip_counters(line: &str) -> &str {
 
 /// Reads hash and target of one rule's spec (the text after `-A <chain> `).
 pub fn scan_rule(chain: &str, spec: &str) -> ActualRule {
+    let (hash, target) = scan_hash_and_target(spec);
+    let spec = if is_our_chain(chain) {
+        String::new()
+    } else {
+        spec.to_string()
+    };
+    ActualRule {
+        hash: hash.map(str::to_string),
+        spec,
+        target: target.map(str::to_string),
+    }
+}
+
+/// The `cali:` hash of the first comment and the jump/goto target of a rule text, without
+/// allocating (this runs for every rule of every apply).
+fn scan_hash_and_target(spec: &str) -> (Option<&str>, Option<&str>) {
     let mut hash = None;
     let mut seen_comment = false;
     let mut target = None;
     let mut tokens = Tokens { rest: spec };
     while let Some(tok) = tokens.next() {
-        match tok.as_str() {
+        match tok {
             "--comment" => {
-                let value = tokens.next().unwrap_or_default();
+                let value = unquote(tokens.next().unwrap_or_default());
                 if !seen_comment {
                     seen_comment = true;
-                    if let Some(h) = value.strip_prefix(HASH_COMMENT_PREFIX)
-                        && valid_hash(h)
-                    {
-                        hash = Some(h.to_string());
-                    }
+                    hash = value
+                        .strip_prefix(HASH_COMMENT_PREFIX)
+                        .filter(|h| valid_hash(h));
                 }
             }
             "-j" | "--jump" | "-g" | "--goto" => {
@@ -119,12 +136,7 @@ pub fn scan_rule(chain: &str, spec: &str) -> ActualRule {
             _ => {}
         }
     }
-    let spec = if is_our_chain(chain) {
-        String::new()
-    } else {
-        spec.to_string()
-    };
-    ActualRule { hash, spec, target }
+    (hash, target)
 }
 
 /// Targets that are not chains. Upper-case extension targets (`MARK`, `DNAT`, …) are extensions
@@ -134,48 +146,50 @@ fn is_builtin_target(t: &str) -> bool {
     matches!(t, "ACCEPT" | "DROP" | "RETURN" | "QUEUE")
 }
 
-/// Shell-like tokens of a restore/save line: whitespace-separated, `"…"` quoted with `\"`, `\\`,
-/// `\'` escapes (the `xtables_save_string` rules).
+/// A token without its surrounding double quotes (escapes are left as they are: the values we
+/// look at, hashes and chain names, never contain any).
+pub fn unquote(tok: &str) -> &str {
+    tok.strip_prefix('"')
+        .and_then(|t| t.strip_suffix('"'))
+        .unwrap_or(tok)
+}
+
+/// Raw tokens of a restore/save line: whitespace-separated, where a `"…"` part (with `\"`
+/// escapes, the `xtables_save_string` rules) does not split; quotes are kept in the token.
 pub struct Tokens<'a> {
     pub rest: &'a str,
 }
 
-impl Iterator for Tokens<'_> {
-    type Item = String;
+impl<'a> Iterator for Tokens<'a> {
+    type Item = &'a str;
 
-    fn next(&mut self) -> Option<String> {
+    fn next(&mut self) -> Option<&'a str> {
         let s = self.rest.trim_start();
         if s.is_empty() {
             self.rest = s;
             return None;
         }
-        let mut out = String::new();
-        let mut chars = s.char_indices();
+        let bytes = s.as_bytes();
         let mut in_quotes = false;
-        let mut end = s.len();
-        while let Some((i, c)) = chars.next() {
-            match c {
-                '"' => in_quotes = !in_quotes,
-                '\\' if in_quotes => {
-                    if let Some((_, n)) = chars.next() {
-                        out.push(n);
-                    }
-                }
-                c if c.is_whitespace() && !in_quotes => {
-                    end = i;
-                    break;
-                }
-                c => out.push(c),
+        let mut i = 0;
+        while i < bytes.len() {
+            match bytes[i] {
+                b'"' => in_quotes = !in_quotes,
+                b'\\' if in_quotes => i += 1,
+                b if b.is_ascii_whitespace() && !in_quotes => break,
+                _ => {}
             }
+            i += 1;
         }
+        let end = i.min(s.len());
         self.rest = &s[end..];
-        Some(out)
+        Some(&s[..end])
     }
 }
 
-/// Every user-chain target of a rule body (`-j X`, `-g X`), for reference checks.
-pub fn body_target(body: &str) -> Option<String> {
-    scan_rule("x", body).target
+/// The user-chain target of a rule body (`-j X`, `-g X`), for reference checks.
+pub fn body_target(body: &str) -> Option<&str> {
+    scan_hash_and_target(body).1
 }
 
 #[cfg(test)]
@@ -233,14 +247,22 @@ COMMIT
 
     #[test]
     fn tokens_handle_quotes_and_escapes() {
-        let toks: Vec<String> = Tokens {
+        let toks: Vec<&str> = Tokens {
             rest: r#"-m comment --comment "it\'s \"x\" a b" -j  LOG"#,
         }
         .collect();
         assert_eq!(
             toks,
-            ["-m", "comment", "--comment", "it's \"x\" a b", "-j", "LOG"]
+            [
+                "-m",
+                "comment",
+                "--comment",
+                r#""it\'s \"x\" a b""#,
+                "-j",
+                "LOG"
+            ]
         );
+        assert_eq!(unquote("\"cali:x\""), "cali:x");
     }
 
     #[test]

@@ -1,9 +1,49 @@
 //! Applier: desired state to the kernel, transactionally.
 //!
-//! This is the only part of the crate that does I/O, and all of it goes through [`Runner`].
+//! This is the only part of the crate that does I/O, and all of it goes through [`Runner`]
+//! ([`ExecRunner`]: std::process, optionally inside `ip netns exec <ns>`).
 //!
-//! * [`desired`]: the input type ([`DesiredState`]), produced by the renderer.
+//! # Use
+//! ```no_run
+//! use iptables::apply::{Applier, ApplierConfig, Backend, DesiredState, ExecRunner, IpVersion};
+//! # fn desired() -> DesiredState { DesiredState::new(IpVersion::V4) }
+//! let mut v4 = Applier::new(ExecRunner::new(), ApplierConfig {
+//!     family: IpVersion::V4,
+//!     backend: Backend::Auto,
+//!     ..ApplierConfig::default()
+//! });
+//! let report = v4.apply(&desired())?;   // on every change: writes only the differences
+//! assert!(v4.apply(&desired())?.is_empty()); // nothing changed: nothing written, nothing read
+//! v4.refresh(&desired())?;              // on a timer (e.g. 90 s): re-read, repair drift
+//! # Ok::<(), iptables::apply::ApplyError>(())
+//! ```
+//!
+//! # What we own, and the guarantees
+//! * Ours: chains named `cali-*`, rules in other chains whose **first** comment is `cali:<hash>`,
+//!   IP sets named `cali4*` / `cali6*`. Nothing else is ever written, deleted or flushed; no
+//!   table is ever flushed (`iptables-restore --noflush` only).
+//! * One `iptables-restore` transaction per changed table (atomic per `COMMIT`): a failed write
+//!   leaves the table as it was. Rules are compared by hash, position by position (Felix §6.4):
+//!   an unchanged rule is never rewritten and keeps its counters.
+//! * Phase order: IP sets created/filled → tables written → unwanted sets destroyed, so no rule
+//!   ever references a missing set and no referenced set is destroyed.
+//! * Everything that goes into a payload is validated first (names, hashes, rule bodies, set
+//!   members); every table is planned before anything is written, so bad input writes nothing.
+//! * Hook rules sit at the top (or, for appends, the bottom) of their kernel chains; if anything
+//!   lands above them they are deleted by spec and re-inserted.
+//! * Failed writes are retried with exponential backoff after re-reading the kernel (5 tries
+//!   from 10 ms by default); a persistent failure is an [`ApplyError`] naming the table and the
+//!   payload line the tool blamed.
+//!
+//! # Modules
+//! * [`desired`]: the input type ([`DesiredState`]), produced by the renderer, and its checks.
+//! * [`kernel`], `read`: the applier's view of the kernel, read from `iptables-save` through the
+//!   crate's parser (line-scan fallback).
+//! * [`diff`]: pure per-table planning, rendering and a restore-semantics simulator.
+//! * [`ipset`]: reading our sets and planning the two `ipset restore` phases.
+//! * [`backend`]: legacy vs nft detection, binaries and lock options.
 //! * [`runner`]: the process runner trait and its std::process implementation.
+//! * `engine`: [`Applier`], tying it together.
 
 pub mod backend;
 pub mod desired;
@@ -20,6 +60,6 @@ pub use desired::{
     DesiredRule, DesiredState, DesiredTable, HookPosition, HookRule, IpSetKind, IpSetMember,
     IpSetSpec, IpVersion, TableName,
 };
-pub use engine::{Applier, ApplierConfig, ApplyReport};
+pub use engine::{Applier, ApplierConfig, ApplyReport, preview};
 pub use error::ApplyError;
 pub use runner::{ExecRunner, RunError, Runner};

@@ -5,6 +5,7 @@
 //! [`Match::Generic`], an ordered token list that renders back verbatim.
 
 use std::fmt;
+use std::fmt::Write as _;
 
 use super::{Arg, Negatable, SetName, Text, Word};
 
@@ -316,12 +317,12 @@ fn push_ports(out: &mut String, ports: &Ports) {
     if let Some(p) = &ports.sport {
         push_neg(out, p.negated);
         out.push_str(" --sport ");
-        out.push_str(&p.value.to_string());
+        let _ = write!(out, "{}", p.value);
     }
     if let Some(p) = &ports.dport {
         push_neg(out, p.negated);
         out.push_str(" --dport ");
-        out.push_str(&p.value.to_string());
+        let _ = write!(out, "{}", p.value);
     }
 }
 
@@ -384,12 +385,12 @@ impl Match {
             Self::Conntrack { negated, states } => {
                 push_neg(out, *negated);
                 out.push_str(" --ctstate ");
-                out.push_str(&states.to_string());
+                let _ = write!(out, "{}", states);
             }
             Self::State { negated, states } => {
                 push_neg(out, *negated);
                 out.push_str(" --state ");
-                out.push_str(&states.to_string());
+                let _ = write!(out, "{}", states);
             }
             Self::Mark {
                 negated,
@@ -397,9 +398,9 @@ impl Match {
                 mask,
             } => {
                 push_neg(out, *negated);
-                out.push_str(&format!(" --mark {value:#x}"));
+                let _ = write!(out, " --mark {value:#x}");
                 if *mask != u32::MAX {
-                    out.push_str(&format!("/{mask:#x}"));
+                    let _ = write!(out, "/{mask:#x}");
                 }
             }
             Self::Set {
@@ -431,19 +432,19 @@ impl Match {
                     if i > 0 {
                         out.push(',');
                     }
-                    out.push_str(&p.to_string());
+                    let _ = write!(out, "{}", p);
                 }
             }
             Self::Tcp(p) | Self::Udp(p) => push_ports(out, p),
             Self::Icmp { negated, icmp_type } => {
                 push_neg(out, *negated);
                 out.push_str(" --icmp-type ");
-                out.push_str(&icmp_type.to_string());
+                let _ = write!(out, "{}", icmp_type);
             }
             Self::Icmpv6 { negated, icmp_type } => {
                 push_neg(out, *negated);
                 out.push_str(" --icmpv6-type ");
-                out.push_str(&icmp_type.to_string());
+                let _ = write!(out, "{}", icmp_type);
             }
             Self::Addrtype {
                 src,
@@ -466,9 +467,9 @@ impl Match {
             }
             Self::Limit { rate, burst } => {
                 out.push_str(" --limit ");
-                out.push_str(&rate.to_string());
+                let _ = write!(out, "{}", rate);
                 if let Some(b) = burst {
-                    out.push_str(&format!(" --limit-burst {b}"));
+                    let _ = write!(out, " --limit-burst {b}");
                 }
             }
             Self::Generic { args, .. } => {

@@ -1,6 +1,7 @@
 //! [`Rule`]: one `-A CHAIN …` line, with the base options typed and rendered in kernel order.
 
 use std::fmt;
+use std::fmt::Write as _;
 
 use ipnet::IpNet;
 
@@ -43,12 +44,36 @@ impl Addr {
     /// Parses a token: `Net` only when the `IpNet` spelling is exactly the token.
     pub fn from_token(s: &str) -> Result<Self, ModelError> {
         if let Ok(net) = s.parse::<IpNet>()
-            && net.to_string() == s
+            && canonical_net(&net, s)
         {
             return Ok(Self::Net(net));
         }
         Ok(Self::Other(Word::new(s)?))
     }
+}
+
+/// Whether `net` displays exactly as `s`. IPv4 (the common case) without formatting: a parsed
+/// `a.b.c.d/p` is canonical unless a number has a leading zero.
+fn canonical_net(net: &IpNet, s: &str) -> bool {
+    match net {
+        IpNet::V4(_) => {
+            s.contains('/') && s.split(['.', '/']).all(|p| p == "0" || !p.starts_with('0'))
+        }
+        IpNet::V6(_) => spelled_as(net, s),
+    }
+}
+
+/// Whether `v` displays exactly as `s` (no allocation).
+fn spelled_as(v: &impl fmt::Display, s: &str) -> bool {
+    struct Cmp<'a>(&'a str);
+    impl fmt::Write for Cmp<'_> {
+        fn write_str(&mut self, part: &str) -> fmt::Result {
+            self.0 = self.0.strip_prefix(part).ok_or(fmt::Error)?;
+            Ok(())
+        }
+    }
+    let mut c = Cmp(s);
+    write!(c, "{v}").is_ok() && c.0.is_empty()
 }
 
 impl fmt::Display for Addr {
@@ -181,7 +206,7 @@ impl Rule {
     /// Appends [`Rule::render`] to `out`.
     pub fn render_into(&self, out: &mut String) {
         if let Some(c) = self.counters {
-            out.push_str(&c.to_string());
+            let _ = write!(out, "{}", c);
             out.push(' ');
         }
         out.push_str("-A ");
@@ -209,11 +234,11 @@ impl Rule {
         }
         if let Some(v) = &self.src {
             neg(out, v, "-s ");
-            out.push_str(&v.value.to_string());
+            let _ = write!(out, "{}", v.value);
         }
         if let Some(v) = &self.dst {
             neg(out, v, "-d ");
-            out.push_str(&v.value.to_string());
+            let _ = write!(out, "{}", v.value);
         }
         if let Some(v) = &self.in_iface {
             neg(out, v, "-i ");

@@ -1,6 +1,7 @@
 //! [`Target`]: the `-j`/`-g` part of a rule, typed for what Calico-style rules use.
 
 use std::fmt;
+use std::fmt::Write as _;
 
 use super::{Arg, ChainName, Text, Word};
 
@@ -113,7 +114,7 @@ impl Target {
                 }
             }
             Self::Mark { value, mask } => {
-                out.push_str(&format!(" --set-xmark {value:#x}/{mask:#x}"))
+                let _ = write!(out, " --set-xmark {value:#x}/{mask:#x}");
             }
             Self::Log { prefix, level } => {
                 if let Some(p) = prefix {
@@ -121,7 +122,7 @@ impl Target {
                     p.render_into(out);
                 }
                 if let Some(l) = level {
-                    out.push_str(&format!(" --log-level {l}"));
+                    let _ = write!(out, " --log-level {l}");
                 }
             }
             Self::Nflog {
@@ -135,15 +136,19 @@ impl Target {
                     p.render_into(out);
                 }
                 if *group != 0 {
-                    out.push_str(&format!(" --nflog-group {group}"));
+                    let _ = write!(out, " --nflog-group {group}");
                 }
                 match len {
-                    Some(NflogLen::Size(n)) => out.push_str(&format!(" --nflog-size {n}")),
-                    Some(NflogLen::Range(n)) => out.push_str(&format!(" --nflog-range {n}")),
+                    Some(NflogLen::Size(n)) => {
+                        let _ = write!(out, " --nflog-size {n}");
+                    }
+                    Some(NflogLen::Range(n)) => {
+                        let _ = write!(out, " --nflog-range {n}");
+                    }
                     None => {}
                 }
                 if let Some(t) = threshold {
-                    out.push_str(&format!(" --nflog-threshold {t}"));
+                    let _ = write!(out, " --nflog-threshold {t}");
                 }
             }
             Self::Generic { args, .. } => {

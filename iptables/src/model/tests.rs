@@ -310,3 +310,35 @@ fn validate_catches_silent_kernel_limits() {
     });
     assert!(nflog.validate().is_ok());
 }
+
+#[test]
+fn addresses_are_typed_only_in_kernel_spelling() {
+    for ok in [
+        "10.0.0.0/8",
+        "0.0.0.0/0",
+        "10.1.2.3/32",
+        "fd00::/64",
+        "::ffff:10.0.0.1/128",
+        "2001:db8::1/128",
+    ] {
+        assert!(
+            matches!(Addr::from_token(ok).unwrap(), Addr::Net(_)),
+            "{ok}"
+        );
+        assert_eq!(Addr::from_token(ok).unwrap().to_string(), ok);
+    }
+    for other in [
+        "10.0.0.1",
+        "010.0.0.0/8",
+        "10.0.0.0/08",
+        "2001:0db8::1/128",
+        "10.0.2.0/255.0.255.0",
+        "localhost",
+    ] {
+        assert!(
+            matches!(Addr::from_token(other).unwrap(), Addr::Other(_)),
+            "{other}"
+        );
+        assert_eq!(Addr::from_token(other).unwrap().to_string(), other);
+    }
+}

@@ -15,6 +15,7 @@
 //!   quoted it so that the kernel's spelling is reproduced exactly.
 
 use std::fmt;
+use std::sync::Arc;
 
 use super::ModelError;
 
@@ -109,6 +110,10 @@ fn check_word(what: &'static str, s: &str, max: usize) -> Result<(), ModelError>
             format!("is longer than {max} bytes"),
         ));
     }
+    // Fast path: printable ASCII other than space and `"` is always fine.
+    if s.bytes().all(|b| (0x21..0x7f).contains(&b) && b != b'"') {
+        return Ok(());
+    }
     if let Some(c) = s
         .chars()
         .find(|c| c.is_whitespace() || c.is_control() || *c == '"')
@@ -122,7 +127,7 @@ macro_rules! word_type {
     ($(#[$doc:meta])* $name:ident, $what:literal, $max:expr, $extra:expr) => {
         $(#[$doc])*
         #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub struct $name(String);
+        pub struct $name(Arc<str>);
 
         impl $name {
             pub fn new(s: impl Into<String>) -> Result<Self, ModelError> {
@@ -130,7 +135,7 @@ macro_rules! word_type {
                 check_word($what, &s, $max)?;
                 let extra: fn(&str) -> Result<(), String> = $extra;
                 extra(&s).map_err(|m| ModelError::new($what, &s, m))?;
-                Ok(Self(s))
+                Ok(Self(s.into()))
             }
 
             pub fn as_str(&self) -> &str {

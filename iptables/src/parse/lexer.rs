@@ -8,8 +8,7 @@ use std::borrow::Cow;
 
 use nom::IResult;
 use nom::Parser;
-use nom::bytes::complete::{escaped, is_not, take_till, take_while};
-use nom::character::complete::{anychar, char};
+use nom::character::complete::char;
 use nom::combinator::opt;
 
 /// One token of a rule line.
@@ -33,20 +32,44 @@ impl Tok<'_> {
     }
 }
 
-fn is_sep(c: char) -> bool {
-    c == ' ' || c == '\t'
-}
+// The three scanners below are nom parsers (`IResult`) written over bytes: every byte they stop
+// at is ASCII, so the split points are always char boundaries. This is the parser's hot loop.
 
 fn spaces(i: &str) -> IResult<&str, &str> {
-    take_while(is_sep)(i)
+    let n = i
+        .bytes()
+        .position(|b| b != b' ' && b != b'\t')
+        .unwrap_or(i.len());
+    Ok((&i[n..], &i[..n]))
 }
 
 fn bare(i: &str) -> IResult<&str, &str> {
-    take_till(|c| is_sep(c) || c == '"')(i)
+    let n = i
+        .bytes()
+        .position(|b| b == b' ' || b == b'\t' || b == b'"')
+        .unwrap_or(i.len());
+    Ok((&i[n..], &i[..n]))
 }
 
+/// The inside of a quoted part: up to the closing `"`, skipping `\x` escapes.
 fn quoted_body(i: &str) -> IResult<&str, &str> {
-    escaped(is_not("\\\""), '\\', anychar)(i)
+    let b = i.as_bytes();
+    let mut k = 0;
+    while k < b.len() {
+        match b[k] {
+            b'"' => return Ok((&i[k..], &i[..k])),
+            b'\\' if k + 1 < b.len() => {
+                // Skip the escaped character (possibly multi-byte).
+                let step = i[k + 1..].chars().next().map_or(1, char::len_utf8);
+                k += 1 + step;
+            }
+            _ => k += 1,
+        }
+    }
+    Err(nom::Err::Error(nom::error::Error::new(
+        i,
+        nom::error::ErrorKind::Char,
+    )))
 }
 
 fn unescape(raw: &str) -> Cow<'_, str> {
@@ -70,12 +93,19 @@ fn unescape(raw: &str) -> Cow<'_, str> {
 /// Splits `line` into tokens; `Err(offset)` points at an unterminated `"`.
 pub(crate) fn tokenize(line: &str) -> Result<Vec<Tok<'_>>, usize> {
     let mut toks = Vec::with_capacity(24);
+    tokenize_into(line, &mut toks)?;
+    Ok(toks)
+}
+
+/// [`tokenize`] into a reused vector (cleared first).
+pub(crate) fn tokenize_into<'a>(line: &'a str, toks: &mut Vec<Tok<'a>>) -> Result<(), usize> {
+    toks.clear();
     let mut rest = line;
     loop {
         let (r, _) = spaces(rest).map_err(|_| line.len() - rest.len())?;
         rest = r;
         if rest.is_empty() {
-            return Ok(toks);
+            return Ok(());
         }
         let offset = line.len() - rest.len();
         let (r, b) = bare(rest).map_err(|_| offset)?;

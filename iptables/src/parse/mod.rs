@@ -85,12 +85,15 @@ pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
     if text.is_empty() {
         return Ok(rs);
     }
+    let has_cr_or_nul = body.contains('\r') || body.contains('\0'); // memchr, fast
+    let mut state = RuleState::default();
+    let mut toks = Vec::with_capacity(32);
     for (idx, line) in body.split('\n').enumerate() {
         let cur = Cursor {
             line_no: idx + 1,
             line,
         };
-        if let Some(off) = line.find(['\r', '\0']) {
+        if has_cr_or_nul && let Some(off) = line.find(['\r', '\0']) {
             let what = if line.as_bytes()[off] == b'\r' {
                 "carriage return (CRLF line end); iptables-restore rejects it"
             } else {
@@ -129,7 +132,16 @@ pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
             let name: TableName = name
                 .parse()
                 .map_err(|e: crate::model::ModelError| cur.err(1, e.to_string()))?;
-            table = Some((Table::new(name), idx + 1));
+            // Size the table's line vector once: growing a 100k-rule vector by doubling copies it.
+            let start = line.as_ptr() as usize - body.as_ptr() as usize;
+            let section = &body[start..];
+            let section = section
+                .find("\nCOMMIT")
+                .map_or(section, |end| &section[..end]);
+            let mut t = Table::new(name);
+            t.lines
+                .reserve_exact(section.bytes().filter(|&b| b == b'\n').count());
+            table = Some((t, idx + 1));
             continue;
         }
         if line == "COMMIT" {
@@ -148,7 +160,7 @@ pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
         if line.starts_with(':') {
             t.lines.push(TableLine::Chain(chain_line(&cur)?));
         } else {
-            t.lines.push(rule_line(&cur)?);
+            t.lines.push(rule_line(&cur, &mut state, &mut toks)?);
         }
     }
     if let Some((t, start)) = table {
@@ -216,8 +228,20 @@ fn chain_line(cur: &Cursor) -> Result<Chain, ParseError> {
     })
 }
 
-fn rule_line<'a>(cur: &Cursor<'a>) -> Result<TableLine, ParseError> {
-    let toks = lexer::tokenize(cur.line).map_err(|o| cur.err(o, "unterminated double quote"))?;
+/// Reused across rule lines: the last chain name (rules come grouped per chain, so most lines
+/// reuse it without allocating) and a scratch buffer for the typed-match canonical check.
+#[derive(Default)]
+struct RuleState {
+    last_chain: Option<ChainName>,
+    scratch: String,
+}
+
+fn rule_line<'a>(
+    cur: &Cursor<'a>,
+    state: &mut RuleState,
+    toks: &mut Vec<lexer::Tok<'a>>,
+) -> Result<TableLine, ParseError> {
+    lexer::tokenize_into(cur.line, toks).map_err(|o| cur.err(o, "unterminated double quote"))?;
     let mut rest = &toks[..];
     let mut rule_counters = None;
     if let Some(first) = rest.first()
@@ -257,8 +281,15 @@ fn rule_line<'a>(cur: &Cursor<'a>) -> Result<TableLine, ParseError> {
             format!("chain name expected after {}", cmd.as_str()),
         )
     })?;
-    let chain =
-        ChainName::new(chain_tok.as_str()).map_err(|e| cur.err(chain_tok.offset, e.to_string()))?;
+    let chain = match &state.last_chain {
+        Some(c) if c.as_str() == chain_tok.as_str() && !chain_tok.quoted => c.clone(),
+        _ => {
+            let c = ChainName::new(chain_tok.as_str())
+                .map_err(|e| cur.err(chain_tok.offset, e.to_string()))?;
+            state.last_chain = Some(c.clone());
+            c
+        }
+    };
     rest = &rest[2..];
     let mut position = None;
     if insert
@@ -272,7 +303,8 @@ fn rule_line<'a>(cur: &Cursor<'a>) -> Result<TableLine, ParseError> {
         position = Some(n);
         rest = &rest[1..];
     }
-    let rule = rule::parse_rule(chain, rule_counters, rest).map_err(|(o, m)| cur.err(o, m))?;
+    let rule = rule::parse_rule(chain, rule_counters, rest, &mut state.scratch)
+        .map_err(|(o, m)| cur.err(o, m))?;
     Ok(if insert {
         TableLine::Insert { position, rule }
     } else {

@@ -49,10 +49,11 @@ enum Ctx {
     Target,
 }
 
-struct PendingMatch<'t, 'a> {
+/// The match being read; its option tokens are `buf[start..]` of the shared argument buffer.
+struct PendingMatch<'t> {
     module: &'t str,
     offset: usize,
-    args: Vec<&'t Tok<'a>>,
+    start: usize,
 }
 
 /// The match iptables loads implicitly for `-p PROTO --option` (it prints it as `-m PROTO`).
@@ -87,18 +88,27 @@ pub(crate) fn to_arg(t: &Tok) -> Result<Arg, LineError> {
     r.map_err(|e| (t.offset, e.to_string()))
 }
 
-fn finish_match(m: PendingMatch) -> Result<Match, LineError> {
-    let module = Word::new(m.module).map_err(|e| (m.offset, format!("match module: {e}")))?;
-    validate_known_module(module.as_str(), &m.args)?;
-    if let Some(typed) = typed_match(module.as_str(), &m.args) {
-        return Ok(typed);
-    }
-    let args = m
-        .args
-        .iter()
-        .map(|t| to_arg(t))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Match::Generic { module, args })
+fn finish_match<'t, 'a>(
+    m: PendingMatch<'t>,
+    buf: &mut Vec<&'t Tok<'a>>,
+    scratch: &mut String,
+) -> Result<Match, LineError> {
+    let args = &buf[m.start..];
+    validate_known_module(m.module, args)?;
+    let result = match typed_match(m.module, args, scratch) {
+        Some(typed) => typed,
+        None => {
+            let module =
+                Word::new(m.module).map_err(|e| (m.offset, format!("match module: {e}")))?;
+            let args = args
+                .iter()
+                .map(|t| to_arg(t))
+                .collect::<Result<Vec<_>, _>>()?;
+            Match::Generic { module, args }
+        }
+    };
+    buf.truncate(m.start);
+    Ok(result)
 }
 
 fn finish_target(t: PendingTarget) -> Result<Target, LineError> {
@@ -113,11 +123,11 @@ fn finish_target(t: PendingTarget) -> Result<Target, LineError> {
         }
         return Ok(Target::Goto(c));
     }
-    let name = Word::new(t.name.as_str()).map_err(|e| (t.name.offset, format!("target: {e}")))?;
-    validate_known_target(name.as_str(), &t.args)?;
-    if let Some(typed) = typed_target(name.as_str(), &t.args) {
+    validate_known_target(t.name.as_str(), &t.args)?;
+    if let Some(typed) = typed_target(t.name.as_str(), &t.args) {
         return Ok(typed);
     }
+    let name = Word::new(t.name.as_str()).map_err(|e| (t.name.offset, format!("target: {e}")))?;
     let args = t
         .args
         .iter()
@@ -127,7 +137,7 @@ fn finish_target(t: PendingTarget) -> Result<Target, LineError> {
 }
 
 fn number(t: Option<&Tok>, at: usize, what: &str) -> Result<u64, LineError> {
-    let t = t.ok_or((at, format!("{what} needs a value")))?;
+    let t = t.ok_or_else(|| (at, format!("{what} needs a value")))?;
     t.as_str().parse::<u64>().map_err(|_| {
         (
             t.offset,
@@ -141,8 +151,11 @@ pub(crate) fn parse_rule(
     chain: ChainName,
     counters: Option<Counters>,
     toks: &[Tok],
+    scratch: &mut String,
 ) -> Result<Rule, LineError> {
     let mut rule = Rule::new(chain);
+    rule.matches.reserve(4);
+    let mut buf: Vec<&Tok> = Vec::with_capacity(toks.len());
     rule.counters = counters;
     let mut ctx = Ctx::Base;
     let mut cur: Option<PendingMatch> = None;
@@ -157,7 +170,11 @@ pub(crate) fn parse_rule(
             owed -= 1;
             i += 1;
             match ctx {
-                Ctx::Match => cur.as_mut().into_iter().for_each(|m| m.args.push(t)),
+                Ctx::Match => {
+                    if cur.is_some() {
+                        buf.push(t);
+                    }
+                }
                 Ctx::Target => target.as_mut().into_iter().for_each(|tg| tg.args.push(t)),
                 Ctx::Base => {}
             }
@@ -182,7 +199,7 @@ pub(crate) fn parse_rule(
             }
             let v = toks
                 .get(i)
-                .ok_or((opt_tok.offset, format!("option {name} needs a value")))?;
+                .ok_or_else(|| (opt_tok.offset, format!("option {name} needs a value")))?;
             i += 1;
             if v.is("!") {
                 return Err((
@@ -250,29 +267,29 @@ pub(crate) fn parse_rule(
                 "-m" | "--match" => {
                     let m = toks
                         .get(i)
-                        .ok_or((t.offset, "option -m needs a module name".to_string()))?;
+                        .ok_or_else(|| (t.offset, "option -m needs a module name".to_string()))?;
                     i += 1;
                     if let Some(prev) = cur.take() {
-                        rule.matches.push(finish_match(prev)?);
+                        rule.matches.push(finish_match(prev, &mut buf, scratch)?);
                     }
                     cur = Some(PendingMatch {
                         module: m.as_str(),
                         offset: m.offset,
-                        args: Vec::new(),
+                        start: buf.len(),
                     });
                     ctx = Ctx::Match;
                     continue;
                 }
                 "-j" | "--jump" | "-g" | "--goto" => {
-                    let n = toks
-                        .get(i)
-                        .ok_or((t.offset, format!("option {} needs a target", t.as_str())))?;
+                    let n = toks.get(i).ok_or_else(|| {
+                        (t.offset, format!("option {} needs a target", t.as_str()))
+                    })?;
                     i += 1;
                     if target.is_some() {
                         return Err((t.offset, "multiple targets (-j/-g) in one rule".into()));
                     }
                     if let Some(prev) = cur.take() {
-                        rule.matches.push(finish_match(prev)?);
+                        rule.matches.push(finish_match(prev, &mut buf, scratch)?);
                     }
                     target = Some(PendingTarget {
                         name: n,
@@ -306,12 +323,12 @@ pub(crate) fn parse_rule(
             };
             if orphan && let Some(module) = implicit_module(&rule.protocol) {
                 if let Some(prev) = cur.take() {
-                    rule.matches.push(finish_match(prev)?);
+                    rule.matches.push(finish_match(prev, &mut buf, scratch)?);
                 }
                 cur = Some(PendingMatch {
                     module,
                     offset: t.offset,
-                    args: Vec::new(),
+                    start: buf.len(),
                 });
                 ctx = Ctx::Match;
             }
@@ -319,8 +336,8 @@ pub(crate) fn parse_rule(
         let is_option = !t.quoted && t.as_str().starts_with("--");
         match ctx {
             Ctx::Match => {
-                if let Some(m) = cur.as_mut() {
-                    m.args.push(t);
+                if let Some(m) = cur.as_ref() {
+                    buf.push(t);
                     if is_option {
                         owed = option_arity(m.module, false, t.as_str())
                             .flatten()
@@ -349,7 +366,7 @@ pub(crate) fn parse_rule(
         }
     }
     if let Some(prev) = cur.take() {
-        rule.matches.push(finish_match(prev)?);
+        rule.matches.push(finish_match(prev, &mut buf, scratch)?);
     }
     if let Some(t) = target {
         rule.target = Some(finish_target(t)?);

@@ -190,10 +190,12 @@ fn validate(module: &str, target: bool, args: &[&Tok]) -> Result<(), LineError> 
             ));
         };
         for k in 1..=arity {
-            let v = args.get(i + k).ok_or((
-                t.offset,
-                format!("option --{full} of {kind} {module} needs a value"),
-            ))?;
+            let v = args.get(i + k).ok_or_else(|| {
+                (
+                    t.offset,
+                    format!("option --{full} of {kind} {module} needs a value"),
+                )
+            })?;
             if v.is("!") {
                 return Err((
                     v.offset,
@@ -403,29 +405,39 @@ fn typed_match_unchecked(module: &str, a: &[&str]) -> Option<Match> {
     })
 }
 
-/// Renders tokens the way [`crate::model::Arg`] would (quoted ones re-quoted).
-fn push_generic(out: &mut String, args: &[&Tok]) {
+/// Whether `rendered` equals the source tokens (` -m module args…` / ` -j name args…`) as
+/// [`crate::model::Arg`] would print them (quoted ones re-quoted), without allocating.
+fn canonical(rendered: &str, lead: &str, name: &str, args: &[&Tok]) -> bool {
+    let Some(mut rest) = rendered
+        .strip_prefix(lead)
+        .and_then(|r| r.strip_prefix(name))
+    else {
+        return false;
+    };
     for t in args {
-        out.push(' ');
+        let Some(r) = rest.strip_prefix(' ') else {
+            return false;
+        };
+        rest = r;
         if t.quoted {
-            push_quoted(out, t.as_str());
+            let mut q = String::with_capacity(t.as_str().len() + 2);
+            push_quoted(&mut q, t.as_str());
+            let Some(r) = rest.strip_prefix(q.as_str()) else {
+                return false;
+            };
+            rest = r;
         } else {
-            out.push_str(t.as_str());
+            let Some(r) = rest.strip_prefix(t.as_str()) else {
+                return false;
+            };
+            rest = r;
         }
     }
-}
-
-/// Whether `rendered` equals the source tokens (` -m module args…` / ` -j name args…`).
-fn canonical(rendered: &str, lead: &str, name: &str, args: &[&Tok]) -> bool {
-    let mut src = String::with_capacity(rendered.len());
-    src.push_str(lead);
-    src.push_str(name);
-    push_generic(&mut src, args);
-    src == rendered
+    rest.is_empty()
 }
 
 /// The typed form of a match, if it has one that reproduces its tokens.
-pub(crate) fn typed_match(module: &str, args: &[&Tok]) -> Option<Match> {
+pub(crate) fn typed_match(module: &str, args: &[&Tok], scratch: &mut String) -> Option<Match> {
     if module == "comment" {
         return match args {
             [opt, v] if opt.is("--comment") => Match::comment(v.as_str()).ok(),
@@ -435,11 +447,14 @@ pub(crate) fn typed_match(module: &str, args: &[&Tok]) -> Option<Match> {
     if args.iter().any(|t| t.quoted) || args.len() > 8 {
         return None;
     }
-    let plain: Vec<&str> = args.iter().map(|t| t.as_str()).collect();
-    let m = typed_match_unchecked(module, &plain)?;
-    let mut r = String::with_capacity(64);
-    m.render_into(&mut r);
-    canonical(&r, " -m ", module, args).then_some(m)
+    let mut plain = [""; 8];
+    for (p, t) in plain.iter_mut().zip(args) {
+        *p = t.as_str();
+    }
+    let m = typed_match_unchecked(module, &plain[..args.len()])?;
+    scratch.clear();
+    m.render_into(scratch);
+    canonical(scratch, " -m ", module, args).then_some(m)
 }
 
 fn text_arg(t: &Tok) -> Option<Text> {

@@ -8,7 +8,12 @@ use super::netns::Netns;
 
 /// `iptables-<backend>-save -t <table>` inside the namespace.
 pub fn save(ns: &Netns, mode: Mode, table: &str) -> String {
-    ns.ok(&mode.save_program(IpVersion::V4), &["-t", table])
+    save_family(ns, mode, IpVersion::V4, table)
+}
+
+/// `ip[6]tables-<backend>-save -t <table>` inside the namespace.
+pub fn save_family(ns: &Netns, mode: Mode, family: IpVersion, table: &str) -> String {
+    ns.ok(&mode.save_program(family), &["-t", table])
 }
 
 /// The `-A <chain> …` lines of a save, in order, without the `-A <chain> ` prefix.
@@ -55,7 +60,7 @@ pub fn foreign_lines(save: &str) -> Vec<String> {
 /// (or bottom) of its kernel chain, and no other chain of ours exists.
 pub fn assert_in_sync(ns: &Netns, mode: Mode, desired: &DesiredState) {
     for (table, t) in &desired.tables {
-        let save = save(ns, mode, table.as_str());
+        let save = save_family(ns, mode, desired.family, table.as_str());
         for (chain, rules) in &t.chains {
             let want: Vec<Option<String>> = rules.iter().map(|r| Some(r.hash.clone())).collect();
             assert_eq!(

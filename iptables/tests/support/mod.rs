@@ -6,3 +6,4 @@
 pub mod check;
 pub mod desired;
 pub mod netns;
+pub mod tcp;

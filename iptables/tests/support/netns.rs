@@ -139,22 +139,29 @@ pub struct VethPair {
 pub const ADDR_A: &str = "10.99.0.1";
 pub const ADDR_B: &str = "10.99.0.2";
 
+/// Joins `a` and `b` with a veth pair named `a_name` (in `a`) / `b_name` (in `b`), both up.
+pub fn veth(a: &Netns, a_name: &str, b: &Netns, b_name: &str) {
+    let out = Command::new("ip")
+        .args([
+            "link", "add", a_name, "netns", &a.name, "type", "veth", "peer", "name", b_name,
+            "netns", &b.name,
+        ])
+        .output()
+        .expect("ip link add");
+    assert!(
+        out.status.success(),
+        "ip link add veth {a_name}/{b_name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    a.ok("ip", &["link", "set", a_name, "up"]);
+    b.ok("ip", &["link", "set", b_name, "up"]);
+}
+
 impl VethPair {
     pub fn new() -> VethPair {
         let a = Netns::new();
         let b = Netns::new();
-        let out = Command::new("ip")
-            .args([
-                "link", "add", "fxv-a", "netns", &a.name, "type", "veth", "peer", "name", "fxv-b",
-                "netns", &b.name,
-            ])
-            .output()
-            .expect("ip link add");
-        assert!(
-            out.status.success(),
-            "ip link add veth: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        veth(&a, "fxv-a", &b, "fxv-b");
         a.ok(
             "ip",
             &["addr", "add", &format!("{ADDR_A}/24"), "dev", "fxv-a"],
@@ -163,8 +170,6 @@ impl VethPair {
             "ip",
             &["addr", "add", &format!("{ADDR_B}/24"), "dev", "fxv-b"],
         );
-        a.ok("ip", &["link", "set", "fxv-a", "up"]);
-        b.ok("ip", &["link", "set", "fxv-b", "up"]);
         VethPair { a, b }
     }
 }

@@ -1,0 +1,93 @@
+//! Runs the built `felixrs iptables roundtrip` on corpus files and on broken input.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+fn corpus(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/iptables-corpus");
+    assert!(
+        dir.join("SOURCES.md").is_file(),
+        "iptables corpus missing at {}",
+        dir.display()
+    );
+    dir.join(name)
+}
+
+fn felixrs() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_felixrs"))
+}
+
+fn run_stdin(input: &[u8]) -> std::process::Output {
+    let mut child = felixrs()
+        .args(["iptables", "roundtrip"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn felixrs");
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().expect("wait felixrs")
+}
+
+#[test]
+fn roundtrip_of_a_kernel_dump_file_is_identical() {
+    let path = corpus("002-calico-felix-cali-raw-nat-mangle-filter.kernel.txt");
+    let want = std::fs::read(&path).unwrap();
+    let out = felixrs()
+        .args(["iptables", "roundtrip"])
+        .arg(&path)
+        .output()
+        .expect("run felixrs");
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&want)
+    );
+    assert!(out.stderr.is_empty());
+}
+
+#[test]
+fn roundtrip_from_stdin() {
+    let want = std::fs::read(corpus("022-netnet-tum-i8-large-v6.kernel.txt")).unwrap();
+    let out = run_stdin(&want);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout == want, "stdin round trip differs");
+}
+
+#[test]
+fn broken_input_exits_1_with_line_and_column() {
+    let out =
+        run_stdin(b"*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -d ! 10.0.0.0/8 -j DROP\nCOMMIT\n");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.starts_with("3:13: old negation syntax"), "{err}");
+
+    let out = felixrs()
+        .args(["iptables", "roundtrip"])
+        .arg(corpus("006-netnet-vsrv-ufw-fail2ban.txt"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("1:65: carriage return"));
+}
+
+#[test]
+fn missing_file_is_a_clear_error() {
+    let out = felixrs()
+        .args(["iptables", "roundtrip", "/nonexistent/fxr-dump.txt"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("reading /nonexistent/fxr-dump.txt"), "{err}");
+}
