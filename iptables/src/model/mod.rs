@@ -63,6 +63,7 @@
 //! `-D spec`, chain declarations, `COMMIT`). A whole table as a restore section: [`Table::render`].
 //! Desired rules should pass [`Rule::validate`] (kernel limits that would otherwise be applied
 //! silently, e.g. comment truncation at 255 bytes).
+//!
 //! # Building desired rules that compare equal to the kernel's
 //! The kernel re-saves some spellings differently; build desired rules in its normal form or the
 //! applier will see a difference forever: addresses with host bits cleared (`IpNet::trunc`) and
