@@ -766,3 +766,61 @@ fn graph_can_move_to_another_thread() {
     });
     assert!(handle.join().unwrap() > 1);
 }
+
+#[test]
+fn unused_sets_linger_and_come_back_with_current_members() {
+    let (mut g, mut dp) = synced(vec![
+        mk_ns_profile("prod", &[]),
+        mk_wep("prod", "web", NODE, "10.0.0.1/32", &[("app", "web")]),
+        mk_wep("prod", "api-a", "node2", "10.0.1.1/32", &[("app", "api")]),
+        mk_np(
+            "prod",
+            "p",
+            "app == 'web'",
+            vec![allow_from("app == 'api'")],
+        ),
+    ]);
+    let id = ns_rule_sel("prod", "app == 'api'");
+    let out = run(
+        &mut g,
+        vec![mk_wep("prod", "web", NODE, "10.0.0.1/32", &[("app", "x")])],
+    );
+    dp.apply(&out).unwrap();
+    assert!(out.contains(&Output::IpSetRemoved(id.clone())));
+    assert_eq!((g.stats().ip_sets, g.stats().lingering_ip_sets), (0, 1));
+    // Membership changes of a lingering set are tracked silently.
+    let out = run(
+        &mut g,
+        vec![mk_wep(
+            "prod",
+            "api-b",
+            "node2",
+            "10.0.1.2/32",
+            &[("app", "api")],
+        )],
+    );
+    assert!(out.is_empty(), "{out:?}");
+    let out = run(
+        &mut g,
+        vec![mk_wep(
+            "prod",
+            "web",
+            NODE,
+            "10.0.0.1/32",
+            &[("app", "web")],
+        )],
+    );
+    assert!(matches!(&out[0], Output::IpSetCreated { id: i, .. } if *i == id));
+    dp.apply(&out).unwrap();
+    assert_eq!(members(&dp, &id), ["10.0.1.1/32", "10.0.1.2/32"]);
+    assert_eq!((g.stats().ip_sets, g.stats().lingering_ip_sets), (1, 0));
+
+    // With lingering disabled the set is torn down at once.
+    g.set_ip_set_lingering(0, 0);
+    let out = run(
+        &mut g,
+        vec![mk_wep("prod", "web", NODE, "10.0.0.1/32", &[("app", "x")])],
+    );
+    dp.apply(&out).unwrap();
+    assert_eq!((g.stats().ip_sets, g.stats().lingering_ip_sets), (0, 0));
+}

@@ -97,6 +97,8 @@ pub struct GraphStats {
     pub ip_sets: usize,
     /// Members over all active IP sets.
     pub ip_set_members: usize,
+    /// Inactive IP sets kept up to date in case a policy needs them again.
+    pub lingering_ip_sets: usize,
     /// Labelled items in the cluster (endpoints and network sets).
     pub items: usize,
     /// Valid policies known (active or not).
@@ -234,6 +236,13 @@ impl CalcGraph {
         out
     }
 
+    /// Bounds how many unused IP sets (and members over them) are kept up to date after their
+    /// last policy went away, so that a policy flapping in and out of use does not rebuild them
+    /// from scratch. `(0, 0)` disables lingering. Default: 64 sets, 100,000 members.
+    pub fn set_ip_set_lingering(&mut self, max_sets: usize, max_members: usize) {
+        self.ipsets.limits = (max_sets, max_members);
+    }
+
     /// Whether a flush would return something.
     pub fn has_pending(&self) -> bool {
         self.seq.in_sync && self.seq.has_pending()
@@ -251,6 +260,7 @@ impl CalcGraph {
             active_profiles: self.active_profiles.len(),
             ip_sets: self.ipsets.len(),
             ip_set_members: self.ipsets.member_count(),
+            lingering_ip_sets: self.ipsets.lingering(),
             items: self.store.len(),
             policies: self.policies.len(),
             unindexed_selectors: (self.local.unindexed_count(), self.global.unindexed_count()),
