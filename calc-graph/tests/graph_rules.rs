@@ -139,3 +139,65 @@ fn not_selector_folds_into_positive_selector() {
     );
     assert!(p.inbound_rules[1].src_ip_set_ids.is_empty());
 }
+
+#[test]
+fn global_policy_namespace_and_service_account_selectors_scope_the_policy() {
+    use calc_graph::model::Kind;
+    let mut ops_sa = mk_wep_res("ops", "mon", NODE, &["10.0.0.2/32"], &[]);
+    ops_sa.spec.service_account_name = Some("monitor".into());
+    let (mut g, mut dp) = synced(vec![
+        mk_ns_profile("ops", &[("team", "ops")]),
+        mk_ns_profile("dev", &[("team", "dev")]),
+        mk_profile("ksa.ops.monitor", &[("pcsa.role", "scraper")], false),
+        upd({
+            let mut w = ops_sa;
+            w.spec.profiles = vec!["kns.ops".into(), "ksa.ops.monitor".into()];
+            w
+        }),
+        mk_wep("dev", "tool", NODE, "10.0.0.3/32", &[]),
+        upd({
+            let mut p = mk_gnp_res(
+                "by-ns",
+                "all()",
+                None,
+                vec![Rule::new(Action::Allow)],
+                vec![],
+            );
+            p.spec.namespace_selector = Some("team == 'ops'".into());
+            p
+        }),
+        upd({
+            let mut p = mk_gnp_res("by-sa", "", None, vec![Rule::new(Action::Allow)], vec![]);
+            p.spec.selector = None;
+            p.spec.service_account_selector = Some("role == 'scraper'".into());
+            p
+        }),
+    ]);
+    let tiers_of = |dp: &Dataplane, ns: &str| -> Vec<String> {
+        dp.endpoints
+            .values()
+            .find(|e| e.id.namespace == ns)
+            .unwrap()
+            .tiers
+            .iter()
+            .flat_map(|t| t.ingress_policies.iter().map(|p| p.name.clone()))
+            .collect()
+    };
+    assert_eq!(tiers_of(&dp, "ops"), ["by-ns", "by-sa"]);
+    assert!(tiers_of(&dp, "dev").is_empty());
+    // The dev namespace is relabelled into the ops team: the policy now applies there too.
+    let out = run(&mut g, vec![mk_ns_profile("dev", &[("team", "ops")])]);
+    dp.apply(&out).unwrap();
+    assert_eq!(tiers_of(&dp, "dev"), ["by-ns"]);
+    let out = run(&mut g, vec![del(Kind::Profile, None, "ksa.ops.monitor")]);
+    dp.apply(&out).unwrap();
+    assert_eq!(
+        tiers_of(&dp, "ops"),
+        ["by-ns"],
+        "SA labels come from the SA profile"
+    );
+    assert_eq!(
+        dp.profiles["ksa.ops.monitor"].inbound_rules[0].action(),
+        Action::Deny
+    );
+}
