@@ -1,1 +1,712 @@
 //! The calculation graph: datastore updates in, ordered dataplane updates out.
+//!
+//! The agent feeds every resource of the cluster ([`Update::Resource`], then [`Update::InSync`]
+//! once the initial snapshot is loaded) and calls [`CalcGraph::flush`] to get the batched,
+//! ordered [`Output`]s for its own node. Pure and synchronous: no I/O, no threads.
+//!
+//! What it computes (Felix's `felix/calc`, reference §8):
+//! * validation: a resource whose `validate()` fails, or whose body does not match its key, is
+//!   treated as deleted and the error is kept for [`CalcGraph::take_errors`];
+//! * label inheritance ([`labels`]): endpoints and network sets inherit their profiles'
+//!   `labelsToApply` (own labels win, then the first profile); workload endpoints lose any
+//!   `pcns.`/`pcsa.` labels of their own and get `projectcalico.org/namespace`,
+//!   `projectcalico.org/orchestrator` and `projectcalico.org/serviceaccount` from their spec;
+//! * active rules: a policy is active iff its (namespace-scoped) selector matches a local
+//!   endpoint (`spec.node` == this node); a profile is active iff a local endpoint names it; a
+//!   missing profile is active as deny-all (fail closed);
+//! * rule scanning ([`rules`]) of active policies and profiles into IP set ids;
+//! * IP sets ([`ipsets`]): one per selector / named port used by an active rule, with members
+//!   from every endpoint and network set in the cluster; a set no rule needs any more lingers
+//!   (bounded, [`CalcGraph::set_ip_set_lingering`]) so that a flapping policy is cheap;
+//! * per local endpoint, the ordered tiers and policies per direction ([`resolver`]);
+//! * output sequencing and coalescing ([`sequencer`]).
+//!
+//! Everything is incremental: selectors are indexed by label posting lists ([`index`]), so a pod
+//! change evaluates only the selectors that mention one of its labels (plus the few that cannot
+//! be indexed, such as `all()` or `!has(x)`). The cost of a change is proportional to what it
+//! changes: a relabel that only moves a pod between IP sets costs microseconds; one that makes
+//! a policy active whose rules need a new IP set costs that set's size.
+//!
+//! Invariants (checked by `tests/graph_prop.rs` against a brute-force model): after any update
+//! sequence, the state obtained by applying every flushed batch equals the state computed from
+//! scratch; no batch references an IP set, policy or profile before its creation or after its
+//! removal; every active policy's sets are active and every local endpoint's policies and
+//! profiles are active.
+//!
+//! Scope decisions:
+//! * Workload endpoints without addresses are ignored (Felix's update processor filters them).
+//! * Host endpoints contribute their `expectedIPs` to IP sets matched by their labels, but are
+//!   never local endpoints: this dataplane does not program host interfaces. `doNotTrack` and
+//!   `preDNAT` policies (host-endpoint only) may be active and emitted but never appear in a
+//!   workload endpoint's tiers.
+//! * Staged policies are ignored; other kinds are ignored.
+//! * Rules with `services` matches: an allow/pass/log rule is dropped (nothing is opened), a deny
+//!   rule is kept without the services match (it denies more); both are reported as errors.
+//! * Before `InSync`, `flush` returns nothing (as Felix's PolicyResolver); the first flush after
+//!   it returns the complete state followed by `Output::InSync`.
+
+mod convert;
+mod index;
+mod intern;
+mod ipsets;
+mod labels;
+mod resolver;
+mod rules;
+mod sequencer;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use crate::model::{Kind, Profile, Resource, ResourceKey};
+use crate::proto::{
+    ActivePolicy, ActiveProfile, EndpointId, IpSetKind, IpSetMember, LocalEndpoint, Output,
+    PolicyId,
+};
+
+use convert::{
+    LocalEp, PolicyDraft, build_policy, check, hep_item, split_nets, str_pairs, wep_item,
+    wep_labels,
+};
+use index::{MatchEvent, SelId, SelectorIndex};
+use intern::{FxMap, Interner};
+use ipsets::IpSets;
+use labels::{ItemData, ItemId, LabelStore};
+use resolver::{PolicyRef, Tiers};
+use rules::{LABEL_NAMESPACE, ScannedRules};
+use sequencer::{Desired, Sequencer};
+
+pub use rules::named_port_set_id;
+
+/// One input of the graph.
+// The agent's API is fixed (`value: Option<Resource>`); `InSync` is rare, so its size is moot.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+pub enum Update {
+    /// A resource was created or changed (`Some`), or deleted (`None`).
+    Resource {
+        key: ResourceKey,
+        value: Option<Resource>,
+    },
+    /// The initial snapshot is complete.
+    InSync,
+}
+
+/// Counters of the graph's current state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GraphStats {
+    /// Workload endpoints on this node.
+    pub local_endpoints: usize,
+    /// Policies matching at least one local endpoint.
+    pub active_policies: usize,
+    /// Profiles named by at least one local endpoint (including missing ones).
+    pub active_profiles: usize,
+    /// Active IP sets.
+    pub ip_sets: usize,
+    /// Members over all active IP sets.
+    pub ip_set_members: usize,
+    /// Inactive IP sets kept up to date in case a policy needs them again.
+    pub lingering_ip_sets: usize,
+    /// Labelled items in the cluster (endpoints and network sets).
+    pub items: usize,
+    /// Valid policies known (active or not).
+    pub policies: usize,
+    /// Selectors that cannot be indexed and are evaluated on every item change (policy index,
+    /// IP set index).
+    pub unindexed_selectors: (usize, usize),
+    /// Selector evaluations performed so far (a cost counter).
+    pub selector_evaluations: u64,
+}
+
+struct PolicyState {
+    id: PolicyId,
+    sel: SelId,
+    order: Option<f64>,
+    ingress: bool,
+    egress: bool,
+    untracked: bool,
+    pre_dnat: bool,
+    apply_on_forward: bool,
+    rules: Arc<ScannedRules>,
+}
+
+/// See the module docs.
+pub struct CalcGraph {
+    node: String,
+    interner: Interner,
+    store: LabelStore,
+    /// IP-set selectors against every item.
+    global: SelectorIndex,
+    /// Policy selectors against local endpoints.
+    local: SelectorIndex,
+    local_eps: FxMap<ItemId, LocalEp>,
+    ep_items: HashMap<EndpointId, ItemId>,
+    policies: HashMap<ResourceKey, PolicyState>,
+    policies_by_sel: FxMap<SelId, Vec<ResourceKey>>,
+    policy_keys: HashMap<PolicyId, ResourceKey>,
+    active_policies: HashSet<ResourceKey>,
+    profiles: HashMap<String, Arc<ScannedRules>>,
+    profile_users: HashMap<String, u32>,
+    /// Rules whose IP sets are referenced on behalf of each active profile.
+    active_profiles: HashMap<String, Arc<ScannedRules>>,
+    deny_all: Arc<ScannedRules>,
+    tiers: Tiers,
+    ipsets: IpSets,
+    seq: Sequencer,
+    errors: Vec<(ResourceKey, String)>,
+}
+
+impl CalcGraph {
+    /// A graph for the node called `node_name` (compared with endpoints' `spec.node`).
+    pub fn new(node_name: impl Into<String>) -> Self {
+        CalcGraph {
+            node: node_name.into(),
+            interner: Interner::default(),
+            store: LabelStore::default(),
+            global: SelectorIndex::default(),
+            local: SelectorIndex::default(),
+            local_eps: FxMap::default(),
+            ep_items: HashMap::new(),
+            policies: HashMap::new(),
+            policies_by_sel: FxMap::default(),
+            policy_keys: HashMap::new(),
+            active_policies: HashSet::new(),
+            profiles: HashMap::new(),
+            profile_users: HashMap::new(),
+            active_profiles: HashMap::new(),
+            deny_all: Arc::new(rules::deny_all()),
+            tiers: Tiers::default(),
+            ipsets: IpSets::default(),
+            seq: Sequencer::default(),
+            errors: Vec::new(),
+        }
+    }
+
+    pub fn node_name(&self) -> &str {
+        &self.node
+    }
+
+    /// Applies one update. Never panics on bad input: invalid resources are treated as deleted
+    /// and reported through [`CalcGraph::take_errors`].
+    pub fn apply(&mut self, u: Update) {
+        match u {
+            Update::InSync => {
+                if !self.seq.in_sync {
+                    self.seq.in_sync = true;
+                    // Posting-list sizes are known now: re-choose the selector index terms.
+                    self.global.reoptimize(&mut self.interner);
+                    self.local.reoptimize(&mut self.interner);
+                }
+            }
+            Update::Resource { key, value } => {
+                let value = match value {
+                    Some(r) => match check(&key, &r) {
+                        Ok(()) => Some(r),
+                        Err(msg) => {
+                            self.errors.push((key.clone(), msg));
+                            None
+                        }
+                    },
+                    None => None,
+                };
+                self.apply_resource(&key, value);
+            }
+        }
+    }
+
+    /// The outputs accumulated since the last flush, ordered (see `proto` and [`sequencer`]).
+    /// Empty before `InSync`.
+    pub fn flush(&mut self) -> Vec<Output> {
+        let mut seq = std::mem::take(&mut self.seq);
+        let out = seq.flush(&*self);
+        self.seq = seq;
+        out
+    }
+
+    /// Bounds how many unused IP sets (and members over them) are kept up to date after their
+    /// last policy went away, so that a policy flapping in and out of use does not rebuild them
+    /// from scratch. `(0, 0)` disables lingering. Default: 64 sets, 100,000 members.
+    pub fn set_ip_set_lingering(&mut self, max_sets: usize, max_members: usize) {
+        self.ipsets.limits = (max_sets, max_members);
+    }
+
+    /// Whether a flush would return something.
+    pub fn has_pending(&self) -> bool {
+        self.seq.in_sync && self.seq.has_pending()
+    }
+
+    /// Errors recorded since the last call: (resource, message), e.g. validation failures.
+    pub fn take_errors(&mut self) -> Vec<(ResourceKey, String)> {
+        std::mem::take(&mut self.errors)
+    }
+
+    pub fn stats(&self) -> GraphStats {
+        GraphStats {
+            local_endpoints: self.local_eps.len(),
+            active_policies: self.active_policies.len(),
+            active_profiles: self.active_profiles.len(),
+            ip_sets: self.ipsets.len(),
+            ip_set_members: self.ipsets.member_count(),
+            lingering_ip_sets: self.ipsets.lingering(),
+            items: self.store.len(),
+            policies: self.policies.len(),
+            unindexed_selectors: (self.local.unindexed_count(), self.global.unindexed_count()),
+            selector_evaluations: self.local.evaluations + self.global.evaluations,
+        }
+    }
+
+    fn apply_resource(&mut self, key: &ResourceKey, value: Option<Resource>) {
+        match key.kind {
+            Kind::WorkloadEndpoint => {
+                let wep = match value {
+                    Some(Resource::WorkloadEndpoint(w)) if !w.spec.ip_networks.is_empty() => {
+                        Some(w)
+                    }
+                    _ => None,
+                };
+                match wep {
+                    Some(w) => {
+                        let (parents, data, local) = wep_item(key, &w, &self.node);
+                        self.upsert_item(key, &wep_labels(key, &w), parents, data, local);
+                    }
+                    None => self.remove_item(key),
+                }
+            }
+            Kind::HostEndpoint => match value {
+                Some(Resource::HostEndpoint(h)) => {
+                    let (parents, data) = hep_item(&h);
+                    self.upsert_item(key, &str_pairs(&h.metadata.labels), parents, data, None);
+                }
+                _ => self.remove_item(key),
+            },
+            Kind::NetworkSet => match value {
+                Some(Resource::NetworkSet(s)) => {
+                    let ns = key.namespace.clone().unwrap_or_default();
+                    let mut labels = str_pairs(&s.metadata.labels);
+                    labels.push((LABEL_NAMESPACE, &ns));
+                    let data = ItemData {
+                        nets: split_nets(&s.spec.nets),
+                        ports: Vec::new(),
+                    };
+                    self.upsert_item(key, &labels, vec![format!("kns.{ns}")], data, None);
+                }
+                _ => self.remove_item(key),
+            },
+            Kind::GlobalNetworkSet => match value {
+                Some(Resource::GlobalNetworkSet(s)) => {
+                    let data = ItemData {
+                        nets: split_nets(&s.spec.nets),
+                        ports: Vec::new(),
+                    };
+                    self.upsert_item(key, &str_pairs(&s.metadata.labels), Vec::new(), data, None);
+                }
+                _ => self.remove_item(key),
+            },
+            Kind::Profile => {
+                let p = match value {
+                    Some(Resource::Profile(p)) => Some(p),
+                    _ => None,
+                };
+                self.apply_profile(key, p);
+            }
+            Kind::NetworkPolicy | Kind::GlobalNetworkPolicy => {
+                let draft = value.and_then(|r| match build_policy(key, r) {
+                    Ok((draft, warnings)) => {
+                        self.errors
+                            .extend(warnings.into_iter().map(|w| (key.clone(), w)));
+                        Some(draft)
+                    }
+                    Err(e) => {
+                        self.errors.push((key.clone(), e));
+                        None
+                    }
+                });
+                self.apply_policy(key, draft);
+            }
+            Kind::Tier => {
+                let spec = match value {
+                    Some(Resource::Tier(t)) => Some(t.spec),
+                    _ => None,
+                };
+                self.tiers.set(&key.name, spec);
+                let ids: Vec<EndpointId> = self.local_eps.values().map(|e| e.id.clone()).collect();
+                for id in ids {
+                    self.seq.endpoint_dirty(&id);
+                }
+            }
+            Kind::StagedNetworkPolicy
+            | Kind::StagedGlobalNetworkPolicy
+            | Kind::StagedKubernetesNetworkPolicy => {}
+        }
+    }
+
+    // --- items ---------------------------------------------------------------------------
+
+    fn upsert_item(
+        &mut self,
+        key: &ResourceKey,
+        labels: &[(&str, &str)],
+        parents: Vec<String>,
+        data: ItemData,
+        local: Option<LocalEp>,
+    ) {
+        let ch = self
+            .store
+            .upsert(&mut self.interner, key, labels, parents, data);
+        let id = ch.id;
+        let data_changed = ch.old_data.as_ref() != Some(&self.store.item(id).data);
+        let mut events = Vec::new();
+        if data_changed {
+            if let Some(old) = &ch.old_data {
+                let old_matches = self.global.item_matches(id).to_vec();
+                self.ipsets
+                    .contribute(&old_matches, old, false, &mut self.seq);
+            }
+            let item = self.store.item(id);
+            self.global
+                .upsert_item(&self.interner, id, &item.effective, &mut events);
+            let new_matches = self.global.item_matches(id).to_vec();
+            self.ipsets
+                .contribute(&new_matches, &item.data, true, &mut self.seq);
+        } else {
+            let item = self.store.item(id);
+            self.global
+                .upsert_item(&self.interner, id, &item.effective, &mut events);
+            self.ipsets.on_matches(&events, &self.store, &mut self.seq);
+        }
+        self.set_local(id, local);
+        if let Some(old) = ch.old_labels {
+            LabelStore::release(&mut self.interner, old);
+        }
+    }
+
+    fn remove_item(&mut self, key: &ResourceKey) {
+        let Some(id) = self.store.id(key) else { return };
+        self.set_local(id, None);
+        let mut events = Vec::new();
+        let matches = self.global.item_matches(id).to_vec();
+        self.ipsets
+            .contribute(&matches, &self.store.item(id).data, false, &mut self.seq);
+        self.global.remove_item(id, &mut events);
+        if let Some((_, labels, _)) = self.store.remove(&mut self.interner, key) {
+            LabelStore::release(&mut self.interner, labels);
+        }
+    }
+
+    /// Makes item `id` a local endpoint (`Some`) or not (`None`), updating the policy index,
+    /// profile references and dirty endpoints.
+    fn set_local(&mut self, id: ItemId, local: Option<LocalEp>) {
+        let old = self.local_eps.remove(&id);
+        if old.is_none() && local.is_none() {
+            return;
+        }
+        let mut events = Vec::new();
+        if let Some(o) = &old {
+            self.seq.endpoint_dirty(&o.id);
+            if local.as_ref().map(|n| &n.id) != Some(&o.id) {
+                self.ep_items.remove(&o.id);
+            }
+        }
+        match &local {
+            Some(n) => {
+                let item = self.store.item(id);
+                self.local
+                    .upsert_item(&self.interner, id, &item.effective, &mut events);
+                self.ep_items.insert(n.id.clone(), id);
+                self.seq.endpoint_dirty(&n.id);
+            }
+            None => self.local.remove_item(id, &mut events),
+        }
+        let new_profiles = local
+            .as_ref()
+            .map(|n| n.profiles.clone())
+            .unwrap_or_default();
+        if let Some(n) = local {
+            self.local_eps.insert(id, n);
+        }
+        for p in &new_profiles {
+            self.profile_ref(p, true);
+        }
+        for p in old.map(|o| o.profiles).unwrap_or_default() {
+            self.profile_ref(&p, false);
+        }
+        self.on_local_events(&events);
+    }
+
+    fn on_local_events(&mut self, events: &[MatchEvent]) {
+        let mut sels: Vec<SelId> = Vec::with_capacity(events.len());
+        for ev in events {
+            if let Some(ep) = self.local_eps.get(&ev.item) {
+                self.seq.endpoint_dirty(&ep.id);
+            }
+            sels.push(ev.sel);
+        }
+        sels.sort_unstable();
+        sels.dedup();
+        for sel in sels {
+            let keys = self.policies_by_sel.get(&sel).cloned().unwrap_or_default();
+            for key in keys {
+                self.sync_policy_activity(&key);
+            }
+        }
+    }
+
+    /// Re-indexes an item whose effective labels changed through a profile.
+    fn relabel_item(&mut self, id: ItemId) {
+        let mut events = Vec::new();
+        let item = self.store.item(id);
+        self.global
+            .upsert_item(&self.interner, id, &item.effective, &mut events);
+        self.ipsets.on_matches(&events, &self.store, &mut self.seq);
+        if self.local_eps.contains_key(&id) {
+            events.clear();
+            let item = self.store.item(id);
+            self.local
+                .upsert_item(&self.interner, id, &item.effective, &mut events);
+            self.on_local_events(&events);
+        }
+    }
+
+    // --- profiles ------------------------------------------------------------------------
+
+    fn apply_profile(&mut self, key: &ResourceKey, p: Option<Profile>) {
+        let name = key.name.clone();
+        let mut labels = BTreeMap::new();
+        let rules = match p {
+            Some(p) => match rules::scan_rules(&p.spec.ingress, &p.spec.egress, None) {
+                Ok(r) => {
+                    self.errors
+                        .extend(r.warnings.iter().map(|w| (key.clone(), w.clone())));
+                    labels = p.spec.labels_to_apply;
+                    Some(Arc::new(r))
+                }
+                Err(e) => {
+                    self.errors.push((key.clone(), e));
+                    None
+                }
+            },
+            None => None,
+        };
+        match rules {
+            Some(r) => self.profiles.insert(name.clone(), r),
+            None => self.profiles.remove(&name),
+        };
+        if self.active_profiles.contains_key(&name) {
+            let new = self.profile_rules(&name);
+            let old = self.active_profiles.insert(name.clone(), new.clone());
+            self.swap_set_refs(Some(&new), old.as_deref());
+            self.seq.profile_dirty(&name);
+        }
+        let changed = self
+            .store
+            .set_profile_labels(&mut self.interner, &name, &labels);
+        for ch in changed {
+            self.relabel_item(ch.id);
+            if let Some(old) = ch.old_labels {
+                LabelStore::release(&mut self.interner, old);
+            }
+        }
+    }
+
+    fn profile_rules(&self, name: &str) -> Arc<ScannedRules> {
+        self.profiles
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| self.deny_all.clone())
+    }
+
+    fn profile_ref(&mut self, name: &str, add: bool) {
+        let users = self.profile_users.entry(name.to_string()).or_insert(0);
+        if add {
+            *users += 1;
+            if *users == 1 {
+                let rules = self.profile_rules(name);
+                self.swap_set_refs(Some(&rules), None);
+                self.active_profiles.insert(name.to_string(), rules);
+                self.seq.profile_dirty(name);
+            }
+        } else {
+            *users -= 1;
+            if *users == 0 {
+                self.profile_users.remove(name);
+                if let Some(rules) = self.active_profiles.remove(name) {
+                    self.swap_set_refs(None, Some(&rules));
+                }
+                self.seq.profile_dirty(name);
+            }
+        }
+    }
+
+    /// Takes references to `new`'s IP sets, then drops `old`'s (so shared sets never churn).
+    fn swap_set_refs(&mut self, new: Option<&ScannedRules>, old: Option<&ScannedRules>) {
+        for spec in new.map(|r| r.sets.as_slice()).unwrap_or(&[]) {
+            self.ipsets.activate(
+                spec,
+                &mut self.global,
+                &mut self.interner,
+                &self.store,
+                &mut self.seq,
+            );
+        }
+        for spec in old.map(|r| r.sets.as_slice()).unwrap_or(&[]) {
+            self.ipsets.deactivate(
+                &spec.id,
+                &mut self.global,
+                &mut self.interner,
+                &mut self.seq,
+            );
+        }
+    }
+
+    // --- policies ------------------------------------------------------------------------
+
+    fn apply_policy(&mut self, key: &ResourceKey, draft: Option<PolicyDraft>) {
+        let new = draft.map(|d| {
+            let (sel, _) = self.local.add_selector(&mut self.interner, &d.selector);
+            self.policies_by_sel
+                .entry(sel)
+                .or_default()
+                .push(key.clone());
+            PolicyState {
+                id: d.id,
+                sel,
+                order: d.order,
+                ingress: d.ingress,
+                egress: d.egress,
+                untracked: d.untracked,
+                pre_dnat: d.pre_dnat,
+                apply_on_forward: d.apply_on_forward,
+                rules: d.rules,
+            }
+        });
+        let old = self.policies.remove(key);
+        let was_active = self.active_policies.remove(key);
+        let now_active = new
+            .as_ref()
+            .is_some_and(|p| !self.local.matches(p.sel).is_empty());
+
+        // Endpoints whose policy lists may change.
+        let mut touched: Vec<ItemId> = Vec::new();
+        for p in old.iter().chain(new.iter()) {
+            touched.extend(self.local.matches(p.sel).iter().copied());
+        }
+        for item in touched {
+            if let Some(ep) = self.local_eps.get(&item) {
+                self.seq.endpoint_dirty(&ep.id);
+            }
+        }
+
+        let new_rules = new.as_ref().filter(|_| now_active).map(|p| p.rules.clone());
+        let old_rules = old.as_ref().filter(|_| was_active).map(|p| p.rules.clone());
+        self.swap_set_refs(new_rules.as_deref(), old_rules.as_deref());
+
+        if let Some(o) = old {
+            self.seq.policy_dirty(&o.id);
+            self.policy_keys.remove(&o.id);
+            if let Some(v) = self.policies_by_sel.get_mut(&o.sel) {
+                if let Some(pos) = v.iter().position(|k| k == key) {
+                    v.swap_remove(pos);
+                }
+                if v.is_empty() {
+                    self.policies_by_sel.remove(&o.sel);
+                }
+            }
+            self.local.remove_selector(&mut self.interner, o.sel);
+        }
+        if let Some(n) = new {
+            self.seq.policy_dirty(&n.id);
+            self.policy_keys.insert(n.id.clone(), key.clone());
+            if now_active {
+                self.active_policies.insert(key.clone());
+            }
+            self.policies.insert(key.clone(), n);
+        }
+    }
+
+    fn sync_policy_activity(&mut self, key: &ResourceKey) {
+        let Some(p) = self.policies.get(key) else {
+            return;
+        };
+        let want = !self.local.matches(p.sel).is_empty();
+        let is = self.active_policies.contains(key);
+        if want == is {
+            return;
+        }
+        let rules = p.rules.clone();
+        let id = p.id.clone();
+        if want {
+            self.swap_set_refs(Some(&rules), None);
+            self.active_policies.insert(key.clone());
+        } else {
+            self.swap_set_refs(None, Some(&rules));
+            self.active_policies.remove(key);
+        }
+        self.seq.policy_dirty(&id);
+    }
+}
+
+impl Desired for CalcGraph {
+    fn ip_set(&self, id: &str) -> Option<(IpSetKind, Vec<IpSetMember>)> {
+        let set = self.ipsets.get(id)?;
+        let mut members: Vec<IpSetMember> = set.members.keys().cloned().collect();
+        members.sort_unstable();
+        Some((set.kind, members))
+    }
+
+    fn ip_set_active(&self, id: &str) -> bool {
+        self.ipsets.get(id).is_some()
+    }
+
+    fn policy(&self, id: &PolicyId) -> Option<ActivePolicy> {
+        let key = self.policy_keys.get(id)?;
+        if !self.active_policies.contains(key) {
+            return None;
+        }
+        let p = &self.policies[key];
+        Some(ActivePolicy {
+            id: p.id.clone(),
+            order: p.order,
+            inbound_rules: p.rules.inbound.clone(),
+            outbound_rules: p.rules.outbound.clone(),
+            untracked: p.untracked,
+            pre_dnat: p.pre_dnat,
+            apply_on_forward: p.apply_on_forward,
+        })
+    }
+
+    fn profile(&self, id: &str) -> Option<ActiveProfile> {
+        let rules = self.active_profiles.get(id)?;
+        Some(ActiveProfile {
+            id: id.to_string(),
+            inbound_rules: rules.inbound.clone(),
+            outbound_rules: rules.outbound.clone(),
+        })
+    }
+
+    fn endpoint(&self, id: &EndpointId) -> Option<LocalEndpoint> {
+        let item = *self.ep_items.get(id)?;
+        let ep = self.local_eps.get(&item)?;
+        let mut refs = Vec::new();
+        for sel in self.local.item_matches(item) {
+            for key in self.policies_by_sel.get(sel).into_iter().flatten() {
+                let p = &self.policies[key];
+                if p.untracked || p.pre_dnat {
+                    continue;
+                }
+                refs.push(PolicyRef {
+                    id: &p.id,
+                    order: p.order,
+                    ingress: p.ingress,
+                    egress: p.egress,
+                });
+            }
+        }
+        Some(LocalEndpoint {
+            id: ep.id.clone(),
+            interface_name: ep.interface_name.clone(),
+            ipv4_nets: ep.ipv4_nets.clone(),
+            ipv6_nets: ep.ipv6_nets.clone(),
+            tiers: resolver::resolve_tiers(refs, &self.tiers),
+            profile_ids: ep.profiles.clone(),
+        })
+    }
+}

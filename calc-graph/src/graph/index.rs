@@ -1,0 +1,485 @@
+//! Incremental selector ↔ item matching with label posting lists.
+//!
+//! A [`SelectorIndex`] holds a set of items (id → effective labels) and a set of selectors, and
+//! keeps, for both sides, which of the other side match. The graph uses two: policy selectors
+//! against local endpoints, and IP-set selectors against every item in the cluster.
+//!
+//! Indexing. Each selector gets a *cover*: a set of label terms (`k == v` or "has key `k`") such
+//! that every item the selector matches carries at least one of them. `==` and `in` give value
+//! terms, `has`/`contains`/`starts with`/`ends with` give key terms, a conjunction takes the
+//! cheapest cover among its operands (smallest posting lists) and a disjunction the union of its
+//! operands' covers. Selectors without a cover (`all()`, `!has(x)`, `a != 'b'`, ...) are
+//! *unindexed* and evaluated for every item change.
+//!
+//! * A new selector evaluates only the items in its cover's posting lists (or all items when it
+//!   has no cover).
+//! * A changed item evaluates only the selectors registered under one of its labels (or keys),
+//!   plus the unindexed ones.
+//!
+//! Invariants: `sel.matches` contains exactly the items whose labels the selector matches, and
+//! `item.matched` is exactly the sorted list of selectors that match the item. Covers may be
+//! re-chosen ([`SelectorIndex::reoptimize`]) without changing any match.
+
+use std::collections::HashMap;
+
+use crate::selector::{Expr, Selector};
+
+use super::intern::{FxMap, FxSet, Interner, Sym};
+use super::labels::{ItemId, LabelSet, LabelView};
+
+/// Dense id of a selector in one index.
+pub(crate) type SelId = u32;
+
+/// A match that appeared or disappeared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MatchEvent {
+    pub sel: SelId,
+    pub item: ItemId,
+    pub added: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Term {
+    Kv(Sym, Sym),
+    Key(Sym),
+}
+
+/// A cover term before interning.
+enum StrTerm<'a> {
+    Kv(&'a str, &'a str),
+    Key(&'a str),
+}
+
+struct SelEntry {
+    sel: Selector,
+    canonical: String,
+    refs: u32,
+    cover: Option<Vec<Term>>,
+    matches: FxSet<ItemId>,
+}
+
+#[derive(Default)]
+struct IndexedItem {
+    labels: LabelSet,
+    matched: Vec<SelId>,
+}
+
+/// See the module docs.
+#[derive(Default)]
+pub(crate) struct SelectorIndex {
+    items: FxMap<ItemId, IndexedItem>,
+    by_kv: FxMap<(Sym, Sym), FxSet<ItemId>>,
+    by_key: FxMap<Sym, FxSet<ItemId>>,
+    sels: Vec<Option<SelEntry>>,
+    free: Vec<SelId>,
+    by_canonical: HashMap<String, SelId>,
+    sels_by_kv: FxMap<(Sym, Sym), Vec<SelId>>,
+    sels_by_key: FxMap<Sym, Vec<SelId>>,
+    unindexed: Vec<SelId>,
+    /// Selector evaluations performed so far (a cost counter for tests and benches).
+    pub evaluations: u64,
+}
+
+/// Extra cost, in posting-list entries, of term kinds that tend to be unselective; it breaks
+/// ties while the posting lists are still empty (before the initial snapshot is loaded).
+const KEY_TERM_PENALTY: usize = 4;
+const ORCHESTRATOR_PENALTY: usize = 6;
+const POSTING_WEIGHT: usize = 8;
+
+impl SelectorIndex {
+    fn entry(&self, id: SelId) -> &SelEntry {
+        self.sels[id as usize].as_ref().expect("live selector id")
+    }
+
+    fn entry_mut(&mut self, id: SelId) -> &mut SelEntry {
+        self.sels[id as usize].as_mut().expect("live selector id")
+    }
+
+    /// Items the selector matches.
+    pub(crate) fn matches(&self, id: SelId) -> &FxSet<ItemId> {
+        &self.entry(id).matches
+    }
+
+    /// Selectors matching the item (sorted), empty for unknown items.
+    pub(crate) fn item_matches(&self, item: ItemId) -> &[SelId] {
+        self.items.get(&item).map_or(&[], |i| &i.matched)
+    }
+
+    /// Number of selectors that must be evaluated on every item change.
+    pub(crate) fn unindexed_count(&self) -> usize {
+        self.unindexed.len()
+    }
+
+    fn posting_cost(&self, interner: &Interner, t: &StrTerm<'_>) -> usize {
+        match *t {
+            StrTerm::Kv(k, v) => {
+                let n = match (interner.lookup(k), interner.lookup(v)) {
+                    (Some(k), Some(v)) => self.by_kv.get(&(k, v)).map_or(0, |s| s.len()),
+                    _ => 0,
+                };
+                let penalty = if k == "projectcalico.org/orchestrator" {
+                    ORCHESTRATOR_PENALTY
+                } else {
+                    0
+                };
+                n * POSTING_WEIGHT + penalty
+            }
+            StrTerm::Key(k) => {
+                let n = interner
+                    .lookup(k)
+                    .and_then(|k| self.by_key.get(&k))
+                    .map_or(0, |s| s.len());
+                n * POSTING_WEIGHT + KEY_TERM_PENALTY
+            }
+        }
+    }
+
+    fn cover<'a>(&self, interner: &Interner, e: &'a Expr) -> Option<(Vec<StrTerm<'a>>, usize)> {
+        match e {
+            Expr::Eq(k, v) => {
+                let t = StrTerm::Kv(k, v);
+                let c = self.posting_cost(interner, &t);
+                Some((vec![t], c))
+            }
+            Expr::In(k, set) => {
+                let terms: Vec<StrTerm<'a>> = set
+                    .iter()
+                    .map(|v| StrTerm::Kv(k.as_str(), v.as_str()))
+                    .collect();
+                let c = terms.iter().map(|t| self.posting_cost(interner, t)).sum();
+                Some((terms, c))
+            }
+            Expr::Has(k) | Expr::Contains(k, _) | Expr::StartsWith(k, _) | Expr::EndsWith(k, _) => {
+                let t = StrTerm::Key(k);
+                let c = self.posting_cost(interner, &t);
+                Some((vec![t], c))
+            }
+            Expr::And(ops) => ops
+                .iter()
+                .filter_map(|op| self.cover(interner, op))
+                .min_by_key(|(_, c)| *c),
+            Expr::Or(ops) => {
+                let mut all = Vec::new();
+                let mut cost = 0;
+                for op in ops {
+                    let (terms, c) = self.cover(interner, op)?;
+                    all.extend(terms);
+                    cost += c;
+                }
+                Some((all, cost))
+            }
+            Expr::All | Expr::Global | Expr::Ne(..) | Expr::NotIn(..) | Expr::Not(_) => None,
+        }
+    }
+
+    fn register_cover(&mut self, interner: &mut Interner, id: SelId) {
+        let cover = {
+            let e = self.entry(id);
+            self.cover(interner, e.sel.expr()).map(|(terms, _)| {
+                terms
+                    .into_iter()
+                    .map(|t| match t {
+                        StrTerm::Kv(k, v) => Term::Kv(interner.intern(k), interner.intern(v)),
+                        StrTerm::Key(k) => Term::Key(interner.intern(k)),
+                    })
+                    .collect::<Vec<_>>()
+            })
+        };
+        match &cover {
+            Some(terms) => {
+                for t in terms {
+                    match *t {
+                        Term::Kv(k, v) => self.sels_by_kv.entry((k, v)).or_default().push(id),
+                        Term::Key(k) => self.sels_by_key.entry(k).or_default().push(id),
+                    }
+                }
+            }
+            None => self.unindexed.push(id),
+        }
+        self.entry_mut(id).cover = cover;
+    }
+
+    fn unregister_cover(&mut self, interner: &mut Interner, id: SelId) {
+        let cover = self.entry_mut(id).cover.take();
+        match cover {
+            Some(terms) => {
+                for t in terms {
+                    match t {
+                        Term::Kv(k, v) => {
+                            remove_from(&mut self.sels_by_kv, &(k, v), id);
+                            interner.release(k);
+                            interner.release(v);
+                        }
+                        Term::Key(k) => {
+                            remove_from(&mut self.sels_by_key, &k, id);
+                            interner.release(k);
+                        }
+                    }
+                }
+            }
+            None => self.unindexed.retain(|s| *s != id),
+        }
+    }
+
+    /// Adds a reference to `sel`, registering it (and computing its matches) if it is new.
+    /// Returns the id and whether it was new.
+    pub(crate) fn add_selector(
+        &mut self,
+        interner: &mut Interner,
+        sel: &Selector,
+    ) -> (SelId, bool) {
+        let canonical = sel.canonical();
+        if let Some(&id) = self.by_canonical.get(&canonical) {
+            self.entry_mut(id).refs += 1;
+            return (id, false);
+        }
+        let entry = SelEntry {
+            sel: sel.clone(),
+            canonical: canonical.clone(),
+            refs: 1,
+            cover: None,
+            matches: FxSet::default(),
+        };
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.sels[id as usize] = Some(entry);
+                id
+            }
+            None => {
+                self.sels.push(Some(entry));
+                (self.sels.len() - 1) as SelId
+            }
+        };
+        self.by_canonical.insert(canonical, id);
+        self.register_cover(interner, id);
+
+        // Initial matches from the cover's posting lists.
+        let mut candidates: Vec<ItemId> = match &self.entry(id).cover {
+            Some(terms) => {
+                let mut c = Vec::new();
+                for t in terms {
+                    let set = match *t {
+                        Term::Kv(k, v) => self.by_kv.get(&(k, v)),
+                        Term::Key(k) => self.by_key.get(&k),
+                    };
+                    if let Some(set) = set {
+                        c.extend(set.iter().copied());
+                    }
+                }
+                c
+            }
+            None => self.items.keys().copied().collect(),
+        };
+        candidates.sort_unstable();
+        candidates.dedup();
+        self.evaluations += candidates.len() as u64;
+        let mut matched = Vec::new();
+        {
+            let e = self.entry(id);
+            for item in candidates {
+                let labels = &self.items[&item].labels;
+                if e.sel.matches(&LabelView { labels, interner }) {
+                    matched.push(item);
+                }
+            }
+        }
+        for &item in &matched {
+            let it = self.items.get_mut(&item).expect("candidate is indexed");
+            if let Err(pos) = it.matched.binary_search(&id) {
+                it.matched.insert(pos, id);
+            }
+        }
+        self.entry_mut(id).matches.extend(matched);
+        (id, true)
+    }
+
+    /// Drops a reference; the last one unregisters the selector. Returns true if it was freed.
+    pub(crate) fn remove_selector(&mut self, interner: &mut Interner, id: SelId) -> bool {
+        let e = self.entry_mut(id);
+        e.refs -= 1;
+        if e.refs > 0 {
+            return false;
+        }
+        self.unregister_cover(interner, id);
+        let e = self.sels[id as usize].take().expect("live selector id");
+        for item in e.matches {
+            if let Some(it) = self.items.get_mut(&item)
+                && let Ok(pos) = it.matched.binary_search(&id)
+            {
+                it.matched.remove(pos);
+            }
+        }
+        self.by_canonical.remove(&e.canonical);
+        self.free.push(id);
+        true
+    }
+
+    /// Creates or updates an item with new effective labels, appending match changes to `events`.
+    pub(crate) fn upsert_item(
+        &mut self,
+        interner: &Interner,
+        item: ItemId,
+        labels: &LabelSet,
+        events: &mut Vec<MatchEvent>,
+    ) {
+        let old = self.items.remove(&item);
+        let existed = old.is_some();
+        let old = old.unwrap_or_default();
+        if existed && old.labels == *labels {
+            // Matches depend only on the labels (selector changes are applied when selectors
+            // are added or removed), so nothing can have changed.
+            self.items.insert(item, old);
+            return;
+        }
+        self.update_postings(item, &old.labels, labels);
+
+        let mut candidates: Vec<SelId> = self.unindexed.clone();
+        for &(k, v) in labels {
+            if let Some(s) = self.sels_by_kv.get(&(k, v)) {
+                candidates.extend_from_slice(s);
+            }
+            if let Some(s) = self.sels_by_key.get(&k) {
+                candidates.extend_from_slice(s);
+            }
+        }
+        candidates.sort_unstable();
+        candidates.dedup();
+        self.evaluations += candidates.len() as u64;
+        let view = LabelView { labels, interner };
+        let mut matched = Vec::with_capacity(candidates.len().min(8));
+        for id in candidates {
+            if self.entry(id).sel.matches(&view) {
+                matched.push(id);
+            }
+        }
+
+        // Diff the sorted lists.
+        let (mut i, mut j) = (0, 0);
+        while i < old.matched.len() || j < matched.len() {
+            let a = old.matched.get(i).copied();
+            let b = matched.get(j).copied();
+            match (a, b) {
+                (Some(x), Some(y)) if x == y => {
+                    i += 1;
+                    j += 1;
+                }
+                (Some(x), y) if y.is_none_or(|y| x < y) => {
+                    self.entry_mut(x).matches.remove(&item);
+                    events.push(MatchEvent {
+                        sel: x,
+                        item,
+                        added: false,
+                    });
+                    i += 1;
+                }
+                (_, Some(y)) => {
+                    self.entry_mut(y).matches.insert(item);
+                    events.push(MatchEvent {
+                        sel: y,
+                        item,
+                        added: true,
+                    });
+                    j += 1;
+                }
+                _ => unreachable!("loop condition"),
+            }
+        }
+        self.items.insert(
+            item,
+            IndexedItem {
+                labels: labels.clone(),
+                matched,
+            },
+        );
+    }
+
+    /// Removes an item, appending a removal event for each selector that matched it.
+    pub(crate) fn remove_item(&mut self, item: ItemId, events: &mut Vec<MatchEvent>) {
+        let Some(old) = self.items.remove(&item) else {
+            return;
+        };
+        self.update_postings(item, &old.labels, &[]);
+        for sel in old.matched {
+            self.entry_mut(sel).matches.remove(&item);
+            events.push(MatchEvent {
+                sel,
+                item,
+                added: false,
+            });
+        }
+    }
+
+    fn update_postings(&mut self, item: ItemId, old: &[(Sym, Sym)], new: &[(Sym, Sym)]) {
+        for &(k, v) in old {
+            if !new.contains(&(k, v)) {
+                remove_item_from(&mut self.by_kv, &(k, v), item);
+            }
+            if !new.iter().any(|(nk, _)| *nk == k) {
+                remove_item_from(&mut self.by_key, &k, item);
+            }
+        }
+        for &(k, v) in new {
+            if !old.contains(&(k, v)) {
+                self.by_kv.entry((k, v)).or_default().insert(item);
+            }
+            if !old.iter().any(|(ok, _)| *ok == k) {
+                self.by_key.entry(k).or_default().insert(item);
+            }
+        }
+    }
+
+    /// Re-chooses every selector's cover from the current posting-list sizes (after the initial
+    /// snapshot, when sizes are finally known). Matches are unchanged.
+    pub(crate) fn reoptimize(&mut self, interner: &mut Interner) {
+        let ids: Vec<SelId> = self.by_canonical.values().copied().collect();
+        for id in ids {
+            // Register the new cover before releasing the old one so shared symbols stay live.
+            let old = self.entry_mut(id).cover.take();
+            match &old {
+                Some(terms) => {
+                    for t in terms {
+                        match *t {
+                            Term::Kv(k, v) => remove_from(&mut self.sels_by_kv, &(k, v), id),
+                            Term::Key(k) => remove_from(&mut self.sels_by_key, &k, id),
+                        }
+                    }
+                }
+                None => self.unindexed.retain(|s| *s != id),
+            }
+            self.register_cover(interner, id);
+            for t in old.into_iter().flatten() {
+                match t {
+                    Term::Kv(k, v) => {
+                        interner.release(k);
+                        interner.release(v);
+                    }
+                    Term::Key(k) => interner.release(k),
+                }
+            }
+        }
+    }
+}
+
+fn remove_from<K: std::hash::Hash + Eq>(map: &mut FxMap<K, Vec<SelId>>, key: &K, id: SelId) {
+    if let Some(v) = map.get_mut(key) {
+        if let Some(pos) = v.iter().position(|s| *s == id) {
+            v.swap_remove(pos);
+        }
+        if v.is_empty() {
+            map.remove(key);
+        }
+    }
+}
+
+fn remove_item_from<K: std::hash::Hash + Eq>(
+    map: &mut FxMap<K, FxSet<ItemId>>,
+    key: &K,
+    item: ItemId,
+) {
+    if let Some(s) = map.get_mut(key) {
+        s.remove(&item);
+        if s.is_empty() {
+            map.remove(key);
+        }
+    }
+}
