@@ -20,6 +20,11 @@ fn name() -> impl Strategy<Value = String> {
     "[a-z0-9]([-a-z0-9.]{0,30}[a-z0-9])?".prop_filter("dns subdomain", |s| validate_name(s).is_ok())
 }
 
+/// A policy name Calico accepts: a DNS label, optionally `tier.`-prefixed.
+fn policy_name() -> impl Strategy<Value = String> {
+    "([a-z]([-a-z0-9]{0,10}[a-z0-9])?\\.)?[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?"
+}
+
 fn namespace() -> impl Strategy<Value = String> {
     "[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?"
 }
@@ -44,10 +49,15 @@ fn net(v6: bool) -> impl Strategy<Value = IpNet> {
     }
 }
 
+/// An endpoint address: a /32 or /128.
+fn host(v6: bool) -> impl Strategy<Value = IpNet> {
+    net(v6).prop_map(|n| IpNet::from(n.addr()))
+}
+
 fn port() -> impl Strategy<Value = Port> {
     prop_oneof![
-        any::<u16>().prop_map(Port::Number),
-        (any::<u16>(), any::<u16>()).prop_map(|(a, b)| Port::Range(a.min(b), a.max(b))),
+        (1u16..).prop_map(Port::Number),
+        (1u16.., 1u16..).prop_map(|(a, b)| Port::Range(a.min(b), a.max(b))),
         "[a-z]([a-z0-9]{0,8}[a-z0-9])?".prop_map(Port::Named),
     ]
 }
@@ -70,7 +80,8 @@ fn rule() -> impl Strategy<Value = Rule> {
         Just(Some(Protocol::Udp)),
         Just(Some(Protocol::Icmp)),
         (0u8..=255)
-            .prop_filter("ICMPv6 needs v6 nets", |n| *n != 58)
+            .prop_filter("0 is invalid; ICMPv6 needs v6 nets", |n| *n != 0
+                && *n != 58)
             .prop_map(|n| Some(Protocol::Number(n))),
     ];
     (
@@ -121,7 +132,7 @@ fn policy_types() -> impl Strategy<Value = Vec<PolicyType>> {
 fn resource() -> impl Strategy<Value = Resource> {
     let np = (
         namespace(),
-        name(),
+        policy_name(),
         labels(),
         prop::option::of(-1e6f64..1e6),
         selector(),
@@ -145,8 +156,12 @@ fn resource() -> impl Strategy<Value = Resource> {
                 },
             })
         });
-    let gnp = (name(), any::<bool>(), prop::collection::vec(rule(), 0..3)).prop_map(
-        |(n, flags, ingress)| {
+    let gnp = (
+        policy_name(),
+        any::<bool>(),
+        prop::collection::vec(rule(), 0..3),
+    )
+        .prop_map(|(n, flags, ingress)| {
             Resource::GlobalNetworkPolicy(GlobalNetworkPolicy {
                 metadata: Metadata::named(n),
                 spec: GlobalNetworkPolicySpec {
@@ -157,14 +172,13 @@ fn resource() -> impl Strategy<Value = Resource> {
                     ..GlobalNetworkPolicySpec::default()
                 },
             })
-        },
-    );
+        });
     let wep = (
         namespace(),
         name(),
         labels(),
-        prop::collection::vec(net(false), 0..2),
-        prop::collection::vec(net(true), 0..2),
+        prop::collection::vec(host(false), 0..2),
+        prop::collection::vec(host(true), 0..2),
         "cali[0-9a-f]{11}",
     )
         .prop_map(|(ns, n, labels, v4, v6, iface)| {
@@ -219,7 +233,7 @@ proptest! {
     }
 
     #[test]
-    fn any_name_is_either_valid_or_rejected_without_panic(n in "\\PC{0,40}|[a-z./ -]{0,10}") {
+    fn any_name_is_either_valid_or_rejected_without_panic(n in "(\\PC|[\\n\\t\\x01\\x7f/ ]){0,40}|[a-z./ -]{0,10}") {
         let doc = serde_json::json!({"kind": "GlobalNetworkSet", "metadata": {"name": n}});
         let r = Resource::from_json(doc.to_string().as_bytes()).unwrap();
         match r.validate() {
@@ -230,6 +244,10 @@ proptest! {
             }
             Err(errs) => {
                 prop_assert!(errs.iter().all(|e| e.path == "metadata.name"), "{:?}", errs);
+                // Errors end up in logs: a hostile name must not break the line.
+                for e in &errs {
+                    prop_assert!(!e.to_string().chars().any(char::is_control), "{}", e);
+                }
             }
         }
     }

@@ -250,6 +250,21 @@ proptest! {
     }
 
     #[test]
+    fn label_restrictions_are_sound(e in expr(), l in labels()) {
+        let sel = Selector::from_expr(e);
+        if sel.matches(&l) {
+            for (key, r) in sel.label_restrictions() {
+                let have = l.get(&key);
+                prop_assert!(!r.must_be_present || have.is_some(), "{} needs {}", sel, key);
+                prop_assert!(!r.must_be_absent || have.is_none(), "{} forbids {}", sel, key);
+                if let (Some(values), Some(v)) = (&r.must_have_one_of, have) {
+                    prop_assert!(values.contains(v), "{} restricts {} to {:?}", sel, key, values);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn messy_text_parses_to_the_tree(e in expr(), dice in proptest::collection::vec(any::<u8>(), 1..64)) {
         let text = render_messy(&e, &mut Dice(dice, 0));
         let sel = parse(&text).map_err(|err| TestCaseError::fail(format!("{text:?}: {err}")))?;

@@ -3,7 +3,8 @@
 //! Properties: parsing never panics (raw bytes and lossily converted text); a selector that
 //! parses round-trips through its canonical text to `expr().reparsed()` (Calico prints `!(!x)` as
 //! `!!x`, which re-parses as `x`); canonicalisation is idempotent from then on; the round trip
-//! never changes what the selector matches. The same properties run as proptests in
+//! never changes what the selector matches; every match satisfies `label_restrictions()`. The
+//! same properties run as proptests in
 //! `calc-graph/tests/selector_proptest.rs` so stable CI covers them too.
 #![no_main]
 
@@ -45,11 +46,19 @@ fn label_sets(sel: &Selector, seed: &[u8]) -> Vec<BTreeMap<String, String>> {
 fuzz_target!(|data: &[u8]| {
     let from_bytes = parse_bytes(data);
     if let Err(e) = &from_bytes {
-        assert!(e.offset <= data.len(), "error offset {} beyond input {}", e.offset, data.len());
+        assert!(
+            e.offset <= data.len(),
+            "error offset {} beyond input {}",
+            e.offset,
+            data.len()
+        );
     }
     let text = String::from_utf8_lossy(data);
     let Ok(sel) = parse(&text) else {
-        assert!(from_bytes.is_err(), "valid UTF-8 parsed as bytes but not as text");
+        assert!(
+            from_bytes.is_err(),
+            "valid UTF-8 parsed as bytes but not as text"
+        );
         return;
     };
     let canonical = sel.canonical();
@@ -57,12 +66,38 @@ fuzz_target!(|data: &[u8]| {
         Ok(again) => again,
         Err(e) => panic!("canonical {canonical:?} of {text:?} does not parse: {e}"),
     };
-    assert_eq!(again.expr(), &sel.expr().reparsed(), "{text:?} -> {canonical:?}");
+    assert_eq!(
+        again.expr(),
+        &sel.expr().reparsed(),
+        "{text:?} -> {canonical:?}"
+    );
     let twice = parse(&again.canonical()).expect("re-canonical form parses");
     assert_eq!(twice, again, "canonicalisation not idempotent for {text:?}");
     assert_eq!(twice.canonical(), again.canonical());
     assert!(sel.unique_id().starts_with("s:"));
+    let restrictions = sel.label_restrictions();
     for labels in label_sets(&sel, data) {
-        assert_eq!(sel.matches(&labels), again.matches(&labels), "{text:?} on {labels:?}");
+        let matched = sel.matches(&labels);
+        assert_eq!(matched, again.matches(&labels), "{text:?} on {labels:?}");
+        if !matched {
+            continue;
+        }
+        for (key, r) in &restrictions {
+            let have = labels.get(key);
+            assert!(
+                !r.must_be_present || have.is_some(),
+                "{text:?} matched without {key}"
+            );
+            assert!(
+                !r.must_be_absent || have.is_none(),
+                "{text:?} matched with {key}"
+            );
+            if let (Some(values), Some(v)) = (&r.must_have_one_of, have) {
+                assert!(
+                    values.contains(v),
+                    "{text:?} matched {key}={v:?} outside {values:?}"
+                );
+            }
+        }
     }
 });

@@ -11,6 +11,11 @@
 //!   `addr/len` (a bare address in `nets` decodes as a host network and re-encodes with its
 //!   prefix length; host bits are kept as written, the graph masks them).
 //! * Unknown JSON fields are ignored, so newer Calico data decodes; they are not preserved.
+//! * `Resource` also implements serde's `Serialize`/`Deserialize` with the same canonical form
+//!   and kind dispatch, so `serde_yaml::from_str::<Resource>` reads a Calico manifest.
+//! * Decode-time vs validation-time: a malformed CIDR, port, protocol, action or type fails the
+//!   decode (with its JSON path) because the typed field cannot hold it; the resource is
+//!   rejected either way, and `ResourceKey::parse_etcd_key` still names it for the caller.
 //!
 //! Invariant: for a resource that decodes, `from_json(to_json(r)) == r`.
 
@@ -35,8 +40,9 @@ pub use error::{ModelError, ValidationError};
 pub use key::{API_VERSION, CALICO_PREFIX, Kind, ResourceKey};
 pub use metadata::{Metadata, parse_net};
 pub use names::{
-    validate_identifier, validate_interface_name, validate_label_key, validate_label_value,
-    validate_mac, validate_name, validate_named_port, validate_namespace, validate_tier_name,
+    validate_container_id, validate_global_network_policy_name, validate_identifier,
+    validate_interface_name, validate_label_key, validate_label_value, validate_mac, validate_name,
+    validate_named_port, validate_namespace, validate_network_policy_name, validate_tier_name,
 };
 pub use netset::{GlobalNetworkSet, NetworkSet, NetworkSetSpec};
 pub use policy::{

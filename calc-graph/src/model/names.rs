@@ -111,6 +111,38 @@ fn dns_label(s: &str, what: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A NetworkPolicy (or StagedNetworkPolicy) name as Calico accepts it: a DNS label, optionally
+/// with one `.`-separated prefix (`tier.name`), or `knp.default.<subdomain>` /
+/// `ossg.default.<subdomain>` for policies converted from Kubernetes. At most 253 characters.
+pub fn validate_network_policy_name(s: &str) -> Result<(), String> {
+    validate_name(s)?;
+    if let Some(rest) = s
+        .strip_prefix("knp.default.")
+        .or_else(|| s.strip_prefix("ossg.default."))
+    {
+        return dns_subdomain(rest, "name");
+    }
+    policy_labels(
+        s,
+        "a DNS label with at most one '.' (tier.name), or knp.default.<name>",
+    )
+}
+
+/// A GlobalNetworkPolicy (or StagedGlobalNetworkPolicy) name: a DNS label, optionally with one
+/// `.`-separated prefix.
+pub fn validate_global_network_policy_name(s: &str) -> Result<(), String> {
+    validate_name(s)?;
+    policy_labels(s, "a DNS label with at most one '.' (tier.name)")
+}
+
+fn policy_labels(s: &str, want: &str) -> Result<(), String> {
+    let parts: Vec<&str> = s.split('.').collect();
+    if parts.len() > 2 || parts.iter().any(|p| p.len() > MAX_LABEL_LEN) {
+        return Err(format!("policy name {} must be {want}", quote(s)));
+    }
+    Ok(())
+}
+
 /// A Kubernetes label key: `[prefix/]name`, prefix a DNS-1123 subdomain, name 1-63 characters of
 /// alphanumerics, `-`, `_` and `.` starting and ending with an alphanumeric.
 pub fn validate_label_key(s: &str) -> Result<(), String> {
@@ -227,18 +259,37 @@ pub fn validate_interface_name(s: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A MAC address: six pairs of hex digits separated by `:` (or `-`).
+/// A MAC address in one of the forms Go's `net.ParseMAC` accepts for 48- and 64-bit addresses:
+/// `00:00:5e:00:53:01`, `00-00-5e-00-53-01`, `0000.5e00.5301` (and the 8-byte variants).
 pub fn validate_mac(s: &str) -> Result<(), String> {
-    let sep = if s.contains('-') { '-' } else { ':' };
-    let parts: Vec<&str> = s.split(sep).collect();
-    let ok = parts.len() == 6
-        && parts
-            .iter()
-            .all(|p| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit()));
+    let hex = |p: &str, n: usize| p.len() == n && p.chars().all(|c| c.is_ascii_hexdigit());
+    let ok = if s.contains('.') {
+        let parts: Vec<&str> = s.split('.').collect();
+        matches!(parts.len(), 3 | 4) && parts.iter().all(|p| hex(p, 4))
+    } else {
+        let sep = if s.contains('-') { '-' } else { ':' };
+        let parts: Vec<&str> = s.split(sep).collect();
+        matches!(parts.len(), 6 | 8) && parts.iter().all(|p| hex(p, 2))
+    };
     if ok {
         Ok(())
     } else {
         Err(format!("invalid MAC address {}", quote(s)))
+    }
+}
+
+/// A container id: ASCII letters, digits and `-`, starting and ending with a letter or digit.
+pub fn validate_container_id(s: &str) -> Result<(), String> {
+    let ok = s.len() <= MAX_NAME_LEN
+        && alnum_ends(s)
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "container id {} must be letters, digits and '-', starting and ending with a letter or digit",
+            quote(s)
+        ))
     }
 }
 
@@ -288,6 +339,32 @@ mod tests {
             let err = validate_name(bad).unwrap_err();
             assert!(err.contains(want), "{bad:?}: {err}");
         }
+    }
+
+    #[test]
+    fn policy_names_follow_calico() {
+        for ok in [
+            "web",
+            "tier1.web",
+            "knp.default.allow-db",
+            "knp.default.a.b.c",
+            "ossg.default.x",
+        ] {
+            validate_network_policy_name(ok).unwrap();
+        }
+        for bad in ["a.b.c", "knp.default.", "Web", "a/b"] {
+            assert!(validate_network_policy_name(bad).is_err(), "{bad:?}");
+        }
+        validate_global_network_policy_name("security.allow-dns").unwrap();
+        assert!(
+            validate_global_network_policy_name("knp.default.x")
+                .unwrap_err()
+                .contains("at most one '.'")
+        );
+        validate_container_id("1337495556942031415926535").unwrap();
+        validate_container_id("docker-abc").unwrap();
+        assert!(validate_container_id("abc def").is_err());
+        assert!(validate_container_id("-abc").is_err());
     }
 
     #[test]
@@ -358,6 +435,9 @@ mod tests {
         assert!(validate_interface_name("..").is_err());
         validate_mac("ca:fe:1d:52:bb:e9").unwrap();
         validate_mac("CA-FE-1D-52-BB-E9").unwrap();
+        validate_mac("cafe.1d52.bbe9").unwrap();
+        validate_mac("ca:fe:1d:52:bb:e9:00:01").unwrap();
+        assert!(validate_mac("ca:fe:1d:52:bb:e9:00").is_err());
         assert!(validate_mac("ca:fe:1d:52:bb").is_err());
         assert!(validate_mac("ca:fe:1d:52:bb:zz").is_err());
         validate_identifier("abc123").unwrap();

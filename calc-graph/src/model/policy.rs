@@ -170,15 +170,36 @@ pub trait PolicySpecCommon {
         self.tier().unwrap_or(DEFAULT_TIER)
     }
 
-    /// The directions the policy applies to. An empty `types` is resolved as Calico does at
-    /// create time: ingress, plus egress when there are egress rules, and only egress when
-    /// there are only egress rules.
+    /// The directions the policy applies to, as Felix reads stored data
+    /// (`extractPolicyMetadata` in `felix/calc`): the listed types, and an empty `types` means
+    /// both Ingress and Egress ("back compatibility: no Types means Ingress and Egress").
+    /// Differs from [`PolicySpecCommon::effective_types`] only for stored policies without
+    /// `types`, which Calico's own writers never produce.
+    fn felix_types(&self) -> Vec<PolicyType> {
+        if self.types().is_empty() {
+            return vec![PolicyType::Ingress, PolicyType::Egress];
+        }
+        let mut t = self.types().to_vec();
+        t.sort();
+        t.dedup();
+        t
+    }
+
+    /// The listed types (sorted, deduplicated), or, when there are none, the types Calico's
+    /// client would have filled in at create time (see [`PolicySpecCommon::create_time_types`]).
+    /// Kept with this meaning because the graph already relies on it; see `felix_types` for how
+    /// Felix itself reads a stored policy without types.
     fn effective_types(&self) -> Vec<PolicyType> {
+        self.create_time_types()
+    }
+
+    /// The `types` Calico's client fills in when a policy is created without any
+    /// (`defaultPolicyTypesField` in clientv3): Ingress, plus Egress when there are egress rules,
+    /// and only Egress when there are only egress rules. Writers (the controller, manifest
+    /// loaders) apply this before storing, so the stored policy means what its author expected.
+    fn create_time_types(&self) -> Vec<PolicyType> {
         if !self.types().is_empty() {
-            let mut t = self.types().to_vec();
-            t.sort();
-            t.dedup();
-            return t;
+            return self.felix_types();
         }
         match (self.ingress().is_empty(), self.egress().is_empty()) {
             (_, true) => vec![PolicyType::Ingress],
@@ -208,6 +229,16 @@ macro_rules! impl_common {
             }
             fn egress(&self) -> &[Rule] {
                 &self.egress
+            }
+        }
+
+        impl $t {
+            /// Sets `types` to [`PolicySpecCommon::create_time_types`] if it is empty, as
+            /// Calico's client does on create.
+            pub fn fill_default_types(&mut self) {
+                if self.types.is_empty() {
+                    self.types = self.create_time_types();
+                }
             }
         }
     };
@@ -326,20 +357,30 @@ mod tests {
     }
 
     #[test]
-    fn effective_types_follow_calico_defaulting() {
+    fn felix_types_and_create_time_types() {
+        use super::super::primitives::Action;
         let mut s = NetworkPolicySpec::default();
+        let both = vec![PolicyType::Ingress, PolicyType::Egress];
+        assert_eq!(s.felix_types(), both);
+        assert_eq!(s.create_time_types(), vec![PolicyType::Ingress]);
         assert_eq!(s.effective_types(), vec![PolicyType::Ingress]);
-        s.egress
-            .push(Rule::new(super::super::primitives::Action::Allow));
-        assert_eq!(s.effective_types(), vec![PolicyType::Egress]);
-        s.ingress
-            .push(Rule::new(super::super::primitives::Action::Deny));
-        assert_eq!(
-            s.effective_types(),
-            vec![PolicyType::Ingress, PolicyType::Egress]
-        );
+        s.egress.push(Rule::new(Action::Allow));
+        assert_eq!(s.felix_types(), both);
+        assert_eq!(s.create_time_types(), vec![PolicyType::Egress]);
+        s.ingress.push(Rule::new(Action::Deny));
+        assert_eq!(s.create_time_types(), both);
         s.types = vec![PolicyType::Egress, PolicyType::Egress];
+        assert_eq!(s.felix_types(), vec![PolicyType::Egress]);
+        assert_eq!(s.create_time_types(), vec![PolicyType::Egress]);
         assert_eq!(s.effective_types(), vec![PolicyType::Egress]);
+
+        let mut g = GlobalNetworkPolicySpec {
+            ingress: vec![Rule::new(Action::Allow)],
+            ..GlobalNetworkPolicySpec::default()
+        };
+        g.fill_default_types();
+        assert_eq!(g.types, vec![PolicyType::Ingress]);
+        assert_eq!(g.felix_types(), vec![PolicyType::Ingress]);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::endpoint::{HostEndpoint, WorkloadEndpoint};
-use super::key::{API_VERSION, Kind, ResourceKey};
+use super::key::{API_VERSION, Kind, ResourceKey, write_segment};
 use super::metadata::Metadata;
 use super::netset::{GlobalNetworkSet, NetworkSet};
 use super::policy::{
@@ -84,48 +84,71 @@ struct Envelope<'a, T: Serialize> {
     body: &'a T,
 }
 
-/// Just enough of a document to dispatch on and to name it in errors.
+/// Just enough of a document to dispatch on. Metadata is skipped here (no allocation); it is
+/// only parsed again to name the resource when something fails.
 #[derive(Deserialize)]
 struct Head {
     #[serde(rename = "apiVersion", default)]
     api_version: Option<String>,
     #[serde(default)]
     kind: Option<String>,
+}
+
+/// The document's metadata, read only on the error path to name the resource.
+#[derive(Deserialize)]
+struct HeadMeta {
     #[serde(default)]
     metadata: Option<serde_json::Value>,
 }
 
-impl Head {
-    fn meta_str(&self, field: &str) -> Option<&str> {
-        self.metadata.as_ref()?.get(field)?.as_str()
+/// A best-effort name for a resource in errors: `networkpolicies/prod/web`, or just
+/// `[<ns>/]<name>` when the kind is unknown.
+fn label_of(json: &[u8], kind: Option<Kind>) -> String {
+    let meta = serde_json::from_slice::<HeadMeta>(json)
+        .ok()
+        .and_then(|h| h.metadata);
+    let field = |f: &str| {
+        meta.as_ref()
+            .and_then(|m| m.get(f))
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+    };
+    let name = field("name").unwrap_or_else(|| "<unnamed>".to_string());
+    let ns = field("namespace").filter(|s| !s.is_empty());
+    let mut out = String::new();
+    if let Some(k) = kind {
+        out.push_str(k.plural());
+        out.push('/');
     }
-
-    /// A best-effort name for the resource in errors: `networkpolicies/prod/web`, or just
-    /// `[<ns>/]<name>` when the kind is unknown.
-    fn label(&self, kind: Option<Kind>) -> String {
-        let name = self.meta_str("name").unwrap_or("<unnamed>");
-        let ns = self.meta_str("namespace").filter(|s| !s.is_empty());
-        let ns_part = match (ns, kind) {
-            (Some(ns), None) => format!("{ns}/"),
-            (Some(ns), Some(k)) if k.is_namespaced() => format!("{ns}/"),
-            _ => String::new(),
-        };
-        match kind {
-            Some(k) => format!("{}/{ns_part}{name}", k.plural()),
-            None => format!("{ns_part}{name}"),
-        }
+    if let Some(ns) = ns
+        && kind.is_none_or(Kind::is_namespaced)
+    {
+        let _ = write_segment(&mut out, &ns);
+        out.push('/');
     }
+    let _ = write_segment(&mut out, &name);
+    out
 }
 
-fn decode_as<T: DeserializeOwned>(json: &[u8], resource: &str) -> Result<T, ModelError> {
+/// Decodes `json` as `T`. The fast path is plain serde_json; only when that fails is the
+/// document decoded again with path tracking, to say which field was wrong.
+fn decode_as<T: DeserializeOwned>(
+    json: &[u8],
+    label: &dyn Fn() -> String,
+) -> Result<T, ModelError> {
+    if let Ok(v) = serde_json::from_slice(json) {
+        return Ok(v);
+    }
     let mut de = serde_json::Deserializer::from_slice(json);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        ModelError::Decode {
-            resource: resource.to_string(),
-            path: if path == "." { String::new() } else { path },
-            message: e.into_inner().to_string(),
-        }
+    let e = match serde_path_to_error::deserialize::<_, T>(&mut de) {
+        Ok(v) => return Ok(v),
+        Err(e) => e,
+    };
+    let path = e.path().to_string();
+    Err(ModelError::Decode {
+        resource: label(),
+        path: if path == "." { String::new() } else { path },
+        message: e.into_inner().to_string(),
     })
 }
 
@@ -214,61 +237,96 @@ impl Resource {
     }
 
     fn decode(json: &[u8], key: Option<&ResourceKey>) -> Result<Resource, ModelError> {
+        // serde also accepts a struct as a positional array; a resource is only ever an object.
+        if json.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(ModelError::Decode {
+                resource: key.map_or_else(|| "resource".to_string(), ToString::to_string),
+                path: String::new(),
+                message: "a resource must be a JSON object".to_string(),
+            });
+        }
         let head: Head = serde_json::from_slice(json).map_err(|e| ModelError::Decode {
             resource: key.map_or_else(|| "resource".to_string(), ToString::to_string),
             path: String::new(),
             message: e.to_string(),
         })?;
         let kind = head.kind.as_deref().and_then(Kind::from_kind_name);
-        let label = key.map_or_else(|| head.label(kind), ToString::to_string);
+        let label = || key.map_or_else(|| label_of(json, kind), ToString::to_string);
         let Some(kind) = kind else {
             return Err(ModelError::UnknownKind {
-                resource: label,
+                resource: label(),
                 kind: head.kind.clone().unwrap_or_default(),
             });
         };
         if let Some(v) = head.api_version.as_deref().filter(|v| *v != API_VERSION) {
             return Err(ModelError::ApiVersion {
-                resource: label,
+                resource: label(),
                 api_version: v.to_string(),
             });
         }
+        let l: &dyn Fn() -> String = &label;
         Ok(match kind {
-            Kind::NetworkPolicy => Resource::NetworkPolicy(decode_as(json, &label)?),
-            Kind::GlobalNetworkPolicy => Resource::GlobalNetworkPolicy(decode_as(json, &label)?),
-            Kind::Tier => Resource::Tier(decode_as(json, &label)?),
-            Kind::Profile => Resource::Profile(decode_as(json, &label)?),
-            Kind::WorkloadEndpoint => Resource::WorkloadEndpoint(decode_as(json, &label)?),
-            Kind::HostEndpoint => Resource::HostEndpoint(decode_as(json, &label)?),
-            Kind::NetworkSet => Resource::NetworkSet(decode_as(json, &label)?),
-            Kind::GlobalNetworkSet => Resource::GlobalNetworkSet(decode_as(json, &label)?),
-            Kind::StagedNetworkPolicy => Resource::StagedNetworkPolicy(decode_as(json, &label)?),
+            Kind::NetworkPolicy => Resource::NetworkPolicy(decode_as(json, l)?),
+            Kind::GlobalNetworkPolicy => Resource::GlobalNetworkPolicy(decode_as(json, l)?),
+            Kind::Tier => Resource::Tier(decode_as(json, l)?),
+            Kind::Profile => Resource::Profile(decode_as(json, l)?),
+            Kind::WorkloadEndpoint => Resource::WorkloadEndpoint(decode_as(json, l)?),
+            Kind::HostEndpoint => Resource::HostEndpoint(decode_as(json, l)?),
+            Kind::NetworkSet => Resource::NetworkSet(decode_as(json, l)?),
+            Kind::GlobalNetworkSet => Resource::GlobalNetworkSet(decode_as(json, l)?),
+            Kind::StagedNetworkPolicy => Resource::StagedNetworkPolicy(decode_as(json, l)?),
             Kind::StagedGlobalNetworkPolicy => {
-                Resource::StagedGlobalNetworkPolicy(decode_as(json, &label)?)
+                Resource::StagedGlobalNetworkPolicy(decode_as(json, l)?)
             }
             Kind::StagedKubernetesNetworkPolicy => {
-                Resource::StagedKubernetesNetworkPolicy(decode_as(json, &label)?)
+                Resource::StagedKubernetesNetworkPolicy(decode_as(json, l)?)
             }
         })
     }
 
     /// The canonical JSON: what the controller writes to etcd.
     pub fn to_json(&self) -> String {
-        let kind = self.kind().kind_name();
-        let out = each_variant!(self, r => serde_json::to_string(&Envelope {
-            api_version: API_VERSION,
-            kind,
-            body: r,
-        }));
-        // Serialising plain data (string-keyed maps, finite numbers from JSON) cannot fail; the
-        // only f64 fields are orders, which never hold NaN when they came from JSON. Should a
-        // caller put NaN there, serde_json writes `null` rather than failing.
-        out.unwrap_or_else(|e| format!("{{\"error\":{:?}}}", e.to_string()))
+        // Infallible for this data: every map key is a string and serde_json writes a
+        // non-finite f64 (an order set to NaN by code, never by JSON) as `null`.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Decodes a resource from an already-parsed JSON value (for example a YAML manifest read
+    /// with serde_yaml into `serde_json::Value`).
+    pub fn from_value(value: serde_json::Value) -> Result<Resource, ModelError> {
+        let bytes = serde_json::to_vec(&value).map_err(|e| ModelError::Decode {
+            resource: "resource".to_string(),
+            path: String::new(),
+            message: e.to_string(),
+        })?;
+        Self::from_json(&bytes)
+    }
+
+    /// Whether this is a staged policy (decoded, never enforced).
+    pub fn is_staged(&self) -> bool {
+        self.kind().is_staged()
     }
 
     /// Validates the resource; see the `validate` module for the rules. Returns every problem.
     pub fn validate(&self) -> Result<(), Vec<ValidationError>> {
         super::validate::validate_resource(self)
+    }
+}
+
+/// Serialises as the canonical document (`apiVersion`, `kind`, `metadata`, `spec`).
+impl Serialize for Resource {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let kind = self.kind().kind_name();
+        each_variant!(self, r => Envelope { api_version: API_VERSION, kind, body: r }.serialize(s))
+    }
+}
+
+/// Deserialises any supported kind, dispatching on `kind` as [`Resource::from_json`] does, so
+/// `serde_yaml::from_str::<Resource>` reads Calico manifests.
+impl<'de> Deserialize<'de> for Resource {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = serde_json::Value::deserialize(d)?;
+        Resource::from_value(value).map_err(serde::de::Error::custom)
     }
 }
 
@@ -325,6 +383,10 @@ mod tests {
             err.starts_with("tiers/t: spec.defaultAction: unknown variant `Drop`"),
             "{err}"
         );
+        let err = Resource::from_json(br#"["projectcalico.org/v3", "Tier", {"name": "t"}, {}]"#)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "resource: a resource must be a JSON object");
         let err = Resource::from_json(b"{not json").unwrap_err().to_string();
         assert!(err.starts_with("resource: key must be a string"), "{err}");
         let err = Resource::from_json(br#"{"kind":"IPPool","metadata":{"name":"p"}}"#)
@@ -381,6 +443,25 @@ mod tests {
             Resource::from_etcd("/calico/resources/v3/projectcalico.org/bogus/x", b"{}"),
             Err(ModelError::InvalidKey { .. })
         ));
+    }
+
+    #[test]
+    fn serde_impls_match_from_json_and_to_json() {
+        let r: Resource = serde_json::from_slice(&mk_np_json("prod", "web")).unwrap();
+        assert_eq!(r, Resource::from_json(&mk_np_json("prod", "web")).unwrap());
+        assert_eq!(serde_json::to_string(&r).unwrap(), r.to_json());
+        assert!(!r.is_staged());
+        let err = serde_json::from_str::<Resource>(
+            r#"{"kind":"Tier","metadata":{"name":"t"},"spec":{"order":"x"}}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("tiers/t: spec.order: invalid type"),
+            "{err}"
+        );
+        let v = serde_json::json!({"kind": "StagedNetworkPolicy", "metadata": {"name": "s", "namespace": "n"}});
+        assert!(Resource::from_value(v).unwrap().is_staged());
     }
 
     #[test]

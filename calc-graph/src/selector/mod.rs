@@ -5,6 +5,23 @@
 //! follow Calico byte for byte, because the canonical string names IP sets
 //! ([`Selector::unique_id`], `cali40s:<hash>`).
 //!
+//! ```
+//! use std::collections::BTreeMap;
+//! use calc_graph::selector::parse;
+//!
+//! let sel = parse("projectcalico.org/namespace == 'default' && app == 'web'").unwrap();
+//! assert_eq!(sel.canonical(), r#"(projectcalico.org/namespace == "default" && app == "web")"#);
+//! assert!(sel.unique_id().starts_with("s:"));
+//! let labels: BTreeMap<String, String> =
+//!     [("projectcalico.org/namespace", "default"), ("app", "web")]
+//!         .into_iter()
+//!         .map(|(k, v)| (k.to_string(), v.to_string()))
+//!         .collect();
+//! assert!(sel.matches(&labels));
+//! // `!=` is true when the label is missing.
+//! assert!(parse("tier != 'db'").unwrap().matches(&labels));
+//! ```
+//!
 //! Grammar (precedence from tightest: `!`, `&&`, `||`):
 //!
 //! ```text
@@ -36,6 +53,7 @@ mod ast;
 mod k8s;
 mod lexer;
 mod parser;
+mod restrictions;
 mod rewrite;
 
 #[cfg(test)]
@@ -51,6 +69,7 @@ use sha2::{Digest, Sha224};
 
 pub use ast::Expr;
 pub use k8s::{LabelSelectorRequirement, from_label_selector, label_selector_terms};
+pub use restrictions::LabelRestriction;
 pub use rewrite::{
     LABEL_NAMESPACE, LABEL_SERVICE_ACCOUNT, NAMESPACE_LABEL_PREFIX, SERVICE_ACCOUNT_LABEL_PREFIX,
 };
@@ -108,9 +127,9 @@ impl<L: Labels + ?Sized> Labels for &L {
     }
 }
 
-/// A parsed selector. Equality and hashing are structural (on the [`Expr`]); two selectors with
-/// the same canonical string name the same IP set.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// A parsed selector. Equality, ordering and hashing are structural (on the [`Expr`]); two
+/// selectors with the same canonical string name the same IP set.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Selector {
     expr: Expr,
 }

@@ -11,7 +11,7 @@
 use std::collections::BTreeSet;
 
 use super::ast::Expr;
-use super::lexer::{Lexer, Tok};
+use super::lexer::{Lexer, Tok, excerpt};
 use super::{MAX_DEPTH, SelectorError};
 
 pub(crate) fn parse(input: &str) -> Result<Expr, SelectorError> {
@@ -144,9 +144,10 @@ impl<'a> Parser<'a> {
                 });
             }
             _ => {
-                return Err(
-                    self.unexpected(&format!("where an operator should follow label {key:?}"))
-                );
+                return Err(self.unexpected(&format!(
+                    "where an operator should follow label {}",
+                    excerpt(key)
+                )));
             }
         };
         self.advance()?;

@@ -476,3 +476,52 @@ fn make_unique_id_matches_calico_format() {
     assert_eq!(id, "s:5y5I3VdRZfDU01O--xXAPx2yxCQQqMf0M6IWug");
     assert_eq!(make_unique_id("test", "content").len(), "test:".len() + 38);
 }
+
+/// The reference's §9.3 worked example, built with the API the controller and graph use, must
+/// be exactly the tree Felix parses from the rewritten text (and so name the same IP sets).
+#[test]
+fn worked_example_from_the_reference_builds_felixs_trees() {
+    let orchestrator = || Expr::Eq("projectcalico.org/orchestrator".into(), "k8s".into());
+    let pod_selector = |app: &str| {
+        let mut terms = vec![orchestrator()];
+        terms.extend(label_selector_terms(&mk_labels(&[("app", app)]), &[]).unwrap());
+        Selector::all_of(terms)
+    };
+    let namespace = mk_sel("projectcalico.org/namespace == 'prod'");
+
+    let policy = pod_selector("db").and(namespace.clone());
+    let felix_policy = mk_sel(
+        "(projectcalico.org/orchestrator == 'k8s' && app == 'db') && projectcalico.org/namespace == 'prod'",
+    );
+    assert_eq!(policy, felix_policy);
+
+    let rule1 = namespace.and(pod_selector("api"));
+    let felix_rule1 = mk_sel(
+        "(projectcalico.org/namespace == 'prod') && (projectcalico.org/orchestrator == 'k8s' && app == 'api')",
+    );
+    assert_eq!(rule1, felix_rule1);
+    assert_eq!(
+        rule1.canonical(),
+        r#"(projectcalico.org/namespace == "prod" && (projectcalico.org/orchestrator == "k8s" && app == "api"))"#
+    );
+
+    let ns_selector = from_label_selector(&mk_labels(&[("team", "ops")]), &[]).unwrap();
+    let rule2 = ns_selector
+        .rewrite_namespace_selector()
+        .and(Selector::all_of(vec![orchestrator()]));
+    let felix_rule2 =
+        mk_sel(r#"(pcns.team == "ops") && (projectcalico.org/orchestrator == 'k8s')"#);
+    assert_eq!(rule2, felix_rule2);
+    assert_eq!(rule2.unique_id(), felix_rule2.unique_id());
+    assert_eq!(
+        rule2.canonical(),
+        r#"(pcns.team == "ops" && projectcalico.org/orchestrator == "k8s")"#
+    );
+
+    // An empty namespaceSelector ({}) is all(), i.e. every namespaced endpoint.
+    let any_ns = from_label_selector(&BTreeMap::new(), &[]).unwrap();
+    assert_eq!(
+        any_ns.rewrite_namespace_selector().canonical(),
+        "has(projectcalico.org/namespace)"
+    );
+}

@@ -55,6 +55,17 @@ fn valid_policy_passes() {
     assert_eq!(r.validate(), Ok(()));
 }
 
+fn assert_errors(r: &Resource, prefix: &str, want: &[&str]) {
+    let got = errors(r);
+    assert_eq!(got.len(), want.len(), "{got:#?}");
+    for (g, w) in got.iter().zip(want) {
+        assert!(
+            g.starts_with(&format!("{prefix}: {w}")),
+            "{g}\n  wanted {w}"
+        );
+    }
+}
+
 #[test]
 fn every_problem_is_reported() {
     let r = mk_np(json!([
@@ -65,37 +76,140 @@ fn every_problem_is_reported() {
         {"action": "Allow", "protocol": "ICMP", "ipVersion": 6},
         {"action": "Allow", "ipVersion": 6, "source": {"notNets": ["10.0.0.0/8"]}},
         {"action": "Allow", "source": {"nets": ["10.0.0.0/8"]}, "destination": {"nets": ["fd00::/8"]}},
-        {"action": "Allow", "protocol": "TCP", "destination": {"ports": ["Bad_Name"]}},
-        {"action": "Deny", "protocol": "UDP", "http": {"methods": ["G E T"], "paths": [{}]}},
+        {"action": "Allow", "protocol": "TCP", "destination": {"ports": ["Bad_Name", 0, "0:10"]}},
+        {"action": "Deny", "protocol": "UDP", "http": {"methods": ["GET", "GET"], "paths": [{}, {"exact": "x?y"}]}},
         {"action": "Allow", "source": {"services": {"name": "db"}, "selector": "a == 'b'"}},
         {"action": "Allow", "metadata": {"annotations": {"k": "line\nbreak"}}},
-        {"action": "Allow", "protocol": "ICMP", "notICMP": {"type": 255}}
+        {"action": "Allow", "protocol": "ICMP", "notICMP": {"type": 255}},
+        {"action": "Allow", "protocol": 0, "notProtocol": "ICMPv6", "ipVersion": 4},
+        {"action": "Allow", "source": {"selector": "global()", "namespaceSelector": "global() && a == 'b'"}},
+        {"action": "Allow", "protocol": "TCP", "destination": {"services": {"name": "db"}, "ports": [80]}}
     ]));
-    let want = [
-        "spec.ingress[0].destination.ports: ports require protocol TCP, UDP, SCTP or UDPLite",
-        "spec.ingress[1].source.ports: protocol ICMP does not support ports",
-        "spec.ingress[2].icmp: icmp is only valid with protocol ICMP or ICMPv6",
-        "spec.ingress[3].icmp.code: code requires type",
-        "spec.ingress[4].protocol: protocol ICMP conflicts with ipVersion 6",
-        "spec.ingress[5].source.notNets[0]: 10.0.0.0/8 is IPv4 but the rule is IPv6",
-        "spec.ingress[6].destination.nets: source and destination nets are of different IP versions",
-        "spec.ingress[7].destination.ports[0]: named port \"Bad_Name\"",
-        "spec.ingress[8].http: http match is only valid on Allow rules",
-        "spec.ingress[8].http: http match is only valid with protocol TCP",
-        "spec.ingress[8].http.methods[0]: invalid HTTP method \"G E T\"",
-        "spec.ingress[8].http.paths[0]: exactly one of exact or prefix must be set",
-        "spec.ingress[9].source.services: services cannot be combined with nets",
-        "spec.ingress[10].metadata.annotations[\"k\"]: annotation value must not contain control characters",
-        "spec.ingress[11].notICMP.type: type must be 0-254, got 255",
-    ];
-    let got = errors(&r);
-    assert_eq!(got.len(), want.len(), "{got:#?}");
-    for (g, w) in got.iter().zip(want) {
-        assert!(
-            g.starts_with(&format!("networkpolicies/prod/web: {w}")),
-            "{g}\n  wanted {w}"
-        );
-    }
+    assert_errors(
+        &r,
+        "networkpolicies/prod/web",
+        &[
+            "spec.ingress[0].destination.ports: ports require protocol TCP, UDP, SCTP or UDPLite",
+            "spec.ingress[1].source.ports: protocol ICMP does not support ports",
+            "spec.ingress[2].icmp: icmp is only valid with protocol ICMP or ICMPv6",
+            "spec.ingress[3].icmp.code: code requires type",
+            "spec.ingress[4].ipVersion: ipVersion must be 4 with protocol ICMP",
+            "spec.ingress[5].source.notNets[0]: 10.0.0.0/8 is IPv4 but the rule has ipVersion 6",
+            "spec.ingress[6].destination.nets: rule contains both IPv4 and IPv6 CIDRs",
+            "spec.ingress[7].destination.ports[0]: named port \"Bad_Name\"",
+            "spec.ingress[7].destination.ports[1]: port 0 is invalid: port numbers must be 1-65535",
+            "spec.ingress[7].destination.ports[2]: port 0:10 is invalid",
+            "spec.ingress[8].http: http match is only valid on Allow rules",
+            "spec.ingress[8].http: http match is only valid with protocol TCP or no protocol",
+            "spec.ingress[8].http.methods[1]: method \"GET\" is listed more than once",
+            "spec.ingress[8].http.paths[0]: exactly one of exact or prefix must be set",
+            "spec.ingress[8].http.paths[1]: invalid path \"x?y\"",
+            "spec.ingress[9].source.services: services cannot be combined with selector/notSelector",
+            "spec.ingress[10].metadata.annotations[\"k\"]: annotation value must not contain control characters",
+            "spec.ingress[11].notICMP.type: type must be 0-254, got 255",
+            "spec.ingress[12].protocol: protocol number 0 is invalid",
+            "spec.ingress[12].ipVersion: ipVersion must be 6 with notProtocol ICMPv6",
+            "spec.ingress[13].source.selector: global() can only be used in a rule's namespaceSelector",
+            "spec.ingress[13].source.namespaceSelector: global() cannot be combined with other selectors",
+            "spec.ingress[14].destination.services: destination ports and notPorts cannot be combined with services",
+            "spec.ingress[14].destination.services: services are not allowed in the destination of an ingress rule",
+        ],
+    );
+}
+
+#[test]
+fn services_and_http_by_direction() {
+    let r = mk_resource(json!({
+        "kind": "GlobalNetworkPolicy", "metadata": {"name": "svc"},
+        "spec": {
+            "ingress": [{"action": "Allow", "source": {"services": {"name": "api"}}}],
+            "egress": [
+                {"action": "Allow", "source": {"services": {"name": "x", "namespace": "n"}}},
+                {"action": "Allow", "destination": {"services": {"name": "db"}}},
+                {"action": "Allow", "http": {"methods": ["GET"]}}
+            ]
+        }
+    }));
+    assert_errors(
+        &r,
+        "globalnetworkpolicies/svc",
+        &[
+            "spec.ingress[0].source.services.namespace: a global policy must give the service's namespace",
+            "spec.egress[0].source.services: services are not allowed in the source of an egress rule",
+            "spec.egress[1].destination.services.namespace: a global policy must give the service's namespace",
+            "spec.egress[2].http: http match is not allowed in egress rules",
+        ],
+    );
+    // Profiles carry no direction restrictions on services or http.
+    let r = mk_resource(json!({
+        "kind": "Profile", "metadata": {"name": "p"},
+        "spec": {"egress": [{"action": "Allow", "http": {"methods": ["GET"]},
+                             "source": {"services": {"name": "x"}}}]}
+    }));
+    assert_eq!(r.validate(), Ok(()));
+}
+
+#[test]
+fn policy_names_per_kind() {
+    let r = mk_resource(
+        json!({"kind": "NetworkPolicy", "metadata": {"name": "a.b.c", "namespace": "n"}}),
+    );
+    assert_errors(
+        &r,
+        "networkpolicies/n/a.b.c",
+        &["metadata.name: policy name \"a.b.c\" must be"],
+    );
+    let r =
+        mk_resource(json!({"kind": "GlobalNetworkPolicy", "metadata": {"name": "knp.default.x"}}));
+    assert_errors(
+        &r,
+        "globalnetworkpolicies/knp.default.x",
+        &["metadata.name: policy name"],
+    );
+    let r = mk_resource(json!({"kind": "Profile", "metadata": {"name": "ksa.prod.sa.with.dots"}}));
+    assert_eq!(r.validate(), Ok(()));
+}
+
+#[test]
+fn network_sets_cannot_claim_a_namespace_label() {
+    let r = mk_resource(json!({
+        "kind": "GlobalNetworkSet",
+        "metadata": {"name": "g", "labels": {"projectcalico.org/namespace": "prod"}}
+    }));
+    assert_errors(
+        &r,
+        "globalnetworksets/g",
+        &[
+            "metadata.labels[\"projectcalico.org/namespace\"]: projectcalico.org/namespace is reserved",
+        ],
+    );
+}
+
+#[test]
+fn staged_delete_must_be_empty() {
+    let r = mk_resource(json!({
+        "kind": "StagedGlobalNetworkPolicy", "metadata": {"name": "s"},
+        "spec": {"stagedAction": "Delete", "tier": "security"}
+    }));
+    assert_eq!(r.validate(), Ok(()));
+    let r = mk_resource(json!({
+        "kind": "StagedGlobalNetworkPolicy", "metadata": {"name": "s"},
+        "spec": {"stagedAction": "Delete", "selector": "all()"}
+    }));
+    assert_errors(
+        &r,
+        "stagedglobalnetworkpolicies/s",
+        &["spec: with stagedAction Delete every spec field except tier must be empty"],
+    );
+    let r = mk_resource(json!({
+        "kind": "StagedKubernetesNetworkPolicy", "metadata": {"name": "k", "namespace": "n"},
+        "spec": {"stagedAction": "Delete", "podSelector": {}}
+    }));
+    assert_errors(
+        &r,
+        "stagedkubernetesnetworkpolicies/n/k",
+        &["spec: with stagedAction Delete"],
+    );
 }
 
 #[test]
@@ -107,7 +221,9 @@ fn metadata_rules() {
     }));
     let got = errors(&r);
     assert!(
-        got[0].starts_with("networkpolicies/Web/x: metadata.name: \"Web/x\" must not contain '/'"),
+        got[0].starts_with(
+            "networkpolicies/\"Web/x\": metadata.name: \"Web/x\" must not contain '/'"
+        ),
         "{got:#?}"
     );
     assert!(got[1].contains("metadata.namespace: namespace is required for a NetworkPolicy"));
@@ -157,6 +273,20 @@ fn global_policy_flags() {
 }
 
 #[test]
+fn builtin_tier_orders_are_fixed() {
+    let r = mk_resource(json!({"kind": "Tier", "metadata": {"name": "default"},
+                               "spec": {"order": 100, "defaultAction": "Deny"}}));
+    assert_errors(
+        &r,
+        "tiers/default",
+        &["spec.order: the built-in tier default must have order 1000000"],
+    );
+    let r = mk_resource(json!({"kind": "Tier", "metadata": {"name": "default"},
+                               "spec": {"order": 1000000}}));
+    assert_eq!(r.validate(), Ok(()));
+}
+
+#[test]
 fn tier_and_profile() {
     let r = mk_resource(json!({
         "kind": "Tier", "metadata": {"name": "security.x"},
@@ -194,41 +324,50 @@ fn endpoints() {
     let r = mk_resource(json!({
         "kind": "WorkloadEndpoint", "metadata": {"name": "n-k8s-p-eth0", "namespace": "ns"},
         "spec": {"node": "n", "pod": "p", "containerID": "abc def",
-                 "ipNetworks": ["10.0.0.1"], "ipNATs": [{"internalIP": "10.0.0.2", "externalIP": "1.2.3.4"}],
+                 "ipNetworks": ["10.0.0.1", "10.1.0.0/24"],
+                 "ipNATs": [{"internalIP": "10.0.0.2", "externalIP": "fd00::1"}],
                  "ipv4Gateway": "fe80::1", "profiles": ["kns.ns", "Bad"],
                  "interfaceName": "cali-this-is-too-long", "mac": "zz",
-                 "ports": [{"name": "http", "protocol": "ICMP", "port": 0, "hostIP": "x"}]}
+                 "ports": [{"name": "http", "protocol": "ICMP", "port": 0, "hostIP": "x"},
+                           {"protocol": "TCP", "port": 80},
+                           {"protocol": "UDP", "port": 53, "hostPort": 53}]}
     }));
-    let got = errors(&r);
-    let want = [
-        "spec.containerID: \"abc def\" must not contain whitespace",
-        "spec.ipNATs[0].internalIP: 10.0.0.2 is not in the endpoint's ipNetworks",
-        "spec.ipv4Gateway: invalid IPv4 address \"fe80::1\"",
-        "spec.profiles[1]: name \"Bad\" contains 'B'",
-        "spec.interfaceName: interface name \"cali-this-is-too-long\" is 21 characters long",
-        "spec.mac: invalid MAC address \"zz\"",
-        "spec.ports[0].protocol: protocol must be TCP, UDP or SCTP, got ICMP",
-        "spec.ports[0].port: port must be 1-65535, got 0",
-        "spec.ports[0].hostIP: invalid IP address \"x\"",
-    ];
-    assert_eq!(got.len(), want.len(), "{got:#?}");
-    for (g, w) in got.iter().zip(want) {
-        assert!(
-            g.starts_with(&format!("workloadendpoints/ns/n-k8s-p-eth0: {w}")),
-            "{g}\n  wanted {w}"
-        );
-    }
-
-    let r = mk_resource(
-        json!({"kind": "HostEndpoint", "metadata": {"name": "h"}, "spec": {"node": "n"}}),
+    assert_errors(
+        &r,
+        "workloadendpoints/ns/n-k8s-p-eth0",
+        &[
+            "spec.containerID: container id \"abc def\" must be letters",
+            "spec.ipNetworks[1]: 10.1.0.0/24 contains more than one address",
+            "spec.ipNATs[0].externalIP: fd00::1 and internalIP 10.0.0.2 are of different IP versions",
+            "spec.ipNATs[0].internalIP: 10.0.0.2 is not in the endpoint's ipNetworks",
+            "spec.ipv4Gateway: invalid IPv4 address \"fe80::1\"",
+            "spec.profiles[1]: name \"Bad\" contains 'B'",
+            "spec.interfaceName: interface name \"cali-this-is-too-long\" is 21 characters long",
+            "spec.mac: invalid MAC address \"zz\"",
+            "spec.ports[0].protocol: protocol ICMP does not support ports",
+            "spec.ports[0].port: port must be 1-65535, got 0",
+            "spec.ports[0].hostIP: invalid IP address \"x\"",
+            "spec.ports[1].name: name is required when no hostPort is set",
+        ],
     );
-    assert_eq!(
-        errors(&r),
-        vec!["hostendpoints/h: spec: a host endpoint must have an interfaceName or expectedIPs"]
+
+    let r = mk_resource(json!({"kind": "HostEndpoint", "metadata": {"name": "h"}, "spec": {}}));
+    assert_errors(
+        &r,
+        "hostendpoints/h",
+        &[
+            "spec.node: a host endpoint must name its node",
+            "spec: a host endpoint must have an interfaceName or expectedIPs",
+        ],
     );
     let r = mk_resource(json!({"kind": "HostEndpoint", "metadata": {"name": "h"},
-                               "spec": {"node": "n", "interfaceName": "*"}}));
-    assert_eq!(r.validate(), Ok(()));
+                               "spec": {"node": "n", "interfaceName": "*",
+                                        "ports": [{"protocol": "TCP", "port": 22}]}}));
+    assert_errors(
+        &r,
+        "hostendpoints/h",
+        &["spec.ports[0].name: name is required"],
+    );
 }
 
 #[test]
