@@ -502,3 +502,65 @@ async fn running_controller_follows_live_kubernetes_events() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn sigterm_hands_leadership_over_without_waiting_for_the_lease() {
+    let etcd = TestEtcd::start().await;
+    let c = etcd.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.yaml"), MANIFESTS).unwrap();
+    // A 30 s lease: a handover within a few seconds can only come from the leader resigning.
+    let spawn = |identity: &str| {
+        Proc(
+            Command::new(BIN)
+                .args([
+                    "sync",
+                    "--etcd-endpoints",
+                    &etcd.endpoint,
+                    "--election-ttl",
+                    "30",
+                ])
+                .args(["--identity", identity, "--manifests"])
+                .arg(dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let a = spawn("replica-a");
+    let leader_is = |who: &'static str| {
+        let c = c.clone();
+        move || {
+            let c = c.clone();
+            async move {
+                policy_controller::election::current_leader(&c)
+                    .await
+                    .as_deref()
+                    == Some(who)
+            }
+        }
+    };
+    wait_for(
+        "replica-a to lead",
+        Duration::from_secs(20),
+        leader_is("replica-a"),
+    )
+    .await;
+    let _b = spawn("replica-b");
+    // Give b time to start campaigning behind a.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let status = Command::new("kill")
+        .args(["-TERM", &a.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let took = wait_for(
+        "replica-b to lead",
+        Duration::from_secs(20),
+        leader_is("replica-b"),
+    )
+    .await;
+    assert!(took < Duration::from_secs(5), "handover took {took:?}");
+    drop(a);
+}
