@@ -1,0 +1,319 @@
+//! The `policy-controller` command line and the `sync` loop.
+//!
+//! `sync --once` converts everything once, reconciles etcd once, and prints one JSON line (the last
+//! line of stdout) with the revision at which the writes are visible and the counts. Without `--once`
+//! the sources keep watching and the elected replica reconciles after every change and every
+//! `--resync-interval`. Logs go to stderr.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::convert::ConvertOptions;
+use crate::index::Index;
+use crate::metrics::Metrics;
+use crate::writer::{SyncStats, Writer, WriterError};
+use crate::{election, k8s_source, manifests};
+
+/// Kubernetes objects and manifests → Calico v3 resources in etcd.
+#[derive(Debug, Parser)]
+#[command(name = "policy-controller", version)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Keep etcd in line with the Kubernetes API and/or manifest files.
+    Sync(SyncArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SyncArgs {
+    /// etcd endpoints, comma separated.
+    #[arg(
+        long,
+        env = "POLICY_CONTROLLER_ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub etcd_endpoints: Vec<String>,
+    /// Manifest files or directories (repeatable).
+    #[arg(
+        long = "manifests",
+        env = "POLICY_CONTROLLER_MANIFESTS",
+        value_delimiter = ','
+    )]
+    pub manifests: Vec<PathBuf>,
+    /// Kubeconfig file. Without it the in-cluster config is used when running in a pod, and otherwise
+    /// only manifests are synced.
+    #[arg(long, env = "POLICY_CONTROLLER_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Reconcile once, print the result as JSON and exit.
+    #[arg(long, env = "POLICY_CONTROLLER_ONCE")]
+    pub once: bool,
+    /// CA bundle for etcd TLS.
+    #[arg(long, env = "POLICY_CONTROLLER_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate for etcd TLS.
+    #[arg(long, env = "POLICY_CONTROLLER_ETCD_CERT", requires = "etcd_key")]
+    pub etcd_cert: Option<PathBuf>,
+    /// Client key for etcd TLS.
+    #[arg(long, env = "POLICY_CONTROLLER_ETCD_KEY", requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
+    /// Host-side interface prefix of workload endpoints.
+    #[arg(
+        long,
+        env = "POLICY_CONTROLLER_INTERFACE_PREFIX",
+        default_value = "cali"
+    )]
+    pub interface_prefix: String,
+    /// Election lease TTL in seconds; a standby takes over within this time.
+    #[arg(long, env = "POLICY_CONTROLLER_ELECTION_TTL", default_value_t = 15,
+          value_parser = clap::value_parser!(i64).range(1..=3600))]
+    pub election_ttl: i64,
+    /// Full reconcile period in seconds while leading.
+    #[arg(long, env = "POLICY_CONTROLLER_RESYNC_INTERVAL", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub resync_interval: u64,
+    /// Serve Prometheus metrics at http://ADDR/metrics.
+    #[arg(long, env = "POLICY_CONTROLLER_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// This replica's name in the election (default: hostname-pid).
+    #[arg(long, env = "POLICY_CONTROLLER_IDENTITY")]
+    pub identity: Option<String>,
+}
+
+/// The `--once` result line.
+#[derive(Debug, serde::Serialize)]
+pub struct OnceReport {
+    pub revision: i64,
+    pub created: usize,
+    pub updated: usize,
+    pub deleted: usize,
+    pub skipped: usize,
+    pub resources: usize,
+    pub skips: Vec<crate::convert::SkipReport>,
+}
+
+/// Connects to etcd, with TLS when any TLS flag is given.
+pub async fn connect_etcd(a: &SyncArgs) -> anyhow::Result<Client> {
+    let mut opts = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+    if a.etcd_ca.is_some() || a.etcd_cert.is_some() {
+        let mut tls = TlsOptions::new();
+        if let Some(ca) = &a.etcd_ca {
+            let pem = std::fs::read(ca)
+                .with_context(|| format!("cannot read etcd CA {}", ca.display()))?;
+            tls = tls.ca_certificate(Certificate::from_pem(pem));
+        }
+        if let (Some(cert), Some(key)) = (&a.etcd_cert, &a.etcd_key) {
+            let c = std::fs::read(cert)
+                .with_context(|| format!("cannot read etcd cert {}", cert.display()))?;
+            let k = std::fs::read(key)
+                .with_context(|| format!("cannot read etcd key {}", key.display()))?;
+            tls = tls.identity(Identity::from_pem(c, k));
+        }
+        opts = opts.with_tls(tls);
+    }
+    Client::connect(&a.etcd_endpoints, Some(opts))
+        .await
+        .with_context(|| format!("cannot connect to etcd at {}", a.etcd_endpoints.join(",")))
+}
+
+async fn kube_client(a: &SyncArgs) -> anyhow::Result<Option<kube::Client>> {
+    let config = if let Some(path) = &a.kubeconfig {
+        let kc = kube::config::Kubeconfig::read_from(path)
+            .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .with_context(|| format!("invalid kubeconfig {}", path.display()))?
+    } else if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
+        kube::Config::incluster().context("cannot load in-cluster Kubernetes config")?
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(
+        kube::Client::try_from(config).context("cannot build Kubernetes client")?,
+    ))
+}
+
+/// Runs `sync`.
+pub async fn run_sync(a: SyncArgs) -> anyhow::Result<()> {
+    let opts = ConvertOptions {
+        interface_prefix: a.interface_prefix.clone(),
+    };
+    opts.validate().map_err(anyhow::Error::msg)?;
+    let set = manifests::load_manifests(&a.manifests, &opts)?;
+    for s in &set.skipped {
+        tracing::warn!("skipping manifest object: {s}");
+    }
+    let kube = kube_client(&a).await?;
+    let etcd = connect_etcd(&a).await?;
+    let waiting: &[&'static str] = if kube.is_some() {
+        &k8s_source::KINDS
+    } else {
+        &[]
+    };
+    let index = Arc::new(Mutex::new(Index::new(opts, waiting, set)));
+    let metrics = Metrics::new();
+    let mut writer = Writer::new(etcd.clone());
+    writer.set_metrics(metrics.clone());
+
+    if a.once {
+        if let Some(k) = kube {
+            k8s_source::list_once(k, &index)
+                .await
+                .context("cannot list Kubernetes objects")?;
+        }
+        let state = index
+            .lock()
+            .expect("index lock poisoned")
+            .desired()
+            .context("index not ready")?;
+        let stats = writer.sync(&state.desired).await?;
+        let report = OnceReport {
+            revision: stats.revision,
+            created: stats.created,
+            updated: stats.updated,
+            deleted: stats.deleted,
+            skipped: state.skips.len(),
+            resources: state.desired.resources.len(),
+            skips: state.skips,
+        };
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+
+    let changed = Arc::new(Notify::new());
+    let _watchers = kube.map(|k| k8s_source::spawn_all(k, index.clone(), changed.clone()));
+    if let Some(addr) = a.metrics_listen {
+        let m = metrics.clone();
+        tokio::spawn(async move {
+            if let Err(e) = m.serve(addr).await {
+                tracing::error!(%addr, "metrics endpoint failed: {e}");
+            }
+        });
+    }
+    let shutdown = CancellationToken::new();
+    tokio::spawn(signal_shutdown(shutdown.clone()));
+    let identity = a.identity.clone().unwrap_or_else(default_identity);
+    let resync = Duration::from_secs(a.resync_interval);
+    loop {
+        let leadership = tokio::select! {
+            l = election::campaign(&etcd, &identity, a.election_ttl) => l,
+            _ = shutdown.cancelled() => return Ok(()),
+        };
+        let leadership = match leadership {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!("election failed, retrying: {:#}", anyhow::Error::new(e));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        tracing::info!(%identity, "elected leader");
+        metrics.set_leader(true);
+        writer.set_fence(Some(leadership.fence.clone()));
+        let resign = lead(
+            &index,
+            &mut writer,
+            &metrics,
+            &leadership,
+            &changed,
+            resync,
+            &shutdown,
+        )
+        .await;
+        metrics.set_leader(false);
+        writer.set_fence(None);
+        if resign {
+            leadership.resign().await;
+            return Ok(());
+        }
+        tracing::warn!("lost leadership, campaigning again");
+    }
+}
+
+/// Reconciles while leading. Returns true on shutdown, false when leadership was lost.
+async fn lead(
+    index: &Arc<Mutex<Index>>,
+    writer: &mut Writer,
+    metrics: &Metrics,
+    leadership: &election::Leadership,
+    changed: &Notify,
+    resync: Duration,
+    shutdown: &CancellationToken,
+) -> bool {
+    loop {
+        let state = index.lock().expect("index lock poisoned").desired();
+        if let Some(state) = state {
+            metrics.record_desired(state.desired.resources.len(), &state.skips);
+            match writer.sync(&state.desired).await {
+                Ok(s) => log_stats(&s, state.skips.len()),
+                Err(WriterError::Fenced(k)) => {
+                    tracing::warn!(key = %k, "fenced out of the store");
+                    return false;
+                }
+                Err(e) => {
+                    tracing::warn!("reconcile failed, will retry: {:#}", anyhow::Error::new(e))
+                }
+            }
+        }
+        tokio::select! {
+            _ = leadership.lost.cancelled() => return false,
+            _ = shutdown.cancelled() => return true,
+            _ = changed.notified() => {
+                // Let a burst of watch events settle into one pass.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            _ = tokio::time::sleep(resync) => {}
+        }
+    }
+}
+
+fn log_stats(s: &SyncStats, skipped: usize) {
+    if s.created + s.updated + s.deleted > 0 {
+        tracing::info!(
+            created = s.created,
+            updated = s.updated,
+            deleted = s.deleted,
+            skipped,
+            revision = s.revision,
+            "reconciled"
+        );
+    }
+}
+
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    format!("{host}-{}", std::process::id())
+}
+
+async fn signal_shutdown(token: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::info!("shutting down");
+    token.cancel();
+}

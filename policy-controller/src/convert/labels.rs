@@ -1,0 +1,315 @@
+//! Kubernetes name/label validation and the LabelSelector → Calico selector rendering of
+//! `k8sSelectorToCalico` (calico-felix.md §9.2), byte for byte.
+//!
+//! Validation is what keeps names, labels and selector strings safe: a valid label value cannot contain
+//! a quote, so the `key == 'value'` strings built here always parse back to the same meaning.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+/// The orchestrator clause every converted pod selector starts with.
+pub const ORCHESTRATOR_CLAUSE: &str = "projectcalico.org/orchestrator == 'k8s'";
+
+fn is_alnum(c: char) -> bool {
+    c.is_ascii_alphanumeric()
+}
+
+/// RFC 1123 label: lowercase alphanumerics and `-`, starting and ending alphanumeric, at most 63.
+pub fn validate_dns_label(s: &str) -> Result<(), String> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !s.starts_with('-')
+        && !s.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{s:?} is not a valid DNS label"))
+    }
+}
+
+/// RFC 1123 subdomain: dot-separated DNS labels, at most 253 characters.
+pub fn validate_dns_subdomain(s: &str) -> Result<(), String> {
+    let ok = !s.is_empty() && s.len() <= 253 && s.split('.').all(|p| validate_dns_label(p).is_ok());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{s:?} is not a valid DNS subdomain"))
+    }
+}
+
+/// A label name segment (or value): at most 63 of `[A-Za-z0-9_.-]`, alphanumeric at both ends.
+fn validate_label_segment(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars()
+            .all(|c| is_alnum(c) || matches!(c, '-' | '_' | '.'))
+        && s.starts_with(is_alnum)
+        && s.ends_with(is_alnum)
+}
+
+/// A label key: `[prefix/]name` with a DNS-subdomain prefix.
+pub fn validate_label_key(k: &str) -> Result<(), String> {
+    let (prefix, name) = match k.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, k),
+    };
+    if let Some(p) = prefix {
+        validate_dns_subdomain(p).map_err(|_| format!("label key {k:?} has an invalid prefix"))?;
+    }
+    if !validate_label_segment(name) {
+        return Err(format!("label key {k:?} is invalid"));
+    }
+    Ok(())
+}
+
+/// A label value: empty, or a label segment.
+pub fn validate_label_value(v: &str) -> Result<(), String> {
+    if v.is_empty() || validate_label_segment(v) {
+        Ok(())
+    } else {
+        Err(format!("label value {v:?} is invalid"))
+    }
+}
+
+/// Checks every key and value; the error names the offending key.
+pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), (String, String)> {
+    for (k, v) in labels {
+        validate_label_key(k).map_err(|e| (k.clone(), e))?;
+        validate_label_value(v).map_err(|e| (k.clone(), e))?;
+    }
+    Ok(())
+}
+
+/// Renders a k8s LabelSelector the way `k8sSelectorToCalico` does.
+///
+/// * `pod == true`: starts with the orchestrator clause; `None` or `{}` gives just that clause.
+/// * `pod == false` (namespace selectors): `{}` gives `all()`.
+///
+/// Then ` && k == 'v'` per matchLabels entry (keys sorted) and the matchExpressions in order. The error
+/// is `(field, message)` relative to the selector.
+pub fn selector_from_label_selector(
+    sel: Option<&LabelSelector>,
+    pod: bool,
+) -> Result<String, (String, String)> {
+    let mut parts: Vec<String> = Vec::new();
+    if pod {
+        parts.push(ORCHESTRATOR_CLAUSE.to_string());
+    }
+    let Some(sel) = sel else {
+        return Ok(parts.join(" && "));
+    };
+    let labels = sel.match_labels.clone().unwrap_or_default();
+    let exprs = sel.match_expressions.clone().unwrap_or_default();
+    if !pod && labels.is_empty() && exprs.is_empty() {
+        return Ok("all()".to_string());
+    }
+    for (k, v) in &labels {
+        let field = format!("matchLabels.{k}");
+        validate_label_key(k).map_err(|e| (field.clone(), e))?;
+        validate_label_value(v).map_err(|e| (field.clone(), e))?;
+        parts.push(format!("{k} == '{v}'"));
+    }
+    for (i, e) in exprs.iter().enumerate() {
+        let field = format!("matchExpressions[{i}]");
+        validate_label_key(&e.key).map_err(|m| (format!("{field}.key"), m))?;
+        let values = e.values.clone().unwrap_or_default();
+        for v in &values {
+            validate_label_value(v).map_err(|m| (format!("{field}.values"), m))?;
+        }
+        let list = values.join("', '");
+        if !matches!(
+            e.operator.as_str(),
+            "In" | "NotIn" | "Exists" | "DoesNotExist"
+        ) {
+            return Err((
+                format!("{field}.operator"),
+                format!("unknown operator {:?}", e.operator),
+            ));
+        }
+        let needs_values = matches!(e.operator.as_str(), "In" | "NotIn");
+        if needs_values && values.is_empty() {
+            return Err((
+                format!("{field}.values"),
+                format!("operator {} needs at least one value", e.operator),
+            ));
+        }
+        if !needs_values && !values.is_empty() {
+            return Err((
+                format!("{field}.values"),
+                format!("operator {} takes no values", e.operator),
+            ));
+        }
+        parts.push(match e.operator.as_str() {
+            "In" => format!("{} in {{ '{list}' }}", e.key),
+            "NotIn" => format!("{} not in {{ '{list}' }}", e.key),
+            "Exists" => format!("has({})", e.key),
+            _ => format!("! has({})", e.key),
+        });
+    }
+    Ok(parts.join(" && "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    fn mk_req(key: &str, op: &str, values: &[&str]) -> LabelSelectorRequirement {
+        LabelSelectorRequirement {
+            key: key.into(),
+            operator: op.into(),
+            values: if values.is_empty() {
+                None
+            } else {
+                Some(values.iter().map(|s| s.to_string()).collect())
+            },
+        }
+    }
+
+    #[test]
+    fn renders_like_calico() {
+        let sel = LabelSelector {
+            match_labels: Some([("b".into(), "2".into()), ("a".into(), "1".into())].into()),
+            match_expressions: Some(vec![
+                mk_req("t", "In", &["x", "y"]),
+                mk_req("u", "NotIn", &["z"]),
+                mk_req("v", "Exists", &[]),
+                mk_req("w", "DoesNotExist", &[]),
+            ]),
+        };
+        assert_eq!(
+            selector_from_label_selector(Some(&sel), true).unwrap(),
+            "projectcalico.org/orchestrator == 'k8s' && a == '1' && b == '2' && t in { 'x', 'y' } \
+             && u not in { 'z' } && has(v) && ! has(w)"
+        );
+        let empty = LabelSelector::default();
+        assert_eq!(
+            selector_from_label_selector(Some(&empty), true).unwrap(),
+            ORCHESTRATOR_CLAUSE
+        );
+        assert_eq!(
+            selector_from_label_selector(Some(&empty), false).unwrap(),
+            "all()"
+        );
+        assert_eq!(
+            selector_from_label_selector(None, true).unwrap(),
+            ORCHESTRATOR_CLAUSE
+        );
+    }
+
+    #[test]
+    fn rejects_quotes_and_bad_operators() {
+        let sel = LabelSelector {
+            match_labels: Some([("a".into(), "x' || all() || '".into())].into()),
+            match_expressions: None,
+        };
+        let (field, _) = selector_from_label_selector(Some(&sel), true).unwrap_err();
+        assert_eq!(field, "matchLabels.a");
+        let sel = LabelSelector {
+            match_labels: None,
+            match_expressions: Some(vec![mk_req("a", "Near", &["x"])]),
+        };
+        let (field, _) = selector_from_label_selector(Some(&sel), true).unwrap_err();
+        assert_eq!(field, "matchExpressions[0].operator");
+        let sel = LabelSelector {
+            match_labels: None,
+            match_expressions: Some(vec![mk_req("a", "In", &[])]),
+        };
+        assert!(selector_from_label_selector(Some(&sel), true).is_err());
+    }
+
+    #[test]
+    fn names_and_labels() {
+        assert!(validate_dns_label("prod-1").is_ok());
+        assert!(validate_dns_label("Prod").is_err());
+        assert!(validate_dns_label("a/b").is_err());
+        assert!(validate_dns_subdomain("web.v1").is_ok());
+        assert!(validate_dns_subdomain("web..v1").is_err());
+        assert!(validate_label_key("app.kubernetes.io/name").is_ok());
+        assert!(validate_label_key("bad key").is_err());
+        assert!(validate_label_value("").is_ok());
+        assert!(validate_label_value("-x").is_err());
+    }
+}
+
+#[cfg(test)]
+mod proptests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+    use proptest::prelude::*;
+
+    use super::selector_from_label_selector;
+
+    /// Kubernetes' own LabelSelector semantics.
+    fn k8s_matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+        let ml = sel.match_labels.clone().unwrap_or_default();
+        ml.iter().all(|(k, v)| labels.get(k) == Some(v))
+            && sel.match_expressions.iter().flatten().all(|e| {
+                let vals = e.values.clone().unwrap_or_default();
+                match e.operator.as_str() {
+                    "In" => labels.get(&e.key).is_some_and(|v| vals.contains(v)),
+                    "NotIn" => labels.get(&e.key).is_none_or(|v| !vals.contains(v)),
+                    "Exists" => labels.contains_key(&e.key),
+                    _ => !labels.contains_key(&e.key),
+                }
+            })
+    }
+
+    fn key() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("app"),
+            Just("tier"),
+            Just("example.com/role"),
+            Just("x")
+        ]
+        .prop_map(String::from)
+    }
+
+    fn value() -> impl Strategy<Value = String> {
+        prop_oneof![Just("a"), Just("b"), Just("web-1"), Just("v1.2")].prop_map(String::from)
+    }
+
+    fn requirement() -> impl Strategy<Value = LabelSelectorRequirement> {
+        (
+            key(),
+            prop_oneof![
+                Just("In"),
+                Just("NotIn"),
+                Just("Exists"),
+                Just("DoesNotExist")
+            ],
+            proptest::collection::vec(value(), 1..3),
+        )
+            .prop_map(|(key, op, values)| LabelSelectorRequirement {
+                key,
+                operator: op.to_string(),
+                values: matches!(op, "In" | "NotIn").then_some(values),
+            })
+    }
+
+    proptest! {
+        /// The rendered Calico selector parses, and on k8s pods (which carry the orchestrator label)
+        /// selects exactly what the Kubernetes LabelSelector selects.
+        #[test]
+        fn rendered_selector_means_the_same(
+            ml in proptest::collection::btree_map(key(), value(), 0..3),
+            exprs in proptest::collection::vec(requirement(), 0..3),
+            pod_labels in proptest::collection::btree_map(key(), value(), 0..4),
+        ) {
+            let sel = LabelSelector {
+                match_labels: Some(ml),
+                match_expressions: Some(exprs),
+            };
+            let rendered = selector_from_label_selector(Some(&sel), true).unwrap();
+            let parsed = calc_graph::selector::parse(&rendered)
+                .map_err(|e| TestCaseError::fail(format!("{rendered}: {e:?}")))?;
+            let mut labels = pod_labels.clone();
+            labels.insert("projectcalico.org/orchestrator".into(), "k8s".into());
+            prop_assert_eq!(parsed.matches(&labels), k8s_matches(&sel, &pod_labels), "{}", rendered);
+        }
+    }
+}

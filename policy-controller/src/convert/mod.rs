@@ -1,0 +1,220 @@
+//! Pure conversion of Kubernetes objects into the Calico v3 resources kube-controllers would store in
+//! etcd mode (calico-felix.md §9). No I/O happens here.
+//!
+//! Invariants:
+//! * every produced resource has a valid name, namespace and labels, so its etcd key has exactly the
+//!   layout of §9.6 and nothing in a name can add a path segment;
+//! * an object that cannot be converted yields a [`SkipReport`] naming the object and the field, and a
+//!   `retain_key`: the key it would have had, which the writer keeps (fail closed: a previously stored
+//!   version stays in force instead of being deleted);
+//! * a NetworkPolicy rule that cannot be converted is dropped with a report and the rest of the policy
+//!   is kept, as Calico does. k8s rules only ever allow, so dropping one never opens traffic.
+
+mod labels;
+mod namespace;
+mod networkpolicy;
+mod pod;
+pub mod v3;
+
+use std::fmt;
+
+pub use labels::{
+    selector_from_label_selector, validate_dns_label, validate_dns_subdomain, validate_labels,
+};
+pub use namespace::{namespace_to_profile, service_account_to_profile};
+pub use networkpolicy::network_policy_to_calico;
+pub use pod::{interface_name, pod_to_workload_endpoint, workload_endpoint_name};
+
+/// The etcd prefix under which Calico v3 resources live.
+pub const RESOURCE_PREFIX: &str = calc_graph::model::CALICO_PREFIX;
+
+/// Options that change how objects convert.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConvertOptions {
+    /// Host-side veth prefix (Felix `InterfacePrefix`), `cali` by default.
+    pub interface_prefix: String,
+}
+
+impl Default for ConvertOptions {
+    fn default() -> Self {
+        ConvertOptions {
+            interface_prefix: "cali".to_string(),
+        }
+    }
+}
+
+impl ConvertOptions {
+    /// Checks the options: the prefix plus 11 hex characters must fit in IFNAMSIZ-1 (15).
+    pub fn validate(&self) -> Result<(), String> {
+        let p = &self.interface_prefix;
+        if p.is_empty() || p.len() > 4 || !p.chars().all(|c| c.is_ascii_alphanumeric()) {
+            return Err(format!(
+                "invalid interface prefix {p:?}: want 1-4 ASCII letters or digits"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Which source object a report or resource came from.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectRef {
+    pub kind: String,
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl ObjectRef {
+    pub fn new(kind: &str, namespace: Option<&str>, name: &str) -> Self {
+        ObjectRef {
+            kind: kind.to_string(),
+            namespace: namespace.map(str::to_string),
+            name: name.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {}/{}", self.kind, ns, self.name),
+            None => write!(f, "{} {}", self.kind, self.name),
+        }
+    }
+}
+
+/// Why (part of) an object was not converted.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SkipReport {
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+    /// JSON path of the offending field, e.g. `spec.ingress[0].ports[1].endPort`.
+    pub field: String,
+    pub message: String,
+}
+
+impl SkipReport {
+    pub fn new(obj: &ObjectRef, field: impl Into<String>, message: impl Into<String>) -> Self {
+        SkipReport {
+            kind: obj.kind.clone(),
+            namespace: obj.namespace.clone(),
+            name: obj.name.clone(),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for SkipReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let obj = ObjectRef {
+            kind: self.kind.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        };
+        write!(f, "{obj}: {}: {}", self.field, self.message)
+    }
+}
+
+/// A Calico v3 resource ready to store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CalicoResource {
+    /// v3 kind, e.g. `NetworkPolicy`.
+    pub kind: String,
+    pub namespace: Option<String>,
+    pub name: String,
+    /// The full JSON document (`kind`, `apiVersion`, `metadata`, `spec`), as stored.
+    pub json: String,
+}
+
+impl CalicoResource {
+    /// Serialises a typed v3 object.
+    pub fn from_object<S: serde::Serialize>(obj: &v3::Object<S>) -> Self {
+        CalicoResource {
+            kind: obj.kind.to_string(),
+            namespace: obj.metadata.namespace.clone(),
+            name: obj.metadata.name.clone(),
+            json: serde_json::to_string(obj).expect("v3 objects always serialise"),
+        }
+    }
+
+    /// The etcd key (calico-felix.md §9.6).
+    pub fn etcd_key(&self) -> Result<String, String> {
+        etcd_key(&self.kind, self.namespace.as_deref(), &self.name)
+    }
+}
+
+/// The model's kind for a v3 kind name, if this controller can store it.
+pub fn model_kind(kind: &str) -> Option<calc_graph::model::Kind> {
+    calc_graph::model::Kind::from_kind_name(kind)
+}
+
+/// The plural resource name used in etcd keys.
+pub fn plural(kind: &str) -> Option<&'static str> {
+    model_kind(kind).map(|k| k.plural())
+}
+
+/// Whether a v3 kind is namespaced.
+pub fn is_namespaced(kind: &str) -> bool {
+    model_kind(kind).is_some_and(|k| k.is_namespaced())
+}
+
+/// The etcd key of a v3 resource: `/calico/resources/v3/projectcalico.org/<plural>/[<ns>/]<name>`.
+/// Names and namespaces are checked first so that nothing in them can add a path segment.
+pub fn etcd_key(kind: &str, namespace: Option<&str>, name: &str) -> Result<String, String> {
+    use calc_graph::model::{ResourceKey, validate_name, validate_namespace};
+    let k = model_kind(kind).ok_or_else(|| format!("unsupported kind {kind:?}"))?;
+    validate_name(name).map_err(|e| format!("invalid name: {e}"))?;
+    match (k.is_namespaced(), namespace) {
+        (true, Some(ns)) => {
+            validate_namespace(ns).map_err(|e| format!("invalid namespace: {e}"))?;
+            Ok(ResourceKey::namespaced(k, ns, name).etcd_key())
+        }
+        (true, None) => Err(format!("{kind} is namespaced but has no namespace")),
+        (false, None) => Ok(ResourceKey::global(k, name).etcd_key()),
+        (false, Some(_)) => Err(format!("{kind} is cluster-scoped but has a namespace")),
+    }
+}
+
+/// The outcome of converting one source object.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Converted {
+    /// What to store; `None` when the object yields nothing (e.g. a host-networked pod) or was skipped.
+    pub resource: Option<CalicoResource>,
+    /// Problems found. With `resource: None` they mean the object was skipped; with a resource they
+    /// name dropped rules.
+    pub skips: Vec<SkipReport>,
+    /// When the object was skipped: the key it would have had, kept in the store (fail closed).
+    pub retain_key: Option<String>,
+}
+
+impl Converted {
+    pub(crate) fn ok(resource: CalicoResource, skips: Vec<SkipReport>) -> Self {
+        Converted {
+            resource: Some(resource),
+            skips,
+            retain_key: None,
+        }
+    }
+
+    pub(crate) fn none() -> Self {
+        Converted::default()
+    }
+
+    pub(crate) fn skipped(report: SkipReport, retain_key: Option<String>) -> Self {
+        Converted {
+            resource: None,
+            skips: vec![report],
+            retain_key,
+        }
+    }
+}
+
+/// The k8s creation timestamp as JSON, when set.
+pub(crate) fn timestamp(
+    t: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+) -> Option<serde_json::Value> {
+    t.as_ref().and_then(|t| serde_json::to_value(t).ok())
+}

@@ -1,0 +1,109 @@
+//! Namespace → Profile `kns.<ns>` and ServiceAccount → Profile `ksa.<ns>.<sa>` (calico-felix.md §9.4).
+//!
+//! `kns.` profiles allow everything in both directions (the default allow for pods with no policy) and
+//! apply `pcns.`-prefixed namespace labels; `ksa.` profiles have no rules and apply `pcsa.` labels.
+//! Pods inherit these labels (§8.2), which is how namespace and service-account selectors match.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+
+use super::labels::validate_labels;
+use super::v3::{self, Rule};
+use super::{
+    CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, timestamp,
+};
+
+/// Name prefix of namespace profiles.
+pub const KNS_PREFIX: &str = "kns.";
+/// Name prefix of service-account profiles.
+pub const KSA_PREFIX: &str = "ksa.";
+
+fn prefixed_labels(
+    labels: &BTreeMap<String, String>,
+    prefix: &str,
+    name: &str,
+) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, String> = labels
+        .iter()
+        .map(|(k, v)| (format!("{prefix}{k}"), v.clone()))
+        .collect();
+    out.insert(format!("{prefix}projectcalico.org/name"), name.to_string());
+    out
+}
+
+/// Converts a Namespace into its `kns.<ns>` profile.
+pub fn namespace_to_profile(ns: &Namespace, _opts: &ConvertOptions) -> Converted {
+    let name = ns.metadata.name.as_deref().unwrap_or("");
+    let obj = ObjectRef::new("Namespace", None, name);
+    if let Err(e) = super::validate_dns_label(name) {
+        return Converted::skipped(SkipReport::new(&obj, "metadata.name", e), None);
+    }
+    let profile = format!("{KNS_PREFIX}{name}");
+    let key = etcd_key("Profile", None, &profile).ok();
+    let labels = ns.metadata.labels.clone().unwrap_or_default();
+    if let Err((k, e)) = validate_labels(&labels) {
+        return Converted::skipped(
+            SkipReport::new(&obj, format!("metadata.labels.{k}"), e),
+            key,
+        );
+    }
+    let o = v3::Object {
+        kind: "Profile",
+        api_version: v3::API_VERSION,
+        metadata: v3::Meta {
+            name: profile,
+            uid: ns.metadata.uid.clone(),
+            creation_timestamp: timestamp(&ns.metadata.creation_timestamp),
+            ..v3::Meta::default()
+        },
+        spec: v3::ProfileSpec {
+            ingress: vec![Rule::allow_all()],
+            egress: vec![Rule::allow_all()],
+            labels_to_apply: prefixed_labels(&labels, "pcns.", name),
+        },
+    };
+    Converted::ok(CalicoResource::from_object(&o), Vec::new())
+}
+
+/// Converts a ServiceAccount into its `ksa.<ns>.<sa>` profile.
+pub fn service_account_to_profile(sa: &ServiceAccount, _opts: &ConvertOptions) -> Converted {
+    let ns = sa.metadata.namespace.as_deref().unwrap_or("default");
+    let name = sa.metadata.name.as_deref().unwrap_or("");
+    let obj = ObjectRef::new("ServiceAccount", Some(ns), name);
+    if let Err(e) = super::validate_dns_label(ns) {
+        return Converted::skipped(SkipReport::new(&obj, "metadata.namespace", e), None);
+    }
+    if let Err(e) = super::validate_dns_subdomain(name) {
+        return Converted::skipped(SkipReport::new(&obj, "metadata.name", e), None);
+    }
+    let profile = format!("{KSA_PREFIX}{ns}.{name}");
+    let key = etcd_key("Profile", None, &profile);
+    let key = match key {
+        Ok(k) => k,
+        Err(e) => return Converted::skipped(SkipReport::new(&obj, "metadata.name", e), None),
+    };
+    let labels = sa.metadata.labels.clone().unwrap_or_default();
+    if let Err((k, e)) = validate_labels(&labels) {
+        return Converted::skipped(
+            SkipReport::new(&obj, format!("metadata.labels.{k}"), e),
+            Some(key),
+        );
+    }
+    let o = v3::Object {
+        kind: "Profile",
+        api_version: v3::API_VERSION,
+        metadata: v3::Meta {
+            name: profile,
+            uid: sa.metadata.uid.clone(),
+            creation_timestamp: timestamp(&sa.metadata.creation_timestamp),
+            ..v3::Meta::default()
+        },
+        spec: v3::ProfileSpec {
+            ingress: Vec::new(),
+            egress: Vec::new(),
+            labels_to_apply: prefixed_labels(&labels, "pcsa.", name),
+        },
+    };
+    Converted::ok(CalicoResource::from_object(&o), Vec::new())
+}

@@ -1,0 +1,410 @@
+//! networking.k8s.io/v1 NetworkPolicy → Calico NetworkPolicy `knp.default.<name>` (calico-felix.md
+//! §9.2, `K8sNetworkPolicyToCalico`).
+//!
+//! Each ingress/egress item expands into one rule per (protocol × peer), protocols sorted, peers in
+//! order. An absent or empty `from`/`to` is one unconstrained peer; an absent or empty `ports` is no
+//! protocol and no ports. A port without a protocol is TCP (the API server's default); a port without a
+//! number allows every port of its protocol and wins over numbered ports of that protocol.
+
+use std::collections::BTreeMap;
+
+use ipnet::IpNet;
+use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::labels::selector_from_label_selector;
+use super::v3::{self, EntityRule, PortSpec, Rule};
+use super::{
+    CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, timestamp,
+};
+
+/// Name prefix of converted policies in etcd mode.
+pub const KNP_PREFIX: &str = "knp.default.";
+
+/// Converts one NetworkPolicy. Invalid rules are dropped and reported; an invalid policy-level field
+/// skips the whole policy (its previous stored version is retained).
+pub fn network_policy_to_calico(np: &NetworkPolicy, _opts: &ConvertOptions) -> Converted {
+    let ns = np.metadata.namespace.as_deref().unwrap_or("default");
+    let name = np.metadata.name.as_deref().unwrap_or("");
+    let obj = ObjectRef::new("NetworkPolicy", Some(ns), name);
+    let calico_name = format!("{KNP_PREFIX}{name}");
+    let key = match etcd_key("NetworkPolicy", Some(ns), &calico_name) {
+        Ok(k) => k,
+        Err(e) => return Converted::skipped(SkipReport::new(&obj, "metadata", e), None),
+    };
+    let skip = |field: String, msg: String| {
+        Converted::skipped(SkipReport::new(&obj, field, msg), Some(key.clone()))
+    };
+    let Some(spec) = np.spec.as_ref() else {
+        return skip("spec".into(), "missing spec".into());
+    };
+    let selector = match selector_from_label_selector(spec.pod_selector.as_ref(), true) {
+        Ok(s) => s,
+        Err((f, m)) => return skip(format!("spec.podSelector.{f}"), m),
+    };
+
+    let ingress_items = spec.ingress.clone().unwrap_or_default();
+    let egress_items = spec.egress.clone().unwrap_or_default();
+    let mut skips = Vec::new();
+    let mut ingress = Vec::new();
+    for (i, r) in ingress_items.iter().enumerate() {
+        let peers = r.from.clone().unwrap_or_default();
+        let ports = r.ports.clone().unwrap_or_default();
+        match rule_to_calico(&peers, &ports, true, "from") {
+            Ok(rules) => ingress.extend(rules),
+            Err((f, m)) => skips.push(SkipReport::new(&obj, format!("spec.ingress[{i}].{f}"), m)),
+        }
+    }
+    let mut egress = Vec::new();
+    for (i, r) in egress_items.iter().enumerate() {
+        let peers = r.to.clone().unwrap_or_default();
+        let ports = r.ports.clone().unwrap_or_default();
+        match rule_to_calico(&peers, &ports, false, "to") {
+            Ok(rules) => egress.extend(rules),
+            Err((f, m)) => skips.push(SkipReport::new(&obj, format!("spec.egress[{i}].{f}"), m)),
+        }
+    }
+
+    // policyTypes, defaulted as the API server does: Ingress always, Egress when egress rules exist.
+    let listed = spec.policy_types.clone().unwrap_or_default();
+    let (mut has_ingress, mut has_egress) = (false, false);
+    if listed.is_empty() {
+        has_ingress = true;
+        has_egress = !egress_items.is_empty();
+    }
+    for (i, t) in listed.iter().enumerate() {
+        match t.as_str() {
+            "Ingress" => has_ingress = true,
+            "Egress" => has_egress = true,
+            other => {
+                return skip(
+                    format!("spec.policyTypes[{i}]"),
+                    format!("unknown policy type {other:?}"),
+                );
+            }
+        }
+    }
+    let mut types = Vec::new();
+    if has_ingress {
+        types.push("Ingress");
+    }
+    if has_egress {
+        types.push("Egress");
+    }
+
+    let obj_v3 = v3::Object {
+        kind: "NetworkPolicy",
+        api_version: v3::API_VERSION,
+        metadata: v3::Meta {
+            name: calico_name,
+            namespace: Some(ns.to_string()),
+            uid: np.metadata.uid.clone(),
+            creation_timestamp: timestamp(&np.metadata.creation_timestamp),
+            labels: BTreeMap::new(),
+        },
+        spec: v3::NetworkPolicySpec {
+            tier: "default",
+            order: 1000,
+            ingress,
+            egress,
+            selector,
+            types,
+        },
+    };
+    Converted::ok(CalicoResource::from_object(&obj_v3), skips)
+}
+
+type FieldError = (String, String);
+
+/// `k8sRuleToCalico`: one k8s rule item → Calico rules.
+fn rule_to_calico(
+    peers: &[NetworkPolicyPeer],
+    ports: &[NetworkPolicyPort],
+    ingress: bool,
+    peer_field: &str,
+) -> Result<Vec<Rule>, FieldError> {
+    // Protocol ("" = none) → ports (None = all ports of the protocol).
+    let mut by_protocol: BTreeMap<String, Option<Vec<PortSpec>>> = BTreeMap::new();
+    if ports.is_empty() {
+        by_protocol.insert(String::new(), None);
+    }
+    for (j, p) in ports.iter().enumerate() {
+        let (proto, port) = port_to_calico(p).map_err(|(f, m)| (format!("ports[{j}]{f}"), m))?;
+        match (by_protocol.get_mut(&proto), port) {
+            (None, port) => {
+                by_protocol.insert(proto, port.map(|p| vec![p]));
+            }
+            (Some(entry), None) => *entry = None,
+            (Some(Some(list)), Some(port)) => list.push(port),
+            (Some(None), Some(_)) => {}
+        }
+    }
+    let mut calico_peers = Vec::new();
+    for (j, peer) in peers.iter().enumerate() {
+        calico_peers
+            .push(peer_to_calico(peer).map_err(|(f, m)| (format!("{peer_field}[{j}].{f}"), m))?);
+    }
+    if calico_peers.is_empty() {
+        calico_peers.push(EntityRule::default());
+    }
+    let mut rules = Vec::new();
+    for (proto, ports) in by_protocol {
+        let ports = simplify_ports(ports.unwrap_or_default());
+        let protocol = (!proto.is_empty()).then_some(proto);
+        for peer in &calico_peers {
+            let mut rule = Rule {
+                action: "Allow",
+                protocol: protocol.clone(),
+                source: EntityRule::default(),
+                destination: EntityRule::default(),
+            };
+            if ingress {
+                rule.source = peer.clone();
+                rule.destination.ports = ports.clone();
+            } else {
+                rule.destination = EntityRule {
+                    ports: ports.clone(),
+                    ..peer.clone()
+                };
+            }
+            rules.push(rule);
+        }
+    }
+    Ok(rules)
+}
+
+/// One NetworkPolicyPort → (protocol, Some(port) or None for "all ports"). Field suffixes start with `.`.
+fn port_to_calico(p: &NetworkPolicyPort) -> Result<(String, Option<PortSpec>), FieldError> {
+    let proto = match p.protocol.as_deref() {
+        None => "TCP".to_string(),
+        Some(s) => match s {
+            "TCP" | "UDP" | "SCTP" => s.to_string(),
+            other => {
+                return Err((
+                    ".protocol".into(),
+                    format!("unsupported protocol {other:?}: want TCP, UDP or SCTP"),
+                ));
+            }
+        },
+    };
+    let port = match &p.port {
+        None => {
+            if p.end_port.is_some() {
+                return Err((".endPort".into(), "endPort needs a numeric port".into()));
+            }
+            return Ok((proto, None));
+        }
+        Some(IntOrString::Int(n)) => Some(*n),
+        Some(IntOrString::String(s)) => match s.parse::<i32>() {
+            Ok(n) => Some(n),
+            Err(_) => {
+                if p.end_port.is_some() {
+                    return Err((".endPort".into(), "endPort needs a numeric port".into()));
+                }
+                validate_port_name(s).map_err(|m| (".port".to_string(), m))?;
+                return Ok((proto, Some(PortSpec::Named(s.clone()))));
+            }
+        },
+    };
+    let n = port.expect("numeric port set above");
+    let start = u16::try_from(n).ok().filter(|n| *n > 0).ok_or_else(|| {
+        (
+            ".port".to_string(),
+            format!("port {n} is out of range 1-65535"),
+        )
+    })?;
+    match p.end_port {
+        None => Ok((proto, Some(PortSpec::Number(start)))),
+        Some(e) => {
+            let end = u16::try_from(e).ok().filter(|e| *e > 0).ok_or_else(|| {
+                (
+                    ".endPort".to_string(),
+                    format!("endPort {e} is out of range 1-65535"),
+                )
+            })?;
+            if end < start {
+                return Err((
+                    ".endPort".into(),
+                    format!("endPort {end} is below port {start}"),
+                ));
+            }
+            Ok((
+                proto,
+                Some(if end == start {
+                    PortSpec::Number(start)
+                } else {
+                    PortSpec::Range(start, end)
+                }),
+            ))
+        }
+    }
+}
+
+/// IANA service name: 1-15 of lowercase alphanumerics and `-`, at least one letter, no `--`, no `-` at
+/// either end.
+pub(crate) fn validate_port_name(s: &str) -> Result<(), String> {
+    let ok = !s.is_empty()
+        && s.len() <= 15
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && s.chars().any(|c| c.is_ascii_lowercase())
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+        && !s.contains("--");
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{s:?} is not a valid port name"))
+    }
+}
+
+/// `k8sPeerToCalicoFields`.
+fn peer_to_calico(peer: &NetworkPolicyPeer) -> Result<EntityRule, FieldError> {
+    if let Some(block) = &peer.ip_block {
+        if peer.pod_selector.is_some() || peer.namespace_selector.is_some() {
+            return Err((
+                "ipBlock".into(),
+                "ipBlock cannot be combined with podSelector or namespaceSelector".into(),
+            ));
+        }
+        let cidr: IpNet = block.cidr.parse().map_err(|_| {
+            (
+                "ipBlock.cidr".to_string(),
+                format!("invalid CIDR {:?}", block.cidr),
+            )
+        })?;
+        let mut not_nets = Vec::new();
+        for (k, e) in block.except.clone().unwrap_or_default().iter().enumerate() {
+            let ex: IpNet = e.parse().map_err(|_| {
+                (
+                    format!("ipBlock.except[{k}]"),
+                    format!("invalid CIDR {e:?}"),
+                )
+            })?;
+            if !cidr.contains(&ex) {
+                return Err((
+                    format!("ipBlock.except[{k}]"),
+                    format!("{e} is not inside {}", block.cidr),
+                ));
+            }
+            not_nets.push(ex.trunc().to_string());
+        }
+        return Ok(EntityRule {
+            nets: vec![cidr.trunc().to_string()],
+            not_nets,
+            ..EntityRule::default()
+        });
+    }
+    let selector = selector_from_label_selector(peer.pod_selector.as_ref(), true)
+        .map_err(|(f, m)| (format!("podSelector.{f}"), m))?;
+    let namespace_selector = match &peer.namespace_selector {
+        None => String::new(),
+        Some(s) => selector_from_label_selector(Some(s), false)
+            .map_err(|(f, m)| (format!("namespaceSelector.{f}"), m))?,
+    };
+    Ok(EntityRule {
+        selector,
+        namespace_selector,
+        ..EntityRule::default()
+    })
+}
+
+/// `SimplifyPorts`: named ports first (in order), then numeric ports merged into minimal ranges.
+pub(crate) fn simplify_ports(ports: Vec<PortSpec>) -> Vec<PortSpec> {
+    if ports.len() <= 1 {
+        return ports;
+    }
+    let mut out = Vec::new();
+    let mut ranges: Vec<(u16, u16)> = Vec::new();
+    for p in ports {
+        match p {
+            PortSpec::Named(_) => out.push(p),
+            PortSpec::Number(n) => ranges.push((n, n)),
+            PortSpec::Range(a, b) => ranges.push((a, b)),
+        }
+    }
+    ranges.sort_unstable();
+    let mut merged: Vec<(u16, u16)> = Vec::new();
+    for (a, b) in ranges {
+        match merged.last_mut() {
+            Some(last) if u32::from(a) <= u32::from(last.1) + 1 => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    out.extend(merged.into_iter().map(|(a, b)| {
+        if a == b {
+            PortSpec::Number(a)
+        } else {
+            PortSpec::Range(a, b)
+        }
+    }));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn simplify_merges_runs_and_keeps_names_first() {
+        let got = simplify_ports(vec![
+            PortSpec::Number(82),
+            PortSpec::Named("http".into()),
+            PortSpec::Number(80),
+            PortSpec::Number(81),
+            PortSpec::Range(90, 95),
+            PortSpec::Number(96),
+        ]);
+        assert_eq!(
+            got,
+            vec![
+                PortSpec::Named("http".into()),
+                PortSpec::Range(80, 82),
+                PortSpec::Range(90, 96)
+            ]
+        );
+    }
+
+    #[test]
+    fn port_names() {
+        assert!(validate_port_name("http").is_ok());
+        assert!(validate_port_name("web-80").is_ok());
+        assert!(validate_port_name("80").is_err());
+        assert!(validate_port_name("a--b").is_err());
+        assert!(validate_port_name("this-is-too-long-name").is_err());
+    }
+
+    fn covered(ports: &[PortSpec]) -> std::collections::BTreeSet<u16> {
+        let mut s = std::collections::BTreeSet::new();
+        for p in ports {
+            match p {
+                PortSpec::Number(n) => {
+                    s.insert(*n);
+                }
+                PortSpec::Range(a, b) => s.extend(*a..=*b),
+                PortSpec::Named(_) => {}
+            }
+        }
+        s
+    }
+
+    proptest! {
+        /// Simplification never changes which ports are covered, and leaves no two ranges that touch.
+        #[test]
+        fn simplify_preserves_coverage(raw in proptest::collection::vec((1u16..400, 0u16..20), 0..12)) {
+            let ports: Vec<PortSpec> = raw.iter().map(|(a, w)| {
+                if *w == 0 { PortSpec::Number(*a) } else { PortSpec::Range(*a, a + w) }
+            }).collect();
+            let out = simplify_ports(ports.clone());
+            prop_assert_eq!(covered(&out), covered(&ports));
+            if ports.len() > 1 {
+                for w in out.windows(2) {
+                    let end = match &w[0] { PortSpec::Number(n) => *n, PortSpec::Range(_, b) => *b, PortSpec::Named(_) => 0 };
+                    let start = match &w[1] { PortSpec::Number(n) => *n, PortSpec::Range(a, _) => *a, PortSpec::Named(_) => u16::MAX };
+                    prop_assert!(u32::from(start) > u32::from(end) + 1);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! Pod → WorkloadEndpoint (calico-felix.md §9.5, §5.5).
+//!
+//! Only a scheduled, running, pod-networked pod with an IP gets an endpoint; a pod that stops being one
+//! (finishes, loses its IP) simply produces nothing, so the writer deletes its endpoint. `pcns.*` and
+//! `pcsa.*` labels on the pod itself are stripped so a pod cannot claim another namespace's or service
+//! account's labels (§8.2).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use sha1::{Digest, Sha1};
+
+use super::labels::validate_labels;
+use super::namespace::{KNS_PREFIX, KSA_PREFIX};
+use super::networkpolicy::validate_port_name;
+use super::v3::{self, EndpointPort};
+use super::{
+    CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, timestamp,
+};
+
+/// The host-side veth name: prefix + first 11 hex characters of SHA-1(`<ns>.<pod>`).
+pub fn interface_name(prefix: &str, namespace: &str, pod: &str) -> String {
+    let digest = Sha1::digest(format!("{namespace}.{pod}").as_bytes());
+    format!("{prefix}{}", &hex::encode(digest)[..11])
+}
+
+/// `<node>-k8s-<pod>-eth0`, with every `-` inside a segment doubled.
+pub fn workload_endpoint_name(node: &str, pod: &str) -> String {
+    let esc = |s: &str| s.replace('-', "--");
+    format!("{}-k8s-{}-eth0", esc(node), esc(pod))
+}
+
+/// Converts one pod. `Converted::none()` when the pod has no endpoint.
+pub fn pod_to_workload_endpoint(pod: &Pod, opts: &ConvertOptions) -> Converted {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let name = pod.metadata.name.as_deref().unwrap_or("");
+    let obj = ObjectRef::new("Pod", Some(ns), name);
+    let fail = |field: &str, msg: String, key: Option<String>| {
+        Converted::skipped(SkipReport::new(&obj, field, msg), key)
+    };
+    if let Err(e) = super::validate_dns_label(ns) {
+        return fail("metadata.namespace", e, None);
+    }
+    if let Err(e) = super::validate_dns_subdomain(name) {
+        return fail("metadata.name", e, None);
+    }
+    let Some(spec) = pod.spec.as_ref() else {
+        return Converted::none();
+    };
+    if spec.host_network == Some(true) {
+        return Converted::none();
+    }
+    let Some(node) = spec.node_name.as_deref().filter(|n| !n.is_empty()) else {
+        return Converted::none();
+    };
+    if let Err(e) = super::validate_dns_subdomain(node) {
+        return fail("spec.nodeName", e, None);
+    }
+    let status = pod.status.as_ref();
+    if matches!(
+        status.and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    ) {
+        return Converted::none();
+    }
+    let wep_name = workload_endpoint_name(node, name);
+    let key = match etcd_key("WorkloadEndpoint", Some(ns), &wep_name) {
+        Ok(k) => k,
+        Err(e) => return fail("metadata.name", e, None),
+    };
+
+    // IPs: status.podIPs, else status.podIP.
+    let mut raw_ips: Vec<String> = status
+        .and_then(|s| s.pod_ips.as_ref())
+        .map(|ips| ips.iter().map(|i| i.ip.clone()).collect())
+        .unwrap_or_default();
+    if raw_ips.is_empty() {
+        raw_ips.extend(status.and_then(|s| s.pod_ip.clone()));
+    }
+    let mut ip_networks = Vec::new();
+    for (i, ip) in raw_ips.iter().enumerate() {
+        match ip.parse::<IpAddr>() {
+            Ok(IpAddr::V4(a)) => ip_networks.push(format!("{a}/32")),
+            Ok(IpAddr::V6(a)) => ip_networks.push(format!("{a}/128")),
+            Err(_) => {
+                return fail(
+                    &format!("status.podIPs[{i}]"),
+                    format!("invalid IP {ip:?}"),
+                    Some(key),
+                );
+            }
+        }
+    }
+    if ip_networks.is_empty() {
+        return Converted::none();
+    }
+
+    let sa = spec
+        .service_account_name
+        .as_deref()
+        .filter(|s| !s.is_empty())
+        .unwrap_or("default");
+    if let Err(e) = super::validate_dns_subdomain(sa) {
+        return fail("spec.serviceAccountName", e, Some(key));
+    }
+
+    let mut labels: BTreeMap<String, String> = pod
+        .metadata
+        .labels
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with("pcns.") && !k.starts_with("pcsa."))
+        .collect();
+    if let Err((k, e)) = validate_labels(&labels) {
+        return fail(&format!("metadata.labels.{k}"), e, Some(key));
+    }
+    labels.insert("projectcalico.org/namespace".into(), ns.to_string());
+    labels.insert("projectcalico.org/orchestrator".into(), "k8s".into());
+    labels.insert("projectcalico.org/serviceaccount".into(), sa.to_string());
+
+    let init = spec.init_containers.iter().flatten().enumerate();
+    let containers = init
+        .map(|(i, c)| (format!("spec.initContainers[{i}]"), c))
+        .chain(
+            spec.containers
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (format!("spec.containers[{i}]"), c)),
+        );
+    let ports = match endpoint_ports(containers) {
+        Ok(p) => p,
+        Err((f, m)) => return fail(&f, m, Some(key)),
+    };
+
+    let container_id = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("cni.projectcalico.org/containerID"))
+        .filter(|s| !s.is_empty())
+        .cloned();
+
+    let o = v3::Object {
+        kind: "WorkloadEndpoint",
+        api_version: v3::API_VERSION,
+        metadata: v3::Meta {
+            name: wep_name,
+            namespace: Some(ns.to_string()),
+            uid: pod.metadata.uid.clone(),
+            creation_timestamp: timestamp(&pod.metadata.creation_timestamp),
+            labels,
+        },
+        spec: v3::WorkloadEndpointSpec {
+            orchestrator: "k8s",
+            node: node.to_string(),
+            container_id,
+            pod: name.to_string(),
+            endpoint: "eth0",
+            service_account_name: sa.to_string(),
+            ip_networks,
+            profiles: vec![
+                format!("{KNS_PREFIX}{ns}"),
+                format!("{KSA_PREFIX}{ns}.{sa}"),
+            ],
+            interface_name: interface_name(&opts.interface_prefix, ns, name),
+            ports,
+        },
+    };
+    Converted::ok(CalicoResource::from_object(&o), Vec::new())
+}
+
+/// Named container ports (init containers first, as the pod spec lists them).
+fn endpoint_ports<'a>(
+    containers: impl Iterator<Item = (String, &'a Container)>,
+) -> Result<Vec<EndpointPort>, (String, String)> {
+    let mut out = Vec::new();
+    for (path, c) in containers {
+        for (j, p) in c.ports.iter().flatten().enumerate() {
+            let Some(pname) = p.name.as_deref().filter(|n| !n.is_empty()) else {
+                continue;
+            };
+            let field = format!("{path}.ports[{j}]");
+            validate_port_name(pname).map_err(|m| (format!("{field}.name"), m))?;
+            let protocol = match p.protocol.as_deref() {
+                None | Some("") => "TCP",
+                Some(s @ ("TCP" | "UDP" | "SCTP")) => s,
+                Some(other) => {
+                    return Err((
+                        format!("{field}.protocol"),
+                        format!("unsupported protocol {other:?}: want TCP, UDP or SCTP"),
+                    ));
+                }
+            };
+            let port = u16::try_from(p.container_port)
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| {
+                    (
+                        format!("{field}.containerPort"),
+                        format!("port {} is out of range 1-65535", p.container_port),
+                    )
+                })?;
+            let host_port = p
+                .host_port
+                .map(|h| u16::try_from(h).unwrap_or(0))
+                .unwrap_or(0);
+            out.push(EndpointPort {
+                name: pname.to_string(),
+                protocol: protocol.to_string(),
+                port,
+                host_port,
+                host_ip: p.host_ip.clone().unwrap_or_default(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mk_pod(ports: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"nodeName": "n", "containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "x", "ports": ports}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.1"},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn bad_container_port_is_reported_with_its_path() {
+        let opts = ConvertOptions::default();
+        let c = pod_to_workload_endpoint(
+            &mk_pod(serde_json::json!([{"name": "x", "containerPort": 80, "protocol": "ICMP"}])),
+            &opts,
+        );
+        assert!(c.resource.is_none());
+        assert_eq!(c.skips[0].field, "spec.containers[1].ports[0].protocol");
+        assert!(c.retain_key.is_some());
+        let c = pod_to_workload_endpoint(
+            &mk_pod(serde_json::json!([{"name": "Bad_Name", "containerPort": 80}])),
+            &opts,
+        );
+        assert_eq!(c.skips[0].field, "spec.containers[1].ports[0].name");
+        let c = pod_to_workload_endpoint(
+            &mk_pod(serde_json::json!([{"name": "web", "containerPort": 80}])),
+            &opts,
+        );
+        assert!(c.skips.is_empty());
+        assert!(c.resource.unwrap().json.contains("\"web\""));
+    }
+
+    #[test]
+    fn veth_and_wep_names_match_calico() {
+        assert_eq!(
+            interface_name("cali", "default", "nginx"),
+            "calic440f455693"
+        );
+        assert_eq!(
+            workload_endpoint_name("node-1", "web-0"),
+            "node--1-k8s-web--0-eth0"
+        );
+    }
+}

@@ -1,0 +1,163 @@
+//! The synchronous source index: every known Kubernetes object, already converted.
+//!
+//! Owned by the watcher tasks through a `std::sync::Mutex` that is never held across an `.await`
+//! (kubert's pattern: plain `apply` / `delete` / `reset`). A relist (`Init…InitDone`) becomes one
+//! `reset` that replaces every object of that kind, so deletions missed while disconnected are applied.
+//!
+//! The index knows which kinds it waits for; [`Index::desired`] returns `None` until each of them has
+//! been listed once, so a fresh leader never mistakes a half-filled index for deletions.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::ResourceExt;
+
+use crate::convert::{self, ConvertOptions, Converted, ObjectRef, SkipReport};
+use crate::manifests::ManifestSet;
+use crate::validate::checked;
+use crate::writer::Desired;
+
+/// A Kubernetes kind the controller converts.
+pub trait SourceKind: kube::Resource + ResourceExt {
+    /// The kind's name, as in `ObjectRef::kind`.
+    const KIND: &'static str;
+    /// Converts one object.
+    fn convert(&self, opts: &ConvertOptions) -> Converted;
+}
+
+impl SourceKind for Namespace {
+    const KIND: &'static str = "Namespace";
+    fn convert(&self, opts: &ConvertOptions) -> Converted {
+        convert::namespace_to_profile(self, opts)
+    }
+}
+
+impl SourceKind for ServiceAccount {
+    const KIND: &'static str = "ServiceAccount";
+    fn convert(&self, opts: &ConvertOptions) -> Converted {
+        convert::service_account_to_profile(self, opts)
+    }
+}
+
+impl SourceKind for Pod {
+    const KIND: &'static str = "Pod";
+    fn convert(&self, opts: &ConvertOptions) -> Converted {
+        convert::pod_to_workload_endpoint(self, opts)
+    }
+}
+
+impl SourceKind for NetworkPolicy {
+    const KIND: &'static str = "NetworkPolicy";
+    fn convert(&self, opts: &ConvertOptions) -> Converted {
+        convert::network_policy_to_calico(self, opts)
+    }
+}
+
+/// What the desired state was built from, for logs and metrics.
+#[derive(Debug, Clone, Default)]
+pub struct DesiredState {
+    pub desired: Desired,
+    pub skips: Vec<SkipReport>,
+}
+
+/// Converted objects by source object.
+#[derive(Debug, Default)]
+pub struct Index {
+    opts: ConvertOptions,
+    objects: BTreeMap<ObjectRef, Converted>,
+    waiting_for: BTreeSet<&'static str>,
+    manifests: ManifestSet,
+}
+
+fn obj_ref<K: SourceKind>(o: &K) -> ObjectRef {
+    ObjectRef::new(K::KIND, o.namespace().as_deref(), &o.name_any())
+}
+
+impl Index {
+    /// An index that waits for the listed kinds before it reports a desired state.
+    pub fn new(opts: ConvertOptions, waiting_for: &[&'static str], manifests: ManifestSet) -> Self {
+        Index {
+            opts,
+            objects: BTreeMap::new(),
+            waiting_for: waiting_for.iter().copied().collect(),
+            manifests,
+        }
+    }
+
+    /// An object was added or changed.
+    pub fn apply<K: SourceKind>(&mut self, o: &K) {
+        let converted = checked(o.convert(&self.opts));
+        for s in &converted.skips {
+            tracing::warn!(object = %obj_ref(o), field = %s.field, "skipping: {}", s.message);
+        }
+        self.objects.insert(obj_ref(o), converted);
+    }
+
+    /// An object was deleted.
+    pub fn delete<K: SourceKind>(&mut self, o: &K) {
+        self.objects.remove(&obj_ref(o));
+    }
+
+    /// A full relist of one kind: everything of that kind not in `objs` is gone.
+    pub fn reset<K: SourceKind>(&mut self, objs: &[K]) {
+        self.objects.retain(|r, _| r.kind != K::KIND);
+        for o in objs {
+            self.apply(o);
+        }
+        self.waiting_for.remove(K::KIND);
+    }
+
+    /// Whether every awaited kind has been listed.
+    pub fn is_ready(&self) -> bool {
+        self.waiting_for.is_empty()
+    }
+
+    /// Number of source objects held.
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    /// Whether an object is held.
+    pub fn contains(&self, r: &ObjectRef) -> bool {
+        self.objects.contains_key(r)
+    }
+
+    /// The desired store contents: Kubernetes-derived resources, then manifest resources (a manifest
+    /// defining the same key wins). `None` until every awaited kind has been listed.
+    pub fn desired(&self) -> Option<DesiredState> {
+        if !self.is_ready() {
+            return None;
+        }
+        let mut state = DesiredState::default();
+        for c in self.objects.values() {
+            state.skips.extend(c.skips.iter().cloned());
+            if let Some(k) = &c.retain_key {
+                state.desired.retain.insert(k.clone());
+            }
+            if let Some(r) = &c.resource {
+                match r.etcd_key() {
+                    Ok(k) => {
+                        state.desired.resources.insert(k, r.json.clone());
+                    }
+                    Err(e) => tracing::warn!(resource = %r.name, "no etcd key: {e}"),
+                }
+            }
+        }
+        for (k, r) in &self.manifests.resources {
+            state.desired.resources.insert(k.clone(), r.json.clone());
+        }
+        state
+            .desired
+            .retain
+            .extend(self.manifests.retain.iter().cloned());
+        state
+            .skips
+            .extend(self.manifests.skipped.iter().map(|s| s.report.clone()));
+        Some(state)
+    }
+}

@@ -1,0 +1,271 @@
+//! Manifest files → converted Calico resources, for `policy-controller sync --manifests` and the agent's
+//! `felixrs render`.
+//!
+//! Files are multi-document YAML (or JSON). A directory is read recursively, taking `*.yaml`, `*.yml`
+//! and `*.json` in name order. Each document is parsed on its own (files are split at `---` lines), so a
+//! broken document is reported and every other document is still converted. Accepted kinds: v1
+//! `Namespace`, `Pod`, `ServiceAccount`, `networking.k8s.io/v1` `NetworkPolicy`, `v1` `List`, and
+//! `projectcalico.org/v3` resources, which are stored as written (after validation).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use serde_json::Value;
+
+use crate::convert::{self, CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport};
+
+/// Errors that stop loading altogether (a path that cannot be read). Bad documents are not errors:
+/// they become [`ManifestSkip`]s.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    /// A file or directory could not be read.
+    #[error("cannot read manifest path {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A document (or part of one) that was not converted.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ManifestSkip {
+    pub path: PathBuf,
+    /// 0-based index of the document within its file.
+    pub document: usize,
+    #[serde(flatten)]
+    pub report: SkipReport,
+}
+
+impl std::fmt::Display for ManifestSkip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} document {}: {}",
+            self.path.display(),
+            self.document,
+            self.report
+        )
+    }
+}
+
+/// Everything loaded from a set of manifest paths.
+#[derive(Debug, Clone, Default)]
+pub struct ManifestSet {
+    /// Converted resources by etcd key (a later document with the same key is reported, not used).
+    pub resources: BTreeMap<String, CalicoResource>,
+    /// Per-document problems.
+    pub skipped: Vec<ManifestSkip>,
+    /// Keys of skipped objects: kept in the store if already there (fail closed).
+    pub retain: BTreeSet<String>,
+}
+
+/// Loads and converts every document under `paths`.
+pub fn load_manifests(
+    paths: &[PathBuf],
+    opts: &ConvertOptions,
+) -> Result<ManifestSet, ManifestError> {
+    let mut files = Vec::new();
+    for p in paths {
+        collect_files(p, &mut files)?;
+    }
+    let mut set = ManifestSet::default();
+    for f in files {
+        let text = std::fs::read_to_string(&f).map_err(|source| ManifestError::Io {
+            path: f.clone(),
+            source,
+        })?;
+        for (i, doc) in split_documents(&text).into_iter().enumerate() {
+            load_document(&f, i, doc, opts, &mut set);
+        }
+    }
+    Ok(set)
+}
+
+fn collect_files(p: &Path, out: &mut Vec<PathBuf>) -> Result<(), ManifestError> {
+    let io = |source| ManifestError::Io {
+        path: p.to_path_buf(),
+        source,
+    };
+    let meta = std::fs::metadata(p).map_err(io)?;
+    if !meta.is_dir() {
+        out.push(p.to_path_buf());
+        return Ok(());
+    }
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
+        .map_err(io)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()
+        .map_err(io)?;
+    entries.sort();
+    for e in entries {
+        if e.is_dir() {
+            collect_files(&e, out)?;
+        } else if matches!(
+            e.extension().and_then(|x| x.to_str()),
+            Some("yaml" | "yml" | "json")
+        ) {
+            out.push(e);
+        }
+    }
+    Ok(())
+}
+
+/// Splits a YAML stream at `---` separator lines. Every chunk counts as a document, empty or not, so
+/// indices match what a reader counts.
+fn split_documents(text: &str) -> Vec<&str> {
+    let mut docs = Vec::new();
+    let mut start = 0;
+    let mut pos = 0;
+    for line in text.split_inclusive('\n') {
+        let trimmed = line.trim_end();
+        if trimmed == "---" || trimmed.starts_with("--- ") {
+            if pos > 0 || !text[start..pos].trim().is_empty() {
+                docs.push(&text[start..pos]);
+            }
+            start = pos + line.len();
+        }
+        pos += line.len();
+    }
+    docs.push(&text[start..]);
+    docs
+}
+
+fn load_document(
+    path: &Path,
+    index: usize,
+    doc: &str,
+    opts: &ConvertOptions,
+    set: &mut ManifestSet,
+) {
+    let unknown = ObjectRef::new("", None, "");
+    let skip = |set: &mut ManifestSet, report: SkipReport| {
+        set.skipped.push(ManifestSkip {
+            path: path.to_path_buf(),
+            document: index,
+            report,
+        })
+    };
+    let value: Value = match serde_yaml::from_str::<serde_yaml::Value>(doc) {
+        Ok(serde_yaml::Value::Null) => return,
+        Ok(v) => match serde_json::to_value(v) {
+            Ok(v) => v,
+            Err(e) => {
+                return skip(
+                    set,
+                    SkipReport::new(&unknown, "", format!("not representable as JSON: {e}")),
+                );
+            }
+        },
+        Err(e) => {
+            return skip(
+                set,
+                SkipReport::new(&unknown, "", format!("invalid YAML: {e}")),
+            );
+        }
+    };
+    let items = if value.get("kind").and_then(Value::as_str) == Some("List") {
+        value
+            .get("items")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    } else {
+        vec![value]
+    };
+    for item in items {
+        let converted = crate::validate::checked(convert_value(&item, opts));
+        for r in converted.skips {
+            skip(set, r);
+        }
+        if let Some(k) = converted.retain_key {
+            set.retain.insert(k);
+        }
+        if let Some(res) = converted.resource {
+            match res.etcd_key() {
+                Ok(key) if set.resources.contains_key(&key) => {
+                    let obj = ObjectRef::new(&res.kind, res.namespace.as_deref(), &res.name);
+                    skip(
+                        set,
+                        SkipReport::new(
+                            &obj,
+                            "metadata.name",
+                            format!("duplicate of an earlier document with key {key}"),
+                        ),
+                    );
+                }
+                Ok(key) => {
+                    set.resources.insert(key, res);
+                }
+                Err(e) => {
+                    let obj = ObjectRef::new(&res.kind, res.namespace.as_deref(), &res.name);
+                    skip(set, SkipReport::new(&obj, "metadata", e));
+                }
+            }
+        }
+    }
+}
+
+/// Converts one JSON object of any accepted kind.
+pub fn convert_value(v: &Value, opts: &ConvertOptions) -> Converted {
+    let api = v.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    let kind = v.get("kind").and_then(Value::as_str).unwrap_or("");
+    let meta = v.get("metadata");
+    let name = meta
+        .and_then(|m| m.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let ns = meta
+        .and_then(|m| m.get("namespace"))
+        .and_then(Value::as_str);
+    let obj = ObjectRef::new(kind, ns, name);
+    fn parse<T: serde::de::DeserializeOwned>(v: &Value, obj: &ObjectRef) -> Result<T, SkipReport> {
+        serde_json::from_value(v.clone())
+            .map_err(|e| SkipReport::new(obj, "", format!("cannot decode: {e}")))
+    }
+    match (api, kind) {
+        ("v1", "Namespace") => match parse::<Namespace>(v, &obj) {
+            Ok(o) => convert::namespace_to_profile(&o, opts),
+            Err(r) => Converted::skipped(r, None),
+        },
+        ("v1", "ServiceAccount") => match parse::<ServiceAccount>(v, &obj) {
+            Ok(o) => convert::service_account_to_profile(&o, opts),
+            Err(r) => Converted::skipped(r, None),
+        },
+        ("v1", "Pod") => match parse::<Pod>(v, &obj) {
+            Ok(o) => convert::pod_to_workload_endpoint(&o, opts),
+            Err(r) => Converted::skipped(r, None),
+        },
+        ("networking.k8s.io/v1", "NetworkPolicy") => match parse::<NetworkPolicy>(v, &obj) {
+            Ok(o) => convert::network_policy_to_calico(&o, opts),
+            Err(r) => Converted::skipped(r, None),
+        },
+        (convert::v3::API_VERSION, _) => crate::v3_passthrough::convert_v3(v),
+        _ => Converted::skipped(
+            SkipReport::new(
+                &obj,
+                "kind",
+                format!("unsupported apiVersion/kind {api}/{kind}"),
+            ),
+            None,
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_keeps_document_indices() {
+        let docs = split_documents("a: 1\n---\nb: 2\n--- \n---\nc: 3\n");
+        assert_eq!(docs.len(), 4);
+        assert_eq!(docs[0].trim(), "a: 1");
+        assert_eq!(docs[2].trim(), "");
+        assert_eq!(docs[3].trim(), "c: 3");
+        let docs = split_documents("---\na: 1\n");
+        assert_eq!(docs.len(), 1);
+    }
+}

@@ -1,0 +1,93 @@
+//! `projectcalico.org/v3` resources written directly in manifests (GlobalNetworkPolicy, Tier,
+//! NetworkPolicy, ...): validated and stored as written.
+//!
+//! Server-managed metadata (`resourceVersion`, `selfLink`, `generation`, `managedFields`) is dropped,
+//! because in etcd the revision is the resource version. Namespaced kinds without a namespace go to
+//! `default`, as calicoctl does. Validation (names, labels, selectors, rules) is the model's, applied by
+//! [`crate::validate::checked`] to every resource.
+
+use serde_json::{Map, Value};
+
+use crate::convert::{
+    self, CalicoResource, Converted, ObjectRef, SkipReport, etcd_key, is_namespaced, plural,
+};
+
+/// Validates one v3 document and turns it into a storable resource.
+pub fn convert_v3(v: &Value) -> Converted {
+    let kind = v.get("kind").and_then(Value::as_str).unwrap_or("");
+    let meta = v
+        .get("metadata")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let name = meta
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let mut ns = meta
+        .get("namespace")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    if is_namespaced(kind) && ns.is_none() {
+        ns = Some("default".to_string());
+    }
+    if !is_namespaced(kind) {
+        ns = None;
+    }
+    let obj = ObjectRef::new(kind, ns.as_deref(), &name);
+    if plural(kind).is_none() {
+        return Converted::skipped(
+            SkipReport::new(
+                &obj,
+                "kind",
+                format!("unsupported projectcalico.org/v3 kind {kind:?}"),
+            ),
+            None,
+        );
+    }
+    let key = match etcd_key(kind, ns.as_deref(), &name) {
+        Ok(k) => k,
+        Err(e) => return Converted::skipped(SkipReport::new(&obj, "metadata", e), None),
+    };
+    let spec = match v.get("spec") {
+        None => Value::Object(Map::new()),
+        Some(s @ Value::Object(_)) => s.clone(),
+        Some(_) => {
+            return Converted::skipped(
+                SkipReport::new(&obj, "spec", "spec must be an object"),
+                Some(key),
+            );
+        }
+    };
+    let mut out_meta = Map::new();
+    for (k, val) in meta {
+        if !matches!(
+            k.as_str(),
+            "resourceVersion" | "selfLink" | "generation" | "managedFields" | "namespace"
+        ) {
+            out_meta.insert(k, val);
+        }
+    }
+    if let Some(ns) = &ns {
+        out_meta.insert("namespace".into(), Value::String(ns.clone()));
+    }
+    let mut doc = Map::new();
+    doc.insert("kind".into(), Value::String(kind.to_string()));
+    doc.insert(
+        "apiVersion".into(),
+        Value::String(convert::v3::API_VERSION.into()),
+    );
+    doc.insert("metadata".into(), Value::Object(out_meta));
+    doc.insert("spec".into(), spec);
+    Converted {
+        resource: Some(CalicoResource {
+            kind: kind.to_string(),
+            namespace: ns,
+            name,
+            json: Value::Object(doc).to_string(),
+        }),
+        skips: Vec::new(),
+        retain_key: None,
+    }
+}

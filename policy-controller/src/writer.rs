@@ -1,0 +1,479 @@
+//! Reconciles the desired set of Calico resources into etcd.
+//!
+//! # Ownership
+//! The controller only ever creates, updates or deletes keys it owns:
+//! * by name pattern, the resources it derives from Kubernetes objects:
+//!   `networkpolicies/<ns>/knp.default.*`, `profiles/kns.*`, `profiles/ksa.*` and `workloadendpoints/*`;
+//! * by marker, the `projectcalico.org/v3` resources it wrote from manifests: for each such key it keeps
+//!   `/felixrs/policy-controller/owned<key>` (outside Calico's prefix, so Calico tooling ignores it).
+//!   A v3 resource that someone else created and that a manifest later also defines is taken over.
+//!
+//! Everything else under `/calico/` is never touched.
+//!
+//! # Writes
+//! Every write is compare-and-swap: a create requires the key to be absent, an update or delete requires
+//! the mod revision read at the start of the pass. Values are compared as JSON, so a second pass with
+//! nothing changed writes nothing. Operations go out in transactions of at most [`MAX_TXN_OPS`] (etcd's
+//! default `--max-txn-ops`). If a [`Fence`] is set (the elected leader's key), every transaction also
+//! requires that key to still exist with its creation revision, so a deposed leader cannot write.
+//! A failed compare means someone else wrote concurrently: the pass re-reads and starts again.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
+use serde_json::Value;
+
+use crate::convert::RESOURCE_PREFIX;
+
+/// etcd's default maximum number of operations in one transaction.
+pub const MAX_TXN_OPS: usize = 128;
+/// Prefix of ownership markers for resources written from v3 manifests.
+pub const OWNER_MARKER_PREFIX: &str = "/felixrs/policy-controller/owned";
+/// How many times a pass restarts after losing a compare-and-swap race.
+const MAX_ATTEMPTS: usize = 5;
+
+/// Errors from a reconcile pass.
+#[derive(Debug, thiserror::Error)]
+pub enum WriterError {
+    /// An etcd request failed.
+    #[error("etcd {op} failed")]
+    Etcd {
+        op: &'static str,
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// The leader fence no longer holds: this replica lost leadership.
+    #[error("lost leadership: leader key {0} is gone or changed")]
+    Fenced(String),
+    /// Concurrent writers kept winning every compare-and-swap.
+    #[error("gave up after {0} conflicting passes")]
+    Conflict(usize),
+}
+
+/// The state to reach.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Desired {
+    /// etcd key → JSON value.
+    pub resources: BTreeMap<String, String>,
+    /// Owned keys to leave alone even though nothing desires them (objects that failed validation).
+    pub retain: BTreeSet<String>,
+}
+
+/// A leader key that must still exist (with this creation revision) for a write to apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub key: Vec<u8>,
+    pub create_revision: i64,
+}
+
+/// Counts from one pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SyncStats {
+    pub created: usize,
+    pub updated: usize,
+    pub deleted: usize,
+    /// The etcd revision at which everything written is visible.
+    pub revision: i64,
+}
+
+/// Whether a key belongs to the controller by its name pattern.
+pub fn owned_by_pattern(key: &str) -> bool {
+    let Some(rest) = key.strip_prefix(RESOURCE_PREFIX) else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.split('/').collect();
+    match parts.as_slice() {
+        ["networkpolicies", _ns, name] => name.starts_with("knp.default."),
+        ["profiles", name] => name.starts_with("kns.") || name.starts_with("ksa."),
+        ["workloadendpoints", _ns, _name] => true,
+        _ => false,
+    }
+}
+
+fn marker_key(key: &str) -> String {
+    format!("{OWNER_MARKER_PREFIX}{key}")
+}
+
+/// What is in etcd now, for the keys that matter.
+struct Current {
+    /// Every key under the Calico prefix: value and mod revision.
+    values: BTreeMap<String, (Vec<u8>, i64)>,
+    /// Keys that carry an ownership marker, with the marker's mod revision.
+    markers: BTreeMap<String, i64>,
+    revision: i64,
+}
+
+/// One planned change: its compares and operations travel in the same transaction.
+struct Change {
+    compares: Vec<Compare>,
+    ops: Vec<TxnOp>,
+    kind: ChangeKind,
+    /// Dependency rank of the key's resource type ([`rank`]).
+    rank: u8,
+}
+
+/// Dependency rank: tiers, then sets, then policies, then profiles, then endpoints. Creates and
+/// updates go out in rising rank and deletes in falling rank, so even when a pass spans several
+/// transactions a new endpoint never appears before the policies and profiles that apply to it, and
+/// an endpoint is removed before its policies are. This is the order Felix's calc graph emits (§8.5).
+fn rank(key: &str) -> u8 {
+    let plural = key
+        .strip_prefix(RESOURCE_PREFIX)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or("");
+    match plural {
+        "tiers" => 0,
+        "globalnetworksets" | "networksets" => 1,
+        "profiles" => 3,
+        "workloadendpoints" | "hostendpoints" => 4,
+        _ => 2,
+    }
+}
+
+#[derive(Clone, Copy)]
+enum ChangeKind {
+    Create,
+    Update,
+    /// Only an ownership marker is added to an existing, identical resource.
+    Adopt,
+    Delete,
+    /// A marker whose resource is already gone is removed.
+    Cleanup,
+}
+
+/// Writes desired state into etcd.
+pub struct Writer {
+    client: Client,
+    fence: Option<Fence>,
+    metrics: Option<crate::metrics::Metrics>,
+}
+
+impl Writer {
+    pub fn new(client: Client) -> Self {
+        Writer {
+            client,
+            fence: None,
+            metrics: None,
+        }
+    }
+
+    /// Requires the given leader key for every write from now on.
+    pub fn set_fence(&mut self, fence: Option<Fence>) {
+        self.fence = fence;
+    }
+
+    /// Records write latency and counts.
+    pub fn set_metrics(&mut self, metrics: crate::metrics::Metrics) {
+        self.metrics = Some(metrics);
+    }
+
+    /// One full reconcile pass.
+    pub async fn sync(&mut self, desired: &Desired) -> Result<SyncStats, WriterError> {
+        let mut stats = SyncStats::default();
+        for _ in 0..MAX_ATTEMPTS {
+            let current = self.read().await?;
+            stats.revision = current.revision;
+            let changes = plan(desired, &current);
+            if changes.is_empty() {
+                return Ok(stats);
+            }
+            match self.apply(changes, &mut stats).await? {
+                true => return Ok(stats),
+                false => {
+                    tracing::info!("concurrent write detected, re-reading etcd");
+                    self.check_fence().await?;
+                }
+            }
+        }
+        Err(WriterError::Conflict(MAX_ATTEMPTS))
+    }
+
+    async fn read(&mut self) -> Result<Current, WriterError> {
+        let etcd = |source| WriterError::Etcd { op: "get", source };
+        let resp = self
+            .client
+            .get(RESOURCE_PREFIX, Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(etcd)?;
+        let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+        let mut values = BTreeMap::new();
+        for kv in resp.kvs() {
+            if let Ok(k) = kv.key_str() {
+                values.insert(k.to_string(), (kv.value().to_vec(), kv.mod_revision()));
+            }
+        }
+        // Read markers at the same revision so both views are consistent.
+        let resp = self
+            .client
+            .get(
+                OWNER_MARKER_PREFIX,
+                Some(GetOptions::new().with_prefix().with_revision(revision)),
+            )
+            .await
+            .map_err(etcd)?;
+        let mut markers = BTreeMap::new();
+        for kv in resp.kvs() {
+            if let Ok(k) = kv.key_str()
+                && let Some(target) = k.strip_prefix(OWNER_MARKER_PREFIX)
+            {
+                markers.insert(target.to_string(), kv.mod_revision());
+            }
+        }
+        Ok(Current {
+            values,
+            markers,
+            revision,
+        })
+    }
+
+    async fn check_fence(&mut self) -> Result<(), WriterError> {
+        let Some(f) = self.fence.clone() else {
+            return Ok(());
+        };
+        let resp = self
+            .client
+            .get(f.key.clone(), None)
+            .await
+            .map_err(|source| WriterError::Etcd { op: "get", source })?;
+        match resp.kvs().first() {
+            Some(kv) if kv.create_revision() == f.create_revision => Ok(()),
+            _ => Err(WriterError::Fenced(
+                String::from_utf8_lossy(&f.key).into_owned(),
+            )),
+        }
+    }
+
+    /// Sends the changes in batches; `Ok(false)` when a compare failed.
+    async fn apply(
+        &mut self,
+        changes: Vec<Change>,
+        stats: &mut SyncStats,
+    ) -> Result<bool, WriterError> {
+        let fence_cmp = self
+            .fence
+            .as_ref()
+            .map(|f| Compare::create_revision(f.key.clone(), CompareOp::Equal, f.create_revision));
+        let reserved = usize::from(fence_cmp.is_some());
+        let mut batch: Vec<Change> = Vec::new();
+        let mut batches = Vec::new();
+        let (mut n_cmp, mut n_ops) = (reserved, 0);
+        for c in changes {
+            if n_cmp + c.compares.len() > MAX_TXN_OPS || n_ops + c.ops.len() > MAX_TXN_OPS {
+                batches.push(std::mem::take(&mut batch));
+                (n_cmp, n_ops) = (reserved, 0);
+            }
+            n_cmp += c.compares.len();
+            n_ops += c.ops.len();
+            batch.push(c);
+        }
+        if !batch.is_empty() {
+            batches.push(batch);
+        }
+        for batch in batches {
+            let mut compares: Vec<Compare> = fence_cmp.iter().cloned().collect();
+            let mut ops = Vec::new();
+            let kinds: Vec<ChangeKind> = batch.iter().map(|c| c.kind).collect();
+            for c in batch {
+                compares.extend(c.compares);
+                ops.extend(c.ops);
+            }
+            let started = Instant::now();
+            let resp = self
+                .client
+                .txn(Txn::new().when(compares).and_then(ops))
+                .await
+                .map_err(|source| WriterError::Etcd { op: "txn", source })?;
+            if let Some(m) = &self.metrics {
+                m.observe_write(started.elapsed());
+            }
+            if !resp.succeeded() {
+                return Ok(false);
+            }
+            if let Some(h) = resp.header() {
+                stats.revision = h.revision();
+            }
+            for k in kinds {
+                match k {
+                    ChangeKind::Create => stats.created += 1,
+                    ChangeKind::Update => stats.updated += 1,
+                    ChangeKind::Delete => stats.deleted += 1,
+                    ChangeKind::Adopt | ChangeKind::Cleanup => {}
+                }
+            }
+        }
+        if let Some(m) = &self.metrics {
+            m.record_sync(stats);
+        }
+        Ok(true)
+    }
+}
+
+fn json_equal(a: &[u8], b: &str) -> bool {
+    match (
+        serde_json::from_slice::<Value>(a),
+        serde_json::from_str::<Value>(b),
+    ) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a == b.as_bytes(),
+    }
+}
+
+/// Works out the changes that take `current` to `desired`.
+fn plan(desired: &Desired, current: &Current) -> Vec<Change> {
+    let mut changes = Vec::new();
+    for (key, value) in &desired.resources {
+        let needs_marker = !owned_by_pattern(key);
+        let has_marker = current.markers.contains_key(key);
+        match current.values.get(key) {
+            None => {
+                let mut ops = vec![TxnOp::put(key.as_str(), value.as_str(), None)];
+                if needs_marker {
+                    ops.push(TxnOp::put(marker_key(key), "", None));
+                }
+                changes.push(Change {
+                    compares: vec![Compare::create_revision(key.as_str(), CompareOp::Equal, 0)],
+                    ops,
+                    kind: ChangeKind::Create,
+                    rank: rank(key),
+                });
+            }
+            Some((old, rev)) => {
+                let same = json_equal(old, value);
+                let mut ops = Vec::new();
+                if !same {
+                    ops.push(TxnOp::put(key.as_str(), value.as_str(), None));
+                }
+                if needs_marker && !has_marker {
+                    ops.push(TxnOp::put(marker_key(key), "", None));
+                }
+                if ops.is_empty() {
+                    continue;
+                }
+                changes.push(Change {
+                    compares: vec![Compare::mod_revision(key.as_str(), CompareOp::Equal, *rev)],
+                    ops,
+                    kind: if same {
+                        ChangeKind::Adopt
+                    } else {
+                        ChangeKind::Update
+                    },
+                    rank: rank(key),
+                });
+            }
+        }
+    }
+    for (key, (_, rev)) in &current.values {
+        if desired.resources.contains_key(key) || desired.retain.contains(key) {
+            continue;
+        }
+        let has_marker = current.markers.contains_key(key);
+        if !owned_by_pattern(key) && !has_marker {
+            continue;
+        }
+        let mut ops = vec![TxnOp::delete(key.as_str(), None)];
+        if has_marker {
+            ops.push(TxnOp::delete(marker_key(key), None));
+        }
+        changes.push(Change {
+            compares: vec![Compare::mod_revision(key.as_str(), CompareOp::Equal, *rev)],
+            ops,
+            kind: ChangeKind::Delete,
+            rank: rank(key),
+        });
+    }
+    // Markers whose resource is gone (deleted by someone else) and not desired.
+    for (key, mrev) in &current.markers {
+        if !current.values.contains_key(key) && !desired.resources.contains_key(key) {
+            let m = marker_key(key);
+            changes.push(Change {
+                compares: vec![Compare::mod_revision(m.as_str(), CompareOp::Equal, *mrev)],
+                ops: vec![TxnOp::delete(m, None)],
+                kind: ChangeKind::Cleanup,
+                rank: 0,
+            });
+        }
+    }
+    // Stable sort: upserts by rising rank, then deletes by falling rank, then marker cleanup.
+    changes.sort_by_key(|c| match c.kind {
+        ChangeKind::Create | ChangeKind::Update | ChangeKind::Adopt => (0, c.rank),
+        ChangeKind::Delete => (1, u8::MAX - c.rank),
+        ChangeKind::Cleanup => (2, 0),
+    });
+    changes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ownership_patterns() {
+        let p = RESOURCE_PREFIX;
+        assert!(owned_by_pattern(&format!(
+            "{p}networkpolicies/prod/knp.default.a"
+        )));
+        assert!(!owned_by_pattern(&format!("{p}networkpolicies/prod/mine")));
+        assert!(owned_by_pattern(&format!("{p}profiles/kns.prod")));
+        assert!(owned_by_pattern(&format!("{p}profiles/ksa.prod.default")));
+        assert!(!owned_by_pattern(&format!(
+            "{p}profiles/projectcalico-default-allow"
+        )));
+        assert!(owned_by_pattern(&format!(
+            "{p}workloadendpoints/prod/n-k8s-p-eth0"
+        )));
+        assert!(!owned_by_pattern(&format!("{p}globalnetworkpolicies/x")));
+        assert!(!owned_by_pattern("/other/profiles/kns.prod"));
+    }
+
+    #[test]
+    fn endpoints_are_written_after_and_deleted_before_policies() {
+        let p = RESOURCE_PREFIX;
+        let desired = Desired {
+            resources: [
+                (format!("{p}workloadendpoints/ns/w"), "{}".to_string()),
+                (format!("{p}profiles/kns.ns"), "{}".to_string()),
+                (format!("{p}tiers/t"), "{}".to_string()),
+                (
+                    format!("{p}networkpolicies/ns/knp.default.a"),
+                    "{}".to_string(),
+                ),
+            ]
+            .into(),
+            ..Desired::default()
+        };
+        let current = Current {
+            values: [
+                (
+                    format!("{p}networkpolicies/ns/knp.default.old"),
+                    (b"{}".to_vec(), 3),
+                ),
+                (format!("{p}workloadendpoints/ns/old"), (b"{}".to_vec(), 4)),
+            ]
+            .into(),
+            markers: BTreeMap::new(),
+            revision: 4,
+        };
+        let order: Vec<(u8, bool)> = plan(&desired, &current)
+            .iter()
+            .map(|c| (c.rank, matches!(c.kind, ChangeKind::Delete)))
+            .collect();
+        assert_eq!(
+            order,
+            vec![
+                (0, false),
+                (2, false),
+                (3, false),
+                (4, false),
+                (4, true),
+                (2, true)
+            ]
+        );
+    }
+
+    #[test]
+    fn json_comparison_ignores_formatting() {
+        assert!(json_equal(br#"{"b":1, "a":2}"#, r#"{"a":2,"b":1}"#));
+        assert!(!json_equal(br#"{"a":1}"#, r#"{"a":2}"#));
+    }
+}
