@@ -18,6 +18,7 @@ have etcdctl || need_pkgs+=(etcd-client)
 have conntrack || need_pkgs+=(conntrack)
 have ip || need_pkgs+=(iproute2)
 have pkill || need_pkgs+=(procps)
+have openssl || need_pkgs+=(openssl)
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "missing packages ${need_pkgs[*]} and not root: install them or run as root" >&2

@@ -293,8 +293,9 @@ fn net_of(s: &str) -> ipnet::IpNet {
     s.parse().unwrap()
 }
 
-fn run_ops(ops: &[Op]) -> Result<(), TestCaseError> {
+fn run_ops(ops: &[Op], linger: (usize, usize)) -> Result<(), TestCaseError> {
     let mut g = CalcGraph::new(NODE);
+    g.set_ip_set_lingering(linger.0, linger.1);
     let mut dp = Dataplane::default();
     let mut state: BTreeMap<ResourceKey, Resource> = BTreeMap::new();
     let mut in_sync = false;
@@ -350,8 +351,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
-    fn incremental_state_equals_brute_force(ops in proptest::collection::vec(op(), 1..60)) {
-        run_ops(&ops)?;
+    fn incremental_state_equals_brute_force(
+        ops in proptest::collection::vec(op(), 1..60),
+        linger in prop_oneof![Just((0usize, 0usize)), Just((1, 2)), Just((64, 100_000))],
+    ) {
+        run_ops(&ops, linger)?;
     }
 }
 
@@ -388,5 +392,7 @@ fn tearing_down_everything_empties_the_dataplane() {
         ops.push(Op::DelPod { idx, ns: idx % 2 });
     }
     ops.push(Op::Flush);
-    run_ops(&ops).unwrap();
+    for linger in [(0, 0), (1, 1), (64, 100_000)] {
+        run_ops(&ops, linger).unwrap();
+    }
 }

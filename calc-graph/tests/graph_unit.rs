@@ -2,60 +2,10 @@
 
 mod support;
 
-use calc_graph::graph::{CalcGraph, Update, named_port_set_id};
-use calc_graph::model::{
-    Action, EntityRule, Kind, Port, Protocol, Rule, ServiceAccountMatch, StagedNetworkPolicy,
-};
-use calc_graph::proto::{IpSetKind, IpSetMember, Output, PolicyKind};
-use calc_graph::selector::parse;
+use calc_graph::graph::{CalcGraph, Update};
+use calc_graph::model::{Action, EntityRule, Kind, Rule, StagedNetworkPolicy};
+use calc_graph::proto::{IpSetMember, Output, PolicyKind};
 use support::*;
-
-const NODE: &str = "node1";
-
-fn graph() -> CalcGraph {
-    CalcGraph::new(NODE)
-}
-
-fn run(g: &mut CalcGraph, ups: Vec<Update>) -> Vec<Output> {
-    for u in ups {
-        g.apply(u);
-    }
-    g.flush()
-}
-
-fn synced(ups: Vec<Update>) -> (CalcGraph, Dataplane) {
-    let mut g = graph();
-    let mut all = ups;
-    all.push(Update::InSync);
-    let out = run(&mut g, all);
-    let mut dp = Dataplane::default();
-    dp.apply(&out).unwrap();
-    assert!(dp.in_sync);
-    (g, dp)
-}
-
-fn sel_id(s: &str) -> String {
-    parse(s).unwrap().unique_id()
-}
-
-fn ns_rule_sel(ns: &str, s: &str) -> String {
-    sel_id(&format!("(projectcalico.org/namespace == '{ns}') && ({s})"))
-}
-
-fn members(dp: &Dataplane, id: &str) -> Vec<String> {
-    dp.sets[id]
-        .1
-        .iter()
-        .map(|m| match m {
-            IpSetMember::Net(n) => n.to_string(),
-            IpSetMember::IpPort {
-                addr,
-                protocol,
-                port,
-            } => format!("{addr},{protocol}:{port}"),
-        })
-        .collect()
-}
 
 #[test]
 fn nothing_before_in_sync_then_complete_state() {
@@ -357,79 +307,6 @@ fn tiers_and_policy_order() {
 }
 
 #[test]
-fn named_ports_make_ip_port_sets() {
-    let rule = Rule {
-        protocol: Some(Protocol::Tcp),
-        destination: EntityRule {
-            selector: Some("app == 'db'".into()),
-            ports: vec![Port::Named("sql".into())],
-            ..EntityRule::default()
-        },
-        ..Rule::new(Action::Allow)
-    };
-    let (_, dp) = synced(vec![
-        mk_ns_profile("prod", &[]),
-        mk_wep("prod", "web", NODE, "10.0.0.1/32", &[("app", "web")]),
-        mk_wep_port(
-            "prod",
-            "db-1",
-            "node2",
-            "10.0.1.1/32",
-            &[("app", "db")],
-            ("sql", Protocol::Tcp, 5432),
-        ),
-        mk_wep_port(
-            "prod",
-            "db-2",
-            "node2",
-            "10.0.1.2/32",
-            &[("app", "db")],
-            ("sql", Protocol::Udp, 5432),
-        ),
-        mk_wep("prod", "db-3", "node2", "10.0.1.3/32", &[("app", "db")]),
-        upd({
-            let mut p = mk_np_res("prod", "to-db", "app == 'web'", vec![]);
-            p.spec.egress = vec![rule];
-            p.spec.types = vec![calc_graph::model::PolicyType::Egress];
-            p
-        }),
-    ]);
-    let sel = parse("(projectcalico.org/namespace == 'prod') && (app == 'db')").unwrap();
-    let id = named_port_set_id(&sel, Protocol::Tcp, "sql");
-    assert!(id.starts_with("n:"));
-    assert_eq!(dp.sets[&id].0, IpSetKind::IpPort);
-    assert_eq!(members(&dp, &id), ["10.0.1.1,TCP:5432"]);
-    let pol = dp.policies.values().next().unwrap();
-    let r = &pol.outbound_rules[0];
-    assert_eq!(r.dst_named_port_ip_set_ids, vec![id]);
-    assert!(
-        r.dst_ip_set_ids.is_empty(),
-        "the named-port set already applies the selector"
-    );
-    assert_eq!(dp.sets.len(), 1);
-    let ep = dp.endpoints.values().next().unwrap();
-    assert_eq!(ep.tiers[0].egress_policies.len(), 1);
-    assert!(ep.tiers[0].ingress_policies.is_empty());
-}
-
-#[test]
-fn named_port_set_id_matches_felix_formula() {
-    use base64::Engine as _;
-    use sha2::{Digest, Sha224};
-    let sel = parse("app == 'db'").unwrap();
-    let want = {
-        let content = format!("n:{},tcp,sql", sel.unique_id());
-        let d = Sha224::digest(content.as_bytes());
-        format!(
-            "n:{}",
-            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(d)
-        )
-    };
-    assert_eq!(named_port_set_id(&sel, Protocol::Tcp, "sql"), want);
-    assert_eq!(want.len(), 2 + 38);
-}
-
-#[test]
 fn shared_addresses_are_reference_counted_and_zero_prefix_is_split() {
     let (mut g, mut dp) = synced(vec![
         mk_wep("prod", "web", NODE, "10.0.0.1/32", &[]),
@@ -581,65 +458,6 @@ fn staged_policies_and_host_endpoints_do_not_program_anything() {
 }
 
 #[test]
-fn service_account_rules_and_selectors() {
-    let rule = Rule {
-        source: EntityRule {
-            service_accounts: Some(ServiceAccountMatch {
-                names: vec!["api".into(), "web".into()],
-                selector: None,
-            }),
-            ..EntityRule::default()
-        },
-        ..Rule::new(Action::Allow)
-    };
-    let mut api = mk_wep_res("prod", "api", "node2", &["10.0.1.1/32"], &[]);
-    api.spec.service_account_name = Some("api".into());
-    let (_, dp) = synced(vec![
-        mk_wep("prod", "web", NODE, "10.0.0.1/32", &[]),
-        upd(api),
-        mk_np("prod", "sa", "all()", vec![rule]),
-    ]);
-    let id = sel_id(
-        "(projectcalico.org/namespace == 'prod') && (projectcalico.org/serviceaccount in {'api', 'web'})",
-    );
-    assert_eq!(members(&dp, &id), ["10.0.1.1/32"]);
-}
-
-#[test]
-fn not_selector_folds_into_positive_selector() {
-    let rule = Rule {
-        source: EntityRule {
-            selector: Some("app == 'a'".into()),
-            not_selector: Some("env == 'dev'".into()),
-            ..EntityRule::default()
-        },
-        ..Rule::new(Action::Allow)
-    };
-    let only_not = Rule {
-        source: EntityRule {
-            not_selector: Some("env == 'dev'".into()),
-            ..EntityRule::default()
-        },
-        ..Rule::new(Action::Deny)
-    };
-    let (_, dp) = synced(vec![
-        mk_wep("prod", "web", NODE, "10.0.0.1/32", &[]),
-        mk_gnp("g", "all()", None, vec![rule, only_not], vec![]),
-    ]);
-    let p = dp.policies.values().next().unwrap();
-    assert_eq!(
-        p.inbound_rules[0].src_ip_set_ids,
-        vec![sel_id("(app == 'a') && (!(env == 'dev'))")]
-    );
-    assert!(p.inbound_rules[0].not_src_ip_set_ids.is_empty());
-    assert_eq!(
-        p.inbound_rules[1].not_src_ip_set_ids,
-        vec![sel_id("env == 'dev'")]
-    );
-    assert!(p.inbound_rules[1].src_ip_set_ids.is_empty());
-}
-
-#[test]
 fn label_change_on_a_pod_touches_only_its_selectors() {
     let mut ups = vec![mk_ns_profile("ns0", &[])];
     for i in 0..200 {
@@ -765,4 +583,62 @@ fn graph_can_move_to_another_thread() {
         g.flush().len()
     });
     assert!(handle.join().unwrap() > 1);
+}
+
+#[test]
+fn unused_sets_linger_and_come_back_with_current_members() {
+    let (mut g, mut dp) = synced(vec![
+        mk_ns_profile("prod", &[]),
+        mk_wep("prod", "web", NODE, "10.0.0.1/32", &[("app", "web")]),
+        mk_wep("prod", "api-a", "node2", "10.0.1.1/32", &[("app", "api")]),
+        mk_np(
+            "prod",
+            "p",
+            "app == 'web'",
+            vec![allow_from("app == 'api'")],
+        ),
+    ]);
+    let id = ns_rule_sel("prod", "app == 'api'");
+    let out = run(
+        &mut g,
+        vec![mk_wep("prod", "web", NODE, "10.0.0.1/32", &[("app", "x")])],
+    );
+    dp.apply(&out).unwrap();
+    assert!(out.contains(&Output::IpSetRemoved(id.clone())));
+    assert_eq!((g.stats().ip_sets, g.stats().lingering_ip_sets), (0, 1));
+    // Membership changes of a lingering set are tracked silently.
+    let out = run(
+        &mut g,
+        vec![mk_wep(
+            "prod",
+            "api-b",
+            "node2",
+            "10.0.1.2/32",
+            &[("app", "api")],
+        )],
+    );
+    assert!(out.is_empty(), "{out:?}");
+    let out = run(
+        &mut g,
+        vec![mk_wep(
+            "prod",
+            "web",
+            NODE,
+            "10.0.0.1/32",
+            &[("app", "web")],
+        )],
+    );
+    assert!(matches!(&out[0], Output::IpSetCreated { id: i, .. } if *i == id));
+    dp.apply(&out).unwrap();
+    assert_eq!(members(&dp, &id), ["10.0.1.1/32", "10.0.1.2/32"]);
+    assert_eq!((g.stats().ip_sets, g.stats().lingering_ip_sets), (1, 0));
+
+    // With lingering disabled the set is torn down at once.
+    g.set_ip_set_lingering(0, 0);
+    let out = run(
+        &mut g,
+        vec![mk_wep("prod", "web", NODE, "10.0.0.1/32", &[("app", "x")])],
+    );
+    dp.apply(&out).unwrap();
+    assert_eq!((g.stats().ip_sets, g.stats().lingering_ip_sets), (0, 0));
 }

@@ -233,7 +233,7 @@ proptest! {
     }
 
     #[test]
-    fn any_name_is_either_valid_or_rejected_without_panic(n in "\\PC{0,40}|[a-z./ -]{0,10}") {
+    fn any_name_is_either_valid_or_rejected_without_panic(n in "(\\PC|[\\n\\t\\x01\\x7f/ ]){0,40}|[a-z./ -]{0,10}") {
         let doc = serde_json::json!({"kind": "GlobalNetworkSet", "metadata": {"name": n}});
         let r = Resource::from_json(doc.to_string().as_bytes()).unwrap();
         match r.validate() {
@@ -244,6 +244,10 @@ proptest! {
             }
             Err(errs) => {
                 prop_assert!(errs.iter().all(|e| e.path == "metadata.name"), "{:?}", errs);
+                // Errors end up in logs: a hostile name must not break the line.
+                for e in &errs {
+                    prop_assert!(!e.to_string().chars().any(char::is_control), "{}", e);
+                }
             }
         }
     }

@@ -271,7 +271,8 @@ fn main() {
         .and_then(|v| v.parse::<usize>().ok())
     {
         // Profiling aid (`perf record`): only parse the generated dump, n times.
-        let t = best(n, || parse_save(&generated_dump()).expect("parses"));
+        let dump = generated_dump();
+        let t = best(n, || parse_save(&dump).expect("parses"));
         println!(
             "profile: {n} parses, cpu {:.2} ms each",
             t.cpu.as_secs_f64() * 1e3

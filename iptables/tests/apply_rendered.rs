@@ -114,7 +114,7 @@ fn rendered_policy_enforces(backend: Backend) {
     tcp::serve(&t.pod, POD, 8080);
     tcp::serve(&t.pod, POD, 8081);
     assert!(
-        tcp::connects(&t.client, POD, 8081),
+        tcp::connects_eventually(&t.client, POD, 8081),
         "no routing before policy"
     );
 
@@ -136,7 +136,7 @@ fn rendered_policy_enforces(backend: Backend) {
     let mode = applier.mode().unwrap();
     assert_in_sync(&t.node, mode, &desired);
     assert!(
-        tcp::connects(&t.client, POD, 8080),
+        tcp::connects_eventually(&t.client, POD, 8080),
         "allowed port from allowed client dropped"
     );
     assert!(

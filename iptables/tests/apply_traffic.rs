@@ -52,7 +52,7 @@ fn allow_and_deny(backend: Backend) {
     tcp::serve(&pair.b, ADDR_B, PORT + 1);
     tcp::serve(&pair.b, ADDR_B, PORT + 2);
     assert!(
-        tcp::connects(&pair.a, ADDR_B, PORT),
+        tcp::connects_eventually(&pair.a, ADDR_B, PORT),
         "no connectivity before any policy"
     );
 
@@ -67,7 +67,7 @@ fn allow_and_deny(backend: Backend) {
         .apply(&mk_policy(&[&format!("{ADDR_A}/32")]))
         .unwrap();
     assert!(
-        tcp::connects(&pair.a, ADDR_B, PORT),
+        tcp::connects_eventually(&pair.a, ADDR_B, PORT),
         "allowed client was dropped"
     );
     assert!(
@@ -75,7 +75,7 @@ fn allow_and_deny(backend: Backend) {
         "port outside the policy was not dropped"
     );
     assert!(
-        tcp::connects(&pair.a, ADDR_B, PORT + 2),
+        tcp::connects_eventually(&pair.a, ADDR_B, PORT + 2),
         "a port the rules do not cover was dropped"
     );
 
@@ -92,13 +92,13 @@ fn allow_and_deny(backend: Backend) {
 
     applier.apply(&mk_policy(&["10.99.0.0/24"])).unwrap();
     assert!(
-        tcp::connects(&pair.a, ADDR_B, PORT),
+        tcp::connects_eventually(&pair.a, ADDR_B, PORT),
         "client in allowed subnet was dropped"
     );
 
     // Removing all of our state restores the namespace's open default.
     applier.apply(&DesiredState::new(IpVersion::V4)).unwrap();
-    assert!(tcp::connects(&pair.a, ADDR_B, PORT + 1));
+    assert!(tcp::connects_eventually(&pair.a, ADDR_B, PORT + 1));
 }
 
 #[test]

@@ -216,7 +216,7 @@ pub async fn run_sync(a: SyncArgs) -> anyhow::Result<()> {
         let leadership = match leadership {
             Ok(l) => l,
             Err(e) => {
-                tracing::warn!("election failed, retrying: {e}");
+                tracing::warn!("election failed, retrying: {:#}", anyhow::Error::new(e));
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
@@ -264,7 +264,9 @@ async fn lead(
                     tracing::warn!(key = %k, "fenced out of the store");
                     return false;
                 }
-                Err(e) => tracing::warn!("reconcile failed, will retry: {e}"),
+                Err(e) => {
+                    tracing::warn!("reconcile failed, will retry: {:#}", anyhow::Error::new(e))
+                }
             }
         }
         tokio::select! {

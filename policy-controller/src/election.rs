@@ -22,7 +22,7 @@ pub const ELECTION_NAME: &str = "/felixrs/policy-controller/leader";
 #[derive(Debug, thiserror::Error)]
 pub enum ElectionError {
     /// An etcd request failed.
-    #[error("etcd {op} failed: {source}")]
+    #[error("etcd {op} failed")]
     Etcd {
         op: &'static str,
         #[source]

@@ -13,7 +13,11 @@
 //! * [`k8s_source`]: kube-rs watchers → index.
 //! * [`writer`]: reconciles desired state into etcd under the keys the controller owns.
 //! * [`election`]: one active replica, elected with etcd's election API.
+//! * [`validate`]: every resource is decoded, validated and canonicalised by `calc_graph::model`.
+//! * [`v3_passthrough`]: `projectcalico.org/v3` documents from manifests.
 //! * [`metrics`], [`cli`].
+//!
+//! For `felixrs render`: [`load_manifests`] is pure apart from reading the files.
 #![forbid(unsafe_code)]
 
 pub mod cli;
@@ -22,10 +26,10 @@ pub mod election;
 pub mod index;
 pub mod k8s_source;
 pub mod manifests;
+pub mod metrics;
 pub mod v3_passthrough;
 pub mod validate;
+pub mod writer;
 
 pub use convert::{CalicoResource, ConvertOptions, ObjectRef, SkipReport};
 pub use manifests::{ManifestError, ManifestSet, ManifestSkip, load_manifests};
-pub mod metrics;
-pub mod writer;

@@ -20,7 +20,7 @@ async fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
+            // `{:#}` prints the whole cause chain on one line.
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
         }

@@ -21,7 +21,7 @@ use crate::convert::{self, CalicoResource, ConvertOptions, Converted, ObjectRef,
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
     /// A file or directory could not be read.
-    #[error("cannot read manifest path {path}: {source}")]
+    #[error("cannot read manifest path {path}")]
     Io {
         path: PathBuf,
         #[source]

@@ -37,7 +37,7 @@ const MAX_ATTEMPTS: usize = 5;
 #[derive(Debug, thiserror::Error)]
 pub enum WriterError {
     /// An etcd request failed.
-    #[error("etcd {op} failed: {source}")]
+    #[error("etcd {op} failed")]
     Etcd {
         op: &'static str,
         #[source]

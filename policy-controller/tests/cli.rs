@@ -433,3 +433,134 @@ async fn etcd_tls_flags_are_used() {
     let mut c = etcd.client().await;
     assert_eq!(r["revision"].as_i64().unwrap(), revision(&mut c).await);
 }
+
+#[tokio::test]
+async fn running_controller_follows_live_kubernetes_events() {
+    let etcd = TestEtcd::start().await;
+    let c = etcd.client().await;
+    let api = support::fake_apiserver::FakeApiServer::start().await;
+    api.apply(
+        serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "live"}}),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{}\"}}}}]\n\
+             users: [{{name: u, user: {{}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u}}}}]\n\
+             current-context: c\n",
+            api.url
+        ),
+    )
+    .unwrap();
+    // A resync period far beyond the test: every write below must come from a watch event.
+    let _child = tokio::process::Command::new(BIN)
+        .args([
+            "sync",
+            "--etcd-endpoints",
+            &etcd.endpoint,
+            "--election-ttl",
+            "2",
+        ])
+        .args(["--resync-interval", "3600", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let has = |key: String| {
+        let mut c = c.clone();
+        async move {
+            c.get(key, None)
+                .await
+                .map(|r| r.count() == 1)
+                .unwrap_or(false)
+        }
+    };
+    let p = RESOURCE_PREFIX;
+    wait_for("the namespace profile", Duration::from_secs(20), || {
+        has(format!("{p}profiles/kns.live"))
+    })
+    .await;
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "api-0", "namespace": "live"},
+        "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]},
+        "status": {"phase": "Running", "podIP": "10.7.0.1"},
+    });
+    api.apply(pod.clone());
+    let wep = format!("{p}workloadendpoints/live/n1-k8s-api--0-eth0");
+    wait_for("the pod's endpoint", Duration::from_secs(10), || {
+        has(wep.clone())
+    })
+    .await;
+    api.delete(pod);
+    wait_for("the endpoint's removal", Duration::from_secs(10), || {
+        let h = has(wep.clone());
+        async move { !h.await }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sigterm_hands_leadership_over_without_waiting_for_the_lease() {
+    let etcd = TestEtcd::start().await;
+    let c = etcd.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.yaml"), MANIFESTS).unwrap();
+    // A 30 s lease: a handover within a few seconds can only come from the leader resigning.
+    let spawn = |identity: &str| {
+        Proc(
+            Command::new(BIN)
+                .args([
+                    "sync",
+                    "--etcd-endpoints",
+                    &etcd.endpoint,
+                    "--election-ttl",
+                    "30",
+                ])
+                .args(["--identity", identity, "--manifests"])
+                .arg(dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let a = spawn("replica-a");
+    let leader_is = |who: &'static str| {
+        let c = c.clone();
+        move || {
+            let c = c.clone();
+            async move {
+                policy_controller::election::current_leader(&c)
+                    .await
+                    .as_deref()
+                    == Some(who)
+            }
+        }
+    };
+    wait_for(
+        "replica-a to lead",
+        Duration::from_secs(20),
+        leader_is("replica-a"),
+    )
+    .await;
+    let _b = spawn("replica-b");
+    // Give b time to start campaigning behind a.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let status = Command::new("kill")
+        .args(["-TERM", &a.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let took = wait_for(
+        "replica-b to lead",
+        Duration::from_secs(20),
+        leader_is("replica-b"),
+    )
+    .await;
+    assert!(took < Duration::from_secs(5), "handover took {took:?}");
+    drop(a);
+}

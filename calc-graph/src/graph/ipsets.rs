@@ -9,6 +9,12 @@
 //! Invariant: `set.members[m]` is the number of matching items that contribute `m` (two pods
 //! may share an address); a member is announced to the [`Sequencer`] when its count goes 0 → 1
 //! and withdrawn on 1 → 0.
+//!
+//! Lingering: a set whose last user goes away is not torn down at once. It stays registered
+//! (members kept up to date, but not active: the dataplane is told to remove it) so that a
+//! policy flapping in and out of use does not rebuild a large set from scratch each time.
+//! By default at most [`MAX_LINGERING_SETS`] sets and [`MAX_LINGERING_MEMBERS`] members linger;
+//! beyond that the oldest are evicted.
 
 use std::collections::HashMap;
 
@@ -29,12 +35,37 @@ pub(crate) struct SetState {
     pub members: HashMap<IpSetMember, u32, FxBuild>,
 }
 
-/// Active IP sets.
-#[derive(Default)]
+/// Bounds of the lingering sets (see the module docs).
+pub(crate) const MAX_LINGERING_SETS: usize = 64;
+pub(crate) const MAX_LINGERING_MEMBERS: usize = 100_000;
+
+/// Active (and lingering) IP sets.
 pub(crate) struct IpSets {
+    /// Lingering bounds (sets, members).
+    pub limits: (usize, usize),
     sets: HashMap<IpSetId, SetState>,
     by_sel: FxMap<SelId, Vec<IpSetId>>,
+    /// Sets with `users > 0`.
+    active: usize,
+    /// Members of active sets.
     member_count: usize,
+    /// Lingering sets, oldest first.
+    lingering: std::collections::VecDeque<IpSetId>,
+    lingering_members: usize,
+}
+
+impl Default for IpSets {
+    fn default() -> Self {
+        IpSets {
+            limits: (MAX_LINGERING_SETS, MAX_LINGERING_MEMBERS),
+            sets: HashMap::new(),
+            by_sel: FxMap::default(),
+            active: 0,
+            member_count: 0,
+            lingering: std::collections::VecDeque::new(),
+            lingering_members: 0,
+        }
+    }
 }
 
 /// Normalises an endpoint port's protocol to the named-port protocols (TCP, UDP, SCTP).
@@ -69,12 +100,19 @@ fn contributions(named_port: &Option<(Protocol, String)>, data: &ItemData) -> Ve
 }
 
 impl IpSets {
+    /// An active set.
     pub(crate) fn get(&self, id: &str) -> Option<&SetState> {
-        self.sets.get(id)
+        self.sets.get(id).filter(|s| s.users > 0)
     }
 
+    /// Number of active sets.
     pub(crate) fn len(&self) -> usize {
-        self.sets.len()
+        self.active
+    }
+
+    /// Number of lingering sets.
+    pub(crate) fn lingering(&self) -> usize {
+        self.lingering.len()
     }
 
     pub(crate) fn member_count(&self) -> usize {
@@ -96,7 +134,11 @@ impl IpSets {
             }
         }
         if !fresh.is_empty() {
-            self.member_count += fresh.len();
+            if set.users > 0 {
+                self.member_count += fresh.len();
+            } else {
+                self.lingering_members += fresh.len();
+            }
             seq.members_added(id, fresh);
         }
     }
@@ -117,7 +159,11 @@ impl IpSets {
             }
         }
         if !gone.is_empty() {
-            self.member_count -= gone.len();
+            if set.users > 0 {
+                self.member_count -= gone.len();
+            } else {
+                self.lingering_members -= gone.len();
+            }
             seq.members_removed(id, gone);
         }
     }
@@ -132,9 +178,18 @@ impl IpSets {
         seq: &mut Sequencer,
     ) {
         if let Some(set) = self.sets.get_mut(&spec.id) {
+            if set.users == 0 {
+                // Revive a lingering set: its members are current.
+                self.lingering.retain(|l| *l != spec.id);
+                self.lingering_members -= set.members.len();
+                self.member_count += set.members.len();
+                self.active += 1;
+                seq.set_dirty(&spec.id);
+            }
             set.users += 1;
             return;
         }
+        self.active += 1;
         let (sel, _) = index.add_selector(interner, &spec.selector);
         self.sets.insert(
             spec.id.clone(),
@@ -157,7 +212,7 @@ impl IpSets {
         }
     }
 
-    /// Drops a reference; the last one withdraws every member and removes the set.
+    /// Drops a reference; the last one deactivates the set (it lingers, see the module docs).
     pub(crate) fn deactivate(
         &mut self,
         id: &IpSetId,
@@ -172,8 +227,33 @@ impl IpSets {
         if set.users > 0 {
             return;
         }
-        let set = self.sets.remove(id).expect("present");
+        self.active -= 1;
         self.member_count -= set.members.len();
+        self.lingering_members += set.members.len();
+        self.lingering.push_back(id.clone());
+        seq.set_dirty(id);
+        while self.lingering.len() > self.limits.0 || self.lingering_members > self.limits.1 {
+            let Some(oldest) = self.lingering.pop_front() else {
+                break;
+            };
+            self.evict(&oldest, index, interner, seq);
+        }
+    }
+
+    /// Tears down an inactive set: members dropped, selector unregistered.
+    fn evict(
+        &mut self,
+        id: &IpSetId,
+        index: &mut SelectorIndex,
+        interner: &mut Interner,
+        seq: &mut Sequencer,
+    ) {
+        let Some(set) = self.sets.remove(id) else {
+            return;
+        };
+        self.lingering_members -= set.members.len();
+        // If the dataplane still has the set (no flush since it was deactivated) and it comes
+        // back before the flush, the sequencer diffs against this snapshot.
         let members = if seq.is_emitted(id) {
             set.members.into_keys().collect()
         } else {

@@ -16,13 +16,22 @@
 //!   missing profile is active as deny-all (fail closed);
 //! * rule scanning ([`rules`]) of active policies and profiles into IP set ids;
 //! * IP sets ([`ipsets`]): one per selector / named port used by an active rule, with members
-//!   from every endpoint and network set in the cluster;
+//!   from every endpoint and network set in the cluster; a set no rule needs any more lingers
+//!   (bounded, [`CalcGraph::set_ip_set_lingering`]) so that a flapping policy is cheap;
 //! * per local endpoint, the ordered tiers and policies per direction ([`resolver`]);
 //! * output sequencing and coalescing ([`sequencer`]).
 //!
 //! Everything is incremental: selectors are indexed by label posting lists ([`index`]), so a pod
 //! change evaluates only the selectors that mention one of its labels (plus the few that cannot
-//! be indexed, such as `all()` or `!has(x)`).
+//! be indexed, such as `all()` or `!has(x)`). The cost of a change is proportional to what it
+//! changes: a relabel that only moves a pod between IP sets costs microseconds; one that makes
+//! a policy active whose rules need a new IP set costs that set's size.
+//!
+//! Invariants (checked by `tests/graph_prop.rs` against a brute-force model): after any update
+//! sequence, the state obtained by applying every flushed batch equals the state computed from
+//! scratch; no batch references an IP set, policy or profile before its creation or after its
+//! removal; every active policy's sets are active and every local endpoint's policies and
+//! profiles are active.
 //!
 //! Scope decisions:
 //! * Workload endpoints without addresses are ignored (Felix's update processor filters them).
@@ -36,6 +45,7 @@
 //! * Before `InSync`, `flush` returns nothing (as Felix's PolicyResolver); the first flush after
 //!   it returns the complete state followed by `Output::InSync`.
 
+mod convert;
 mod index;
 mod intern;
 mod ipsets;
@@ -47,25 +57,22 @@ mod sequencer;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
-
-use crate::model::{
-    GlobalNetworkPolicy, HostEndpoint, Kind, NetworkPolicy, PolicySpecCommon, PolicyType, Profile,
-    Resource, ResourceKey, WorkloadEndpoint,
-};
+use crate::model::{Kind, Profile, Resource, ResourceKey};
 use crate::proto::{
     ActivePolicy, ActiveProfile, EndpointId, IpSetKind, IpSetMember, LocalEndpoint, Output,
-    PolicyId, PolicyKind,
+    PolicyId,
 };
 
+use convert::{
+    LocalEp, PolicyDraft, build_policy, check, hep_item, split_nets, str_pairs, wep_item,
+    wep_labels,
+};
 use index::{MatchEvent, SelId, SelectorIndex};
 use intern::{FxMap, Interner};
 use ipsets::IpSets;
-use labels::{ItemData, ItemId, LabelStore, NamedPort};
+use labels::{ItemData, ItemId, LabelStore};
 use resolver::{PolicyRef, Tiers};
-use rules::{
-    LABEL_NAMESPACE, LABEL_ORCHESTRATOR, LABEL_SERVICE_ACCOUNT, NS_PREFIX, SA_PREFIX, ScannedRules,
-};
+use rules::{LABEL_NAMESPACE, ScannedRules};
 use sequencer::{Desired, Sequencer};
 
 pub use rules::named_port_set_id;
@@ -97,6 +104,8 @@ pub struct GraphStats {
     pub ip_sets: usize,
     /// Members over all active IP sets.
     pub ip_set_members: usize,
+    /// Inactive IP sets kept up to date in case a policy needs them again.
+    pub lingering_ip_sets: usize,
     /// Labelled items in the cluster (endpoints and network sets).
     pub items: usize,
     /// Valid policies known (active or not).
@@ -108,30 +117,9 @@ pub struct GraphStats {
     pub selector_evaluations: u64,
 }
 
-struct LocalEp {
-    id: EndpointId,
-    interface_name: String,
-    ipv4_nets: Vec<IpNet>,
-    ipv6_nets: Vec<IpNet>,
-    profiles: Vec<String>,
-}
-
 struct PolicyState {
     id: PolicyId,
     sel: SelId,
-    order: Option<f64>,
-    ingress: bool,
-    egress: bool,
-    untracked: bool,
-    pre_dnat: bool,
-    apply_on_forward: bool,
-    rules: Arc<ScannedRules>,
-}
-
-/// A policy built from its resource, before its selector is registered.
-struct PolicyDraft {
-    id: PolicyId,
-    selector: crate::selector::Selector,
     order: Option<f64>,
     ingress: bool,
     egress: bool,
@@ -234,6 +222,13 @@ impl CalcGraph {
         out
     }
 
+    /// Bounds how many unused IP sets (and members over them) are kept up to date after their
+    /// last policy went away, so that a policy flapping in and out of use does not rebuild them
+    /// from scratch. `(0, 0)` disables lingering. Default: 64 sets, 100,000 members.
+    pub fn set_ip_set_lingering(&mut self, max_sets: usize, max_members: usize) {
+        self.ipsets.limits = (max_sets, max_members);
+    }
+
     /// Whether a flush would return something.
     pub fn has_pending(&self) -> bool {
         self.seq.in_sync && self.seq.has_pending()
@@ -251,6 +246,7 @@ impl CalcGraph {
             active_profiles: self.active_profiles.len(),
             ip_sets: self.ipsets.len(),
             ip_set_members: self.ipsets.member_count(),
+            lingering_ip_sets: self.ipsets.lingering(),
             items: self.store.len(),
             policies: self.policies.len(),
             unindexed_selectors: (self.local.unindexed_count(), self.global.unindexed_count()),
@@ -713,196 +709,4 @@ impl Desired for CalcGraph {
             profile_ids: ep.profiles.clone(),
         })
     }
-}
-
-/// The graph's ValidationFilter: the body must match the key and validate.
-fn check(key: &ResourceKey, r: &Resource) -> Result<(), String> {
-    let body = r.key();
-    if body != *key {
-        return Err(format!(
-            "resource body is {body} but the update key is {key}; treated as deleted"
-        ));
-    }
-    r.validate().map_err(|errs| {
-        let msgs: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
-        format!("invalid, treated as deleted: {}", msgs.join("; "))
-    })
-}
-
-fn has_type(types: &[PolicyType], t: PolicyType) -> bool {
-    types.contains(&t)
-}
-
-fn build_policy(key: &ResourceKey, r: Resource) -> Result<(PolicyDraft, Vec<String>), String> {
-    let (draft, warnings) = match r {
-        Resource::NetworkPolicy(NetworkPolicy { spec, .. }) => {
-            let ns = key.namespace.clone().unwrap_or_default();
-            let selector = rules::network_policy_selector(&spec, &ns)?;
-            let scanned = rules::scan_rules(&spec.ingress, &spec.egress, Some(&ns))?;
-            let types = spec.effective_types();
-            let warnings = scanned.warnings.clone();
-            (
-                PolicyDraft {
-                    id: PolicyId {
-                        kind: PolicyKind::NetworkPolicy,
-                        tier: spec.tier_name().to_string(),
-                        namespace: Some(ns),
-                        name: key.name.clone(),
-                    },
-                    selector,
-                    order: spec.order,
-                    ingress: has_type(&types, PolicyType::Ingress),
-                    egress: has_type(&types, PolicyType::Egress),
-                    untracked: false,
-                    pre_dnat: false,
-                    // Felix's NetworkPolicy processor always sets applyOnForward.
-                    apply_on_forward: true,
-                    rules: Arc::new(scanned),
-                },
-                warnings,
-            )
-        }
-        Resource::GlobalNetworkPolicy(GlobalNetworkPolicy { spec, .. }) => {
-            let selector = rules::global_policy_selector(&spec)?;
-            let scanned = rules::scan_rules(&spec.ingress, &spec.egress, None)?;
-            let types = spec.effective_types();
-            let warnings = scanned.warnings.clone();
-            (
-                PolicyDraft {
-                    id: PolicyId {
-                        kind: PolicyKind::GlobalNetworkPolicy,
-                        tier: spec.tier_name().to_string(),
-                        namespace: None,
-                        name: key.name.clone(),
-                    },
-                    selector,
-                    order: spec.order,
-                    ingress: has_type(&types, PolicyType::Ingress),
-                    egress: has_type(&types, PolicyType::Egress),
-                    untracked: spec.do_not_track,
-                    pre_dnat: spec.pre_dnat,
-                    apply_on_forward: spec.apply_on_forward,
-                    rules: Arc::new(scanned),
-                },
-                warnings,
-            )
-        }
-        other => return Err(format!("expected a policy, got a {}", other.kind())),
-    };
-    Ok((draft, warnings))
-}
-
-type ItemParts = (Vec<String>, ItemData);
-
-fn str_pairs(m: &BTreeMap<String, String>) -> Vec<(&str, &str)> {
-    m.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
-}
-
-/// Labels of a workload endpoint as Felix sees them: its own labels without `pcns.`/`pcsa.`
-/// ones, plus the namespace, orchestrator and service-account labels from its key and spec.
-fn wep_labels<'a>(key: &'a ResourceKey, w: &'a WorkloadEndpoint) -> Vec<(&'a str, &'a str)> {
-    let mut labels: Vec<(&str, &str)> = w
-        .metadata
-        .labels
-        .iter()
-        .filter(|(k, _)| !k.starts_with(NS_PREFIX) && !k.starts_with(SA_PREFIX))
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    labels.push((
-        LABEL_NAMESPACE,
-        key.namespace.as_deref().unwrap_or_default(),
-    ));
-    if let Some(o) = &w.spec.orchestrator {
-        labels.push((LABEL_ORCHESTRATOR, o));
-    }
-    if let Some(sa) = &w.spec.service_account_name {
-        labels.push((LABEL_SERVICE_ACCOUNT, sa));
-    }
-    labels
-}
-
-/// Parents, IP set data and (if on this node) local-endpoint data of a workload endpoint.
-fn wep_item(
-    key: &ResourceKey,
-    w: &WorkloadEndpoint,
-    node: &str,
-) -> (Vec<String>, ItemData, Option<LocalEp>) {
-    let ns = key.namespace.clone().unwrap_or_default();
-    let nets: Vec<IpNet> = w.spec.ip_networks.iter().map(|n| n.trunc()).collect();
-    let ports = endpoint_ports(&w.spec.ports);
-    let local = (w.spec.node.as_deref() == Some(node)).then(|| LocalEp {
-        id: EndpointId {
-            namespace: ns,
-            name: key.name.clone(),
-        },
-        interface_name: w.spec.interface_name.clone().unwrap_or_default(),
-        ipv4_nets: nets
-            .iter()
-            .filter(|n| matches!(n, IpNet::V4(_)))
-            .copied()
-            .collect(),
-        ipv6_nets: nets
-            .iter()
-            .filter(|n| matches!(n, IpNet::V6(_)))
-            .copied()
-            .collect(),
-        profiles: w.spec.profiles.clone(),
-    });
-    (w.spec.profiles.clone(), ItemData { nets, ports }, local)
-}
-
-fn hep_item(h: &HostEndpoint) -> ItemParts {
-    let nets = h
-        .spec
-        .expected_ips
-        .iter()
-        .map(|ip| IpNet::from(*ip))
-        .collect();
-    (
-        h.spec.profiles.clone(),
-        ItemData {
-            nets,
-            ports: endpoint_ports(&h.spec.ports),
-        },
-    )
-}
-
-fn endpoint_ports(ports: &[crate::model::EndpointPort]) -> Vec<NamedPort> {
-    ports
-        .iter()
-        .filter(|p| !p.name.is_empty())
-        .map(|p| NamedPort {
-            name: p.name.clone(),
-            protocol: p.protocol,
-            port: p.port,
-        })
-        .collect()
-}
-
-/// Network-set CIDRs as set members: masked, and a /0 split into two /1 (the kernel's `hash:net`
-/// cannot hold a /0).
-fn split_nets(nets: &[IpNet]) -> Vec<IpNet> {
-    let mut out = Vec::with_capacity(nets.len());
-    for n in nets {
-        match n.trunc() {
-            IpNet::V4(v) if v.prefix_len() == 0 => {
-                out.push(IpNet::V4(
-                    Ipv4Net::new([0, 0, 0, 0].into(), 1).expect("valid"),
-                ));
-                out.push(IpNet::V4(
-                    Ipv4Net::new([128, 0, 0, 0].into(), 1).expect("valid"),
-                ));
-            }
-            IpNet::V6(v) if v.prefix_len() == 0 => {
-                out.push(IpNet::V6(Ipv6Net::new(0u128.into(), 1).expect("valid")));
-                out.push(IpNet::V6(
-                    Ipv6Net::new((1u128 << 127).into(), 1).expect("valid"),
-                ));
-            }
-            other => out.push(other),
-        }
-    }
-    out.sort_unstable();
-    out.dedup();
-    out
 }

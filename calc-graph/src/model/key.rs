@@ -217,13 +217,31 @@ impl ResourceKey {
     }
 }
 
+/// Writes one key segment; a segment that is empty or holds `/`, `"`, whitespace or control
+/// characters (only possible for an invalid name) is written quoted and escaped, so an error
+/// prefix is unambiguous and cannot break a log line.
+pub(crate) fn write_segment(f: &mut impl fmt::Write, s: &str) -> fmt::Result {
+    let plain = !s.is_empty()
+        && !s
+            .chars()
+            .any(|c| c == '/' || c == '"' || c.is_whitespace() || c.is_control());
+    if plain {
+        f.write_str(s)
+    } else {
+        write!(f, "{s:?}")
+    }
+}
+
 impl fmt::Display for ResourceKey {
     /// `networkpolicies/prod/web`, `tiers/default`: the prefix of every error about the resource.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.namespace {
-            Some(ns) => write!(f, "{}/{ns}/{}", self.kind.plural(), self.name),
-            None => write!(f, "{}/{}", self.kind.plural(), self.name),
+        f.write_str(self.kind.plural())?;
+        if let Some(ns) = &self.namespace {
+            f.write_str("/")?;
+            write_segment(f, ns)?;
         }
+        f.write_str("/")?;
+        write_segment(f, &self.name)
     }
 }
 
@@ -261,6 +279,16 @@ mod tests {
             )
             .unwrap(),
             ResourceKey::namespaced(Kind::WorkloadEndpoint, "prod", "node--1-k8s-db--0-eth0")
+        );
+    }
+
+    #[test]
+    fn display_quotes_segments_that_are_not_plain() {
+        let k = ResourceKey::namespaced(Kind::NetworkPolicy, "prod", "web/evil\nx");
+        assert_eq!(k.to_string(), r#"networkpolicies/prod/"web/evil\nx""#);
+        assert_eq!(
+            ResourceKey::global(Kind::Tier, "").to_string(),
+            r#"tiers/"""#
         );
     }
 

@@ -5,7 +5,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::endpoint::{HostEndpoint, WorkloadEndpoint};
-use super::key::{API_VERSION, Kind, ResourceKey};
+use super::key::{API_VERSION, Kind, ResourceKey, write_segment};
 use super::metadata::Metadata;
 use super::netset::{GlobalNetworkSet, NetworkSet};
 use super::policy::{
@@ -115,15 +115,19 @@ fn label_of(json: &[u8], kind: Option<Kind>) -> String {
     };
     let name = field("name").unwrap_or_else(|| "<unnamed>".to_string());
     let ns = field("namespace").filter(|s| !s.is_empty());
-    let ns_part = match (ns, kind) {
-        (Some(ns), None) => format!("{ns}/"),
-        (Some(ns), Some(k)) if k.is_namespaced() => format!("{ns}/"),
-        _ => String::new(),
-    };
-    match kind {
-        Some(k) => format!("{}/{ns_part}{name}", k.plural()),
-        None => format!("{ns_part}{name}"),
+    let mut out = String::new();
+    if let Some(k) = kind {
+        out.push_str(k.plural());
+        out.push('/');
     }
+    if let Some(ns) = ns
+        && kind.is_none_or(Kind::is_namespaced)
+    {
+        let _ = write_segment(&mut out, &ns);
+        out.push('/');
+    }
+    let _ = write_segment(&mut out, &name);
+    out
 }
 
 /// Decodes `json` as `T`. The fast path is plain serde_json; only when that fails is the
@@ -233,6 +237,14 @@ impl Resource {
     }
 
     fn decode(json: &[u8], key: Option<&ResourceKey>) -> Result<Resource, ModelError> {
+        // serde also accepts a struct as a positional array; a resource is only ever an object.
+        if json.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(ModelError::Decode {
+                resource: key.map_or_else(|| "resource".to_string(), ToString::to_string),
+                path: String::new(),
+                message: "a resource must be a JSON object".to_string(),
+            });
+        }
         let head: Head = serde_json::from_slice(json).map_err(|e| ModelError::Decode {
             resource: key.map_or_else(|| "resource".to_string(), ToString::to_string),
             path: String::new(),
@@ -371,6 +383,10 @@ mod tests {
             err.starts_with("tiers/t: spec.defaultAction: unknown variant `Drop`"),
             "{err}"
         );
+        let err = Resource::from_json(br#"["projectcalico.org/v3", "Tier", {"name": "t"}, {}]"#)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "resource: a resource must be a JSON object");
         let err = Resource::from_json(b"{not json").unwrap_err().to_string();
         assert!(err.starts_with("resource: key must be a string"), "{err}");
         let err = Resource::from_json(br#"{"kind":"IPPool","metadata":{"name":"p"}}"#)

@@ -7,7 +7,7 @@ pub mod naive;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use calc_graph::graph::Update;
+use calc_graph::graph::{CalcGraph, Update};
 use calc_graph::model::{
     Action, EndpointPort, EntityRule, GlobalNetworkPolicy, GlobalNetworkPolicySpec, Kind, Metadata,
     NetworkPolicy, NetworkPolicySpec, NetworkSet, NetworkSetSpec, Profile, ProfileSpec, Protocol,
@@ -214,6 +214,61 @@ pub fn mk_tier(name: &str, order: Option<f64>, action: Action) -> Update {
             default_action: Some(action),
         },
     })
+}
+
+// --- graph helpers for tests ---------------------------------------------------------
+
+/// The node the unit tests run as.
+pub const NODE: &str = "node1";
+
+pub fn graph() -> CalcGraph {
+    CalcGraph::new(NODE)
+}
+
+/// Applies updates and flushes.
+pub fn run(g: &mut CalcGraph, ups: Vec<Update>) -> Vec<Output> {
+    for u in ups {
+        g.apply(u);
+    }
+    g.flush()
+}
+
+/// A graph that has applied `ups` and `InSync`, and the dataplane state of its first flush.
+pub fn synced(ups: Vec<Update>) -> (CalcGraph, Dataplane) {
+    let mut g = graph();
+    let mut all = ups;
+    all.push(Update::InSync);
+    let out = run(&mut g, all);
+    let mut dp = Dataplane::default();
+    dp.apply(&out).unwrap();
+    assert!(dp.in_sync);
+    (g, dp)
+}
+
+/// IP set id of a selector.
+pub fn sel_id(s: &str) -> String {
+    calc_graph::selector::parse(s).unwrap().unique_id()
+}
+
+/// IP set id of a rule selector of a NetworkPolicy in `ns`.
+pub fn ns_rule_sel(ns: &str, s: &str) -> String {
+    sel_id(&format!("(projectcalico.org/namespace == '{ns}') && ({s})"))
+}
+
+/// Members of a set in the dataplane, as text.
+pub fn members(dp: &Dataplane, id: &str) -> Vec<String> {
+    dp.sets[id]
+        .1
+        .iter()
+        .map(|m| match m {
+            IpSetMember::Net(n) => n.to_string(),
+            IpSetMember::IpPort {
+                addr,
+                protocol,
+                port,
+            } => format!("{addr},{protocol}:{port}"),
+        })
+        .collect()
 }
 
 // --- dataplane model ---------------------------------------------------------------------

@@ -63,6 +63,17 @@
 //! `-D spec`, chain declarations, `COMMIT`). A whole table as a restore section: [`Table::render`].
 //! Desired rules should pass [`Rule::validate`] (kernel limits that would otherwise be applied
 //! silently, e.g. comment truncation at 255 bytes).
+//!
+//! # Building desired rules that compare equal to the kernel's
+//! The kernel re-saves some spellings differently; build desired rules in its normal form or the
+//! applier will see a difference forever: addresses with host bits cleared (`IpNet::trunc`) and
+//! `/32`, no `0.0.0.0/0` / `-p all` / `-i +` (leave the field `None`); `Target::Reject` with an explicit
+//! `with` (`icmp-port-unreachable`; v6 `icmp6-port-unreachable`); `Match::Mark` with the full mask
+//! `u32::MAX` when there is none; `Target::Log { level: None }` for level 4, `Match::Limit { burst:
+//! None }` for 5; `-p tcp` with port options needs an explicit `Match::Tcp`/`Match::Udp` (the kernel
+//! adds `-m tcp`); `Target::Mark` via `set_mark`/`or_mark`/`and_mark`; `Protocol::Icmpv6` (not
+//! `icmpv6`); multiport options as `--sports`/`--dports`. [`Rule::validate`] catches values the
+//! kernel would truncate.
 
 mod matches;
 mod restore;

@@ -11,12 +11,21 @@
 //!
 //! Rejected with `LINE:COL: message`, like iptables-restore 1.8 rejects them: CRLF line ends, a
 //! whitespace-only line, NUL bytes, an unterminated `"`, a rule outside a table, a missing `COMMIT`,
-//! the pre-1.4 negation `-s ! X` / `--dport ! X`, unknown options of the fixed-option modules
-//! (tcp, udp, multiport, icmp, icmp6, mark, mac, comment), an invalid MAC in `--mac-source`, names
-//! the model refuses (chain names over 28 bytes, interface names over 15, …).
+//! the pre-1.4 negation `-s ! X` / `--dport ! X`, unknown options of the fixed-option matches
+//! (tcp, udp, multiport, icmp, icmp6, mark, mac, comment, state, limit, addrtype, set) and targets
+//! (ACCEPT, DROP, RETURN, REJECT, LOG, NFLOG, MARK), an invalid MAC in `--mac-source`, names the
+//! model refuses (chain names over 28 bytes, interface names over 15, …), `-N`/`-X`/`-F`/`-D`
+//! lines (not save output).
+//!
+//! Like getopt, an option of those known matches/targets takes its value(s) verbatim even when
+//! they look like options (`--comment -s` is the comment `-s`); an option no loaded match knows
+//! goes to the implicit protocol match (`-p tcp --dport 22` becomes `-p tcp -m tcp --dport 22`, as
+//! the kernel saves it).
 //!
 //! Not checked (semantic, needs the kernel): host names in `-s`/`-d` (kept verbatim), options of
-//! other extensions, whether sets/chains exist.
+//! other extensions (kept as ordered tokens; a value of theirs that looks like a base option such
+//! as `-s` would be misread – the kernel quotes string values, so its output is unaffected),
+//! whether sets/chains exist, IPv4 vs IPv6 modules in the wrong family.
 
 mod lexer;
 mod rule;
@@ -85,7 +94,7 @@ pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
     if text.is_empty() {
         return Ok(rs);
     }
-    let has_cr_or_nul = body.bytes().any(|b| b == b'\r' || b == 0);
+    let has_cr_or_nul = body.contains('\r') || body.contains('\0'); // memchr, fast
     let mut state = RuleState::default();
     let mut toks = Vec::with_capacity(32);
     for (idx, line) in body.split('\n').enumerate() {

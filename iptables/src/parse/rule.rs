@@ -12,7 +12,8 @@ use crate::model::{
 
 use super::lexer::Tok;
 use super::typed::{
-    option_arity, typed_match, typed_target, validate_known_module, validate_known_target,
+    Opts, option_arity, options_of, typed_match, typed_target, validate_known_module,
+    validate_known_target,
 };
 
 /// An error at a byte offset of the line.
@@ -52,6 +53,7 @@ enum Ctx {
 /// The match being read; its option tokens are `buf[start..]` of the shared argument buffer.
 struct PendingMatch<'t> {
     module: &'t str,
+    opts: Option<Opts>,
     offset: usize,
     start: usize,
 }
@@ -75,6 +77,7 @@ fn implicit_module(p: &Option<Negatable<Protocol>>) -> Option<&'static str> {
 
 struct PendingTarget<'t, 'a> {
     name: &'t Tok<'a>,
+    opts: Option<Opts>,
     goto: bool,
     args: Vec<&'t Tok<'a>>,
 }
@@ -274,6 +277,7 @@ pub(crate) fn parse_rule(
                     }
                     cur = Some(PendingMatch {
                         module: m.as_str(),
+                        opts: options_of(m.as_str(), false),
                         offset: m.offset,
                         start: buf.len(),
                     });
@@ -291,9 +295,15 @@ pub(crate) fn parse_rule(
                     if let Some(prev) = cur.take() {
                         rule.matches.push(finish_match(prev, &mut buf, scratch)?);
                     }
+                    let goto = matches!(t.as_str(), "-g" | "--goto");
                     target = Some(PendingTarget {
                         name: n,
-                        goto: matches!(t.as_str(), "-g" | "--goto"),
+                        opts: if goto {
+                            None
+                        } else {
+                            options_of(n.as_str(), true)
+                        },
+                        goto,
                         args: Vec::new(),
                     });
                     ctx = Ctx::Target;
@@ -316,9 +326,9 @@ pub(crate) fn parse_rule(
                 Ctx::Base => true,
                 Ctx::Match => cur
                     .as_ref()
-                    .is_some_and(|m| option_arity(m.module, false, opt.as_str()) == Some(None)),
+                    .is_some_and(|m| option_arity(m.opts, opt.as_str()) == Some(None)),
                 Ctx::Target => target.as_ref().is_some_and(|tg| {
-                    !tg.goto && option_arity(tg.name.as_str(), true, opt.as_str()) == Some(None)
+                    !tg.goto && option_arity(tg.opts, opt.as_str()) == Some(None)
                 }),
             };
             if orphan && let Some(module) = implicit_module(&rule.protocol) {
@@ -327,6 +337,7 @@ pub(crate) fn parse_rule(
                 }
                 cur = Some(PendingMatch {
                     module,
+                    opts: options_of(module, false),
                     offset: t.offset,
                     start: buf.len(),
                 });
@@ -339,9 +350,7 @@ pub(crate) fn parse_rule(
                 if let Some(m) = cur.as_ref() {
                     buf.push(t);
                     if is_option {
-                        owed = option_arity(m.module, false, t.as_str())
-                            .flatten()
-                            .unwrap_or(0);
+                        owed = option_arity(m.opts, t.as_str()).flatten().unwrap_or(0);
                     }
                 }
             }
@@ -349,9 +358,7 @@ pub(crate) fn parse_rule(
                 if let Some(tg) = target.as_mut() {
                     tg.args.push(t);
                     if is_option && !tg.goto {
-                        owed = option_arity(tg.name.as_str(), true, t.as_str())
-                            .flatten()
-                            .unwrap_or(0);
+                        owed = option_arity(tg.opts, t.as_str()).flatten().unwrap_or(0);
                     }
                 }
             }

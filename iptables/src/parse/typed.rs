@@ -134,7 +134,10 @@ const KNOWN_TARGETS: &[(&str, &[(&str, usize)])] = &[
 ];
 
 /// Whether a match (`target == false`) or target with a fixed option set is known.
-fn options_of(name: &str, target: bool) -> Option<&'static [(&'static str, usize)]> {
+/// Options of a match/target with a fixed option set (name without `--`, number of values).
+pub(crate) type Opts = &'static [(&'static str, usize)];
+
+pub(crate) fn options_of(name: &str, target: bool) -> Option<Opts> {
     let table = if target { KNOWN_TARGETS } else { KNOWN };
     table.iter().find(|(m, _)| *m == name).map(|(_, o)| *o)
 }
@@ -150,9 +153,8 @@ fn lookup(opts: &'static [(&'static str, usize)], option: &str) -> Option<(&'sta
 
 /// For a match/target with a fixed option set: `Some(arity)` of a known `--option`, `Some(None)`
 /// for an unknown one; `None` when the match/target is not one we know.
-pub(crate) fn option_arity(name: &str, target: bool, option: &str) -> Option<Option<usize>> {
-    let opts = options_of(name, target)?;
-    Some(lookup(opts, option).map(|(_, a)| a))
+pub(crate) fn option_arity(opts: Option<Opts>, option: &str) -> Option<Option<usize>> {
+    Some(lookup(opts?, option).map(|(_, a)| a))
 }
 
 /// Rejects unknown options / missing values for the targets in [`KNOWN_TARGETS`].

@@ -39,3 +39,10 @@ pub fn connects(ns: &Netns, addr: &str, port: u16) -> bool {
         },
     )
 }
+
+/// Like [`connects`], but retries a few times: for checks that expect the path to be open, so a lost
+/// first SYN (a link still coming up, a loaded machine) is not mistaken for a drop. Checks that expect
+/// a drop use a single [`connects`] attempt.
+pub fn connects_eventually(ns: &Netns, addr: &str, port: u16) -> bool {
+    (0..5).any(|_| connects(ns, addr, port))
+}

@@ -221,7 +221,9 @@ fn metadata_rules() {
     }));
     let got = errors(&r);
     assert!(
-        got[0].starts_with("networkpolicies/Web/x: metadata.name: \"Web/x\" must not contain '/'"),
+        got[0].starts_with(
+            "networkpolicies/\"Web/x\": metadata.name: \"Web/x\" must not contain '/'"
+        ),
         "{got:#?}"
     );
     assert!(got[1].contains("metadata.namespace: namespace is required for a NetworkPolicy"));

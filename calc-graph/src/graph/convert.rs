@@ -1,0 +1,240 @@
+//! Conversion of datastore resources into the graph's inputs (Felix's update processors and
+//! `ValidationFilter`): workload endpoint labels and addresses, host endpoint and network set
+//! items, policies with their combined selectors and scanned rules.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
+use crate::model::{
+    GlobalNetworkPolicy, HostEndpoint, NetworkPolicy, PolicySpecCommon, PolicyType, Resource,
+    ResourceKey, WorkloadEndpoint,
+};
+use crate::proto::{EndpointId, PolicyId, PolicyKind};
+
+use super::labels::{ItemData, NamedPort};
+use super::rules::{
+    self, LABEL_NAMESPACE, LABEL_ORCHESTRATOR, LABEL_SERVICE_ACCOUNT, NS_PREFIX, SA_PREFIX,
+    ScannedRules,
+};
+
+/// A workload endpoint on this node.
+pub(crate) struct LocalEp {
+    pub id: EndpointId,
+    pub interface_name: String,
+    pub ipv4_nets: Vec<IpNet>,
+    pub ipv6_nets: Vec<IpNet>,
+    pub profiles: Vec<String>,
+}
+
+/// A policy built from its resource, before its selector is registered.
+pub(crate) struct PolicyDraft {
+    pub id: PolicyId,
+    pub selector: crate::selector::Selector,
+    pub order: Option<f64>,
+    pub ingress: bool,
+    pub egress: bool,
+    pub untracked: bool,
+    pub pre_dnat: bool,
+    pub apply_on_forward: bool,
+    pub rules: Arc<ScannedRules>,
+}
+
+/// The graph's ValidationFilter: the body must match the key and validate.
+pub(crate) fn check(key: &ResourceKey, r: &Resource) -> Result<(), String> {
+    let body = r.key();
+    if body != *key {
+        return Err(format!(
+            "resource body is {body} but the update key is {key}; treated as deleted"
+        ));
+    }
+    r.validate().map_err(|errs| {
+        let msgs: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+        format!("invalid, treated as deleted: {}", msgs.join("; "))
+    })
+}
+
+fn has_type(types: &[PolicyType], t: PolicyType) -> bool {
+    types.contains(&t)
+}
+
+pub(crate) fn build_policy(
+    key: &ResourceKey,
+    r: Resource,
+) -> Result<(PolicyDraft, Vec<String>), String> {
+    let (draft, warnings) = match r {
+        Resource::NetworkPolicy(NetworkPolicy { spec, .. }) => {
+            let ns = key.namespace.clone().unwrap_or_default();
+            let selector = rules::network_policy_selector(&spec, &ns)?;
+            let scanned = rules::scan_rules(&spec.ingress, &spec.egress, Some(&ns))?;
+            let types = spec.effective_types();
+            let warnings = scanned.warnings.clone();
+            (
+                PolicyDraft {
+                    id: PolicyId {
+                        kind: PolicyKind::NetworkPolicy,
+                        tier: spec.tier_name().to_string(),
+                        namespace: Some(ns),
+                        name: key.name.clone(),
+                    },
+                    selector,
+                    order: spec.order,
+                    ingress: has_type(&types, PolicyType::Ingress),
+                    egress: has_type(&types, PolicyType::Egress),
+                    untracked: false,
+                    pre_dnat: false,
+                    // Felix's NetworkPolicy processor always sets applyOnForward.
+                    apply_on_forward: true,
+                    rules: Arc::new(scanned),
+                },
+                warnings,
+            )
+        }
+        Resource::GlobalNetworkPolicy(GlobalNetworkPolicy { spec, .. }) => {
+            let selector = rules::global_policy_selector(&spec)?;
+            let scanned = rules::scan_rules(&spec.ingress, &spec.egress, None)?;
+            let types = spec.effective_types();
+            let warnings = scanned.warnings.clone();
+            (
+                PolicyDraft {
+                    id: PolicyId {
+                        kind: PolicyKind::GlobalNetworkPolicy,
+                        tier: spec.tier_name().to_string(),
+                        namespace: None,
+                        name: key.name.clone(),
+                    },
+                    selector,
+                    order: spec.order,
+                    ingress: has_type(&types, PolicyType::Ingress),
+                    egress: has_type(&types, PolicyType::Egress),
+                    untracked: spec.do_not_track,
+                    pre_dnat: spec.pre_dnat,
+                    apply_on_forward: spec.apply_on_forward,
+                    rules: Arc::new(scanned),
+                },
+                warnings,
+            )
+        }
+        other => return Err(format!("expected a policy, got a {}", other.kind())),
+    };
+    Ok((draft, warnings))
+}
+
+pub(crate) type ItemParts = (Vec<String>, ItemData);
+
+pub(crate) fn str_pairs(m: &BTreeMap<String, String>) -> Vec<(&str, &str)> {
+    m.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
+/// Labels of a workload endpoint as Felix sees them: its own labels without `pcns.`/`pcsa.`
+/// ones, plus the namespace, orchestrator and service-account labels from its key and spec.
+pub(crate) fn wep_labels<'a>(
+    key: &'a ResourceKey,
+    w: &'a WorkloadEndpoint,
+) -> Vec<(&'a str, &'a str)> {
+    let mut labels: Vec<(&str, &str)> = w
+        .metadata
+        .labels
+        .iter()
+        .filter(|(k, _)| !k.starts_with(NS_PREFIX) && !k.starts_with(SA_PREFIX))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    labels.push((
+        LABEL_NAMESPACE,
+        key.namespace.as_deref().unwrap_or_default(),
+    ));
+    if let Some(o) = &w.spec.orchestrator {
+        labels.push((LABEL_ORCHESTRATOR, o));
+    }
+    if let Some(sa) = &w.spec.service_account_name {
+        labels.push((LABEL_SERVICE_ACCOUNT, sa));
+    }
+    labels
+}
+
+/// Parents, IP set data and (if on this node) local-endpoint data of a workload endpoint.
+pub(crate) fn wep_item(
+    key: &ResourceKey,
+    w: &WorkloadEndpoint,
+    node: &str,
+) -> (Vec<String>, ItemData, Option<LocalEp>) {
+    let ns = key.namespace.clone().unwrap_or_default();
+    let nets: Vec<IpNet> = w.spec.ip_networks.iter().map(|n| n.trunc()).collect();
+    let ports = endpoint_ports(&w.spec.ports);
+    let local = (w.spec.node.as_deref() == Some(node)).then(|| LocalEp {
+        id: EndpointId {
+            namespace: ns,
+            name: key.name.clone(),
+        },
+        interface_name: w.spec.interface_name.clone().unwrap_or_default(),
+        ipv4_nets: nets
+            .iter()
+            .filter(|n| matches!(n, IpNet::V4(_)))
+            .copied()
+            .collect(),
+        ipv6_nets: nets
+            .iter()
+            .filter(|n| matches!(n, IpNet::V6(_)))
+            .copied()
+            .collect(),
+        profiles: w.spec.profiles.clone(),
+    });
+    (w.spec.profiles.clone(), ItemData { nets, ports }, local)
+}
+
+pub(crate) fn hep_item(h: &HostEndpoint) -> ItemParts {
+    let nets = h
+        .spec
+        .expected_ips
+        .iter()
+        .map(|ip| IpNet::from(*ip))
+        .collect();
+    (
+        h.spec.profiles.clone(),
+        ItemData {
+            nets,
+            ports: endpoint_ports(&h.spec.ports),
+        },
+    )
+}
+
+fn endpoint_ports(ports: &[crate::model::EndpointPort]) -> Vec<NamedPort> {
+    ports
+        .iter()
+        .filter(|p| !p.name.is_empty())
+        .map(|p| NamedPort {
+            name: p.name.clone(),
+            protocol: p.protocol,
+            port: p.port,
+        })
+        .collect()
+}
+
+/// Network-set CIDRs as set members: masked, and a /0 split into two /1 (the kernel's `hash:net`
+/// cannot hold a /0).
+pub(crate) fn split_nets(nets: &[IpNet]) -> Vec<IpNet> {
+    let mut out = Vec::with_capacity(nets.len());
+    for n in nets {
+        match n.trunc() {
+            IpNet::V4(v) if v.prefix_len() == 0 => {
+                out.push(IpNet::V4(
+                    Ipv4Net::new([0, 0, 0, 0].into(), 1).expect("valid"),
+                ));
+                out.push(IpNet::V4(
+                    Ipv4Net::new([128, 0, 0, 0].into(), 1).expect("valid"),
+                ));
+            }
+            IpNet::V6(v) if v.prefix_len() == 0 => {
+                out.push(IpNet::V6(Ipv6Net::new(0u128.into(), 1).expect("valid")));
+                out.push(IpNet::V6(
+                    Ipv6Net::new((1u128 << 127).into(), 1).expect("valid"),
+                ));
+            }
+            other => out.push(other),
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
