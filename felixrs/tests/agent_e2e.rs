@@ -173,11 +173,17 @@ fn no_rule_is_touched_before_in_sync_and_sigterm_leaves_rules() {
     assert!(agent.wait().success());
     assert_eq!(rules(&ns), programmed);
 
-    // A new agent that cannot reach etcd and has no snapshot leaves the kernel alone.
+    // A new agent that cannot reach etcd and whose snapshot is corrupt reports it and leaves the
+    // kernel alone.
     drop(etcd);
-    let agent = Agent::start(&ns.name, "http://127.0.0.1:9", &state.path().join("empty"));
+    let corrupt = state.path().join("corrupt");
+    std::fs::create_dir_all(&corrupt).unwrap();
+    std::fs::write(corrupt.join("datastore.snapshot"), b"FXRSNAP\n garbage").unwrap();
+    let agent = Agent::start(&ns.name, "http://127.0.0.1:9", &corrupt);
     std::thread::sleep(Duration::from_secs(3));
     let s = agent.status();
+    let err = s["snapshot_error"].as_str().unwrap_or_default().to_string();
+    assert!(err.contains("truncated"), "{s}");
     assert_eq!(
         (s["in_sync"].clone(), s["source"].clone()),
         (json!(false), json!("none")),
