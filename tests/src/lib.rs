@@ -1,1 +1,7 @@
-//! placeholder
+//! felixrs end-to-end test harness: a two-node cluster in network namespaces, the upstream Kubernetes
+//! NetworkPolicy e2e cases as data, an independent evaluator of NetworkPolicy semantics, and drivers for
+//! the real binaries (etcd, `policy-controller`, `felixrs agent`).
+
+pub mod cluster;
+pub mod netns;
+pub mod traffic;
