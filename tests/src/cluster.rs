@@ -182,6 +182,19 @@ impl Cluster {
         Ok(self.pods.len() - 1)
     }
 
+    /// The placement of every pod, for manifests and the evaluator.
+    pub fn placed_pods(&self) -> Vec<crate::world::PlacedPod> {
+        self.pods
+            .iter()
+            .map(|p| crate::world::PlacedPod {
+                namespace: p.namespace.clone(),
+                name: p.name.clone(),
+                node_name: self.nodes[p.node].name.clone(),
+                ip: p.ip,
+            })
+            .collect()
+    }
+
     pub fn pod(&self, id: &str) -> &Pod {
         self.pods
             .iter()
