@@ -38,6 +38,12 @@ pub struct World {
     pub policies: Vec<NetworkPolicy>,
 }
 
+/// A rule's peers (`from`/`to`) and ports, whichever direction it is for.
+type RuleView<'a> = (
+    Option<&'a Vec<NetworkPolicyPeer>>,
+    Option<&'a Vec<NetworkPolicyPort>>,
+);
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Direction {
     Ingress,
@@ -80,10 +86,7 @@ impl World {
                 continue;
             }
             isolated = true;
-            let rules: Vec<(
-                Option<&Vec<NetworkPolicyPeer>>,
-                Option<&Vec<NetworkPolicyPort>>,
-            )> = match dir {
+            let rules: Vec<RuleView<'_>> = match dir {
                 Direction::Ingress => spec
                     .ingress
                     .iter()
