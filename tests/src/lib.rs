@@ -4,6 +4,7 @@
 
 pub mod cases;
 pub mod cluster;
+pub mod driver;
 pub mod evaluator;
 pub mod netns;
 pub mod traffic;

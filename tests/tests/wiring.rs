@@ -39,3 +39,31 @@ fn pods_reach_each_other_without_policy_agents() {
     assert!(failed.is_empty(), "unreachable without policy: {failed:?}");
     assert_eq!(results.len(), 3 * 2 * 4);
 }
+
+#[test]
+fn etcd_serves_inside_the_infra_namespace_and_restarts_on_its_data() {
+    use felixrs_e2e::driver::Etcd;
+    require_root();
+    let cluster = Cluster::new(1).expect("cluster");
+    let work = tempfile::tempdir().expect("tempdir");
+    let mut etcd = Etcd::start(&cluster.infra, "10.77.0.1", work.path()).expect("etcd starts");
+    let put = cluster
+        .infra
+        .exec(&["etcdctl", "--endpoints", &etcd.endpoint, "put", "/k", "v1"])
+        .expect("put");
+    assert!(String::from_utf8_lossy(&put.stdout).contains("OK"));
+    etcd.stop();
+    etcd.restart(&cluster.infra).expect("etcd restarts");
+    let get = cluster
+        .infra
+        .exec(&[
+            "etcdctl",
+            "--endpoints",
+            &etcd.endpoint,
+            "get",
+            "/k",
+            "--print-value-only",
+        ])
+        .expect("get");
+    assert_eq!(String::from_utf8_lossy(&get.stdout).trim(), "v1");
+}
