@@ -25,6 +25,11 @@ pub const U81: Probe = Probe {
     proto: Proto::Udp,
 };
 
+pub const PING: Probe = Probe {
+    port: 0,
+    proto: Proto::Icmp,
+};
+
 pub const NAMESPACES: [&str; 3] = ["x", "y", "z"];
 pub const PODS: [&str; 3] = ["a", "b", "c"];
 
@@ -549,6 +554,12 @@ pub fn all() -> Vec<Case> {
             )],
         },
         Case {
+            name: "default-deny-ingress also drops ping",
+            steps: vec![Step::new(vec![DENY_INGRESS_X], vec![PING], |e| {
+                e.deny("*/*", "x/*")
+            })],
+        },
+        Case {
             name: "ingress and egress are independent",
             steps: vec![Step::new(vec![DENY_INGRESS_X], vec![T80, U81], |e| {
                 e.deny("*/*", "x/*");
@@ -577,10 +588,14 @@ pub fn all() -> Vec<Case> {
             )],
         },
         Case {
-            name: "calico: an ICMP-only policy denies TCP and UDP",
-            steps: vec![Step::new(vec![GNP_ICMP_ONLY_INTO_Z], vec![T80, U80], |e| {
-                e.deny("*/*", "z/*");
-            })],
+            name: "calico: an ICMP-only policy admits ping and denies TCP and UDP",
+            steps: vec![Step::new(
+                vec![GNP_ICMP_ONLY_INTO_Z],
+                vec![T80, U80, PING],
+                |e| {
+                    e.set("*/*", "z/*", &[T80, U80], false);
+                },
+            )],
         },
     ]
 }

@@ -174,6 +174,8 @@ fn port_matches(p: &NetworkPolicyPort, dst: &PodInfo, probe: Probe) -> bool {
     let probe_proto = match probe.proto {
         Proto::Tcp => "TCP",
         Proto::Udp => "UDP",
+        // NetworkPolicy ports cannot name ICMP: only a rule without ports admits it.
+        Proto::Icmp => return false,
     };
     if proto != probe_proto {
         return false;

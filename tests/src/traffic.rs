@@ -20,6 +20,8 @@ use crate::netns::enter;
 pub enum Proto {
     Tcp,
     Udp,
+    /// ICMP echo (port ignored): the kernel answers, no server needed.
+    Icmp,
 }
 
 impl Proto {
@@ -27,6 +29,7 @@ impl Proto {
         match self {
             Proto::Tcp => "TCP",
             Proto::Udp => "UDP",
+            Proto::Icmp => "ICMP",
         }
     }
 }
@@ -40,7 +43,10 @@ pub struct Probe {
 
 impl std::fmt::Display for Probe {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.port, self.proto.as_str())
+        match self.proto {
+            Proto::Icmp => f.write_str("ICMP-echo"),
+            _ => write!(f, "{}/{}", self.port, self.proto.as_str()),
+        }
     }
 }
 
@@ -165,7 +171,106 @@ pub fn connect(dst: Ipv4Addr, probe: Probe, timeout: Duration) -> bool {
             let mut buf = [0u8; 64];
             matches!(sock.recv(&mut buf), Ok(n) if &buf[..n] == msg)
         }
+        Proto::Icmp => ping(dst, timeout),
     }
+}
+
+/// One ICMP echo request over a raw socket (root); true when the matching reply arrives in time.
+fn ping(dst: Ipv4Addr, timeout: Duration) -> bool {
+    // SAFETY: plain socket syscalls on a descriptor this function owns and closes.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP);
+        if fd < 0 {
+            return false;
+        }
+        let ok = ping_on(fd, dst, timeout);
+        libc::close(fd);
+        ok
+    }
+}
+
+unsafe fn ping_on(fd: i32, dst: Ipv4Addr, timeout: Duration) -> bool {
+    let id = (std::process::id() as u16) ^ 0x5a5a;
+    let seq = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0)
+        & 0xffff) as u16;
+    let mut pkt = [0u8; 16];
+    pkt[0] = 8; // echo request
+    pkt[4..6].copy_from_slice(&id.to_be_bytes());
+    pkt[6..8].copy_from_slice(&seq.to_be_bytes());
+    pkt[8..16].copy_from_slice(b"felixrs!");
+    let sum = checksum(&pkt);
+    pkt[2..4].copy_from_slice(&sum.to_be_bytes());
+    let addr = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(dst.octets()),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: the caller passes an open raw socket; buffers outlive the calls.
+    unsafe {
+        let sent = libc::sendto(
+            fd,
+            pkt.as_ptr().cast(),
+            pkt.len(),
+            0,
+            (&addr as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        );
+        if sent < 0 {
+            return false;
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        let mut buf = [0u8; 256];
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            let tv = libc::timeval {
+                tv_sec: left.as_secs() as libc::time_t,
+                tv_usec: left.subsec_micros() as libc::suseconds_t,
+            };
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            );
+            let n = libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0);
+            if n < 0 {
+                return false;
+            }
+            let n = n as usize;
+            // Raw ICMP sockets deliver the IP header first.
+            let ihl = usize::from(buf[0] & 0x0f) * 4;
+            if n >= ihl + 8
+                && buf[12..16] == dst.octets()
+                && buf[ihl] == 0
+                && buf[ihl + 4..ihl + 6] == id.to_be_bytes()
+                && buf[ihl + 6..ihl + 8] == seq.to_be_bytes()
+            {
+                return true;
+            }
+        }
+    }
+}
+
+fn checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    for chunk in data.chunks(2) {
+        let word = u16::from_be_bytes([chunk[0], *chunk.get(1).unwrap_or(&0)]);
+        sum += u32::from(word);
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
 }
 
 /// Probes many (source netns, destination, probe) triples concurrently, one thread each.

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use felixrs_e2e::cases::PING;
 use felixrs_e2e::cluster::Cluster;
 use felixrs_e2e::netns::require_root;
 use felixrs_e2e::traffic::{SERVED, Servers, probe_many};
@@ -23,7 +24,7 @@ fn pods_reach_each_other_without_policy_agents() {
     for from in &cluster.pods {
         for to in &cluster.pods {
             if from.id() != to.id() {
-                for probe in SERVED {
+                for probe in SERVED.into_iter().chain([PING]) {
                     jobs.push((from.ns.name().to_string(), to.ip, probe));
                 }
             }
@@ -37,7 +38,7 @@ fn pods_reach_each_other_without_policy_agents() {
         .map(|((ns, ip, p), _)| format!("{ns} -> {ip} {p}"))
         .collect();
     assert!(failed.is_empty(), "unreachable without policy: {failed:?}");
-    assert_eq!(results.len(), 3 * 2 * 4);
+    assert_eq!(results.len(), 3 * 2 * 5);
 }
 
 #[test]
