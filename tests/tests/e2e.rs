@@ -177,25 +177,32 @@ fn node_of(env: &Env, pod: &str) -> usize {
 /// Kill -9 and restart the agent that enforces x/b's ingress 20 times while x/a probes x/b continuously.
 fn restart_under_probe(env: &mut Env) -> Result<Vec<String>> {
     env.apply_step(&protect_step())?;
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let from = env.cluster.pod("x/a").ns.name().to_string();
     let to = env.cluster.pod("x/b").ip;
-    let prober = std::thread::spawn(move || -> Result<(u32, u32)> {
-        felixrs_e2e::netns::enter(&format!("/var/run/netns/{from}"))?;
-        let (mut attempts, mut successes) = (0, 0);
-        while stop_rx.try_recv().is_err() {
-            attempts += 1;
-            if connect(to, T80, Duration::from_millis(150)) {
-                successes += 1;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Ok((attempts, successes))
-    });
+    // Four probers back to back (a denied attempt costs its 150 ms timeout): ~25 attempts a second.
+    let probers: Vec<_> = (0..4)
+        .map(|_| {
+            let (stop, from) = (stop.clone(), from.clone());
+            std::thread::spawn(move || -> Result<(u32, u32)> {
+                felixrs_e2e::netns::enter(&format!("/var/run/netns/{from}"))?;
+                let (mut attempts, mut successes) = (0, 0);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    attempts += 1;
+                    if connect(to, T80, Duration::from_millis(150)) {
+                        successes += 1;
+                    }
+                }
+                Ok((attempts, successes))
+            })
+        })
+        .collect();
     let node = node_of(env, "x/b");
     let mut result = Ok(());
     for i in 0..20 {
         env.agents[node].kill();
+        // The agent is dead: the kernel's rules alone must keep enforcing.
+        std::thread::sleep(Duration::from_millis(100));
         let ns = &env.cluster.nodes[node].ns;
         if let Err(e) = env.agents[node].restart(ns) {
             result = Err(e);
@@ -205,11 +212,15 @@ fn restart_under_probe(env: &mut Env) -> Result<Vec<String>> {
             result = Err(e.context(format!("restart {}", i + 1)));
             break;
         }
+        std::thread::sleep(Duration::from_millis(200));
     }
-    let _ = stop_tx.send(());
-    let (attempts, successes) = prober
-        .join()
-        .map_err(|_| anyhow::anyhow!("prober panicked"))??;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut attempts, mut successes) = (0, 0);
+    for p in probers {
+        let (a, s) = p.join().map_err(|_| anyhow::anyhow!("prober panicked"))??;
+        attempts += a;
+        successes += s;
+    }
     result?;
     println!("restart under probe: {attempts} denied-connection attempts, {successes} succeeded");
     let mut failures = Vec::new();
@@ -218,7 +229,7 @@ fn restart_under_probe(env: &mut Env) -> Result<Vec<String>> {
             "{successes} of {attempts} connections x/a -> x/b succeeded across 20 agent restarts"
         ));
     }
-    if attempts < 20 {
+    if attempts < 60 {
         failures.push(format!("only {attempts} probe attempts were made"));
     }
     failures.extend(env.check(&expect_of(env, &protect_step()))?);
