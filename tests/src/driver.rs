@@ -1,0 +1,343 @@
+//! Drivers for the real binaries: etcd (Debian's `etcd-server`), `policy-controller sync --once`, and one
+//! `felixrs agent` per node namespace, with a tiny HTTP client for the agents' `/status`.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use crate::netns::{Netns, enter};
+
+/// The workspace's built binaries, next to this test executable (`target/<profile>/`).
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test executable lives in target/<profile>/deps");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace's binaries first (`cargo build --workspace --bins`)",
+        path.display()
+    );
+    path
+}
+
+/// A child process running inside a network namespace, killed on drop; output goes to a log file.
+pub struct Proc {
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    pub fn spawn(ns: &Netns, program: &Path, args: &[String], log: PathBuf) -> Result<Proc> {
+        let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let err = out.try_clone()?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns.name()])
+            .arg(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("starting {}", program.display()))?;
+        Ok(Proc {
+            child: Some(child),
+            log,
+        })
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        match &mut self.child {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let v: Vec<&str> = text.lines().collect();
+        v[v.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls `f` every 50 ms until it returns `Some` or `timeout` passes.
+pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// An HTTP/1.1 GET from inside a namespace; returns (status, body).
+pub fn http_get(netns: &str, addr: &str, path: &str) -> Result<(u16, String)> {
+    let nspath = format!("/var/run/netns/{netns}");
+    let addr = addr.to_string();
+    let path = path.to_string();
+    std::thread::spawn(move || -> Result<(u16, String)> {
+        enter(&nspath)?;
+        let mut s = TcpStream::connect_timeout(&addr.parse()?, Duration::from_secs(1))?;
+        s.set_read_timeout(Some(Duration::from_secs(3)))?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf)?;
+        let text = String::from_utf8_lossy(&buf).to_string();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .context("no HTTP status")?;
+        let body = if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            dechunk(body)
+        } else {
+            body.to_string()
+        };
+        Ok((status, body))
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("http thread panicked"))?
+}
+
+fn dechunk(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, tail)) = rest.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || tail.len() < n {
+            break;
+        }
+        out.push_str(&tail[..n]);
+        rest = tail[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// etcd listening on `ip:2379` inside `ns`.
+pub struct Etcd {
+    proc: Option<Proc>,
+    pub endpoint: String,
+    data_dir: PathBuf,
+    log_dir: PathBuf,
+    ip: String,
+    starts: u32,
+}
+
+impl Etcd {
+    pub fn start(ns: &Netns, ip: &str, work: &Path) -> Result<Etcd> {
+        let data_dir = work.join("etcd-data");
+        let mut e = Etcd {
+            proc: None,
+            endpoint: format!("http://{ip}:2379"),
+            data_dir,
+            log_dir: work.to_path_buf(),
+            ip: ip.to_string(),
+            starts: 0,
+        };
+        e.restart(ns)?;
+        Ok(e)
+    }
+
+    pub fn stop(&mut self) {
+        self.proc = None;
+    }
+
+    /// (Re)starts etcd on the same data directory and waits until it serves.
+    pub fn restart(&mut self, ns: &Netns) -> Result<()> {
+        self.proc = None;
+        self.starts += 1;
+        let ip = &self.ip;
+        let args: Vec<String> = [
+            "--name=e2e",
+            &format!("--data-dir={}", self.data_dir.display()),
+            &format!("--listen-client-urls=http://{ip}:2379"),
+            &format!("--advertise-client-urls=http://{ip}:2379"),
+            "--listen-peer-urls=http://127.0.0.1:2380",
+            "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+            "--initial-cluster=e2e=http://127.0.0.1:2380",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let proc = Proc::spawn(
+            ns,
+            Path::new("/usr/bin/etcd"),
+            &args,
+            self.log_dir.join(format!("etcd-{}.log", self.starts)),
+        )?;
+        let ok = wait_for(Duration::from_secs(20), || {
+            http_get(ns.name(), &format!("{ip}:2379"), "/health")
+                .ok()
+                .filter(|(s, b)| *s == 200 && b.contains("true"))
+        });
+        if ok.is_none() {
+            bail!("etcd did not become healthy: {}", proc.log_tail(20));
+        }
+        self.proc = Some(proc);
+        Ok(())
+    }
+}
+
+/// Runs `policy-controller sync --once` inside `ns` and returns the etcd revision it printed.
+pub fn controller_sync(ns: &Netns, endpoint: &str, manifests: &Path) -> Result<i64> {
+    let bin = binary("policy-controller");
+    let out = ns.exec_unchecked(&[
+        bin.to_str().expect("utf-8 path"),
+        "sync",
+        "--etcd-endpoints",
+        endpoint,
+        "--manifests",
+        manifests.to_str().expect("utf-8 path"),
+        "--once",
+    ])?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "policy-controller sync failed: {}\n{}",
+            stdout,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let last = stdout
+        .lines()
+        .last()
+        .context("policy-controller printed nothing")?;
+    let v: Value = serde_json::from_str(last)
+        .with_context(|| format!("last stdout line is not JSON: {last}"))?;
+    v["revision"]
+        .as_i64()
+        .with_context(|| format!("no revision in {last}"))
+}
+
+/// One `felixrs agent` in a node namespace.
+pub struct Agent {
+    pub node_name: String,
+    pub netns: String,
+    proc: Option<Proc>,
+    args: Vec<String>,
+    log_dir: PathBuf,
+    starts: u32,
+}
+
+pub const HEALTH_ADDR: &str = "127.0.0.1:9099";
+
+impl Agent {
+    pub fn start(node_ns: &Netns, node_name: &str, endpoint: &str, work: &Path) -> Result<Agent> {
+        let state_dir = work.join(format!("state-{node_name}"));
+        std::fs::create_dir_all(&state_dir)?;
+        let args: Vec<String> = [
+            "agent",
+            "--etcd-endpoints",
+            endpoint,
+            "--node-name",
+            node_name,
+            "--state-dir",
+            state_dir.to_str().expect("utf-8 path"),
+            "--health-listen",
+            HEALTH_ADDR,
+            "--refresh-interval",
+            "2",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let mut a = Agent {
+            node_name: node_name.to_string(),
+            netns: node_ns.name().to_string(),
+            proc: None,
+            args,
+            log_dir: work.to_path_buf(),
+            starts: 0,
+        };
+        a.restart(node_ns)?;
+        Ok(a)
+    }
+
+    pub fn restart(&mut self, node_ns: &Netns) -> Result<()> {
+        self.proc = None;
+        self.starts += 1;
+        self.proc = Some(Proc::spawn(
+            node_ns,
+            &binary("felixrs"),
+            &self.args,
+            self.log_dir
+                .join(format!("agent-{}-{}.log", self.node_name, self.starts)),
+        )?);
+        Ok(())
+    }
+
+    /// SIGKILL the agent, as a crash would; the kernel keeps whatever it had programmed.
+    pub fn kill(&mut self) {
+        self.proc = None;
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.proc
+            .as_ref()
+            .map(|p| p.log_tail(lines))
+            .unwrap_or_default()
+    }
+
+    pub fn status(&self) -> Option<Value> {
+        let (code, body) = http_get(&self.netns, HEALTH_ADDR, "/status").ok()?;
+        if code != 200 {
+            return None;
+        }
+        serde_json::from_str(&body).ok()
+    }
+
+    /// Waits until the agent reports in-sync with `applied_revision >= rev`.
+    pub fn wait_applied(&mut self, rev: i64, timeout: Duration) -> Result<()> {
+        let got = wait_for(timeout, || {
+            self.status().filter(|s| {
+                s["in_sync"].as_bool() == Some(true)
+                    && s["applied_revision"].as_i64().unwrap_or(-1) >= rev
+            })
+        });
+        if got.is_none() {
+            bail!(
+                "agent {} did not reach applied_revision {rev} (last status {:?}, running {}):\n{}",
+                self.node_name,
+                self.status(),
+                self.proc.as_mut().is_some_and(Proc::is_running),
+                self.log_tail(30)
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,295 @@
+//! Servers and probes inside pod namespaces, in-process: a thread enters the pod's namespace with
+//! `setns(2)`, so no helper binaries (agnhost, socat) are needed.
+//!
+//! Every pod serves TCP and UDP on ports 80 and 81. A TCP probe succeeds when the connection is
+//! established; a UDP probe succeeds when the server's echo comes back. Both need the forward path and
+//! the reply path (conntrack) open, as for a real client.
+
+use std::io::ErrorKind;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use crate::netns::enter;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Proto {
+    Tcp,
+    Udp,
+    /// ICMP echo (port ignored): the kernel answers, no server needed.
+    Icmp,
+}
+
+impl Proto {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proto::Tcp => "TCP",
+            Proto::Udp => "UDP",
+            Proto::Icmp => "ICMP",
+        }
+    }
+}
+
+/// A (port, protocol) that cases probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Probe {
+    pub port: u16,
+    pub proto: Proto,
+}
+
+impl std::fmt::Display for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.proto {
+            Proto::Icmp => f.write_str("ICMP-echo"),
+            _ => write!(f, "{}/{}", self.port, self.proto.as_str()),
+        }
+    }
+}
+
+pub const SERVED: [Probe; 4] = [
+    Probe {
+        port: 80,
+        proto: Proto::Tcp,
+    },
+    Probe {
+        port: 81,
+        proto: Proto::Tcp,
+    },
+    Probe {
+        port: 80,
+        proto: Proto::Udp,
+    },
+    Probe {
+        port: 81,
+        proto: Proto::Udp,
+    },
+];
+
+/// The servers of one pod; stopped and joined on drop.
+pub struct Servers {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Servers {
+    /// Starts TCP and UDP servers on ports 80 and 81 inside the namespace at `/var/run/netns/<netns>`.
+    pub fn start(netns: &str) -> Result<Servers> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let path = format!("/var/run/netns/{netns}");
+        // Bind on a thread inside the namespace; the sockets stay in it wherever they are used later.
+        let (tcp, udp) = {
+            let path = path.clone();
+            std::thread::spawn(move || -> Result<(Vec<TcpListener>, Vec<UdpSocket>)> {
+                enter(&path)?;
+                let mut tcp = Vec::new();
+                let mut udp = Vec::new();
+                for port in [80u16, 81] {
+                    let l = TcpListener::bind(("0.0.0.0", port))
+                        .with_context(|| format!("binding tcp/{port} in {path}"))?;
+                    l.set_nonblocking(true)?;
+                    tcp.push(l);
+                    let u = UdpSocket::bind(("0.0.0.0", port))
+                        .with_context(|| format!("binding udp/{port} in {path}"))?;
+                    u.set_read_timeout(Some(Duration::from_millis(100)))?;
+                    udp.push(u);
+                }
+                Ok((tcp, udp))
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("server setup thread panicked"))??
+        };
+        let mut threads = Vec::new();
+        for l in tcp {
+            let stop = stop.clone();
+            threads.push(std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match l.accept() {
+                        Ok((s, _)) => drop(s),
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(20))
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                    }
+                }
+            }));
+        }
+        for u in udp {
+            let stop = stop.clone();
+            threads.push(std::thread::spawn(move || {
+                let mut buf = [0u8; 512];
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok((n, from)) = u.recv_from(&mut buf) {
+                        let _ = u.send_to(&buf[..n], from);
+                    }
+                }
+            }));
+        }
+        Ok(Servers { stop, threads })
+    }
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One connection attempt from inside the namespace at `/var/run/netns/<netns>`.
+pub fn probe_once(netns: &str, dst: Ipv4Addr, probe: Probe, timeout: Duration) -> Result<bool> {
+    let path = format!("/var/run/netns/{netns}");
+    std::thread::spawn(move || -> Result<bool> {
+        enter(&path)?;
+        Ok(connect(dst, probe, timeout))
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("probe thread panicked"))?
+}
+
+/// Connects from the calling thread's namespace.
+pub fn connect(dst: Ipv4Addr, probe: Probe, timeout: Duration) -> bool {
+    let addr = SocketAddr::from((dst, probe.port));
+    match probe.proto {
+        Proto::Tcp => TcpStream::connect_timeout(&addr, timeout).is_ok(),
+        Proto::Udp => {
+            let Ok(sock) = UdpSocket::bind(("0.0.0.0", 0)) else {
+                return false;
+            };
+            if sock.set_read_timeout(Some(timeout)).is_err() || sock.connect(addr).is_err() {
+                return false;
+            }
+            let msg = b"felixrs-probe";
+            if sock.send(msg).is_err() {
+                return false;
+            }
+            let mut buf = [0u8; 64];
+            matches!(sock.recv(&mut buf), Ok(n) if &buf[..n] == msg)
+        }
+        Proto::Icmp => ping(dst, timeout),
+    }
+}
+
+/// One ICMP echo request over a raw socket (root); true when the matching reply arrives in time.
+fn ping(dst: Ipv4Addr, timeout: Duration) -> bool {
+    // SAFETY: plain socket syscalls on a descriptor this function owns and closes.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP);
+        if fd < 0 {
+            return false;
+        }
+        let ok = ping_on(fd, dst, timeout);
+        libc::close(fd);
+        ok
+    }
+}
+
+unsafe fn ping_on(fd: i32, dst: Ipv4Addr, timeout: Duration) -> bool {
+    let id = (std::process::id() as u16) ^ 0x5a5a;
+    let seq = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0)
+        & 0xffff) as u16;
+    let mut pkt = [0u8; 16];
+    pkt[0] = 8; // echo request
+    pkt[4..6].copy_from_slice(&id.to_be_bytes());
+    pkt[6..8].copy_from_slice(&seq.to_be_bytes());
+    pkt[8..16].copy_from_slice(b"felixrs!");
+    let sum = checksum(&pkt);
+    pkt[2..4].copy_from_slice(&sum.to_be_bytes());
+    let addr = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(dst.octets()),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: the caller passes an open raw socket; buffers outlive the calls.
+    unsafe {
+        let sent = libc::sendto(
+            fd,
+            pkt.as_ptr().cast(),
+            pkt.len(),
+            0,
+            (&addr as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        );
+        if sent < 0 {
+            return false;
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        let mut buf = [0u8; 256];
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            let tv = libc::timeval {
+                tv_sec: left.as_secs() as libc::time_t,
+                tv_usec: left.subsec_micros() as libc::suseconds_t,
+            };
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            );
+            let n = libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0);
+            if n < 0 {
+                return false;
+            }
+            let n = n as usize;
+            // Raw ICMP sockets deliver the IP header first.
+            let ihl = usize::from(buf[0] & 0x0f) * 4;
+            if n >= ihl + 8
+                && buf[12..16] == dst.octets()
+                && buf[ihl] == 0
+                && buf[ihl + 4..ihl + 6] == id.to_be_bytes()
+                && buf[ihl + 6..ihl + 8] == seq.to_be_bytes()
+            {
+                return true;
+            }
+        }
+    }
+}
+
+fn checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    for chunk in data.chunks(2) {
+        let word = u16::from_be_bytes([chunk[0], *chunk.get(1).unwrap_or(&0)]);
+        sum += u32::from(word);
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// Probes many (source netns, destination, probe) triples concurrently, one thread each.
+pub fn probe_many(jobs: &[(String, Ipv4Addr, Probe)], timeout: Duration) -> Result<Vec<bool>> {
+    let handles: Vec<_> = jobs
+        .iter()
+        .cloned()
+        .map(|(ns, dst, probe)| {
+            std::thread::spawn(move || -> Result<bool> {
+                enter(&format!("/var/run/netns/{ns}"))?;
+                Ok(connect(dst, probe, timeout))
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("probe thread panicked"))?
+        })
+        .collect()
+}

@@ -1,0 +1,156 @@
+//! One step's cluster state, rendered two ways: as Kubernetes manifests for `policy-controller sync
+//! --manifests`, and as the evaluator's `World`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use serde_json::json;
+
+use crate::cases::Step;
+use crate::evaluator::{PodInfo, World};
+
+/// Where a pod runs and its address: all that manifests and the evaluator need of the cluster.
+#[derive(Debug, Clone)]
+pub struct PlacedPod {
+    pub namespace: String,
+    pub name: String,
+    pub node_name: String,
+    pub ip: std::net::Ipv4Addr,
+}
+
+impl PlacedPod {
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+pub const PORTS: [(&str, u16, &str); 6] = [
+    ("serve-80-tcp", 80, "TCP"),
+    ("serve-81-tcp", 81, "TCP"),
+    ("serve-80-udp", 80, "UDP"),
+    ("serve-81-udp", 81, "UDP"),
+    ("serve-80-sctp", 80, "SCTP"),
+    ("serve-81-sctp", 81, "SCTP"),
+];
+
+fn ns_labels(step: &Step, ns: &str) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([
+        ("ns".to_string(), ns.to_string()),
+        ("kubernetes.io/metadata.name".to_string(), ns.to_string()),
+    ]);
+    for (n, k, v) in &step.ns_labels {
+        if *n == ns {
+            labels.insert(k.to_string(), v.to_string());
+        }
+    }
+    labels
+}
+
+fn pod_labels(step: &Step, id: &str, name: &str) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([("pod".to_string(), name.to_string())]);
+    for (p, k, v) in &step.pod_labels {
+        if *p == id {
+            match v {
+                Some(v) => labels.insert(k.to_string(), v.to_string()),
+                None => labels.remove(*k),
+            };
+        }
+    }
+    labels
+}
+
+/// Substitutes cluster-specific placeholders (`__XB__` = the address of pod x/b) in a policy document.
+pub fn instantiate(doc: &str, pods: &[PlacedPod]) -> String {
+    let xb = pods
+        .iter()
+        .find(|p| p.id() == "x/b")
+        .map(|p| p.ip.to_string())
+        .unwrap_or_else(|| "10.78.255.255".to_string());
+    doc.replace("__XB__", &xb)
+}
+
+/// The namespaces the cluster's pods live in, in order.
+fn namespaces(pods: &[PlacedPod]) -> Vec<String> {
+    let mut v: Vec<String> = pods.iter().map(|p| p.namespace.clone()).collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// Multi-document YAML with every Namespace, ServiceAccount, Pod and policy of the step.
+pub fn manifests(step: &Step, pods: &[PlacedPod]) -> String {
+    let mut docs: Vec<String> = Vec::new();
+    for ns in namespaces(pods) {
+        docs.push(
+            serde_yaml::to_string(&json!({
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": ns, "labels": ns_labels(step, &ns)},
+            }))
+            .expect("yaml"),
+        );
+        docs.push(
+            serde_yaml::to_string(&json!({
+                "apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": "default", "namespace": ns},
+            }))
+            .expect("yaml"),
+        );
+    }
+    for pod in pods {
+        let ports: Vec<_> = PORTS
+            .iter()
+            .map(|(name, port, proto)| json!({"name": name, "containerPort": port, "protocol": proto}))
+            .collect();
+        docs.push(
+            serde_yaml::to_string(&json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod.name, "namespace": pod.namespace,
+                             "labels": pod_labels(step, &pod.id(), &pod.name)},
+                "spec": {"nodeName": pod.node_name, "serviceAccountName": "default",
+                         "containers": [{"name": "serve", "image": "agnhost", "ports": ports}]},
+                "status": {"phase": "Running", "podIP": pod.ip.to_string(),
+                           "podIPs": [{"ip": pod.ip.to_string()}]},
+            }))
+            .expect("yaml"),
+        );
+    }
+    for doc in &step.policies {
+        docs.push(instantiate(doc, pods));
+    }
+    let mut out = String::new();
+    for d in docs {
+        let _ = writeln!(out, "---\n{}", d.trim());
+    }
+    out
+}
+
+/// The evaluator's view of the step, or `None` when the step uses Calico-native policy that the
+/// Kubernetes evaluator does not model (those cases rely on their hand-written expectations).
+pub fn world(step: &Step, pods: &[PlacedPod]) -> Option<World> {
+    let mut w = World::default();
+    for ns in namespaces(pods) {
+        w.namespaces.insert(ns.clone(), ns_labels(step, &ns));
+    }
+    for pod in pods {
+        w.pods.push(PodInfo {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            labels: pod_labels(step, &pod.id(), &pod.name),
+            ip: pod.ip,
+            ports: PORTS
+                .iter()
+                .map(|(n, p, pr)| (n.to_string(), *p, pr.to_string()))
+                .collect(),
+        });
+    }
+    for doc in &step.policies {
+        let doc = instantiate(doc, pods);
+        if doc.contains("projectcalico.org/v3") {
+            return None;
+        }
+        let np: NetworkPolicy = serde_yaml::from_str(&doc).expect("case policy is valid YAML");
+        w.policies.push(np);
+    }
+    Some(w)
+}

@@ -1,0 +1,59 @@
+//! Every case's hand-written expectation must agree with the independent evaluator, so a typo in a
+//! case cannot hide (or fake) an agent bug. Pure: no kernel, no root.
+
+use felixrs_e2e::cases::{self, Expect};
+use felixrs_e2e::world::{self, PlacedPod};
+
+#[test]
+fn hand_written_expectations_match_the_evaluator() {
+    let pods = cases::standard_layout();
+    let ids: Vec<String> = pods.iter().map(PlacedPod::id).collect();
+    let mut checked = 0;
+    let mut mismatches = Vec::new();
+    for case in cases::all() {
+        for (i, step) in case.steps.iter().enumerate() {
+            let Some(w) = world::world(step, &pods) else {
+                continue;
+            };
+            let mut expect = Expect::all_allowed(&ids, &step.probes);
+            (step.expect)(&mut expect);
+            for (from, to, probe, allowed) in &expect.cells {
+                let f = &w.pods[ids.iter().position(|x| x == from).unwrap()];
+                let t = &w.pods[ids.iter().position(|x| x == to).unwrap()];
+                if w.allowed(f, t, *probe) != *allowed {
+                    mismatches.push(format!(
+                        "{} step {}: {from} -> {to} {probe}: case says {allowed}",
+                        case.name,
+                        i + 1
+                    ));
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+    assert!(checked > 1000, "only {checked} cells checked");
+}
+
+#[test]
+fn the_evaluator_catches_a_wrong_expectation() {
+    let pods = cases::standard_layout();
+    let ids: Vec<String> = pods.iter().map(PlacedPod::id).collect();
+    let case = &cases::all()[0];
+    let step = &case.steps[0];
+    let w = world::world(step, &pods).expect("k8s-only case");
+    // Deliberately wrong: claim y/a -> x/a is allowed under default-deny-ingress.
+    let mut expect = Expect::all_allowed(&ids, &step.probes);
+    (step.expect)(&mut expect);
+    expect.allow("y/a", "x/a");
+    let wrong = expect
+        .cells
+        .iter()
+        .filter(|(from, to, probe, allowed)| {
+            let f = &w.pods[ids.iter().position(|x| x == from).unwrap()];
+            let t = &w.pods[ids.iter().position(|x| x == to).unwrap()];
+            w.allowed(f, t, *probe) != *allowed
+        })
+        .count();
+    assert_eq!(wrong, 1);
+}

@@ -1,0 +1,429 @@
+//! The acceptance test: the real `policy-controller` and `felixrs agent` binaries, a real etcd, and the
+//! real kernel datapath of a two-node cluster built from network namespaces.
+//!
+//! Phases, on one cluster: the upstream NetworkPolicy cases (every ordered pod pair probed per step),
+//! then the reliability scenarios (restart under probe, restart with etcd down, drift repair, a new pod).
+//! Prints a PASS/FAIL line per case, `N passed, M failed`, and the programming latency.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use felixrs_e2e::cases::{self, Case, Expect, Step, T80};
+use felixrs_e2e::cluster::Cluster;
+use felixrs_e2e::driver::{Agent, Etcd, binary, controller_sync};
+use felixrs_e2e::netns::require_root;
+use felixrs_e2e::traffic::{Probe, Servers, connect, probe_many};
+use felixrs_e2e::world::{self, PlacedPod};
+
+const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
+const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
+
+struct Env {
+    cluster: Cluster,
+    _servers: Vec<Servers>,
+    agents: Vec<Agent>,
+    etcd: Etcd,
+    work: tempfile::TempDir,
+    latencies: Vec<Duration>,
+}
+
+impl Env {
+    fn placed(&self) -> Vec<PlacedPod> {
+        self.cluster.placed_pods()
+    }
+
+    /// Writes the step's manifests, runs the controller, and waits for every agent to apply them.
+    fn apply_step(&mut self, step: &Step) -> Result<i64> {
+        let dir = self.work.path().join("manifests");
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(
+            dir.join("cluster.yaml"),
+            world::manifests(step, &self.placed()),
+        )?;
+        let rev = controller_sync(&self.cluster.infra, &self.etcd.endpoint, &dir)?;
+        let start = Instant::now();
+        for a in &mut self.agents {
+            a.wait_applied(rev, APPLY_TIMEOUT)?;
+        }
+        self.latencies.push(start.elapsed());
+        Ok(rev)
+    }
+
+    /// Probes every cell of `expect`; cells that disagree are probed twice more before they count.
+    fn check(&self, expect: &Expect) -> Result<Vec<String>> {
+        let ns_of = |id: &str| self.cluster.pod(id).ns.name().to_string();
+        let ip_of = |id: &str| self.cluster.pod(id).ip;
+        let jobs: Vec<(String, std::net::Ipv4Addr, Probe)> = expect
+            .cells
+            .iter()
+            .map(|(f, t, p, _)| (ns_of(f), ip_of(t), *p))
+            .collect();
+        let mut results = probe_many(&jobs, PROBE_TIMEOUT)?;
+        for _ in 0..2 {
+            let bad: Vec<usize> = (0..jobs.len())
+                .filter(|&i| results[i] != expect.cells[i].3)
+                .collect();
+            if bad.is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+            let again: Vec<_> = bad.iter().map(|&i| jobs[i].clone()).collect();
+            for (k, r) in probe_many(&again, PROBE_TIMEOUT)?.into_iter().enumerate() {
+                results[bad[k]] = r;
+            }
+        }
+        Ok(expect
+            .cells
+            .iter()
+            .zip(&results)
+            .filter(|(c, got)| c.3 != **got)
+            .map(|((f, t, p, want), _)| {
+                format!(
+                    "{f} -> {t} {p}: expected {}, got {}",
+                    if *want { "allow" } else { "deny" },
+                    if *want { "deny" } else { "allow" }
+                )
+            })
+            .collect())
+    }
+
+    fn run_case(&mut self, case: &Case) -> Result<Vec<String>> {
+        let ids: Vec<String> = self.placed().iter().map(PlacedPod::id).collect();
+        let mut failures = Vec::new();
+        for (i, step) in case.steps.iter().enumerate() {
+            self.apply_step(step)
+                .with_context(|| format!("step {}", i + 1))?;
+            let mut expect = Expect::all_allowed(&ids, &step.probes);
+            (step.expect)(&mut expect);
+            for f in self.check(&expect)? {
+                failures.push(format!("step {}: {f}", i + 1));
+            }
+        }
+        Ok(failures)
+    }
+}
+
+fn start_env() -> Result<Env> {
+    let work = tempfile::Builder::new().prefix("felixrs-e2e").tempdir()?;
+    let mut cluster = Cluster::new(2)?;
+    let layout = cases::standard_layout();
+    for p in &layout {
+        let node = cluster
+            .nodes
+            .iter()
+            .position(|n| n.name == p.node_name)
+            .context("layout names a known node")?;
+        cluster.add_pod(&p.namespace, &p.name, node)?;
+    }
+    let placed: Vec<_> = cluster
+        .placed_pods()
+        .iter()
+        .map(|p| (p.id(), p.ip))
+        .collect();
+    let want: Vec<_> = layout.iter().map(|p| (p.id(), p.ip)).collect();
+    assert_eq!(
+        placed, want,
+        "cluster addresses match the evaluator's layout"
+    );
+    let servers = cluster
+        .pods
+        .iter()
+        .map(|p| Servers::start(p.ns.name()))
+        .collect::<Result<Vec<_>>>()?;
+    let etcd = Etcd::start(&cluster.infra, "10.77.0.1", work.path())?;
+    let mut agents = Vec::new();
+    for n in &cluster.nodes {
+        agents.push(Agent::start(&n.ns, &n.name, &etcd.endpoint, work.path())?);
+    }
+    Ok(Env {
+        cluster,
+        _servers: servers,
+        agents,
+        etcd,
+        work,
+        latencies: Vec::new(),
+    })
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx]
+}
+
+/// A policy that denies x/a -> x/b (x/b accepts only from x/c), used by the reliability scenarios.
+const PROTECT_XB: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: protect-x-b, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: b}}
+  ingress: [{from: [{podSelector: {matchLabels: {pod: c}}}]}]
+"#;
+
+fn protect_step() -> Step {
+    Step::new(vec![PROTECT_XB], vec![T80], |e| {
+        e.deny("*/*", "x/b");
+        e.allow("x/c", "x/b");
+    })
+}
+
+fn node_of(env: &Env, pod: &str) -> usize {
+    env.cluster.pod(pod).node
+}
+
+/// Kill -9 and restart the agent that enforces x/b's ingress 20 times while x/a probes x/b continuously.
+fn restart_under_probe(env: &mut Env) -> Result<Vec<String>> {
+    env.apply_step(&protect_step())?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let from = env.cluster.pod("x/a").ns.name().to_string();
+    let to = env.cluster.pod("x/b").ip;
+    // Four probers back to back (a denied attempt costs its 150 ms timeout): ~25 attempts a second.
+    let probers: Vec<_> = (0..4)
+        .map(|_| {
+            let (stop, from) = (stop.clone(), from.clone());
+            std::thread::spawn(move || -> Result<(u32, u32)> {
+                felixrs_e2e::netns::enter(&format!("/var/run/netns/{from}"))?;
+                let (mut attempts, mut successes) = (0, 0);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    attempts += 1;
+                    if connect(to, T80, Duration::from_millis(150)) {
+                        successes += 1;
+                    }
+                }
+                Ok((attempts, successes))
+            })
+        })
+        .collect();
+    let node = node_of(env, "x/b");
+    let mut result = Ok(());
+    for i in 0..20 {
+        env.agents[node].kill();
+        // The agent is dead: the kernel's rules alone must keep enforcing.
+        std::thread::sleep(Duration::from_millis(100));
+        let ns = &env.cluster.nodes[node].ns;
+        if let Err(e) = env.agents[node].restart(ns) {
+            result = Err(e);
+            break;
+        }
+        if let Err(e) = env.agents[node].wait_applied(0, APPLY_TIMEOUT) {
+            result = Err(e.context(format!("restart {}", i + 1)));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut attempts, mut successes) = (0, 0);
+    for p in probers {
+        let (a, s) = p.join().map_err(|_| anyhow::anyhow!("prober panicked"))??;
+        attempts += a;
+        successes += s;
+    }
+    result?;
+    println!("restart under probe: {attempts} denied-connection attempts, {successes} succeeded");
+    let mut failures = Vec::new();
+    if successes > 0 {
+        failures.push(format!(
+            "{successes} of {attempts} connections x/a -> x/b succeeded across 20 agent restarts"
+        ));
+    }
+    if attempts < 60 {
+        failures.push(format!("only {attempts} probe attempts were made"));
+    }
+    failures.extend(env.check(&expect_of(env, &protect_step()))?);
+    Ok(failures)
+}
+
+fn expect_of(env: &Env, step: &Step) -> Expect {
+    let ids: Vec<String> = env.placed().iter().map(PlacedPod::id).collect();
+    let mut e = Expect::all_allowed(&ids, &step.probes);
+    (step.expect)(&mut e);
+    e
+}
+
+/// etcd down, agent restarted: policy is enforced from the snapshot; etcd back: a change applies.
+fn restart_with_etcd_down(env: &mut Env) -> Result<Vec<String>> {
+    env.apply_step(&protect_step())?;
+    env.etcd.stop();
+    let node = node_of(env, "x/b");
+    env.agents[node].kill();
+    let ns = &env.cluster.nodes[node].ns;
+    env.agents[node].restart(ns)?;
+    let mut failures = Vec::new();
+    let snap = felixrs_e2e::driver::wait_for(APPLY_TIMEOUT, || {
+        env.agents[node]
+            .status()
+            .filter(|s| s["source"] == "snapshot" && s["in_sync"] == true)
+    });
+    if snap.is_none() {
+        failures.push(format!(
+            "agent did not report source=snapshot with etcd down (status {:?})",
+            env.agents[node].status()
+        ));
+    }
+    failures.extend(env.check(&expect_of(env, &protect_step()))?);
+    env.etcd.restart(&env.cluster.infra)?;
+    let open = Step::new(vec![], vec![T80], |_| {});
+    env.apply_step(&open)?;
+    failures.extend(env.check(&expect_of(env, &open))?);
+    Ok(failures)
+}
+
+/// Flush x/b's `cali-tw-` chain and delete the FORWARD hook by hand; the agent repairs both.
+fn drift_repair(env: &mut Env) -> Result<Vec<String>> {
+    env.apply_step(&protect_step())?;
+    let node = node_of(env, "x/b");
+    let ns = &env.cluster.nodes[node].ns;
+    let iface = env.cluster.pod("x/b").iface.clone();
+    let chain = format!("cali-tw-{iface}");
+    // Whichever backend the agent chose holds our chains.
+    let iptables = ["iptables-nft", "iptables-legacy"]
+        .into_iter()
+        .find(|b| {
+            ns.exec_unchecked(&[b, "-w", "-S", &chain])
+                .map(|o| o.status.success())
+                .unwrap_or(false)
+        })
+        .context("no backend holds the endpoint chain")?;
+    ns.exec(&[iptables, "-w", "-F", &chain])?;
+    let hook = ns.exec(&[iptables, "-w", "-S", "FORWARD"])?;
+    let hook = String::from_utf8_lossy(&hook.stdout)
+        .lines()
+        .find(|l| l.contains("cali-FORWARD"))
+        .context("FORWARD has a cali-FORWARD hook")?
+        .replacen("-A FORWARD", "", 1);
+    let mut del = vec![iptables, "-w", "-D", "FORWARD"];
+    let parts = shell_words(&hook);
+    del.extend(parts.iter().map(String::as_str));
+    ns.exec(&del)?;
+    let repaired = felixrs_e2e::driver::wait_for(Duration::from_secs(15), || {
+        let rules = ns.exec(&[iptables, "-w", "-S", &chain]).ok()?;
+        let fwd = ns.exec(&[iptables, "-w", "-S", "FORWARD"]).ok()?;
+        let chain_ok = String::from_utf8_lossy(&rules.stdout).lines().count() > 1;
+        let hook_ok = String::from_utf8_lossy(&fwd.stdout).contains("cali-FORWARD");
+        (chain_ok && hook_ok).then_some(())
+    });
+    let mut failures = Vec::new();
+    if repaired.is_none() {
+        failures.push("the flushed chain and deleted hook were not repaired within 15 s".into());
+    }
+    failures.extend(env.check(&expect_of(env, &protect_step()))?);
+    Ok(failures)
+}
+
+/// Splits an `iptables -S` rule into arguments, honouring double quotes.
+fn shell_words(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => quoted = !quoted,
+            '\\' if quoted => {
+                if let Some(n) = chars.next() {
+                    cur.push(n);
+                }
+            }
+            ' ' if !quoted => {
+                if !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                }
+            }
+            c => cur.push(c),
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// A pod whose interface appears after the agent runs has no connectivity until its endpoint is programmed.
+fn new_pod_fail_closed(env: &mut Env) -> Result<Vec<String>> {
+    let open = Step::new(vec![], vec![T80], |_| {});
+    env.apply_step(&open)?;
+    let idx = env.cluster.add_pod("x", "d", 0)?;
+    let pod = &env.cluster.pods[idx];
+    let servers = Servers::start(pod.ns.name())?;
+    let xa = env.cluster.pod("x/a").ns.name().to_string();
+    let (d_ip, d_ns) = (pod.ip, pod.ns.name().to_string());
+    let a_ip = env.cluster.pod("x/a").ip;
+    let mut failures = Vec::new();
+    let before = probe_many(
+        &[(xa.clone(), d_ip, T80), (d_ns.clone(), a_ip, T80)],
+        PROBE_TIMEOUT,
+    )?;
+    if before.iter().any(|ok| *ok) {
+        failures.push(format!(
+            "new pod x/d had connectivity before its endpoint existed (x/a->x/d {}, x/d->x/a {})",
+            before[0], before[1]
+        ));
+    }
+    env.apply_step(&open)?;
+    let after = probe_many(&[(xa, d_ip, T80), (d_ns, a_ip, T80)], PROBE_TIMEOUT)?;
+    if !after.iter().all(|ok| *ok) {
+        failures.push(format!(
+            "new pod x/d still isolated after its endpoint was programmed ({after:?})"
+        ));
+    }
+    drop(servers);
+    Ok(failures)
+}
+
+#[test]
+fn netpol_conformance_and_reliability() {
+    require_root();
+    binary("felixrs");
+    binary("policy-controller");
+    let mut env = start_env().expect("cluster, etcd and agents start");
+    let mut passed = 0;
+    let mut failed = 0;
+    let mut report = |name: &str, result: Result<Vec<String>>| match result {
+        Ok(f) if f.is_empty() => {
+            passed += 1;
+            println!("PASS {name}");
+        }
+        Ok(f) => {
+            failed += 1;
+            println!("FAIL {name}");
+            for line in f {
+                println!("    {line}");
+            }
+        }
+        Err(e) => {
+            failed += 1;
+            println!("FAIL {name}: {e:#}");
+        }
+    };
+    for case in cases::all() {
+        let r = env.run_case(&case);
+        report(case.name, r);
+    }
+    let r = restart_under_probe(&mut env);
+    report("reliability: 20 agent restarts under probe", r);
+    let r = restart_with_etcd_down(&mut env);
+    report("reliability: agent restart with etcd down", r);
+    let r = drift_repair(&mut env);
+    report("reliability: drift repair", r);
+    let r = new_pod_fail_closed(&mut env);
+    report("reliability: new pod is fail-closed", r);
+
+    let mut lat = env.latencies.clone();
+    lat.sort();
+    println!(
+        "programming latency over {} steps: p50 {:?}, p99 {:?}",
+        lat.len(),
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99)
+    );
+    println!("{passed} passed, {failed} failed");
+    if failed > 0 {
+        for a in &env.agents {
+            println!("--- agent {} log tail ---\n{}", a.node_name, a.log_tail(40));
+        }
+    }
+    assert_eq!(failed, 0, "{failed} end-to-end cases failed");
+}
