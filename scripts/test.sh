@@ -40,5 +40,13 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "==> cargo build (binaries the end-to-end tests run)"
 cargo build --workspace --bins --locked
 echo "==> cargo test"
-# One test thread per core is enough: the kernel tests are I/O bound and isolated by network namespace.
-cargo test --workspace --locked -- --test-threads=4
+# The kernel tests are I/O bound and isolated by network namespace, so a few threads per binary is fine.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --workspace --locked -- --test-threads=4 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line for the whole suite (cargo prints one per test binary, the last often a doc-test "0 passed").
+awk '/^test result:/ {p += $4; f += $6} END {printf "tests: %d passed, %d failed\n", p, f}' "$log"
+exit "$status"
