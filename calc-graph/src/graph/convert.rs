@@ -43,8 +43,13 @@ pub(crate) struct PolicyDraft {
 
 /// The graph's ValidationFilter: the body must match the key and validate.
 pub(crate) fn check(key: &ResourceKey, r: &Resource) -> Result<(), String> {
-    let body = r.key();
-    if body != *key {
+    // Compare in place: building the body's key would clone its namespace and name for every
+    // update of the initial sync.
+    let meta = r.metadata();
+    let kind = r.kind();
+    let body_ns = meta.namespace.as_deref().filter(|_| kind.is_namespaced());
+    if kind != key.kind || meta.name != key.name || body_ns != key.namespace.as_deref() {
+        let body = r.key();
         return Err(format!(
             "resource body is {body} but the update key is {key}; treated as deleted"
         ));

@@ -240,11 +240,16 @@ impl LabelStore {
 
     fn link(&mut self, id: ItemId, parents: &[String]) {
         for p in parents {
-            self.profiles
-                .entry(p.clone())
-                .or_default()
-                .children
-                .insert(id);
+            // Look up before inserting: most parents exist already, so no key clone is needed.
+            match self.profiles.get_mut(p) {
+                Some(pl) => pl.children.insert(id),
+                None => self
+                    .profiles
+                    .entry(p.clone())
+                    .or_default()
+                    .children
+                    .insert(id),
+            };
         }
     }
 
