@@ -158,15 +158,17 @@ pub(crate) fn wep_labels<'a>(
     labels
 }
 
-/// Parents, IP set data and (if on this node) local-endpoint data of a workload endpoint.
+/// Parents, IP set data and (if on this node) local-endpoint data of a workload endpoint. The
+/// profile list is moved out of `w` (the parents), not copied.
 pub(crate) fn wep_item(
     key: &ResourceKey,
-    w: &WorkloadEndpoint,
+    w: &mut WorkloadEndpoint,
     node: &str,
 ) -> (Vec<String>, ItemData, Option<LocalEp>) {
     let ns = key.namespace.clone().unwrap_or_default();
     let nets: Vec<IpNet> = w.spec.ip_networks.iter().map(|n| n.trunc()).collect();
     let ports = endpoint_ports(&w.spec.ports);
+    let parents = std::mem::take(&mut w.spec.profiles);
     let local = (w.spec.node.as_deref() == Some(node)).then(|| LocalEp {
         id: EndpointId {
             namespace: ns,
@@ -183,9 +185,9 @@ pub(crate) fn wep_item(
             .filter(|n| matches!(n, IpNet::V6(_)))
             .copied()
             .collect(),
-        profiles: w.spec.profiles.clone(),
+        profiles: parents.clone(),
     });
-    (w.spec.profiles.clone(), ItemData { nets, ports }, local)
+    (parents, ItemData { nets, ports }, local)
 }
 
 pub(crate) fn hep_item(h: &HostEndpoint) -> ItemParts {

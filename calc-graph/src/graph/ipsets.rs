@@ -17,6 +17,7 @@
 //! beyond that the oldest are evicted.
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use crate::model::Protocol;
 use crate::proto::{IpSetId, IpSetKind, IpSetMember};
@@ -33,6 +34,23 @@ pub(crate) struct SetState {
     named_port: Option<(Protocol, String)>,
     users: u32,
     pub members: HashMap<IpSetMember, u32, FxBuild>,
+    /// The members sorted, built on first use and dropped whenever a member comes or goes, so
+    /// that re-emitting an unchanged set in full (a lingering set revived when a policy comes
+    /// back into use) is a copy rather than a collect-and-sort.
+    sorted: OnceLock<Vec<IpSetMember>>,
+}
+
+impl SetState {
+    /// The members in sorted order.
+    pub(crate) fn sorted_members(&self) -> Vec<IpSetMember> {
+        self.sorted
+            .get_or_init(|| {
+                let mut members: Vec<IpSetMember> = self.members.keys().cloned().collect();
+                members.sort_unstable();
+                members
+            })
+            .clone()
+    }
 }
 
 /// Bounds of the lingering sets (see the module docs).
@@ -134,6 +152,7 @@ impl IpSets {
             }
         }
         if !fresh.is_empty() {
+            set.sorted.take();
             if set.users > 0 {
                 self.member_count += fresh.len();
             } else {
@@ -159,6 +178,7 @@ impl IpSets {
             }
         }
         if !gone.is_empty() {
+            set.sorted.take();
             if set.users > 0 {
                 self.member_count -= gone.len();
             } else {
@@ -199,6 +219,7 @@ impl IpSets {
                 named_port: spec.named_port.clone(),
                 users: 1,
                 members: HashMap::default(),
+                sorted: OnceLock::new(),
             },
         );
         self.by_sel.entry(sel).or_default().push(spec.id.clone());

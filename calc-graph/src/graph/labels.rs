@@ -184,9 +184,10 @@ impl LabelStore {
                 let old_own = std::mem::replace(&mut item.own, own);
                 let old_eff = std::mem::replace(&mut item.effective, effective);
                 let old_data = std::mem::replace(&mut item.data, data);
-                let old_parents = std::mem::replace(&mut item.parents, parents.clone());
+                let old_parents = std::mem::replace(&mut item.parents, parents);
                 Self::release(interner, old_own);
-                if old_parents != parents {
+                if old_parents != item.parents {
+                    let parents = item.parents.clone();
                     self.unlink(id, &old_parents);
                     self.link(id, &parents);
                 }
@@ -199,7 +200,7 @@ impl LabelStore {
             None => {
                 let item = Item {
                     own,
-                    parents: parents.clone(),
+                    parents: Vec::new(),
                     effective,
                     data,
                 };
@@ -215,6 +216,9 @@ impl LabelStore {
                 };
                 self.by_key.insert(key.clone(), id);
                 self.link(id, &parents);
+                if let Some(item) = self.items[id as usize].as_mut() {
+                    item.parents = parents;
+                }
                 Changed {
                     id,
                     old_labels: None,

@@ -264,8 +264,8 @@ impl CalcGraph {
                     _ => None,
                 };
                 match wep {
-                    Some(w) => {
-                        let (parents, data, local) = wep_item(key, &w, &self.node);
+                    Some(mut w) => {
+                        let (parents, data, local) = wep_item(key, &mut w, &self.node);
                         self.upsert_item(key, &wep_labels(key, &w), parents, data, local);
                     }
                     None => self.remove_item(key),
@@ -647,9 +647,7 @@ impl CalcGraph {
 impl Desired for CalcGraph {
     fn ip_set(&self, id: &str) -> Option<(IpSetKind, Vec<IpSetMember>)> {
         let set = self.ipsets.get(id)?;
-        let mut members: Vec<IpSetMember> = set.members.keys().cloned().collect();
-        members.sort_unstable();
-        Some((set.kind, members))
+        Some((set.kind, set.sorted_members()))
     }
 
     fn ip_set_active(&self, id: &str) -> bool {
