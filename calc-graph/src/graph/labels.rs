@@ -16,7 +16,7 @@ use ipnet::IpNet;
 use crate::model::{Protocol, ResourceKey};
 use crate::selector::Labels;
 
-use super::intern::{FxBuild, FxSet, Interner, Sym};
+use super::intern::{FxMap, FxSet, Interner, Sym};
 
 /// Dense id of an item (slab index).
 pub(crate) type ItemId = u32;
@@ -74,8 +74,8 @@ impl Labels for LabelView<'_> {
 pub(crate) struct LabelStore {
     items: Vec<Option<Item>>,
     free: Vec<ItemId>,
-    by_key: std::collections::HashMap<ResourceKey, ItemId, FxBuild>,
-    profiles: std::collections::HashMap<String, ProfileLabels>,
+    by_key: FxMap<ResourceKey, ItemId>,
+    profiles: FxMap<String, ProfileLabels>,
 }
 
 /// Result of an item or profile change: the item's previous effective labels (still holding

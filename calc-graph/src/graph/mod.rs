@@ -54,7 +54,7 @@ mod resolver;
 mod rules;
 mod sequencer;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::model::{Kind, Profile, Resource, ResourceKey};
@@ -68,7 +68,7 @@ use convert::{
     wep_labels,
 };
 use index::{MatchEvent, SelId, SelectorIndex};
-use intern::{FxMap, Interner};
+use intern::{FxMap, FxSet, Interner};
 use ipsets::IpSets;
 use labels::{ItemData, ItemId, LabelStore};
 use resolver::{PolicyRef, Tiers};
@@ -139,15 +139,15 @@ pub struct CalcGraph {
     /// Policy selectors against local endpoints.
     local: SelectorIndex,
     local_eps: FxMap<ItemId, LocalEp>,
-    ep_items: HashMap<EndpointId, ItemId>,
-    policies: HashMap<ResourceKey, PolicyState>,
+    ep_items: FxMap<EndpointId, ItemId>,
+    policies: FxMap<ResourceKey, PolicyState>,
     policies_by_sel: FxMap<SelId, Vec<ResourceKey>>,
-    policy_keys: HashMap<PolicyId, ResourceKey>,
-    active_policies: HashSet<ResourceKey>,
-    profiles: HashMap<String, Arc<ScannedRules>>,
-    profile_users: HashMap<String, u32>,
+    policy_keys: FxMap<PolicyId, ResourceKey>,
+    active_policies: FxSet<ResourceKey>,
+    profiles: FxMap<String, Arc<ScannedRules>>,
+    profile_users: FxMap<String, u32>,
     /// Rules whose IP sets are referenced on behalf of each active profile.
-    active_profiles: HashMap<String, Arc<ScannedRules>>,
+    active_profiles: FxMap<String, Arc<ScannedRules>>,
     deny_all: Arc<ScannedRules>,
     tiers: Tiers,
     ipsets: IpSets,
@@ -165,14 +165,14 @@ impl CalcGraph {
             global: SelectorIndex::default(),
             local: SelectorIndex::default(),
             local_eps: FxMap::default(),
-            ep_items: HashMap::new(),
-            policies: HashMap::new(),
+            ep_items: FxMap::default(),
+            policies: FxMap::default(),
             policies_by_sel: FxMap::default(),
-            policy_keys: HashMap::new(),
-            active_policies: HashSet::new(),
-            profiles: HashMap::new(),
-            profile_users: HashMap::new(),
-            active_profiles: HashMap::new(),
+            policy_keys: FxMap::default(),
+            active_policies: FxSet::default(),
+            profiles: FxMap::default(),
+            profile_users: FxMap::default(),
+            active_profiles: FxMap::default(),
             deny_all: Arc::new(rules::deny_all()),
             tiers: Tiers::default(),
             ipsets: IpSets::default(),

@@ -215,7 +215,10 @@ pub(crate) fn global_policy_selector(spec: &GlobalNetworkPolicySpec) -> Result<S
 }
 
 /// `parseServiceAccounts`.
-fn service_accounts_selector(sam: &ServiceAccountMatch, field: Field<'_>) -> Result<String, String> {
+fn service_accounts_selector(
+    sam: &ServiceAccountMatch,
+    field: Field<'_>,
+) -> Result<String, String> {
     let updated = match sam.selector.as_deref() {
         Some(s) => prefixed(s, SA_PREFIX, &Sub(field, "selector"))?,
         None => String::new(),
@@ -381,13 +384,7 @@ fn scan_rule(
     field: Field<'_>,
     sets: &mut Vec<IpSetSpec>,
 ) -> Result<ParsedRule, String> {
-    let src = scan_side(
-        &rule.source,
-        ns,
-        rule.protocol,
-        &Sub(field, "source"),
-        sets,
-    )?;
+    let src = scan_side(&rule.source, ns, rule.protocol, &Sub(field, "source"), sets)?;
     let dst = scan_side(
         &rule.destination,
         ns,
