@@ -356,17 +356,18 @@ impl CalcGraph {
         let data_changed = ch.old_data.as_ref() != Some(&self.store.item(id).data);
         let mut events = Vec::new();
         if data_changed {
+            // Disjoint fields: the match lists are read in place, not copied.
             if let Some(old) = &ch.old_data {
-                let old_matches = self.global.item_matches(id).to_vec();
+                let old_matches = self.global.item_matches(id);
                 self.ipsets
-                    .contribute(&old_matches, old, false, &mut self.seq);
+                    .contribute(old_matches, old, false, &mut self.seq);
             }
             let item = self.store.item(id);
             self.global
                 .upsert_item(&self.interner, id, &item.effective, &mut events);
-            let new_matches = self.global.item_matches(id).to_vec();
+            let new_matches = self.global.item_matches(id);
             self.ipsets
-                .contribute(&new_matches, &item.data, true, &mut self.seq);
+                .contribute(new_matches, &item.data, true, &mut self.seq);
         } else {
             let item = self.store.item(id);
             self.global
@@ -383,9 +384,9 @@ impl CalcGraph {
         let Some(id) = self.store.id(key) else { return };
         self.set_local(id, None);
         let mut events = Vec::new();
-        let matches = self.global.item_matches(id).to_vec();
+        let matches = self.global.item_matches(id);
         self.ipsets
-            .contribute(&matches, &self.store.item(id).data, false, &mut self.seq);
+            .contribute(matches, &self.store.item(id).data, false, &mut self.seq);
         self.global.remove_item(id, &mut events);
         if let Some((_, labels, _)) = self.store.remove(&mut self.interner, key) {
             LabelStore::release(&mut self.interner, labels);
