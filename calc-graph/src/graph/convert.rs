@@ -43,8 +43,13 @@ pub(crate) struct PolicyDraft {
 
 /// The graph's ValidationFilter: the body must match the key and validate.
 pub(crate) fn check(key: &ResourceKey, r: &Resource) -> Result<(), String> {
-    let body = r.key();
-    if body != *key {
+    // Compare in place: building the body's key would clone its namespace and name for every
+    // update of the initial sync.
+    let meta = r.metadata();
+    let kind = r.kind();
+    let body_ns = meta.namespace.as_deref().filter(|_| kind.is_namespaced());
+    if kind != key.kind || meta.name != key.name || body_ns != key.namespace.as_deref() {
+        let body = r.key();
         return Err(format!(
             "resource body is {body} but the update key is {key}; treated as deleted"
         ));
@@ -153,15 +158,17 @@ pub(crate) fn wep_labels<'a>(
     labels
 }
 
-/// Parents, IP set data and (if on this node) local-endpoint data of a workload endpoint.
+/// Parents, IP set data and (if on this node) local-endpoint data of a workload endpoint. The
+/// profile list is moved out of `w` (the parents), not copied.
 pub(crate) fn wep_item(
     key: &ResourceKey,
-    w: &WorkloadEndpoint,
+    w: &mut WorkloadEndpoint,
     node: &str,
 ) -> (Vec<String>, ItemData, Option<LocalEp>) {
     let ns = key.namespace.clone().unwrap_or_default();
     let nets: Vec<IpNet> = w.spec.ip_networks.iter().map(|n| n.trunc()).collect();
     let ports = endpoint_ports(&w.spec.ports);
+    let parents = std::mem::take(&mut w.spec.profiles);
     let local = (w.spec.node.as_deref() == Some(node)).then(|| LocalEp {
         id: EndpointId {
             namespace: ns,
@@ -178,9 +185,9 @@ pub(crate) fn wep_item(
             .filter(|n| matches!(n, IpNet::V6(_)))
             .copied()
             .collect(),
-        profiles: w.spec.profiles.clone(),
+        profiles: parents.clone(),
     });
-    (w.spec.profiles.clone(), ItemData { nets, ports }, local)
+    (parents, ItemData { nets, ports }, local)
 }
 
 pub(crate) fn hep_item(h: &HostEndpoint) -> ItemParts {

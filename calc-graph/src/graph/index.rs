@@ -20,8 +20,6 @@
 //! `item.matched` is exactly the sorted list of selectors that match the item. Covers may be
 //! re-chosen ([`SelectorIndex::reoptimize`]) without changing any match.
 
-use std::collections::HashMap;
-
 use crate::selector::{Expr, Selector};
 
 use super::intern::{FxMap, FxSet, Interner, Sym};
@@ -72,7 +70,7 @@ pub(crate) struct SelectorIndex {
     by_key: FxMap<Sym, FxSet<ItemId>>,
     sels: Vec<Option<SelEntry>>,
     free: Vec<SelId>,
-    by_canonical: HashMap<String, SelId>,
+    by_canonical: FxMap<String, SelId>,
     sels_by_kv: FxMap<(Sym, Sym), Vec<SelId>>,
     sels_by_key: FxMap<Sym, Vec<SelId>>,
     unindexed: Vec<SelId>,

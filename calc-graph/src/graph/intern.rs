@@ -15,8 +15,10 @@ use std::sync::Arc;
 /// An interned string.
 pub(crate) type Sym = u32;
 
-/// FxHash (as in rustc): fast, not DoS resistant; used for the graph's integer-keyed maps and
-/// the label interner.
+/// FxHash (as in rustc): fast, not DoS resistant; used for every map of the graph (integer ids,
+/// the label interner, and the maps keyed by resource keys, policy/endpoint ids and IP set ids,
+/// which are validated names or hash-derived ids). SipHash on those string keys was ≈5% of the
+/// initial sync.
 #[derive(Default, Clone, Copy)]
 pub(crate) struct FxHasher {
     hash: u64,

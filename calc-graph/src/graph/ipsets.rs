@@ -16,13 +16,13 @@
 //! By default at most [`MAX_LINGERING_SETS`] sets and [`MAX_LINGERING_MEMBERS`] members linger;
 //! beyond that the oldest are evicted.
 
-use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use crate::model::Protocol;
 use crate::proto::{IpSetId, IpSetKind, IpSetMember};
 
 use super::index::{MatchEvent, SelId, SelectorIndex};
-use super::intern::{FxBuild, FxMap, Interner};
+use super::intern::{FxMap, Interner};
 use super::labels::{ItemData, ItemId, LabelStore};
 use super::rules::IpSetSpec;
 use super::sequencer::Sequencer;
@@ -32,7 +32,24 @@ pub(crate) struct SetState {
     sel: SelId,
     named_port: Option<(Protocol, String)>,
     users: u32,
-    pub members: HashMap<IpSetMember, u32, FxBuild>,
+    pub members: FxMap<IpSetMember, u32>,
+    /// The members sorted, built on first use and dropped whenever a member comes or goes, so
+    /// that re-emitting an unchanged set in full (a lingering set revived when a policy comes
+    /// back into use) is a copy rather than a collect-and-sort.
+    sorted: OnceLock<Vec<IpSetMember>>,
+}
+
+impl SetState {
+    /// The members in sorted order.
+    pub(crate) fn sorted_members(&self) -> Vec<IpSetMember> {
+        self.sorted
+            .get_or_init(|| {
+                let mut members: Vec<IpSetMember> = self.members.keys().cloned().collect();
+                members.sort_unstable();
+                members
+            })
+            .clone()
+    }
 }
 
 /// Bounds of the lingering sets (see the module docs).
@@ -43,7 +60,7 @@ pub(crate) const MAX_LINGERING_MEMBERS: usize = 100_000;
 pub(crate) struct IpSets {
     /// Lingering bounds (sets, members).
     pub limits: (usize, usize),
-    sets: HashMap<IpSetId, SetState>,
+    sets: FxMap<IpSetId, SetState>,
     by_sel: FxMap<SelId, Vec<IpSetId>>,
     /// Sets with `users > 0`.
     active: usize,
@@ -58,7 +75,7 @@ impl Default for IpSets {
     fn default() -> Self {
         IpSets {
             limits: (MAX_LINGERING_SETS, MAX_LINGERING_MEMBERS),
-            sets: HashMap::new(),
+            sets: FxMap::default(),
             by_sel: FxMap::default(),
             active: 0,
             member_count: 0,
@@ -134,6 +151,7 @@ impl IpSets {
             }
         }
         if !fresh.is_empty() {
+            set.sorted.take();
             if set.users > 0 {
                 self.member_count += fresh.len();
             } else {
@@ -159,6 +177,7 @@ impl IpSets {
             }
         }
         if !gone.is_empty() {
+            set.sorted.take();
             if set.users > 0 {
                 self.member_count -= gone.len();
             } else {
@@ -198,7 +217,8 @@ impl IpSets {
                 sel,
                 named_port: spec.named_port.clone(),
                 users: 1,
-                members: HashMap::default(),
+                members: FxMap::default(),
+                sorted: OnceLock::new(),
             },
         );
         self.by_sel.entry(sel).or_default().push(spec.id.clone());

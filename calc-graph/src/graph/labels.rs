@@ -16,7 +16,7 @@ use ipnet::IpNet;
 use crate::model::{Protocol, ResourceKey};
 use crate::selector::Labels;
 
-use super::intern::{FxBuild, FxSet, Interner, Sym};
+use super::intern::{FxMap, FxSet, Interner, Sym};
 
 /// Dense id of an item (slab index).
 pub(crate) type ItemId = u32;
@@ -74,8 +74,8 @@ impl Labels for LabelView<'_> {
 pub(crate) struct LabelStore {
     items: Vec<Option<Item>>,
     free: Vec<ItemId>,
-    by_key: std::collections::HashMap<ResourceKey, ItemId, FxBuild>,
-    profiles: std::collections::HashMap<String, ProfileLabels>,
+    by_key: FxMap<ResourceKey, ItemId>,
+    profiles: FxMap<String, ProfileLabels>,
 }
 
 /// Result of an item or profile change: the item's previous effective labels (still holding
@@ -184,9 +184,10 @@ impl LabelStore {
                 let old_own = std::mem::replace(&mut item.own, own);
                 let old_eff = std::mem::replace(&mut item.effective, effective);
                 let old_data = std::mem::replace(&mut item.data, data);
-                let old_parents = std::mem::replace(&mut item.parents, parents.clone());
+                let old_parents = std::mem::replace(&mut item.parents, parents);
                 Self::release(interner, old_own);
-                if old_parents != parents {
+                if old_parents != item.parents {
+                    let parents = item.parents.clone();
                     self.unlink(id, &old_parents);
                     self.link(id, &parents);
                 }
@@ -199,7 +200,7 @@ impl LabelStore {
             None => {
                 let item = Item {
                     own,
-                    parents: parents.clone(),
+                    parents: Vec::new(),
                     effective,
                     data,
                 };
@@ -215,6 +216,9 @@ impl LabelStore {
                 };
                 self.by_key.insert(key.clone(), id);
                 self.link(id, &parents);
+                if let Some(item) = self.items[id as usize].as_mut() {
+                    item.parents = parents;
+                }
                 Changed {
                     id,
                     old_labels: None,
@@ -240,11 +244,16 @@ impl LabelStore {
 
     fn link(&mut self, id: ItemId, parents: &[String]) {
         for p in parents {
-            self.profiles
-                .entry(p.clone())
-                .or_default()
-                .children
-                .insert(id);
+            // Look up before inserting: most parents exist already, so no key clone is needed.
+            match self.profiles.get_mut(p) {
+                Some(pl) => pl.children.insert(id),
+                None => self
+                    .profiles
+                    .entry(p.clone())
+                    .or_default()
+                    .children
+                    .insert(id),
+            };
         }
     }
 

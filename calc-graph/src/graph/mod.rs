@@ -54,7 +54,7 @@ mod resolver;
 mod rules;
 mod sequencer;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::model::{Kind, Profile, Resource, ResourceKey};
@@ -68,7 +68,7 @@ use convert::{
     wep_labels,
 };
 use index::{MatchEvent, SelId, SelectorIndex};
-use intern::{FxMap, Interner};
+use intern::{FxMap, FxSet, Interner};
 use ipsets::IpSets;
 use labels::{ItemData, ItemId, LabelStore};
 use resolver::{PolicyRef, Tiers};
@@ -139,15 +139,15 @@ pub struct CalcGraph {
     /// Policy selectors against local endpoints.
     local: SelectorIndex,
     local_eps: FxMap<ItemId, LocalEp>,
-    ep_items: HashMap<EndpointId, ItemId>,
-    policies: HashMap<ResourceKey, PolicyState>,
+    ep_items: FxMap<EndpointId, ItemId>,
+    policies: FxMap<ResourceKey, PolicyState>,
     policies_by_sel: FxMap<SelId, Vec<ResourceKey>>,
-    policy_keys: HashMap<PolicyId, ResourceKey>,
-    active_policies: HashSet<ResourceKey>,
-    profiles: HashMap<String, Arc<ScannedRules>>,
-    profile_users: HashMap<String, u32>,
+    policy_keys: FxMap<PolicyId, ResourceKey>,
+    active_policies: FxSet<ResourceKey>,
+    profiles: FxMap<String, Arc<ScannedRules>>,
+    profile_users: FxMap<String, u32>,
     /// Rules whose IP sets are referenced on behalf of each active profile.
-    active_profiles: HashMap<String, Arc<ScannedRules>>,
+    active_profiles: FxMap<String, Arc<ScannedRules>>,
     deny_all: Arc<ScannedRules>,
     tiers: Tiers,
     ipsets: IpSets,
@@ -165,14 +165,14 @@ impl CalcGraph {
             global: SelectorIndex::default(),
             local: SelectorIndex::default(),
             local_eps: FxMap::default(),
-            ep_items: HashMap::new(),
-            policies: HashMap::new(),
+            ep_items: FxMap::default(),
+            policies: FxMap::default(),
             policies_by_sel: FxMap::default(),
-            policy_keys: HashMap::new(),
-            active_policies: HashSet::new(),
-            profiles: HashMap::new(),
-            profile_users: HashMap::new(),
-            active_profiles: HashMap::new(),
+            policy_keys: FxMap::default(),
+            active_policies: FxSet::default(),
+            profiles: FxMap::default(),
+            profile_users: FxMap::default(),
+            active_profiles: FxMap::default(),
             deny_all: Arc::new(rules::deny_all()),
             tiers: Tiers::default(),
             ipsets: IpSets::default(),
@@ -264,8 +264,8 @@ impl CalcGraph {
                     _ => None,
                 };
                 match wep {
-                    Some(w) => {
-                        let (parents, data, local) = wep_item(key, &w, &self.node);
+                    Some(mut w) => {
+                        let (parents, data, local) = wep_item(key, &mut w, &self.node);
                         self.upsert_item(key, &wep_labels(key, &w), parents, data, local);
                     }
                     None => self.remove_item(key),
@@ -356,17 +356,18 @@ impl CalcGraph {
         let data_changed = ch.old_data.as_ref() != Some(&self.store.item(id).data);
         let mut events = Vec::new();
         if data_changed {
+            // Disjoint fields: the match lists are read in place, not copied.
             if let Some(old) = &ch.old_data {
-                let old_matches = self.global.item_matches(id).to_vec();
+                let old_matches = self.global.item_matches(id);
                 self.ipsets
-                    .contribute(&old_matches, old, false, &mut self.seq);
+                    .contribute(old_matches, old, false, &mut self.seq);
             }
             let item = self.store.item(id);
             self.global
                 .upsert_item(&self.interner, id, &item.effective, &mut events);
-            let new_matches = self.global.item_matches(id).to_vec();
+            let new_matches = self.global.item_matches(id);
             self.ipsets
-                .contribute(&new_matches, &item.data, true, &mut self.seq);
+                .contribute(new_matches, &item.data, true, &mut self.seq);
         } else {
             let item = self.store.item(id);
             self.global
@@ -383,9 +384,9 @@ impl CalcGraph {
         let Some(id) = self.store.id(key) else { return };
         self.set_local(id, None);
         let mut events = Vec::new();
-        let matches = self.global.item_matches(id).to_vec();
+        let matches = self.global.item_matches(id);
         self.ipsets
-            .contribute(&matches, &self.store.item(id).data, false, &mut self.seq);
+            .contribute(matches, &self.store.item(id).data, false, &mut self.seq);
         self.global.remove_item(id, &mut events);
         if let Some((_, labels, _)) = self.store.remove(&mut self.interner, key) {
             LabelStore::release(&mut self.interner, labels);
@@ -647,9 +648,7 @@ impl CalcGraph {
 impl Desired for CalcGraph {
     fn ip_set(&self, id: &str) -> Option<(IpSetKind, Vec<IpSetMember>)> {
         let set = self.ipsets.get(id)?;
-        let mut members: Vec<IpSetMember> = set.members.keys().cloned().collect();
-        members.sort_unstable();
-        Some((set.kind, members))
+        Some((set.kind, set.sorted_members()))
     }
 
     fn ip_set_active(&self, id: &str) -> bool {

@@ -14,6 +14,7 @@
 //! and re-printed in canonical form first, which keeps a component inside its parentheses.
 
 use std::collections::BTreeSet;
+use std::fmt;
 
 use crate::model::{
     Action, EntityRule, GlobalNetworkPolicySpec, NetworkPolicySpec, Port, Protocol, Rule,
@@ -89,12 +90,34 @@ pub(crate) struct ScannedRules {
     pub warnings: Vec<String>,
 }
 
-fn parse_field(text: &str, field: &str) -> Result<Selector, String> {
+/// A field path for error messages (`spec.ingress[2].source.selector`), formatted only when an
+/// error is reported: scanning the rules of a valid policy formats no paths.
+type Field<'a> = &'a dyn fmt::Display;
+
+/// `<parent>.<name>`.
+struct Sub<'a>(Field<'a>, &'static str);
+
+impl fmt::Display for Sub<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.0, self.1)
+    }
+}
+
+/// `spec.<direction>[<index>]`.
+struct RuleField(&'static str, usize);
+
+impl fmt::Display for RuleField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "spec.{}[{}]", self.0, self.1)
+    }
+}
+
+fn parse_field(text: &str, field: Field<'_>) -> Result<Selector, String> {
     selector::parse(text).map_err(|e| format!("{field}: invalid selector {text:?}: {e}"))
 }
 
 /// Canonical text of `text` with every label key prefixed (`parseSelectorAttachPrefix`).
-fn prefixed(text: &str, prefix: &str, field: &str) -> Result<String, String> {
+fn prefixed(text: &str, prefix: &str, field: Field<'_>) -> Result<String, String> {
     Ok(parse_field(text, field)?
         .with_key_prefix(prefix)
         .canonical())
@@ -130,7 +153,7 @@ fn prefix_and_append(
     current: String,
     new: Option<&str>,
     prefix: &str,
-    field: &str,
+    field: Field<'_>,
 ) -> Result<String, String> {
     let Some(new) = new else { return Ok(current) };
     let p = prefixed(new, prefix, field)?;
@@ -144,7 +167,7 @@ fn prefix_and_append(
 /// A user-written selector, checked to parse on its own and then used as written (Felix splices
 /// the raw text into `(...)`; a selector that parses alone stays one group inside parentheses).
 /// Whitespace-only counts as absent.
-fn checked_field(text: Option<&str>, field: &str) -> Result<String, String> {
+fn checked_field(text: Option<&str>, field: Field<'_>) -> Result<String, String> {
     match text {
         Some(t) if !t.trim().is_empty() => {
             parse_field(t, field)?;
@@ -159,7 +182,7 @@ pub(crate) fn network_policy_selector(
     spec: &NetworkPolicySpec,
     ns: &str,
 ) -> Result<Selector, String> {
-    let mut sel = checked_field(spec.selector.as_deref(), "spec.selector")?;
+    let mut sel = checked_field(spec.selector.as_deref(), &"spec.selector")?;
     let ns_clause = namespace_clause(ns);
     sel = if sel.is_empty() {
         ns_clause
@@ -170,31 +193,34 @@ pub(crate) fn network_policy_selector(
         sel,
         spec.service_account_selector.as_deref(),
         SA_PREFIX,
-        "spec.serviceAccountSelector",
+        &"spec.serviceAccountSelector",
     )?;
-    parse_field(&sel, "spec.selector")
+    parse_field(&sel, &"spec.selector")
 }
 
 /// The selector of a GlobalNetworkPolicy, with its namespace and service-account selectors.
 pub(crate) fn global_policy_selector(spec: &GlobalNetworkPolicySpec) -> Result<Selector, String> {
-    let mut sel = checked_field(spec.selector.as_deref(), "spec.selector")?;
+    let mut sel = checked_field(spec.selector.as_deref(), &"spec.selector")?;
     if let Some(nss) = spec.namespace_selector.as_deref() {
-        sel = prefix_and_append(sel, Some(nss), NS_PREFIX, "spec.namespaceSelector")?;
-        let e = parse_field(&sel, "spec.namespaceSelector")?;
+        sel = prefix_and_append(sel, Some(nss), NS_PREFIX, &"spec.namespaceSelector")?;
+        let e = parse_field(&sel, &"spec.namespaceSelector")?;
         sel = canonical_of(replace_all(e.expr(), &has(LABEL_NAMESPACE)));
     }
     if let Some(sas) = spec.service_account_selector.as_deref() {
-        sel = prefix_and_append(sel, Some(sas), SA_PREFIX, "spec.serviceAccountSelector")?;
-        let e = parse_field(&sel, "spec.serviceAccountSelector")?;
+        sel = prefix_and_append(sel, Some(sas), SA_PREFIX, &"spec.serviceAccountSelector")?;
+        let e = parse_field(&sel, &"spec.serviceAccountSelector")?;
         sel = canonical_of(replace_all(e.expr(), &has(LABEL_SERVICE_ACCOUNT)));
     }
-    parse_field(&sel, "spec.selector")
+    parse_field(&sel, &"spec.selector")
 }
 
 /// `parseServiceAccounts`.
-fn service_accounts_selector(sam: &ServiceAccountMatch, field: &str) -> Result<String, String> {
+fn service_accounts_selector(
+    sam: &ServiceAccountMatch,
+    field: Field<'_>,
+) -> Result<String, String> {
     let updated = match sam.selector.as_deref() {
-        Some(s) => prefixed(s, SA_PREFIX, &format!("{field}.selector"))?,
+        Some(s) => prefixed(s, SA_PREFIX, &Sub(field, "selector"))?,
         None => String::new(),
     };
     if sam.names.is_empty() {
@@ -210,19 +236,19 @@ fn service_accounts_selector(sam: &ServiceAccountMatch, field: &str) -> Result<S
 }
 
 /// `GetEntityRuleSelector` / `getEndpointSelector`: the one selector of a rule side, or empty.
-fn entity_selector(er: &EntityRule, ns: Option<&str>, field: &str) -> Result<String, String> {
+fn entity_selector(er: &EntityRule, ns: Option<&str>, field: Field<'_>) -> Result<String, String> {
     let sa = match &er.service_accounts {
-        Some(sam) => service_accounts_selector(sam, &format!("{field}.serviceAccounts"))?,
+        Some(sam) => service_accounts_selector(sam, &Sub(field, "serviceAccounts"))?,
         None => String::new(),
     };
     let ns_sel = match (er.namespace_selector.as_deref(), ns) {
-        (Some(nss), _) => parse_field(nss, &format!("{field}.namespaceSelector"))?
+        (Some(nss), _) => parse_field(nss, &Sub(field, "namespaceSelector"))?
             .rewrite_namespace_selector()
             .canonical(),
         (None, Some(ns)) => namespace_clause(ns),
         (None, None) => String::new(),
     };
-    let own = checked_field(er.selector.as_deref(), &format!("{field}.selector"))?;
+    let own = checked_field(er.selector.as_deref(), &Sub(field, "selector"))?;
     let parts: Vec<&String> = [&sa, &own].into_iter().filter(|s| !s.is_empty()).collect();
     let mut sel = match parts.as_slice() {
         [] => String::new(),
@@ -299,11 +325,11 @@ fn scan_side(
     er: &EntityRule,
     ns: Option<&str>,
     protocol: Option<Protocol>,
-    field: &str,
+    field: Field<'_>,
     sets: &mut Vec<IpSetSpec>,
 ) -> Result<Side, String> {
     let mut pos = entity_selector(er, ns, field)?;
-    let mut neg = checked_field(er.not_selector.as_deref(), &format!("{field}.notSelector"))?;
+    let mut neg = checked_field(er.not_selector.as_deref(), &Sub(field, "notSelector"))?;
     // combineMatchesIfPossible
     if !pos.is_empty() && !neg.is_empty() {
         pos = format!("({pos}) && (!({neg}))");
@@ -312,12 +338,12 @@ fn scan_side(
     let pos = if pos.is_empty() {
         None
     } else {
-        Some(parse_field(&pos, &format!("{field}.selector"))?)
+        Some(parse_field(&pos, &Sub(field, "selector"))?)
     };
     let neg = if neg.is_empty() {
         None
     } else {
-        Some(parse_field(&neg, &format!("{field}.notSelector"))?)
+        Some(parse_field(&neg, &Sub(field, "notSelector"))?)
     };
     let (ports, named_ports) = split_ports(&er.ports);
     let (not_ports, not_named_ports) = split_ports(&er.not_ports);
@@ -355,21 +381,15 @@ fn scan_side(
 fn scan_rule(
     rule: &Rule,
     ns: Option<&str>,
-    field: &str,
+    field: Field<'_>,
     sets: &mut Vec<IpSetSpec>,
 ) -> Result<ParsedRule, String> {
-    let src = scan_side(
-        &rule.source,
-        ns,
-        rule.protocol,
-        &format!("{field}.source"),
-        sets,
-    )?;
+    let src = scan_side(&rule.source, ns, rule.protocol, &Sub(field, "source"), sets)?;
     let dst = scan_side(
         &rule.destination,
         ns,
         rule.protocol,
-        &format!("{field}.destination"),
+        &Sub(field, "destination"),
         sets,
     )?;
     Ok(ParsedRule {
@@ -415,7 +435,7 @@ pub(crate) fn scan_rules(
         ("egress", egress, &mut out.outbound),
     ] {
         for (i, rule) in rules.iter().enumerate() {
-            let field = format!("spec.{dir}[{i}]");
+            let field = RuleField(dir, i);
             let uses_services =
                 rule.source.services.is_some() || rule.destination.services.is_some();
             if uses_services {

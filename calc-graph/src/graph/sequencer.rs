@@ -19,7 +19,7 @@
 //! Felix's calculation graph sends nothing before the datastore is in sync; the first flush after
 //! it returns the complete state followed by `Output::InSync`.
 
-use std::collections::{HashMap, HashSet};
+use super::intern::{FxMap, FxSet};
 
 use crate::proto::{
     ActivePolicy, ActiveProfile, EndpointId, IpSetId, IpSetKind, IpSetMember, LocalEndpoint,
@@ -41,8 +41,8 @@ enum Pending {
     /// Member changes against the emitted membership (nothing is tracked for a set that has not
     /// been emitted: the flush sends its full membership).
     Deltas {
-        added: HashSet<IpSetMember>,
-        removed: HashSet<IpSetMember>,
+        added: FxSet<IpSetMember>,
+        removed: FxSet<IpSetMember>,
     },
     /// The emitted set was deactivated; `emitted` (sorted) is what the dataplane holds. If the set
     /// is active again at flush time, the flush diffs its membership against this.
@@ -52,8 +52,8 @@ enum Pending {
 impl Default for Pending {
     fn default() -> Self {
         Pending::Deltas {
-            added: HashSet::new(),
-            removed: HashSet::new(),
+            added: FxSet::default(),
+            removed: FxSet::default(),
         }
     }
 }
@@ -63,14 +63,14 @@ pub(crate) struct Sequencer {
     /// The `InSync` input has been seen.
     pub in_sync: bool,
     sent_in_sync: bool,
-    emitted_sets: HashSet<IpSetId>,
-    dirty_sets: HashMap<IpSetId, Pending>,
-    emitted_policies: HashMap<PolicyId, ActivePolicy>,
-    dirty_policies: HashSet<PolicyId>,
-    emitted_profiles: HashMap<String, ActiveProfile>,
-    dirty_profiles: HashSet<String>,
-    emitted_endpoints: HashMap<EndpointId, LocalEndpoint>,
-    dirty_endpoints: HashSet<EndpointId>,
+    emitted_sets: FxSet<IpSetId>,
+    dirty_sets: FxMap<IpSetId, Pending>,
+    emitted_policies: FxMap<PolicyId, ActivePolicy>,
+    dirty_policies: FxSet<PolicyId>,
+    emitted_profiles: FxMap<String, ActiveProfile>,
+    dirty_profiles: FxSet<String>,
+    emitted_endpoints: FxMap<EndpointId, LocalEndpoint>,
+    dirty_endpoints: FxSet<EndpointId>,
 }
 
 impl Sequencer {
@@ -282,8 +282,8 @@ fn sorted_diff(old: &[IpSetMember], new: &[IpSetMember]) -> (Vec<IpSetMember>, V
 
 /// Compares dirty objects with what was emitted; returns (updates, removals) in id order.
 fn diff<K, V>(
-    dirty: &mut HashSet<K>,
-    emitted: &mut HashMap<K, V>,
+    dirty: &mut FxSet<K>,
+    emitted: &mut FxMap<K, V>,
     desired: impl Fn(&K) -> Option<V>,
     update: impl Fn(V) -> Output,
     remove: impl Fn(K) -> Output,

@@ -37,7 +37,40 @@ pub fn validate_name(s: &str) -> Result<(), String> {
     dns_subdomain(s, "name")
 }
 
+/// Whether `s` is a well-formed DNS-1123 subdomain of at most `max` bytes, in one pass over the
+/// bytes. Only a fast path: every string it accepts passes [`dns_subdomain`]'s checks, and
+/// anything else goes through them to get the exact error message.
+fn is_plain_subdomain(s: &str, max: usize) -> bool {
+    let bytes = s.as_bytes();
+    if bytes.is_empty() || bytes.len() > max {
+        return false;
+    }
+    let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let mut prev = b'.'; // the start behaves like the start of a part
+    for &c in bytes {
+        let ok = match c {
+            b'a'..=b'z' | b'0'..=b'9' => true,
+            b'-' => prev != b'.', // a part must start with an alphanumeric
+            b'.' => alnum(prev),  // a part must end with one (and not be empty)
+            _ => false,
+        };
+        if !ok {
+            return false;
+        }
+        prev = c;
+    }
+    alnum(prev)
+}
+
 fn dns_subdomain(s: &str, what: &str) -> Result<(), String> {
+    if is_plain_subdomain(s, MAX_NAME_LEN) {
+        return Ok(());
+    }
+    dns_subdomain_checks(s, what)
+}
+
+/// The checks of [`dns_subdomain`] one by one, each with its own message.
+fn dns_subdomain_checks(s: &str, what: &str) -> Result<(), String> {
     if s.is_empty() {
         return Err(format!("{what} must not be empty"));
     }
@@ -83,6 +116,14 @@ pub fn validate_tier_name(s: &str) -> Result<(), String> {
 }
 
 fn dns_label(s: &str, what: &str) -> Result<(), String> {
+    if !s.contains('.') && is_plain_subdomain(s, MAX_LABEL_LEN) {
+        return Ok(());
+    }
+    dns_label_checks(s, what)
+}
+
+/// The checks of [`dns_label`] one by one, each with its own message.
+fn dns_label_checks(s: &str, what: &str) -> Result<(), String> {
     if s.is_empty() {
         return Err(format!("{what} must not be empty"));
     }
@@ -146,6 +187,20 @@ fn policy_labels(s: &str, want: &str) -> Result<(), String> {
 /// A Kubernetes label key: `[prefix/]name`, prefix a DNS-1123 subdomain, name 1-63 characters of
 /// alphanumerics, `-`, `_` and `.` starting and ending with an alphanumeric.
 pub fn validate_label_key(s: &str) -> Result<(), String> {
+    let plain = match s.split_once('/') {
+        Some((prefix, name)) => {
+            is_plain_subdomain(prefix, MAX_NAME_LEN) && is_plain_qualified(name)
+        }
+        None => is_plain_qualified(s),
+    };
+    if plain {
+        return Ok(());
+    }
+    label_key_checks(s)
+}
+
+/// The checks of [`validate_label_key`] one by one, each with its own message.
+fn label_key_checks(s: &str) -> Result<(), String> {
     if s.is_empty() {
         return Err("label key must not be empty".to_string());
     }
@@ -181,7 +236,31 @@ pub fn validate_label_value(s: &str) -> Result<(), String> {
     qualified_part(s, "label value", s)
 }
 
+/// Whether `part` passes [`qualified_part`] (1-63 letters, digits, `-`, `_`, `.`, alphanumeric
+/// at both ends), in one pass over the bytes: the fast path of label checks.
+fn is_plain_qualified(part: &str) -> bool {
+    let bytes = part.as_bytes();
+    match (bytes.first(), bytes.last()) {
+        (Some(first), Some(last)) if bytes.len() <= MAX_LABEL_LEN => {
+            first.is_ascii_alphanumeric()
+                && last.is_ascii_alphanumeric()
+                && bytes
+                    .iter()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        }
+        _ => false,
+    }
+}
+
 fn qualified_part(part: &str, what: &str, whole: &str) -> Result<(), String> {
+    if is_plain_qualified(part) {
+        return Ok(());
+    }
+    qualified_part_checks(part, what, whole)
+}
+
+/// The checks of [`qualified_part`] one by one, each with its own message.
+fn qualified_part_checks(part: &str, what: &str, whole: &str) -> Result<(), String> {
     if part.len() > MAX_LABEL_LEN {
         return Err(format!(
             "{what} {} is longer than {MAX_LABEL_LEN} characters",
@@ -309,6 +388,40 @@ pub fn validate_identifier(s: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The one-pass fast paths accept exactly the strings the step-by-step checks accept, so
+        /// they change no verdict (and rejected strings still get the step-by-step message).
+        #[test]
+        fn fast_paths_accept_exactly_what_the_checks_accept(
+            s in "[a-z0-9.\\-/_A-Z \n]{0,8}|[a-z0-9.\\-]{0,70}|[a-z]{60,260}"
+        ) {
+            prop_assert_eq!(
+                is_plain_subdomain(&s, MAX_NAME_LEN),
+                dns_subdomain_checks(&s, "name").is_ok()
+            );
+            prop_assert_eq!(
+                !s.contains('.') && is_plain_subdomain(&s, MAX_LABEL_LEN),
+                dns_label_checks(&s, "namespace").is_ok()
+            );
+            prop_assert_eq!(validate_label_key(&s), label_key_checks(&s));
+        }
+
+        /// Label keys with a prefix and label values: the fast paths agree with the checks.
+        #[test]
+        fn label_fast_paths_agree(
+            prefix in "[a-z0-9.\\-]{0,12}|[a-z]{250,256}",
+            name in "[a-zA-Z0-9._\\-/ ]{0,8}|[a-z]{60,66}",
+        ) {
+            let key = format!("{prefix}/{name}");
+            prop_assert_eq!(validate_label_key(&key), label_key_checks(&key));
+            prop_assert_eq!(
+                is_plain_qualified(&name),
+                qualified_part_checks(&name, "label value", &name).is_ok()
+            );
+        }
+    }
 
     #[test]
     fn names() {

@@ -71,16 +71,23 @@ macro_rules! at {
 }
 use at;
 
-/// Collects the errors of one resource.
-struct Ctx {
-    resource: String,
+/// Collects the errors of one resource. The resource's name (`networkpolicies/prod/web`) is
+/// formatted on the first error only: validating a valid resource allocates nothing for it.
+struct Ctx<'r> {
+    subject: &'r Resource,
+    resource: Option<String>,
     errors: Vec<ValidationError>,
 }
 
-impl Ctx {
+impl Ctx<'_> {
     fn err(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        let subject = self.subject;
+        let resource = self
+            .resource
+            .get_or_insert_with(|| subject.key().to_string())
+            .clone();
         self.errors.push(ValidationError {
-            resource: self.resource.clone(),
+            resource,
             path: path.into(),
             message: message.into(),
         });
@@ -112,7 +119,8 @@ impl Ctx {
 
 pub(super) fn validate_resource(r: &Resource) -> Result<(), Vec<ValidationError>> {
     let mut ctx = Ctx {
-        resource: r.key().to_string(),
+        subject: r,
+        resource: None,
         errors: Vec::new(),
     };
     metadata(&mut ctx, r.kind(), r.metadata());
@@ -188,7 +196,7 @@ pub(super) fn validate_resource(r: &Resource) -> Result<(), Vec<ValidationError>
     }
 }
 
-fn staged_delete(ctx: &mut Ctx, spec_is_empty: bool) {
+fn staged_delete(ctx: &mut Ctx<'_>, spec_is_empty: bool) {
     if !spec_is_empty {
         ctx.err(
             "spec",
@@ -197,7 +205,7 @@ fn staged_delete(ctx: &mut Ctx, spec_is_empty: bool) {
     }
 }
 
-fn metadata(ctx: &mut Ctx, kind: Kind, meta: &Metadata) {
+fn metadata(ctx: &mut Ctx<'_>, kind: Kind, meta: &Metadata) {
     let name_check = match kind {
         Kind::Tier => validate_tier_name(&meta.name),
         Kind::NetworkPolicy | Kind::StagedNetworkPolicy => validate_network_policy_name(&meta.name),
@@ -223,7 +231,7 @@ fn metadata(ctx: &mut Ctx, kind: Kind, meta: &Metadata) {
     annotations(ctx, "metadata.annotations", &meta.annotations);
 }
 
-fn labels(ctx: &mut Ctx, path: &str, labels: &BTreeMap<String, String>) {
+fn labels(ctx: &mut Ctx<'_>, path: &str, labels: &BTreeMap<String, String>) {
     for (k, v) in labels {
         ctx.check(at!("{path}[{k:?}]"), validate_label_key(k));
         ctx.check(at!("{path}[{k:?}]"), validate_label_value(v));
@@ -232,7 +240,7 @@ fn labels(ctx: &mut Ctx, path: &str, labels: &BTreeMap<String, String>) {
 
 /// Annotation keys are qualified names compared case-insensitively (as Calico lower-cases them
 /// before checking); the whole map is at most 256 KiB.
-fn annotations(ctx: &mut Ctx, path: &str, annotations: &BTreeMap<String, String>) {
+fn annotations(ctx: &mut Ctx<'_>, path: &str, annotations: &BTreeMap<String, String>) {
     let mut size = 0;
     for (k, v) in annotations {
         ctx.check(
@@ -249,7 +257,7 @@ fn annotations(ctx: &mut Ctx, path: &str, annotations: &BTreeMap<String, String>
     }
 }
 
-fn order(ctx: &mut Ctx, path: &str, order: Option<f64>) {
+fn order(ctx: &mut Ctx<'_>, path: &str, order: Option<f64>) {
     if let Some(o) = order
         && !o.is_finite()
     {
@@ -257,7 +265,7 @@ fn order(ctx: &mut Ctx, path: &str, order: Option<f64>) {
     }
 }
 
-fn tier(ctx: &mut Ctx, name: &str, spec: &TierSpec) {
+fn tier(ctx: &mut Ctx<'_>, name: &str, spec: &TierSpec) {
     order(ctx, "spec.order", spec.order);
     if let Some(a) = spec.default_action
         && !matches!(a, Action::Deny | Action::Pass)
@@ -296,7 +304,7 @@ struct PolicyFields<'a> {
     owner: Owner,
 }
 
-fn policy_common(ctx: &mut Ctx, f: PolicyFields<'_>) {
+fn policy_common(ctx: &mut Ctx<'_>, f: PolicyFields<'_>) {
     if let Some(t) = f.tier {
         ctx.check("spec.tier", validate_tier_name(t));
     }
@@ -327,7 +335,7 @@ fn policy_common(ctx: &mut Ctx, f: PolicyFields<'_>) {
     rule::rules(ctx, "spec.egress", f.egress, f.owner, Direction::Egress);
 }
 
-fn network_policy(ctx: &mut Ctx, s: &NetworkPolicySpec) {
+fn network_policy(ctx: &mut Ctx<'_>, s: &NetworkPolicySpec) {
     policy_common(
         ctx,
         PolicyFields {
@@ -344,7 +352,7 @@ fn network_policy(ctx: &mut Ctx, s: &NetworkPolicySpec) {
     );
 }
 
-fn global_policy(ctx: &mut Ctx, s: &GlobalNetworkPolicySpec) {
+fn global_policy(ctx: &mut Ctx<'_>, s: &GlobalNetworkPolicySpec) {
     ctx.selector(
         "spec.namespaceSelector",
         s.namespace_selector.as_deref(),

@@ -2,6 +2,8 @@
 //! `validatePort`, `validateHTTPRule` and the per-direction service/HTTP checks of the policy
 //! validators in libcalico-go).
 
+use std::fmt;
+
 use ipnet::IpNet;
 
 use super::super::names::{validate_name, validate_named_port, validate_namespace};
@@ -23,9 +25,33 @@ pub(super) enum Direction {
     Egress,
 }
 
+/// The path of one rule (`spec.ingress[2]`), formatted only when an error names it.
+struct RulePath<'a> {
+    list: &'a str,
+    index: usize,
+}
+
+impl fmt::Display for RulePath<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[{}]", self.list, self.index)
+    }
+}
+
+/// The path of one side of a rule (`spec.ingress[2].source`), formatted lazily too.
+struct SidePath<'a> {
+    rule: &'a RulePath<'a>,
+    side: &'static str,
+}
+
+impl fmt::Display for SidePath<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.rule, self.side)
+    }
+}
+
 pub(super) fn rules(ctx: &mut Ctx, path: &str, rules: &[Rule], owner: Owner, dir: Direction) {
-    for (i, r) in rules.iter().enumerate() {
-        rule(ctx, &format!("{path}[{i}]"), r, owner, dir);
+    for (index, r) in rules.iter().enumerate() {
+        rule(ctx, &RulePath { list: path, index }, r, owner, dir);
     }
 }
 
@@ -44,7 +70,7 @@ fn is_icmpv6(p: Option<Protocol>) -> bool {
     matches!(p, Some(Protocol::IcmpV6 | Protocol::Number(58)))
 }
 
-fn rule(ctx: &mut Ctx, p: &str, r: &Rule, owner: Owner, dir: Direction) {
+fn rule(ctx: &mut Ctx, p: &RulePath<'_>, r: &Rule, owner: Owner, dir: Direction) {
     for (field, proto) in [("protocol", r.protocol), ("notProtocol", r.not_protocol)] {
         if proto == Some(Protocol::Number(0)) {
             ctx.err(format!("{p}.{field}"), "protocol number 0 is invalid");
@@ -53,7 +79,7 @@ fn rule(ctx: &mut Ctx, p: &str, r: &Rule, owner: Owner, dir: Direction) {
     icmp(ctx, p, r);
     nets(ctx, p, r);
     for (side, e) in [("source", &r.source), ("destination", &r.destination)] {
-        entity(ctx, &format!("{p}.{side}"), e, r.protocol);
+        entity(ctx, &SidePath { rule: p, side }, e, r.protocol);
     }
     services(ctx, p, r, owner, dir);
     if let Some(http) = &r.http {
@@ -119,7 +145,7 @@ fn rule(ctx: &mut Ctx, p: &str, r: &Rule, owner: Owner, dir: Direction) {
 
 /// ICMP fields need protocol ICMP/ICMPv6, a code needs a type, and the ICMP flavour fixes the
 /// IP version.
-fn icmp(ctx: &mut Ctx, p: &str, r: &Rule) {
+fn icmp(ctx: &mut Ctx, p: &RulePath<'_>, r: &Rule) {
     let icmp_protocol = is_icmp(r.protocol) || is_icmpv6(r.protocol);
     for (field, icmp) in [("icmp", &r.icmp), ("notICMP", &r.not_icmp)] {
         let Some(icmp) = icmp else { continue };
@@ -160,7 +186,7 @@ fn icmp(ctx: &mut Ctx, p: &str, r: &Rule) {
 }
 
 /// Every CIDR must match `ipVersion`, and one rule cannot mix IPv4 and IPv6 CIDRs.
-fn nets(ctx: &mut Ctx, p: &str, r: &Rule) {
+fn nets(ctx: &mut Ctx, p: &RulePath<'_>, r: &Rule) {
     let (mut seen_v4, mut seen_v6) = (false, false);
     for (field, list) in [
         ("source.nets", &r.source.nets),
@@ -197,7 +223,7 @@ fn nets(ctx: &mut Ctx, p: &str, r: &Rule) {
     }
 }
 
-fn entity(ctx: &mut Ctx, sp: &str, e: &EntityRule, protocol: Option<Protocol>) {
+fn entity(ctx: &mut Ctx, sp: &SidePath<'_>, e: &EntityRule, protocol: Option<Protocol>) {
     ctx.selector(at!("{sp}.selector"), e.selector.as_deref(), true);
     ctx.selector(at!("{sp}.notSelector"), e.not_selector.as_deref(), false);
     ctx.selector(
@@ -288,7 +314,7 @@ fn entity(ctx: &mut Ctx, sp: &str, e: &EntityRule, protocol: Option<Protocol>) {
 
 /// Services go in the source of ingress rules and the destination of egress rules; a destination
 /// service takes its ports from the service; global policies must name the service's namespace.
-fn services(ctx: &mut Ctx, p: &str, r: &Rule, owner: Owner, dir: Direction) {
+fn services(ctx: &mut Ctx, p: &RulePath<'_>, r: &Rule, owner: Owner, dir: Direction) {
     if r.destination.services.is_some()
         && (!r.destination.ports.is_empty() || !r.destination.not_ports.is_empty())
     {
