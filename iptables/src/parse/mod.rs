@@ -148,8 +148,11 @@ pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
                 .find("\nCOMMIT")
                 .map_or(section, |end| &section[..end]);
             let mut t = Table::new(name);
-            t.lines
-                .reserve_exact(section.bytes().filter(|&b| b == b'\n').count());
+            // Branch-free count (vectorised; a filter().count() ran byte by byte).
+            let newlines = section
+                .bytes()
+                .fold(0usize, |n, b| n + usize::from(b == b'\n'));
+            t.lines.reserve_exact(newlines);
             table = Some((t, idx + 1));
             continue;
         }
@@ -238,11 +241,11 @@ fn chain_line(cur: &Cursor) -> Result<Chain, ParseError> {
 }
 
 /// Reused across rule lines: the last chain name (rules come grouped per chain, so most lines
-/// reuse it without allocating) and a scratch buffer for the typed-match canonical check.
+/// reuse it without allocating) and the typed-form scratch state (render buffer, interned set names).
 #[derive(Default)]
 struct RuleState {
     last_chain: Option<ChainName>,
-    scratch: String,
+    scratch: typed::Scratch,
 }
 
 fn rule_line<'a>(

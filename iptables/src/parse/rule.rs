@@ -10,9 +10,11 @@ use crate::model::{
     Addr, Arg, ChainName, Counters, Iface, Match, Negatable, Protocol, Rule, Target, Word,
 };
 
+use smallvec::SmallVec;
+
 use super::lexer::Tok;
 use super::typed::{
-    Opts, option_arity, options_of, typed_match, typed_target, validate_known_module,
+    Opts, Scratch, option_arity, options_of, typed_match, typed_target, validate_known_module,
     validate_known_target,
 };
 
@@ -79,8 +81,11 @@ struct PendingTarget<'t, 'a> {
     name: &'t Tok<'a>,
     opts: Option<Opts>,
     goto: bool,
-    args: Vec<&'t Tok<'a>>,
+    args: SmallVec<[&'t Tok<'a>; 4]>,
 }
+
+/// Option tokens of the matches being read (a rule rarely has more than 16; no heap then).
+type ArgBuf<'t, 'a> = SmallVec<[&'t Tok<'a>; 16]>;
 
 pub(crate) fn to_arg(t: &Tok) -> Result<Arg, LineError> {
     let r = if t.quoted {
@@ -93,8 +98,8 @@ pub(crate) fn to_arg(t: &Tok) -> Result<Arg, LineError> {
 
 fn finish_match<'t, 'a>(
     m: PendingMatch<'t>,
-    buf: &mut Vec<&'t Tok<'a>>,
-    scratch: &mut String,
+    buf: &mut ArgBuf<'t, 'a>,
+    scratch: &mut Scratch,
 ) -> Result<Match, LineError> {
     let args = &buf[m.start..];
     validate_known_module(m.module, args)?;
@@ -114,7 +119,7 @@ fn finish_match<'t, 'a>(
     Ok(result)
 }
 
-fn finish_target(t: PendingTarget) -> Result<Target, LineError> {
+fn finish_target(t: PendingTarget, scratch: &mut Scratch) -> Result<Target, LineError> {
     if t.goto {
         let c =
             ChainName::new(t.name.as_str()).map_err(|e| (t.name.offset, format!("goto: {e}")))?;
@@ -127,7 +132,7 @@ fn finish_target(t: PendingTarget) -> Result<Target, LineError> {
         return Ok(Target::Goto(c));
     }
     validate_known_target(t.name.as_str(), &t.args)?;
-    if let Some(typed) = typed_target(t.name.as_str(), &t.args) {
+    if let Some(typed) = typed_target(t.name.as_str(), &t.args, scratch) {
         return Ok(typed);
     }
     let name = Word::new(t.name.as_str()).map_err(|e| (t.name.offset, format!("target: {e}")))?;
@@ -154,11 +159,11 @@ pub(crate) fn parse_rule(
     chain: ChainName,
     counters: Option<Counters>,
     toks: &[Tok],
-    scratch: &mut String,
+    scratch: &mut Scratch,
 ) -> Result<Rule, LineError> {
     let mut rule = Rule::new(chain);
     rule.matches.reserve(4);
-    let mut buf: Vec<&Tok> = Vec::with_capacity(toks.len());
+    let mut buf = ArgBuf::new();
     rule.counters = counters;
     let mut ctx = Ctx::Base;
     let mut cur: Option<PendingMatch> = None;
@@ -304,7 +309,7 @@ pub(crate) fn parse_rule(
                             options_of(n.as_str(), true)
                         },
                         goto,
-                        args: Vec::new(),
+                        args: SmallVec::new(),
                     });
                     ctx = Ctx::Target;
                     continue;
@@ -376,7 +381,7 @@ pub(crate) fn parse_rule(
         rule.matches.push(finish_match(prev, &mut buf, scratch)?);
     }
     if let Some(t) = target {
-        rule.target = Some(finish_target(t)?);
+        rule.target = Some(finish_target(t, scratch)?);
     }
     Ok(rule)
 }

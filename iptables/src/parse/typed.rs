@@ -15,6 +15,8 @@ use crate::model::{
     Rate, RateUnit, SetDir, SetName, Target, Text, Word,
 };
 
+use std::collections::HashMap;
+
 use super::lexer::Tok;
 use super::rule::LineError;
 
@@ -215,6 +217,27 @@ fn validate(module: &str, target: bool, args: &[&Tok]) -> Result<(), LineError> 
     Ok(())
 }
 
+/// Per-parse state of the typed-form recognisers: the render buffer of the canonical check and
+/// the set names seen so far (a dump names the same few sets thousands of times; interning shares
+/// one `Arc<str>` instead of allocating two buffers per `--match-set`).
+#[derive(Default)]
+pub(crate) struct Scratch {
+    text: String,
+    sets: HashMap<Box<str>, SetName>,
+}
+
+impl Scratch {
+    /// `SetName::new(s)`, shared with earlier equal names of this parse.
+    fn set_name(&mut self, s: &str) -> Option<SetName> {
+        if let Some(n) = self.sets.get(s) {
+            return Some(n.clone());
+        }
+        let n = SetName::new(s).ok()?;
+        self.sets.insert(s.into(), n.clone());
+        Some(n)
+    }
+}
+
 /// `[ "!" ] rest…` -> (negated, rest).
 fn neg<'x, 'y>(a: &'x [&'y str]) -> (bool, &'x [&'y str]) {
     match a {
@@ -235,11 +258,11 @@ fn port_range(s: &str) -> Option<PortRange> {
 }
 
 fn ct_states(s: &str) -> Option<CtStates> {
-    let v = s
-        .split(',')
-        .map(CtState::from_name)
-        .collect::<Option<Vec<_>>>()?;
-    Some(CtStates::of(&v))
+    let mut states = CtStates::default();
+    for name in s.split(',') {
+        states = states.with(CtState::from_name(name)?);
+    }
+    Some(states)
 }
 
 fn icmp_type(s: &str) -> Option<IcmpType> {
@@ -330,7 +353,7 @@ fn addrtype<'x>(mut a: &'x [&'x str]) -> Option<Match> {
     })
 }
 
-fn typed_match_unchecked(module: &str, a: &[&str]) -> Option<Match> {
+fn typed_match_unchecked(module: &str, a: &[&str], scratch: &mut Scratch) -> Option<Match> {
     let (negated, rest) = neg(a);
     Some(match (module, rest) {
         ("conntrack", ["--ctstate", s]) => Match::Conntrack {
@@ -363,7 +386,7 @@ fn typed_match_unchecked(module: &str, a: &[&str]) -> Option<Match> {
                 .collect::<Option<Vec<_>>>()?;
             Match::Set {
                 negated,
-                name: SetName::new(*name).ok()?,
+                name: scratch.set_name(name)?,
                 dirs,
             }
         }
@@ -439,7 +462,7 @@ fn canonical(rendered: &str, lead: &str, name: &str, args: &[&Tok]) -> bool {
 }
 
 /// The typed form of a match, if it has one that reproduces its tokens.
-pub(crate) fn typed_match(module: &str, args: &[&Tok], scratch: &mut String) -> Option<Match> {
+pub(crate) fn typed_match(module: &str, args: &[&Tok], scratch: &mut Scratch) -> Option<Match> {
     if module == "comment" {
         return match args {
             [opt, v] if opt.is("--comment") => Match::comment(v.as_str()).ok(),
@@ -453,10 +476,10 @@ pub(crate) fn typed_match(module: &str, args: &[&Tok], scratch: &mut String) -> 
     for (p, t) in plain.iter_mut().zip(args) {
         *p = t.as_str();
     }
-    let m = typed_match_unchecked(module, &plain[..args.len()])?;
-    scratch.clear();
-    m.render_into(scratch);
-    canonical(scratch, " -m ", module, args).then_some(m)
+    let m = typed_match_unchecked(module, &plain[..args.len()], scratch)?;
+    scratch.text.clear();
+    m.render_into(&mut scratch.text);
+    canonical(&scratch.text, " -m ", module, args).then_some(m)
 }
 
 fn text_arg(t: &Tok) -> Option<Text> {
@@ -530,12 +553,12 @@ fn typed_target_unchecked(name: &str, args: &[&Tok]) -> Option<Target> {
 
 /// The typed form of a `-j` target, if it has one that reproduces its tokens. Jumps to user chains
 /// are resolved later, per table, from the declared chain names.
-pub(crate) fn typed_target(name: &str, args: &[&Tok]) -> Option<Target> {
+pub(crate) fn typed_target(name: &str, args: &[&Tok], scratch: &mut Scratch) -> Option<Target> {
     let t = typed_target_unchecked(name, args)?;
     if args.is_empty() {
         return Some(t);
     }
-    let mut r = String::with_capacity(64);
-    t.render_into(&mut r);
-    canonical(&r, " -j ", name, args).then_some(t)
+    scratch.text.clear();
+    t.render_into(&mut scratch.text);
+    canonical(&scratch.text, " -j ", name, args).then_some(t)
 }
