@@ -125,7 +125,7 @@ pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
             }
             continue;
         }
-        if line.trim_matches([' ', '\t']).is_empty() {
+        if line.bytes().all(|b| b == b' ' || b == b'\t') {
             return Err(cur.err(
                 0,
                 "whitespace-only line; iptables-restore rejects it (no command specified)",
@@ -148,11 +148,7 @@ pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
                 .find("\nCOMMIT")
                 .map_or(section, |end| &section[..end]);
             let mut t = Table::new(name);
-            // Branch-free count (vectorised; a filter().count() ran byte by byte).
-            let newlines = section
-                .bytes()
-                .fold(0usize, |n, b| n + usize::from(b == b'\n'));
-            t.lines.reserve_exact(newlines);
+            t.lines.reserve_exact(count_newlines(section.as_bytes()));
             table = Some((t, idx + 1));
             continue;
         }
@@ -188,6 +184,21 @@ pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
         });
     }
     Ok(rs)
+}
+
+/// Number of `\n` bytes, eight at a time (a byte loop cost ~30 M instructions on a 13 MB dump).
+fn count_newlines(b: &[u8]) -> usize {
+    const LO7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    const NL: u64 = 0x0a0a_0a0a_0a0a_0a0a;
+    let mut chunks = b.chunks_exact(8);
+    let mut n = 0usize;
+    for c in &mut chunks {
+        let x = u64::from_ne_bytes(c.try_into().expect("chunk of 8")) ^ NL;
+        // High bit of each byte set iff that byte of x is non-zero (i.e. was not '\n').
+        let nonzero = ((x & LO7).wrapping_add(LO7) | x) & !LO7;
+        n += 8 - nonzero.count_ones() as usize;
+    }
+    n + chunks.remainder().iter().filter(|&&c| c == b'\n').count()
 }
 
 fn chain_line(cur: &Cursor) -> Result<Chain, ParseError> {

@@ -7,7 +7,7 @@
 //! iptables 1.8 does.
 
 use crate::model::{
-    Addr, Arg, ChainName, Counters, Iface, Match, Negatable, Protocol, Rule, Target, Word,
+    Addr, Arg, ChainName, Counters, Match, Negatable, Protocol, Rule, Target, Word,
 };
 
 use smallvec::SmallVec;
@@ -32,7 +32,8 @@ enum Base {
 }
 
 fn base_option(t: &Tok) -> Option<Base> {
-    if t.quoted {
+    // Most tokens are values: one byte test rejects them before the string compares.
+    if t.quoted || !t.as_str().starts_with('-') {
         return None;
     }
     Some(match t.as_str() {
@@ -244,7 +245,7 @@ pub(crate) fn parse_rule(
                     }
                     rule.in_iface = Some(Negatable {
                         negated,
-                        value: Iface::new(v.as_str()).map_err(bad)?,
+                        value: scratch.iface(v.as_str()).map_err(bad)?,
                     });
                 }
                 Base::Out => {
@@ -253,7 +254,7 @@ pub(crate) fn parse_rule(
                     }
                     rule.out_iface = Some(Negatable {
                         negated,
-                        value: Iface::new(v.as_str()).map_err(bad)?,
+                        value: scratch.iface(v.as_str()).map_err(bad)?,
                     });
                 }
                 Base::Proto => {

@@ -405,3 +405,14 @@ fn errors_have_line_and_column() {
         );
     }
 }
+
+proptest::proptest! {
+    #[test]
+    fn count_newlines_counts_every_newline(bytes in proptest::collection::vec(
+        proptest::prop_oneof![proptest::strategy::Just(b'\n'), proptest::num::u8::ANY],
+        0..100,
+    )) {
+        let naive = bytes.iter().filter(|&&b| b == b'\n').count();
+        proptest::prop_assert_eq!(count_newlines(&bytes), naive);
+    }
+}

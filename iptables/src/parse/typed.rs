@@ -11,8 +11,8 @@
 
 use crate::model::text::push_quoted;
 use crate::model::{
-    AddrType, CtState, CtStates, IcmpType, Match, Negatable, NflogLen, PortRange, Ports, PortsKind,
-    Rate, RateUnit, SetDir, SetName, Target, Text, Word,
+    AddrType, CtState, CtStates, IcmpType, Iface, Match, ModelError, Negatable, NflogLen,
+    PortRange, Ports, PortsKind, Rate, RateUnit, SetDir, SetName, Target, Text, Word,
 };
 
 use std::collections::HashMap;
@@ -224,6 +224,7 @@ fn validate(module: &str, target: bool, args: &[&Tok]) -> Result<(), LineError> 
 pub(crate) struct Scratch {
     text: String,
     sets: HashMap<Box<str>, SetName>,
+    ifaces: HashMap<Box<str>, Iface>,
 }
 
 impl Scratch {
@@ -236,6 +237,16 @@ impl Scratch {
         self.sets.insert(s.into(), n.clone());
         Some(n)
     }
+
+    /// `Iface::new(s)`, shared with earlier equal names of this parse (`-i cali+` on most rules).
+    pub(crate) fn iface(&mut self, s: &str) -> Result<Iface, ModelError> {
+        if let Some(n) = self.ifaces.get(s) {
+            return Ok(n.clone());
+        }
+        let n = Iface::new(s)?;
+        self.ifaces.insert(s.into(), n.clone());
+        Ok(n)
+    }
 }
 
 /// `[ "!" ] rest…` -> (negated, rest).
@@ -244,6 +255,11 @@ fn neg<'x, 'y>(a: &'x [&'y str]) -> (bool, &'x [&'y str]) {
         ["!", rest @ ..] => (true, rest),
         _ => (false, a),
     }
+}
+
+/// Number of items of a comma-separated list (sizes its vector exactly, one allocation).
+fn comma_list_len(s: &str) -> usize {
+    1 + s.bytes().filter(|&b| b == b',').count()
 }
 
 fn hex_u32(s: &str) -> Option<u32> {
@@ -376,14 +392,15 @@ fn typed_match_unchecked(module: &str, a: &[&str], scratch: &mut Scratch) -> Opt
             }
         }
         ("set", ["--match-set", name, dirs]) => {
-            let dirs = dirs
-                .split(',')
-                .map(|d| match d {
-                    "src" => Some(SetDir::Src),
-                    "dst" => Some(SetDir::Dst),
-                    _ => None,
-                })
-                .collect::<Option<Vec<_>>>()?;
+            let mut parsed = Vec::with_capacity(comma_list_len(dirs));
+            for d in dirs.split(',') {
+                parsed.push(match d {
+                    "src" => SetDir::Src,
+                    "dst" => SetDir::Dst,
+                    _ => return None,
+                });
+            }
+            let dirs = parsed;
             Match::Set {
                 negated,
                 name: scratch.set_name(name)?,
@@ -397,10 +414,10 @@ fn typed_match_unchecked(module: &str, a: &[&str], scratch: &mut Scratch) -> Opt
                 "--ports" => PortsKind::Either,
                 _ => return None,
             };
-            let ports = list
-                .split(',')
-                .map(port_range)
-                .collect::<Option<Vec<_>>>()?;
+            let mut ports = Vec::with_capacity(comma_list_len(list));
+            for p in list.split(',') {
+                ports.push(port_range(p)?);
+            }
             Match::Multiport {
                 negated,
                 kind,
