@@ -342,3 +342,35 @@ fn addresses_are_typed_only_in_kernel_spelling() {
         assert_eq!(Addr::from_token(other).unwrap().to_string(), other);
     }
 }
+
+proptest::proptest! {
+    /// The allocation-free IPv6 spelling check agrees with `IpNet`'s Display on addresses rich in
+    /// zero runs and IPv4-mapped forms.
+    #[test]
+    fn v6_spelling_matches_display(
+        groups in proptest::collection::vec(
+            proptest::prop_oneof![
+                3 => proptest::strategy::Just(0u16),
+                1 => proptest::strategy::Just(0xffffu16),
+                2 => proptest::num::u16::ANY,
+                1 => 0u16..16,
+            ],
+            8,
+        ),
+        len in 0u8..=128,
+        mapped in proptest::bool::ANY,
+    ) {
+        let mut g: [u16; 8] = groups.try_into().unwrap();
+        if mapped {
+            g[..5].fill(0);
+            g[5] = 0xffff;
+        }
+        let net = ipnet::Ipv6Net::new(std::net::Ipv6Addr::from(g), len).unwrap();
+        let shown = net.to_string();
+        proptest::prop_assert!(super::rule::v6_spelled_as(&net, &shown), "{}", shown);
+        let upper = shown.to_uppercase();
+        proptest::prop_assert_eq!(super::rule::v6_spelled_as(&net, &upper), upper == shown);
+        let longer = format!("{shown}0");
+        proptest::prop_assert!(!super::rule::v6_spelled_as(&net, &longer));
+    }
+}
