@@ -43,7 +43,14 @@ pub enum Addr {
 impl Addr {
     /// Parses a token: `Net` only when the `IpNet` spelling is exactly the token.
     pub fn from_token(s: &str) -> Result<Self, ModelError> {
-        if let Ok(net) = s.parse::<IpNet>()
+        // What `s.parse::<IpNet>()` does, without first trying IPv4 on IPv6 text (an IPv4 net
+        // never contains ':' and an IPv6 one always does).
+        let parsed = if s.contains(':') {
+            s.parse::<ipnet::Ipv6Net>().map(IpNet::V6)
+        } else {
+            s.parse::<ipnet::Ipv4Net>().map(IpNet::V4)
+        };
+        if let Ok(net) = parsed
             && canonical_net(&net, s)
         {
             return Ok(Self::Net(net));

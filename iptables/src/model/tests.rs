@@ -374,3 +374,19 @@ proptest::proptest! {
         proptest::prop_assert!(!super::rule::v6_spelled_as(&net, &longer));
     }
 }
+
+proptest::proptest! {
+    /// `Addr::from_token` types a token as `Net` exactly when `IpNet` parses it and displays it
+    /// back identically (the fast paths must not change which tokens are typed).
+    #[test]
+    fn addr_from_token_agrees_with_ipnet(s in "[0-9a-fA-F:./]{1,24}|[0-9]{1,3}(\\.[0-9]{1,3}){3}/[0-9]{1,2}|[0-9a-f:]{2,30}/[0-9]{1,3}") {
+        let want_net = s
+            .parse::<ipnet::IpNet>()
+            .ok()
+            .filter(|n| n.to_string() == s);
+        match Addr::from_token(&s).unwrap() {
+            Addr::Net(n) => proptest::prop_assert_eq!(Some(n), want_net),
+            Addr::Other(_) => proptest::prop_assert_eq!(None, want_net),
+        }
+    }
+}
