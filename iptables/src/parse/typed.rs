@@ -493,10 +493,55 @@ pub(crate) fn typed_match(module: &str, args: &[&Tok], scratch: &mut Scratch) ->
     for (p, t) in plain.iter_mut().zip(args) {
         *p = t.as_str();
     }
-    let m = typed_match_unchecked(module, &plain[..args.len()], scratch)?;
+    let plain = &plain[..args.len()];
+    let m = typed_match_unchecked(module, plain, scratch)?;
+    let exact = spelled_exactly(&m, plain);
+    if exact && !cfg!(debug_assertions) {
+        return Some(m);
+    }
     scratch.text.clear();
     m.render_into(&mut scratch.text);
-    canonical(&scratch.text, " -m ", module, args).then_some(m)
+    let ok = canonical(&scratch.text, " -m ", module, args);
+    debug_assert!(
+        !exact || ok,
+        "spelled_exactly wrong for -m {module} {plain:?}"
+    );
+    ok.then_some(m)
+}
+
+/// `0x` + lowercase hex without leading zeros: how `{:#x}` prints a u32 that parsed from `s`.
+fn canonical_hex(s: &str) -> bool {
+    s.strip_prefix("0x").is_some_and(|d| {
+        (1..=8).contains(&d.len())
+            && d.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            && (d.len() == 1 || !d.starts_with('0'))
+    })
+}
+
+/// Decimal digits without a sign or leading zeros: how `{}` prints a number that parsed from `s`.
+fn canonical_dec(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s.len() == 1 || !s.starts_with('0'))
+}
+
+/// True when the typed form `m`, parsed from `plain`, is known to render back to exactly those
+/// tokens, so the render-and-compare check can be skipped (the common Calico shapes: set, mark,
+/// multiport). `false` means "not known", never "not canonical". Debug builds still run the full
+/// check and assert agreement.
+fn spelled_exactly(m: &Match, plain: &[&str]) -> bool {
+    let value = plain.last().copied().unwrap_or("");
+    match m {
+        // Name and direction words are stored as written; only `src`/`dst` parse.
+        Match::Set { .. } => true,
+        Match::Mark { mask, .. } => match value.split_once('/') {
+            Some((v, m)) => canonical_hex(v) && canonical_hex(m) && *mask != u32::MAX,
+            None => canonical_hex(value),
+        },
+        Match::Multiport { .. } => value.split(',').all(|p| match p.split_once(':') {
+            Some((a, b)) => canonical_dec(a) && canonical_dec(b) && a != b,
+            None => canonical_dec(p),
+        }),
+        _ => false,
+    }
 }
 
 fn text_arg(t: &Tok) -> Option<Text> {
@@ -575,7 +620,18 @@ pub(crate) fn typed_target(name: &str, args: &[&Tok], scratch: &mut Scratch) -> 
     if args.is_empty() {
         return Some(t);
     }
+    // `-j MARK --set-xmark V/M` renders both numbers with `{:#x}`: exact when they are spelled so.
+    let exact = matches!(t, Target::Mark { .. })
+        && args[1]
+            .as_str()
+            .split_once('/')
+            .is_some_and(|(v, m)| canonical_hex(v) && canonical_hex(m));
+    if exact && !cfg!(debug_assertions) {
+        return Some(t);
+    }
     scratch.text.clear();
     t.render_into(&mut scratch.text);
-    canonical(&scratch.text, " -j ", name, args).then_some(t)
+    let ok = canonical(&scratch.text, " -j ", name, args);
+    debug_assert!(!exact || ok, "spelled_exactly wrong for -j {name}");
+    ok.then_some(t)
 }
