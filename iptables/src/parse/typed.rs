@@ -523,6 +523,14 @@ fn canonical_dec(s: &str) -> bool {
     !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s.len() == 1 || !s.starts_with('0'))
 }
 
+/// A port or `first:last` range as [`PortRange`] prints it (a range with equal ends prints one port).
+fn canonical_port(p: &str) -> bool {
+    match p.split_once(':') {
+        Some((a, b)) => canonical_dec(a) && canonical_dec(b) && a != b,
+        None => canonical_dec(p),
+    }
+}
+
 /// True when the typed form `m`, parsed from `plain`, is known to render back to exactly those
 /// tokens, so the render-and-compare check can be skipped (the common Calico shapes: set, mark,
 /// multiport). `false` means "not known", never "not canonical". Debug builds still run the full
@@ -536,10 +544,21 @@ fn spelled_exactly(m: &Match, plain: &[&str]) -> bool {
             Some((v, m)) => canonical_hex(v) && canonical_hex(m) && *mask != u32::MAX,
             None => canonical_hex(value),
         },
-        Match::Multiport { .. } => value.split(',').all(|p| match p.split_once(':') {
-            Some((a, b)) => canonical_dec(a) && canonical_dec(b) && a != b,
-            None => canonical_dec(p),
-        }),
+        Match::Multiport { .. } => value.split(',').all(canonical_port),
+        // Only `--sport` then `--dport` parse; their values are what needs checking.
+        Match::Tcp(_) | Match::Udp(_) => plain
+            .windows(2)
+            .all(|w| !matches!(w[0], "--sport" | "--dport") || canonical_port(w[1])),
+        // Printed in bit order without repeats.
+        Match::Conntrack { .. } | Match::State { .. } => {
+            let mut last = None;
+            value.split(',').all(|n| {
+                let s = CtState::from_name(n);
+                let ok = s.is_some() && s > last;
+                last = s;
+                ok
+            })
+        }
         _ => false,
     }
 }
