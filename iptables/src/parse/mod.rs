@@ -94,7 +94,7 @@ pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
     if text.is_empty() {
         return Ok(rs);
     }
-    let has_cr_or_nul = body.contains('\r') || body.contains('\0'); // memchr, fast
+    let has_cr_or_nul = has_cr_or_nul(body.as_bytes());
     let mut state = RuleState::default();
     let mut toks = Vec::with_capacity(32);
     for (idx, line) in body.split('\n').enumerate() {
@@ -184,6 +184,26 @@ pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
         });
     }
     Ok(rs)
+}
+
+/// Mask of the high bit of every byte of `x` that is zero (exact, no false positives).
+fn zero_bytes(x: u64) -> u64 {
+    const LO7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    !(((x & LO7).wrapping_add(LO7)) | x) & !LO7
+}
+
+/// Whether `b` holds a `\r` or NUL, in one pass eight bytes at a time (two `memchr` passes
+/// over a 13 MB dump cost ~28 M instructions).
+fn has_cr_or_nul(b: &[u8]) -> bool {
+    const CR: u64 = 0x0d0d_0d0d_0d0d_0d0d;
+    let mut chunks = b.chunks_exact(8);
+    for c in &mut chunks {
+        let x = u64::from_ne_bytes(c.try_into().expect("chunk of 8"));
+        if zero_bytes(x) | zero_bytes(x ^ CR) != 0 {
+            return true;
+        }
+    }
+    chunks.remainder().iter().any(|&c| c == b'\r' || c == 0)
 }
 
 /// Number of `\n` bytes, eight at a time (a byte loop cost ~30 M instructions on a 13 MB dump).

@@ -409,10 +409,17 @@ fn errors_have_line_and_column() {
 proptest::proptest! {
     #[test]
     fn count_newlines_counts_every_newline(bytes in proptest::collection::vec(
-        proptest::prop_oneof![proptest::strategy::Just(b'\n'), proptest::num::u8::ANY],
+        proptest::prop_oneof![
+            1 => proptest::strategy::Just(b'\n'),
+            1 => proptest::strategy::Just(b'\r'),
+            1 => proptest::strategy::Just(0u8),
+            8 => proptest::num::u8::ANY,
+        ],
         0..100,
     )) {
         let naive = bytes.iter().filter(|&&b| b == b'\n').count();
         proptest::prop_assert_eq!(count_newlines(&bytes), naive);
+        let cr_nul = bytes.iter().any(|&b| b == b'\r' || b == 0);
+        proptest::prop_assert_eq!(has_cr_or_nul(&bytes), cr_nul);
     }
 }
