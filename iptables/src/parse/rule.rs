@@ -103,9 +103,20 @@ fn finish_match<'t, 'a>(
     scratch: &mut Scratch,
 ) -> Result<Match, LineError> {
     let args = &buf[m.start..];
-    validate_known_module(m.module, args)?;
-    let result = match typed_match(m.module, args, scratch) {
-        Some(typed) => typed,
+    let typed = typed_match(m.module, args, scratch);
+    // Tokens proven to be a typed form's exact spelling always validate (debug builds check).
+    let proven = matches!(typed, Some((_, true)));
+    if !proven || cfg!(debug_assertions) {
+        let v = validate_known_module(m.module, args);
+        debug_assert!(
+            !proven || v.is_ok(),
+            "proven -m {} failed validation",
+            m.module
+        );
+        v?;
+    }
+    let result = match typed {
+        Some((typed, _)) => typed,
         None => {
             let module =
                 Word::new(m.module).map_err(|e| (m.offset, format!("match module: {e}")))?;

@@ -346,6 +346,18 @@ fn errors_have_line_and_column() {
             "old negation syntax `--dport ! X`",
         ),
         (
+            "*filter\n-A INPUT -m set --match-set ! src -j DROP\nCOMMIT\n",
+            2,
+            29,
+            "old negation syntax `--match-set ! X`",
+        ),
+        (
+            "*filter\n-A INPUT -m comment --comment ! -j DROP\nCOMMIT\n",
+            2,
+            31,
+            "old negation syntax `--comment ! X`",
+        ),
+        (
             "*filter\n-A INPUT -m tcp --bogus 1 -j DROP\nCOMMIT\n",
             2,
             17,

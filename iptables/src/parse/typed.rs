@@ -478,11 +478,20 @@ fn canonical(rendered: &str, lead: &str, name: &str, args: &[&Tok]) -> bool {
     rest.is_empty()
 }
 
-/// The typed form of a match, if it has one that reproduces its tokens.
-pub(crate) fn typed_match(module: &str, args: &[&Tok], scratch: &mut Scratch) -> Option<Match> {
+/// The typed form of a match, if it has one that reproduces its tokens, and whether its tokens
+/// are proven to be in the typed form's exact spelling (see [`spelled_exactly`]; such tokens
+/// always pass [`validate_known_module`], which the caller may then skip).
+pub(crate) fn typed_match(
+    module: &str,
+    args: &[&Tok],
+    scratch: &mut Scratch,
+) -> Option<(Match, bool)> {
     if module == "comment" {
         return match args {
-            [opt, v] if opt.is("--comment") => Match::comment(v.as_str()).ok(),
+            // A bare `!` value is the rejected old negation syntax: not proven, so validated.
+            [opt, v] if opt.is("--comment") => {
+                Match::comment(v.as_str()).ok().map(|m| (m, !v.is("!")))
+            }
             _ => None,
         };
     }
@@ -497,7 +506,7 @@ pub(crate) fn typed_match(module: &str, args: &[&Tok], scratch: &mut Scratch) ->
     let m = typed_match_unchecked(module, plain, scratch)?;
     let exact = spelled_exactly(&m, plain);
     if exact && !cfg!(debug_assertions) {
-        return Some(m);
+        return Some((m, true));
     }
     scratch.text.clear();
     m.render_into(&mut scratch.text);
@@ -506,7 +515,7 @@ pub(crate) fn typed_match(module: &str, args: &[&Tok], scratch: &mut Scratch) ->
         !exact || ok,
         "spelled_exactly wrong for -m {module} {plain:?}"
     );
-    ok.then_some(m)
+    ok.then_some((m, exact))
 }
 
 /// `0x` + lowercase hex without leading zeros: how `{:#x}` prints a u32 that parsed from `s`.
@@ -533,13 +542,15 @@ fn canonical_port(p: &str) -> bool {
 
 /// True when the typed form `m`, parsed from `plain`, is known to render back to exactly those
 /// tokens, so the render-and-compare check can be skipped (the common Calico shapes: set, mark,
-/// multiport). `false` means "not known", never "not canonical". Debug builds still run the full
-/// check and assert agreement.
+/// multiport, ports, states). Such tokens are known options with their values, none of them a
+/// bare `!`, so they also pass [`validate_known_module`]. `false` means "not known", never "not
+/// canonical". Debug builds still run both checks and assert agreement.
 fn spelled_exactly(m: &Match, plain: &[&str]) -> bool {
     let value = plain.last().copied().unwrap_or("");
     match m {
-        // Name and direction words are stored as written; only `src`/`dst` parse.
-        Match::Set { .. } => true,
+        // Name and direction words are stored as written; only `src`/`dst` parse. A set named
+        // `!` is the rejected old negation syntax (`--match-set ! NAME`): left to validation.
+        Match::Set { name, .. } => name.as_str() != "!",
         Match::Mark { mask, .. } => match value.split_once('/') {
             Some((v, m)) => canonical_hex(v) && canonical_hex(m) && *mask != u32::MAX,
             None => canonical_hex(value),
