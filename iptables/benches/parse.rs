@@ -7,7 +7,7 @@
 //!    legacy backends), then time our parse of exactly the text it printed. Needs root, `ip`,
 //!    `ipset`, `iptables-restore`/`iptables-save` (+ `-legacy`); fails loudly when they are missing.
 //!    Set `FXB_SKIP_KERNEL=1` to run only 1 and 2; `FXB_PROFILE_ITERS=n` only parses the generated
-//!    dump n times (for `perf record`).
+//!    dump n times (for `perf record`/callgrind; `FXB_PROFILE_FILE=path` parses that file instead).
 
 use std::fmt::Write as _;
 use std::hint::black_box;
@@ -270,8 +270,13 @@ fn main() {
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
     {
-        // Profiling aid (`perf record`): only parse the generated dump, n times.
-        let dump = generated_dump();
+        // Profiling aid (`perf record`, callgrind): only parse the generated dump (or the file
+        // named by FXB_PROFILE_FILE), n times.
+        let dump = match std::env::var_os("FXB_PROFILE_FILE") {
+            Some(f) => std::fs::read_to_string(&f)
+                .unwrap_or_else(|e| panic!("FXB_PROFILE_FILE {}: {e}", f.to_string_lossy())),
+            None => generated_dump(),
+        };
         let t = best(n, || parse_save(&dump).expect("parses"));
         println!(
             "profile: {n} parses, cpu {:.2} ms each",

@@ -7,6 +7,7 @@
 use std::fmt;
 use std::fmt::Write as _;
 
+use super::text::{push_dec, push_hex};
 use super::{Arg, Negatable, SetName, Text, Word};
 
 /// A port or port range as printed by tcp/udp/multiport (`80`, `1024:65535`).
@@ -23,6 +24,17 @@ impl PortRange {
 
     pub fn range(first: u16, last: u16) -> Self {
         Self { first, last }
+    }
+}
+
+impl PortRange {
+    /// Appends the Display form (`80`, `1024:65535`).
+    pub(crate) fn push_to(self, out: &mut String) {
+        push_dec(out, self.first.into());
+        if self.first != self.last {
+            out.push(':');
+            push_dec(out, self.last.into());
+        }
     }
 }
 
@@ -110,6 +122,21 @@ pub struct CtStates(u8);
 impl CtStates {
     pub fn of(states: &[CtState]) -> Self {
         Self(states.iter().fold(0, |acc, s| acc | 1 << (*s as u8)))
+    }
+
+    /// This set plus `s`.
+    pub fn with(self, s: CtState) -> Self {
+        Self(self.0 | 1 << (s as u8))
+    }
+
+    /// Appends the Display form (`NEW,ESTABLISHED`).
+    pub(crate) fn push_to(self, out: &mut String) {
+        for (i, s) in self.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(s.as_str());
+        }
     }
 
     pub fn contains(self, s: CtState) -> bool {
@@ -317,12 +344,12 @@ fn push_ports(out: &mut String, ports: &Ports) {
     if let Some(p) = &ports.sport {
         push_neg(out, p.negated);
         out.push_str(" --sport ");
-        let _ = write!(out, "{}", p.value);
+        p.value.push_to(out);
     }
     if let Some(p) = &ports.dport {
         push_neg(out, p.negated);
         out.push_str(" --dport ");
-        let _ = write!(out, "{}", p.value);
+        p.value.push_to(out);
     }
 }
 
@@ -385,12 +412,12 @@ impl Match {
             Self::Conntrack { negated, states } => {
                 push_neg(out, *negated);
                 out.push_str(" --ctstate ");
-                let _ = write!(out, "{}", states);
+                states.push_to(out);
             }
             Self::State { negated, states } => {
                 push_neg(out, *negated);
                 out.push_str(" --state ");
-                let _ = write!(out, "{}", states);
+                states.push_to(out);
             }
             Self::Mark {
                 negated,
@@ -398,9 +425,11 @@ impl Match {
                 mask,
             } => {
                 push_neg(out, *negated);
-                let _ = write!(out, " --mark {value:#x}");
+                out.push_str(" --mark ");
+                push_hex(out, *value);
                 if *mask != u32::MAX {
-                    let _ = write!(out, "/{mask:#x}");
+                    out.push('/');
+                    push_hex(out, *mask);
                 }
             }
             Self::Set {
@@ -432,7 +461,7 @@ impl Match {
                     if i > 0 {
                         out.push(',');
                     }
-                    let _ = write!(out, "{}", p);
+                    p.push_to(out);
                 }
             }
             Self::Tcp(p) | Self::Udp(p) => push_ports(out, p),

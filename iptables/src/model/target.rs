@@ -3,6 +3,7 @@
 use std::fmt;
 use std::fmt::Write as _;
 
+use super::text::push_hex;
 use super::{Arg, ChainName, Text, Word};
 
 /// How NFLOG limits the copied length (`--nflog-size` is the working one; legacy kept `--nflog-range`).
@@ -114,7 +115,10 @@ impl Target {
                 }
             }
             Self::Mark { value, mask } => {
-                let _ = write!(out, " --set-xmark {value:#x}/{mask:#x}");
+                out.push_str(" --set-xmark ");
+                push_hex(out, *value);
+                out.push('/');
+                push_hex(out, *mask);
             }
             Self::Log { prefix, level } => {
                 if let Some(p) = prefix {

@@ -342,3 +342,51 @@ fn addresses_are_typed_only_in_kernel_spelling() {
         assert_eq!(Addr::from_token(other).unwrap().to_string(), other);
     }
 }
+
+proptest::proptest! {
+    /// The allocation-free IPv6 spelling check agrees with `IpNet`'s Display on addresses rich in
+    /// zero runs and IPv4-mapped forms.
+    #[test]
+    fn v6_spelling_matches_display(
+        groups in proptest::collection::vec(
+            proptest::prop_oneof![
+                3 => proptest::strategy::Just(0u16),
+                1 => proptest::strategy::Just(0xffffu16),
+                2 => proptest::num::u16::ANY,
+                1 => 0u16..16,
+            ],
+            8,
+        ),
+        len in 0u8..=128,
+        mapped in proptest::bool::ANY,
+    ) {
+        let mut g: [u16; 8] = groups.try_into().unwrap();
+        if mapped {
+            g[..5].fill(0);
+            g[5] = 0xffff;
+        }
+        let net = ipnet::Ipv6Net::new(std::net::Ipv6Addr::from(g), len).unwrap();
+        let shown = net.to_string();
+        proptest::prop_assert!(super::rule::v6_spelled_as(&net, &shown), "{}", shown);
+        let upper = shown.to_uppercase();
+        proptest::prop_assert_eq!(super::rule::v6_spelled_as(&net, &upper), upper == shown);
+        let longer = format!("{shown}0");
+        proptest::prop_assert!(!super::rule::v6_spelled_as(&net, &longer));
+    }
+}
+
+proptest::proptest! {
+    /// `Addr::from_token` types a token as `Net` exactly when `IpNet` parses it and displays it
+    /// back identically (the fast paths must not change which tokens are typed).
+    #[test]
+    fn addr_from_token_agrees_with_ipnet(s in "[0-9a-fA-F:./]{1,24}|[0-9]{1,3}(\\.[0-9]{1,3}){3}/[0-9]{1,2}|[0-9a-f:]{2,30}/[0-9]{1,3}") {
+        let want_net = s
+            .parse::<ipnet::IpNet>()
+            .ok()
+            .filter(|n| n.to_string() == s);
+        match Addr::from_token(&s).unwrap() {
+            Addr::Net(n) => proptest::prop_assert_eq!(Some(n), want_net),
+            Addr::Other(_) => proptest::prop_assert_eq!(None, want_net),
+        }
+    }
+}

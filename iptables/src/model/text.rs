@@ -33,6 +33,33 @@ fn is_plain(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_' || b == b'-'
 }
 
+/// Appends `v` in decimal (what `{v}` prints, without the formatting machinery: rendering is on
+/// the parser's hot path through the canonical check).
+pub(crate) fn push_dec(out: &mut String, mut v: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend(buf[i..].iter().map(|&b| char::from(b)));
+}
+
+/// Appends `v` as `{v:#x}` prints it (`0x` then lowercase hex without leading zeros; `0x0`).
+pub(crate) fn push_hex(out: &mut String, v: u32) {
+    out.push_str("0x");
+    let digits = (32 - v.leading_zeros()).div_ceil(4).max(1);
+    for k in (0..digits).rev() {
+        out.push(char::from(
+            b"0123456789abcdef"[((v >> (k * 4)) & 0xf) as usize],
+        ));
+    }
+}
+
 /// Appends `s` double-quoted with the kernel's escaping (`"`, `\`, `'` get a backslash).
 pub(crate) fn push_quoted(out: &mut String, s: &str) {
     out.push('"');
@@ -62,7 +89,12 @@ impl Text {
     /// Validates `s`: no newline, carriage return or NUL, at most [`MAX_TOKEN_LEN`] bytes.
     pub fn new(s: impl Into<String>) -> Result<Self, ModelError> {
         let s = s.into();
-        if let Some(c) = s.chars().find(|c| matches!(c, '\n' | '\r' | '\0')) {
+        // The three are ASCII, so a byte scan finds them (UTF-8 never reuses ASCII bytes).
+        if let Some(c) = s
+            .bytes()
+            .find(|b| matches!(b, b'\n' | b'\r' | 0))
+            .map(char::from)
+        {
             return Err(ModelError::new(
                 "string",
                 &s,
@@ -266,6 +298,32 @@ impl fmt::Display for Arg {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn number_pushers_match_format() {
+        for v in [
+            0u32,
+            1,
+            9,
+            10,
+            15,
+            16,
+            255,
+            0x10000,
+            0xdead_beef,
+            u32::MAX,
+            1 << 31,
+        ] {
+            let mut s = String::new();
+            push_hex(&mut s, v);
+            assert_eq!(s, format!("{v:#x}"));
+        }
+        for v in [0u64, 1, 9, 10, 99, 100, 65535, 1_000_000, u64::MAX] {
+            let mut s = String::new();
+            push_dec(&mut s, v);
+            assert_eq!(s, v.to_string());
+        }
+    }
 
     #[test]
     fn save_string_quoting_matches_kernel() {

@@ -35,19 +35,32 @@ impl Tok<'_> {
 // The three scanners below are nom parsers (`IResult`) written over bytes: every byte they stop
 // at is ASCII, so the split points are always char boundaries. This is the parser's hot loop.
 
+#[inline]
 fn spaces(i: &str) -> IResult<&str, &str> {
-    let n = i
-        .bytes()
-        .position(|b| b != b' ' && b != b'\t')
-        .unwrap_or(i.len());
+    let b = i.as_bytes();
+    let mut n = 0;
+    while n < b.len() && (b[n] == b' ' || b[n] == b'\t') {
+        n += 1;
+    }
     Ok((&i[n..], &i[..n]))
 }
 
+/// Bytes that end a bare part: space, tab, `"`.
+static STOPS: [bool; 256] = {
+    let mut t = [false; 256];
+    t[b' ' as usize] = true;
+    t[b'\t' as usize] = true;
+    t[b'"' as usize] = true;
+    t
+};
+
+#[inline]
 fn bare(i: &str) -> IResult<&str, &str> {
-    let n = i
-        .bytes()
-        .position(|b| b == b' ' || b == b'\t' || b == b'"')
-        .unwrap_or(i.len());
+    let b = i.as_bytes();
+    let mut n = 0;
+    while n < b.len() && !STOPS[b[n] as usize] {
+        n += 1;
+    }
     Ok((&i[n..], &i[..n]))
 }
 

@@ -94,7 +94,7 @@ pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
     if text.is_empty() {
         return Ok(rs);
     }
-    let has_cr_or_nul = body.contains('\r') || body.contains('\0'); // memchr, fast
+    let has_cr_or_nul = has_cr_or_nul(body.as_bytes());
     let mut state = RuleState::default();
     let mut toks = Vec::with_capacity(32);
     for (idx, line) in body.split('\n').enumerate() {
@@ -125,7 +125,7 @@ pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
             }
             continue;
         }
-        if line.trim_matches([' ', '\t']).is_empty() {
+        if line.bytes().all(|b| b == b' ' || b == b'\t') {
             return Err(cur.err(
                 0,
                 "whitespace-only line; iptables-restore rejects it (no command specified)",
@@ -148,8 +148,7 @@ pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
                 .find("\nCOMMIT")
                 .map_or(section, |end| &section[..end]);
             let mut t = Table::new(name);
-            t.lines
-                .reserve_exact(section.bytes().filter(|&b| b == b'\n').count());
+            t.lines.reserve_exact(count_newlines(section.as_bytes()));
             table = Some((t, idx + 1));
             continue;
         }
@@ -185,6 +184,41 @@ pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
         });
     }
     Ok(rs)
+}
+
+/// Mask of the high bit of every byte of `x` that is zero (exact, no false positives).
+fn zero_bytes(x: u64) -> u64 {
+    const LO7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    !(((x & LO7).wrapping_add(LO7)) | x) & !LO7
+}
+
+/// Whether `b` holds a `\r` or NUL, in one pass eight bytes at a time (two `memchr` passes
+/// over a 13 MB dump cost ~28 M instructions).
+fn has_cr_or_nul(b: &[u8]) -> bool {
+    const CR: u64 = 0x0d0d_0d0d_0d0d_0d0d;
+    let mut chunks = b.chunks_exact(8);
+    for c in &mut chunks {
+        let x = u64::from_ne_bytes(c.try_into().expect("chunk of 8"));
+        if zero_bytes(x) | zero_bytes(x ^ CR) != 0 {
+            return true;
+        }
+    }
+    chunks.remainder().iter().any(|&c| c == b'\r' || c == 0)
+}
+
+/// Number of `\n` bytes, eight at a time (a byte loop cost ~30 M instructions on a 13 MB dump).
+fn count_newlines(b: &[u8]) -> usize {
+    const LO7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    const NL: u64 = 0x0a0a_0a0a_0a0a_0a0a;
+    let mut chunks = b.chunks_exact(8);
+    let mut n = 0usize;
+    for c in &mut chunks {
+        let x = u64::from_ne_bytes(c.try_into().expect("chunk of 8")) ^ NL;
+        // High bit of each byte set iff that byte of x is non-zero (i.e. was not '\n').
+        let nonzero = ((x & LO7).wrapping_add(LO7) | x) & !LO7;
+        n += 8 - nonzero.count_ones() as usize;
+    }
+    n + chunks.remainder().iter().filter(|&&c| c == b'\n').count()
 }
 
 fn chain_line(cur: &Cursor) -> Result<Chain, ParseError> {
@@ -238,11 +272,11 @@ fn chain_line(cur: &Cursor) -> Result<Chain, ParseError> {
 }
 
 /// Reused across rule lines: the last chain name (rules come grouped per chain, so most lines
-/// reuse it without allocating) and a scratch buffer for the typed-match canonical check.
+/// reuse it without allocating) and the typed-form scratch state (render buffer, interned set names).
 #[derive(Default)]
 struct RuleState {
     last_chain: Option<ChainName>,
-    scratch: String,
+    scratch: typed::Scratch,
 }
 
 fn rule_line<'a>(

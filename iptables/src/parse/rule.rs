@@ -7,12 +7,14 @@
 //! iptables 1.8 does.
 
 use crate::model::{
-    Addr, Arg, ChainName, Counters, Iface, Match, Negatable, Protocol, Rule, Target, Word,
+    Addr, Arg, ChainName, Counters, Match, Negatable, Protocol, Rule, Target, Word,
 };
+
+use smallvec::SmallVec;
 
 use super::lexer::Tok;
 use super::typed::{
-    Opts, option_arity, options_of, typed_match, typed_target, validate_known_module,
+    Opts, Scratch, option_arity, options_of, typed_match, typed_target, validate_known_module,
     validate_known_target,
 };
 
@@ -30,7 +32,8 @@ enum Base {
 }
 
 fn base_option(t: &Tok) -> Option<Base> {
-    if t.quoted {
+    // Most tokens are values: one byte test rejects them before the string compares.
+    if t.quoted || !t.as_str().starts_with('-') {
         return None;
     }
     Some(match t.as_str() {
@@ -79,8 +82,11 @@ struct PendingTarget<'t, 'a> {
     name: &'t Tok<'a>,
     opts: Option<Opts>,
     goto: bool,
-    args: Vec<&'t Tok<'a>>,
+    args: SmallVec<[&'t Tok<'a>; 4]>,
 }
+
+/// Option tokens of the matches being read (a rule rarely has more than 16; no heap then).
+type ArgBuf<'t, 'a> = SmallVec<[&'t Tok<'a>; 16]>;
 
 pub(crate) fn to_arg(t: &Tok) -> Result<Arg, LineError> {
     let r = if t.quoted {
@@ -93,13 +99,24 @@ pub(crate) fn to_arg(t: &Tok) -> Result<Arg, LineError> {
 
 fn finish_match<'t, 'a>(
     m: PendingMatch<'t>,
-    buf: &mut Vec<&'t Tok<'a>>,
-    scratch: &mut String,
+    buf: &mut ArgBuf<'t, 'a>,
+    scratch: &mut Scratch,
 ) -> Result<Match, LineError> {
     let args = &buf[m.start..];
-    validate_known_module(m.module, args)?;
-    let result = match typed_match(m.module, args, scratch) {
-        Some(typed) => typed,
+    let typed = typed_match(m.module, args, scratch);
+    // Tokens proven to be a typed form's exact spelling always validate (debug builds check).
+    let proven = matches!(typed, Some((_, true)));
+    if !proven || cfg!(debug_assertions) {
+        let v = validate_known_module(m.module, args);
+        debug_assert!(
+            !proven || v.is_ok(),
+            "proven -m {} failed validation",
+            m.module
+        );
+        v?;
+    }
+    let result = match typed {
+        Some((typed, _)) => typed,
         None => {
             let module =
                 Word::new(m.module).map_err(|e| (m.offset, format!("match module: {e}")))?;
@@ -114,7 +131,7 @@ fn finish_match<'t, 'a>(
     Ok(result)
 }
 
-fn finish_target(t: PendingTarget) -> Result<Target, LineError> {
+fn finish_target(t: PendingTarget, scratch: &mut Scratch) -> Result<Target, LineError> {
     if t.goto {
         let c =
             ChainName::new(t.name.as_str()).map_err(|e| (t.name.offset, format!("goto: {e}")))?;
@@ -127,7 +144,7 @@ fn finish_target(t: PendingTarget) -> Result<Target, LineError> {
         return Ok(Target::Goto(c));
     }
     validate_known_target(t.name.as_str(), &t.args)?;
-    if let Some(typed) = typed_target(t.name.as_str(), &t.args) {
+    if let Some(typed) = typed_target(t.name.as_str(), &t.args, scratch) {
         return Ok(typed);
     }
     let name = Word::new(t.name.as_str()).map_err(|e| (t.name.offset, format!("target: {e}")))?;
@@ -154,11 +171,11 @@ pub(crate) fn parse_rule(
     chain: ChainName,
     counters: Option<Counters>,
     toks: &[Tok],
-    scratch: &mut String,
+    scratch: &mut Scratch,
 ) -> Result<Rule, LineError> {
     let mut rule = Rule::new(chain);
     rule.matches.reserve(4);
-    let mut buf: Vec<&Tok> = Vec::with_capacity(toks.len());
+    let mut buf = ArgBuf::new();
     rule.counters = counters;
     let mut ctx = Ctx::Base;
     let mut cur: Option<PendingMatch> = None;
@@ -239,7 +256,7 @@ pub(crate) fn parse_rule(
                     }
                     rule.in_iface = Some(Negatable {
                         negated,
-                        value: Iface::new(v.as_str()).map_err(bad)?,
+                        value: scratch.iface(v.as_str()).map_err(bad)?,
                     });
                 }
                 Base::Out => {
@@ -248,7 +265,7 @@ pub(crate) fn parse_rule(
                     }
                     rule.out_iface = Some(Negatable {
                         negated,
-                        value: Iface::new(v.as_str()).map_err(bad)?,
+                        value: scratch.iface(v.as_str()).map_err(bad)?,
                     });
                 }
                 Base::Proto => {
@@ -304,7 +321,7 @@ pub(crate) fn parse_rule(
                             options_of(n.as_str(), true)
                         },
                         goto,
-                        args: Vec::new(),
+                        args: SmallVec::new(),
                     });
                     ctx = Ctx::Target;
                     continue;
@@ -376,7 +393,7 @@ pub(crate) fn parse_rule(
         rule.matches.push(finish_match(prev, &mut buf, scratch)?);
     }
     if let Some(t) = target {
-        rule.target = Some(finish_target(t)?);
+        rule.target = Some(finish_target(t, scratch)?);
     }
     Ok(rule)
 }

@@ -346,6 +346,18 @@ fn errors_have_line_and_column() {
             "old negation syntax `--dport ! X`",
         ),
         (
+            "*filter\n-A INPUT -m set --match-set ! src -j DROP\nCOMMIT\n",
+            2,
+            29,
+            "old negation syntax `--match-set ! X`",
+        ),
+        (
+            "*filter\n-A INPUT -m comment --comment ! -j DROP\nCOMMIT\n",
+            2,
+            31,
+            "old negation syntax `--comment ! X`",
+        ),
+        (
             "*filter\n-A INPUT -m tcp --bogus 1 -j DROP\nCOMMIT\n",
             2,
             17,
@@ -403,5 +415,23 @@ fn errors_have_line_and_column() {
             (e.line, e.column) == (*line, *col) && e.message.contains(msg),
             "{text:?}: got {e}, want {line}:{col}: …{msg}…"
         );
+    }
+}
+
+proptest::proptest! {
+    #[test]
+    fn count_newlines_counts_every_newline(bytes in proptest::collection::vec(
+        proptest::prop_oneof![
+            1 => proptest::strategy::Just(b'\n'),
+            1 => proptest::strategy::Just(b'\r'),
+            1 => proptest::strategy::Just(0u8),
+            8 => proptest::num::u8::ANY,
+        ],
+        0..100,
+    )) {
+        let naive = bytes.iter().filter(|&&b| b == b'\n').count();
+        proptest::prop_assert_eq!(count_newlines(&bytes), naive);
+        let cr_nul = bytes.iter().any(|&b| b == b'\r' || b == 0);
+        proptest::prop_assert_eq!(has_cr_or_nul(&bytes), cr_nul);
     }
 }

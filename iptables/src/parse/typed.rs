@@ -11,9 +11,11 @@
 
 use crate::model::text::push_quoted;
 use crate::model::{
-    AddrType, CtState, CtStates, IcmpType, Match, Negatable, NflogLen, PortRange, Ports, PortsKind,
-    Rate, RateUnit, SetDir, SetName, Target, Text, Word,
+    AddrType, CtState, CtStates, IcmpType, Iface, Match, ModelError, Negatable, NflogLen,
+    PortRange, Ports, PortsKind, Rate, RateUnit, SetDir, SetName, Target, Text, Word,
 };
+
+use std::collections::HashMap;
 
 use super::lexer::Tok;
 use super::rule::LineError;
@@ -215,12 +217,49 @@ fn validate(module: &str, target: bool, args: &[&Tok]) -> Result<(), LineError> 
     Ok(())
 }
 
+/// Per-parse state of the typed-form recognisers: the render buffer of the canonical check and
+/// the set names seen so far (a dump names the same few sets thousands of times; interning shares
+/// one `Arc<str>` instead of allocating two buffers per `--match-set`).
+#[derive(Default)]
+pub(crate) struct Scratch {
+    text: String,
+    sets: HashMap<Box<str>, SetName>,
+    ifaces: HashMap<Box<str>, Iface>,
+}
+
+impl Scratch {
+    /// `SetName::new(s)`, shared with earlier equal names of this parse.
+    fn set_name(&mut self, s: &str) -> Option<SetName> {
+        if let Some(n) = self.sets.get(s) {
+            return Some(n.clone());
+        }
+        let n = SetName::new(s).ok()?;
+        self.sets.insert(s.into(), n.clone());
+        Some(n)
+    }
+
+    /// `Iface::new(s)`, shared with earlier equal names of this parse (`-i cali+` on most rules).
+    pub(crate) fn iface(&mut self, s: &str) -> Result<Iface, ModelError> {
+        if let Some(n) = self.ifaces.get(s) {
+            return Ok(n.clone());
+        }
+        let n = Iface::new(s)?;
+        self.ifaces.insert(s.into(), n.clone());
+        Ok(n)
+    }
+}
+
 /// `[ "!" ] rest…` -> (negated, rest).
 fn neg<'x, 'y>(a: &'x [&'y str]) -> (bool, &'x [&'y str]) {
     match a {
         ["!", rest @ ..] => (true, rest),
         _ => (false, a),
     }
+}
+
+/// Number of items of a comma-separated list (sizes its vector exactly, one allocation).
+fn comma_list_len(s: &str) -> usize {
+    1 + s.bytes().filter(|&b| b == b',').count()
 }
 
 fn hex_u32(s: &str) -> Option<u32> {
@@ -235,11 +274,11 @@ fn port_range(s: &str) -> Option<PortRange> {
 }
 
 fn ct_states(s: &str) -> Option<CtStates> {
-    let v = s
-        .split(',')
-        .map(CtState::from_name)
-        .collect::<Option<Vec<_>>>()?;
-    Some(CtStates::of(&v))
+    let mut states = CtStates::default();
+    for name in s.split(',') {
+        states = states.with(CtState::from_name(name)?);
+    }
+    Some(states)
 }
 
 fn icmp_type(s: &str) -> Option<IcmpType> {
@@ -330,7 +369,7 @@ fn addrtype<'x>(mut a: &'x [&'x str]) -> Option<Match> {
     })
 }
 
-fn typed_match_unchecked(module: &str, a: &[&str]) -> Option<Match> {
+fn typed_match_unchecked(module: &str, a: &[&str], scratch: &mut Scratch) -> Option<Match> {
     let (negated, rest) = neg(a);
     Some(match (module, rest) {
         ("conntrack", ["--ctstate", s]) => Match::Conntrack {
@@ -353,17 +392,18 @@ fn typed_match_unchecked(module: &str, a: &[&str]) -> Option<Match> {
             }
         }
         ("set", ["--match-set", name, dirs]) => {
-            let dirs = dirs
-                .split(',')
-                .map(|d| match d {
-                    "src" => Some(SetDir::Src),
-                    "dst" => Some(SetDir::Dst),
-                    _ => None,
-                })
-                .collect::<Option<Vec<_>>>()?;
+            let mut parsed = Vec::with_capacity(comma_list_len(dirs));
+            for d in dirs.split(',') {
+                parsed.push(match d {
+                    "src" => SetDir::Src,
+                    "dst" => SetDir::Dst,
+                    _ => return None,
+                });
+            }
+            let dirs = parsed;
             Match::Set {
                 negated,
-                name: SetName::new(*name).ok()?,
+                name: scratch.set_name(name)?,
                 dirs,
             }
         }
@@ -374,10 +414,10 @@ fn typed_match_unchecked(module: &str, a: &[&str]) -> Option<Match> {
                 "--ports" => PortsKind::Either,
                 _ => return None,
             };
-            let ports = list
-                .split(',')
-                .map(port_range)
-                .collect::<Option<Vec<_>>>()?;
+            let mut ports = Vec::with_capacity(comma_list_len(list));
+            for p in list.split(',') {
+                ports.push(port_range(p)?);
+            }
             Match::Multiport {
                 negated,
                 kind,
@@ -438,11 +478,20 @@ fn canonical(rendered: &str, lead: &str, name: &str, args: &[&Tok]) -> bool {
     rest.is_empty()
 }
 
-/// The typed form of a match, if it has one that reproduces its tokens.
-pub(crate) fn typed_match(module: &str, args: &[&Tok], scratch: &mut String) -> Option<Match> {
+/// The typed form of a match, if it has one that reproduces its tokens, and whether its tokens
+/// are proven to be in the typed form's exact spelling (see [`spelled_exactly`]; such tokens
+/// always pass [`validate_known_module`], which the caller may then skip).
+pub(crate) fn typed_match(
+    module: &str,
+    args: &[&Tok],
+    scratch: &mut Scratch,
+) -> Option<(Match, bool)> {
     if module == "comment" {
         return match args {
-            [opt, v] if opt.is("--comment") => Match::comment(v.as_str()).ok(),
+            // A bare `!` value is the rejected old negation syntax: not proven, so validated.
+            [opt, v] if opt.is("--comment") => {
+                Match::comment(v.as_str()).ok().map(|m| (m, !v.is("!")))
+            }
             _ => None,
         };
     }
@@ -453,10 +502,76 @@ pub(crate) fn typed_match(module: &str, args: &[&Tok], scratch: &mut String) -> 
     for (p, t) in plain.iter_mut().zip(args) {
         *p = t.as_str();
     }
-    let m = typed_match_unchecked(module, &plain[..args.len()])?;
-    scratch.clear();
-    m.render_into(scratch);
-    canonical(scratch, " -m ", module, args).then_some(m)
+    let plain = &plain[..args.len()];
+    let m = typed_match_unchecked(module, plain, scratch)?;
+    let exact = spelled_exactly(&m, plain);
+    if exact && !cfg!(debug_assertions) {
+        return Some((m, true));
+    }
+    scratch.text.clear();
+    m.render_into(&mut scratch.text);
+    let ok = canonical(&scratch.text, " -m ", module, args);
+    debug_assert!(
+        !exact || ok,
+        "spelled_exactly wrong for -m {module} {plain:?}"
+    );
+    ok.then_some((m, exact))
+}
+
+/// `0x` + lowercase hex without leading zeros: how `{:#x}` prints a u32 that parsed from `s`.
+fn canonical_hex(s: &str) -> bool {
+    s.strip_prefix("0x").is_some_and(|d| {
+        (1..=8).contains(&d.len())
+            && d.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            && (d.len() == 1 || !d.starts_with('0'))
+    })
+}
+
+/// Decimal digits without a sign or leading zeros: how `{}` prints a number that parsed from `s`.
+fn canonical_dec(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s.len() == 1 || !s.starts_with('0'))
+}
+
+/// A port or `first:last` range as [`PortRange`] prints it (a range with equal ends prints one port).
+fn canonical_port(p: &str) -> bool {
+    match p.split_once(':') {
+        Some((a, b)) => canonical_dec(a) && canonical_dec(b) && a != b,
+        None => canonical_dec(p),
+    }
+}
+
+/// True when the typed form `m`, parsed from `plain`, is known to render back to exactly those
+/// tokens, so the render-and-compare check can be skipped (the common Calico shapes: set, mark,
+/// multiport, ports, states). Such tokens are known options with their values, none of them a
+/// bare `!`, so they also pass [`validate_known_module`]. `false` means "not known", never "not
+/// canonical". Debug builds still run both checks and assert agreement.
+fn spelled_exactly(m: &Match, plain: &[&str]) -> bool {
+    let value = plain.last().copied().unwrap_or("");
+    match m {
+        // Name and direction words are stored as written; only `src`/`dst` parse. A set named
+        // `!` is the rejected old negation syntax (`--match-set ! NAME`): left to validation.
+        Match::Set { name, .. } => name.as_str() != "!",
+        Match::Mark { mask, .. } => match value.split_once('/') {
+            Some((v, m)) => canonical_hex(v) && canonical_hex(m) && *mask != u32::MAX,
+            None => canonical_hex(value),
+        },
+        Match::Multiport { .. } => value.split(',').all(canonical_port),
+        // Only `--sport` then `--dport` parse; their values are what needs checking.
+        Match::Tcp(_) | Match::Udp(_) => plain
+            .windows(2)
+            .all(|w| !matches!(w[0], "--sport" | "--dport") || canonical_port(w[1])),
+        // Printed in bit order without repeats.
+        Match::Conntrack { .. } | Match::State { .. } => {
+            let mut last = None;
+            value.split(',').all(|n| {
+                let s = CtState::from_name(n);
+                let ok = s.is_some() && s > last;
+                last = s;
+                ok
+            })
+        }
+        _ => false,
+    }
 }
 
 fn text_arg(t: &Tok) -> Option<Text> {
@@ -530,12 +645,23 @@ fn typed_target_unchecked(name: &str, args: &[&Tok]) -> Option<Target> {
 
 /// The typed form of a `-j` target, if it has one that reproduces its tokens. Jumps to user chains
 /// are resolved later, per table, from the declared chain names.
-pub(crate) fn typed_target(name: &str, args: &[&Tok]) -> Option<Target> {
+pub(crate) fn typed_target(name: &str, args: &[&Tok], scratch: &mut Scratch) -> Option<Target> {
     let t = typed_target_unchecked(name, args)?;
     if args.is_empty() {
         return Some(t);
     }
-    let mut r = String::with_capacity(64);
-    t.render_into(&mut r);
-    canonical(&r, " -j ", name, args).then_some(t)
+    // `-j MARK --set-xmark V/M` renders both numbers with `{:#x}`: exact when they are spelled so.
+    let exact = matches!(t, Target::Mark { .. })
+        && args[1]
+            .as_str()
+            .split_once('/')
+            .is_some_and(|(v, m)| canonical_hex(v) && canonical_hex(m));
+    if exact && !cfg!(debug_assertions) {
+        return Some(t);
+    }
+    scratch.text.clear();
+    t.render_into(&mut scratch.text);
+    let ok = canonical(&scratch.text, " -j ", name, args);
+    debug_assert!(!exact || ok, "spelled_exactly wrong for -j {name}");
+    ok.then_some(t)
 }
