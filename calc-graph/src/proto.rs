@@ -11,6 +11,7 @@
 
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -207,7 +208,9 @@ pub enum Output {
     IpSetCreated {
         id: IpSetId,
         kind: IpSetKind,
-        members: Vec<IpSetMember>,
+        /// Every member, sorted. Shared with the graph's own copy, so emitting (or cloning) a large
+        /// set is a reference count, not a copy.
+        members: Arc<[IpSetMember]>,
     },
     IpSetMembersAdded {
         id: IpSetId,

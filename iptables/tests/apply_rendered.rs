@@ -64,7 +64,7 @@ fn mk_outputs() -> Vec<Output> {
         Output::IpSetCreated {
             id: "s:clients".into(),
             kind: IpSetKind::Net,
-            members: vec![IpSetMember::Net(format!("{CLIENT}/32").parse().unwrap())],
+            members: vec![IpSetMember::Net(format!("{CLIENT}/32").parse().unwrap())].into(),
         },
         Output::PolicyUpdated(ActivePolicy {
             id: mk_policy_id(),

@@ -448,11 +448,11 @@ proptest! {
         let mut outputs = Vec::new();
         for (id, m) in SETS.iter().zip(&members) {
             sets.insert(id.to_string(), m.clone());
-            outputs.push(Output::IpSetCreated { id: id.to_string(), kind: IpSetKind::Net, members: m.clone() });
+            outputs.push(Output::IpSetCreated { id: id.to_string(), kind: IpSetKind::Net, members: m.clone().into() });
         }
         for (id, m) in NAMED.iter().zip(&named_members) {
             sets.insert(id.to_string(), m.clone());
-            outputs.push(Output::IpSetCreated { id: id.to_string(), kind: IpSetKind::IpPort, members: m.clone() });
+            outputs.push(Output::IpSetCreated { id: id.to_string(), kind: IpSetKind::IpPort, members: m.clone().into() });
         }
         let pid = mk_np("ns", "prop");
         outputs.push(Output::PolicyUpdated(mk_policy(pid.clone(), rules.clone(), vec![])));
@@ -547,7 +547,7 @@ proptest! {
         let mut outputs = Vec::new();
         for (id, m) in NAMED.iter().zip(&named_members) {
             sets.insert(id.to_string(), m.clone());
-            outputs.push(Output::IpSetCreated { id: id.to_string(), kind: IpSetKind::IpPort, members: m.clone() });
+            outputs.push(Output::IpSetCreated { id: id.to_string(), kind: IpSetKind::IpPort, members: m.clone().into() });
         }
         let pid = mk_np("ns", "blocks");
         outputs.push(Output::PolicyUpdated(mk_policy(pid.clone(), vec![rule.clone()], vec![])));

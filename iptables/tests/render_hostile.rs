@@ -32,7 +32,7 @@ fn hostile_policy_profile_tier_and_annotation_values_stay_in_their_tokens() {
     let mut outputs = vec![Output::IpSetCreated {
         id: "s:abc".into(),
         kind: IpSetKind::Net,
-        members: vec![IpSetMember::Net(net("10.0.0.1/32"))],
+        members: vec![IpSetMember::Net(net("10.0.0.1/32"))].into(),
     }];
     let mut names: Vec<String> = HOSTILE.iter().map(|s| s.to_string()).collect();
     names.push(long());
@@ -154,7 +154,7 @@ fn hostile_interface_names_and_set_ids_are_rejected_with_errors_naming_them() {
         .apply(Output::IpSetCreated {
             id: "s:a b".into(),
             kind: IpSetKind::Net,
-            members: vec![],
+            members: vec![].into(),
         })
         .unwrap_err();
     assert!(err.to_string().contains("s:a b"), "{err}");

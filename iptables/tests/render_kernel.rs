@@ -131,7 +131,8 @@ fn mk_state() -> Renderer {
             members: vec![
                 IpSetMember::Net(net("10.1.2.3/32")),
                 IpSetMember::Net(net("fd00::3/128")),
-            ],
+            ]
+            .into(),
         },
         Output::IpSetCreated {
             id: "n:http".into(),
@@ -140,7 +141,8 @@ fn mk_state() -> Renderer {
                 addr: "10.1.2.4".parse().unwrap(),
                 protocol: Protocol::Tcp,
                 port: 8080,
-            }],
+            }]
+            .into(),
         },
         Output::PolicyUpdated(mk_policy(web.clone(), rules.clone(), rules)),
         Output::PolicyUpdated(mk_policy(deny.clone(), deny_rules.clone(), deny_rules)),

@@ -162,17 +162,18 @@ fn ip_sets_are_split_by_family_and_emitted_only_where_referenced() {
                 IpSetMember::Net(net("10.0.0.1/32")),
                 IpSetMember::Net(net("fd00::1/128")),
                 IpSetMember::Net(net("::/0")),
-            ],
+            ]
+            .into(),
         },
         Output::IpSetCreated {
             id: "s:v4only".into(),
             kind: IpSetKind::Net,
-            members: vec![],
+            members: vec![].into(),
         },
         Output::IpSetCreated {
             id: "s:unused".into(),
             kind: IpSetKind::Net,
-            members: vec![],
+            members: vec![].into(),
         },
         Output::PolicyUpdated(mk_policy(p.clone(), vec![v4_only, both], vec![])),
     ];
@@ -377,7 +378,7 @@ fn unrenderable_policies_fail_closed_with_an_error_naming_them() {
     r.apply(Output::IpSetCreated {
         id: "s:late".into(),
         kind: IpSetKind::Net,
-        members: vec![],
+        members: vec![].into(),
     })
     .unwrap();
     assert!(r.flush().is_empty());

@@ -16,7 +16,7 @@
 //! By default at most [`MAX_LINGERING_SETS`] sets and [`MAX_LINGERING_MEMBERS`] members linger;
 //! beyond that the oldest are evicted.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use crate::model::Protocol;
 use crate::proto::{IpSetId, IpSetKind, IpSetMember};
@@ -36,17 +36,17 @@ pub(crate) struct SetState {
     /// The members sorted, built on first use and dropped whenever a member comes or goes, so
     /// that re-emitting an unchanged set in full (a lingering set revived when a policy comes
     /// back into use) is a copy rather than a collect-and-sort.
-    sorted: OnceLock<Vec<IpSetMember>>,
+    sorted: OnceLock<Arc<[IpSetMember]>>,
 }
 
 impl SetState {
-    /// The members in sorted order.
-    pub(crate) fn sorted_members(&self) -> Vec<IpSetMember> {
+    /// The members in sorted order, shared: re-emitting an unchanged set costs a reference count.
+    pub(crate) fn sorted_members(&self) -> Arc<[IpSetMember]> {
         self.sorted
             .get_or_init(|| {
                 let mut members: Vec<IpSetMember> = self.members.keys().cloned().collect();
                 members.sort_unstable();
-                members
+                members.into()
             })
             .clone()
     }

@@ -646,7 +646,7 @@ impl CalcGraph {
 }
 
 impl Desired for CalcGraph {
-    fn ip_set(&self, id: &str) -> Option<(IpSetKind, Vec<IpSetMember>)> {
+    fn ip_set(&self, id: &str) -> Option<(IpSetKind, Arc<[IpSetMember]>)> {
         let set = self.ipsets.get(id)?;
         Some((set.kind, set.sorted_members()))
     }

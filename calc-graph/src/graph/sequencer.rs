@@ -19,6 +19,8 @@
 //! Felix's calculation graph sends nothing before the datastore is in sync; the first flush after
 //! it returns the complete state followed by `Output::InSync`.
 
+use std::sync::Arc;
+
 use super::intern::{FxMap, FxSet};
 
 use crate::proto::{
@@ -29,7 +31,7 @@ use crate::proto::{
 /// The graph's current desired state, queried on flush.
 pub(crate) trait Desired {
     /// Kind and full sorted membership of an active set, `None` if inactive.
-    fn ip_set(&self, id: &str) -> Option<(IpSetKind, Vec<IpSetMember>)>;
+    fn ip_set(&self, id: &str) -> Option<(IpSetKind, Arc<[IpSetMember]>)>;
     fn ip_set_active(&self, id: &str) -> bool;
     fn policy(&self, id: &PolicyId) -> Option<ActivePolicy>;
     fn profile(&self, id: &str) -> Option<ActiveProfile>;

@@ -146,7 +146,7 @@ impl Renderer {
                     self.set_ids.insert(names::ipset_name(v, &id), id.clone());
                 }
                 self.ip_sets
-                    .insert(id.clone(), (kind, members.into_iter().collect()));
+                    .insert(id.clone(), (kind, members.iter().cloned().collect()));
                 self.mark_set_changed(&id);
                 self.dirty_policies.extend(self.waiting_policies.drain());
                 self.dirty_profiles.extend(self.waiting_profiles.drain());
