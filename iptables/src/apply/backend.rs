@@ -3,13 +3,21 @@
 //!
 //! Detection follows Felix's `DetectBackend` (§6.8 of the reference), reading through the
 //! [`Runner`] so it sees the same network namespace the applier writes to:
-//! 1. kubelet's canary chains (`KUBE-IPTABLES-HINT`, `KUBE-KUBELET-CANARY`) in the nft save, then in
-//!    the legacy save, decide;
-//! 2. otherwise the backend with more rule lines wins;
-//! 3. a tie (typically: no rules at all) goes to what plain `iptables -V` is, so a fresh host uses
-//!    its distribution default (Felix picks legacy here, see calico#5760).
+//! 1. kubelet's canary chains (`KUBE-IPTABLES-HINT`, `KUBE-KUBELET-CANARY`) in the nft mangle
+//!    tables (`ip6tables-nft-save -t mangle`, then `iptables-nft-save -t mangle`) choose nft;
+//! 2. then the same chains in the legacy mangle tables choose legacy. Felix reads them when
+//!    `/proc/net/ip{,6}_tables_names` exists; we read them only when that file *lists* `mangle`,
+//!    because `ip*tables-legacy-save -t mangle` on a namespace without a legacy mangle table would
+//!    create one (a table without one cannot hold a hint chain, so the answer is the same);
+//! 3. otherwise the backend with more rule lines in full saves (both families) wins;
+//! 4. a tie (typically: no rules at all) goes to what plain `iptables -V` is, so a fresh host uses
+//!    its distribution default. Felix picks legacy there (calico#5760), which on an nft-default
+//!    host puts our rules in the backend kube-proxy and the distribution's tools do not use.
 //!
-//! Only whole saves (no `-t`) are read, so detection never instantiates a legacy table.
+//! Only nft saves, legacy saves of tables the kernel already lists, and whole legacy saves are
+//! read, so detection never instantiates a legacy table. When step 3 runs, the full saves it read
+//! are kept in the [`Detection`] so the first apply can seed its kernel view from them
+//! ([`super::Applier::use_detection`]) instead of saving the same backend and family again.
 
 use super::desired::IpVersion;
 use super::error::ApplyError;
@@ -78,47 +86,154 @@ impl Mode {
 /// Canary chains kubelet creates in the backend it uses.
 const KUBELET_HINTS: [&str; 2] = ["KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"];
 
-/// Resolves `backend` for the namespace `runner` works in.
-pub fn resolve(runner: &dyn Runner, backend: Backend) -> Result<Mode, ApplyError> {
-    match backend {
-        Backend::Legacy => return Ok(Mode::Legacy),
-        Backend::Nft => return Ok(Mode::Nft),
-        Backend::Auto => {}
-    }
-    let nft = saves(runner, Mode::Nft)?;
-    let legacy = saves(runner, Mode::Legacy)?;
-    let has_hint = |text: &str| KUBELET_HINTS.iter().any(|h| text.contains(h));
-    if has_hint(&nft) {
-        return Ok(Mode::Nft);
-    }
-    if has_hint(&legacy) {
-        return Ok(Mode::Legacy);
-    }
-    let (n, l) = (count_rules(&nft), count_rules(&legacy));
-    if n != l {
-        return Ok(if n > l { Mode::Nft } else { Mode::Legacy });
-    }
-    let version = runner.run("iptables", &["-V"], None)?;
-    Ok(
-        if String::from_utf8_lossy(&version.stdout).contains("nf_tables") {
-            Mode::Nft
-        } else {
-            Mode::Legacy
-        },
-    )
+/// How auto-detection decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// The user chose the backend.
+    Configured,
+    /// A kubelet hint chain in an nft mangle table.
+    NftHint,
+    /// A kubelet hint chain in a legacy mangle table.
+    LegacyHint,
+    /// More rule lines in that backend's full saves.
+    RuleCount,
+    /// Equal rule counts: `iptables -V` decided.
+    Default,
 }
 
-/// v4 + v6 saves of one backend, concatenated. A missing binary counts as no rules.
-fn saves(runner: &dyn Runner, mode: Mode) -> Result<String, ApplyError> {
-    let mut all = String::new();
-    for family in [IpVersion::V4, IpVersion::V6] {
-        let program = mode.save_program(family);
-        match runner.run(&program, &[], None) {
-            Ok(out) if out.status.success() => all.push_str(&String::from_utf8_lossy(&out.stdout)),
-            Ok(_) | Err(_) => {}
+/// The outcome of [`detect`]: the backend, why, and the full saves read on the way (only when
+/// the rule-count fallback ran), keyed by backend and family.
+#[derive(Debug, Clone)]
+pub struct Detection {
+    pub mode: Mode,
+    pub reason: Reason,
+    saves: Vec<(Mode, IpVersion, String)>,
+}
+
+impl Detection {
+    /// A resolved backend without any save text.
+    pub fn configured(mode: Mode) -> Self {
+        Detection {
+            mode,
+            reason: Reason::Configured,
+            saves: Vec::new(),
         }
     }
-    Ok(all)
+
+    /// The full save of `mode` for `family` that detection read (only successful saves kept).
+    pub fn save(&self, mode: Mode, family: IpVersion) -> Option<&str> {
+        self.saves
+            .iter()
+            .find(|(m, f, _)| *m == mode && *f == family)
+            .map(|(_, _, t)| t.as_str())
+    }
+
+    /// `*-save` programs detection ran.
+    pub fn saves_run(&self) -> usize {
+        self.saves.len()
+    }
+}
+
+/// Resolves `backend` for the namespace `runner` works in.
+pub fn resolve(runner: &dyn Runner, backend: Backend) -> Result<Mode, ApplyError> {
+    detect(runner, backend).map(|d| d.mode)
+}
+
+/// Resolves `backend`, keeping the full saves the fallback read (see the module docs).
+pub fn detect(runner: &dyn Runner, backend: Backend) -> Result<Detection, ApplyError> {
+    match backend {
+        Backend::Legacy => return Ok(Detection::configured(Mode::Legacy)),
+        Backend::Nft => return Ok(Detection::configured(Mode::Nft)),
+        Backend::Auto => {}
+    }
+    let found = |reason, mode| {
+        Ok(Detection {
+            mode,
+            reason,
+            saves: Vec::new(),
+        })
+    };
+    let families = [IpVersion::V6, IpVersion::V4];
+    if families.iter().any(|&f| {
+        has_hint(&output(
+            runner,
+            &Mode::Nft.save_program(f),
+            &["-t", "mangle"],
+        ))
+    }) {
+        return found(Reason::NftHint, Mode::Nft);
+    }
+    if families.iter().any(|&f| {
+        legacy_has_mangle(runner, f)
+            && has_hint(&output(
+                runner,
+                &Mode::Legacy.save_program(f),
+                &["-t", "mangle"],
+            ))
+    }) {
+        return found(Reason::LegacyHint, Mode::Legacy);
+    }
+    let mut saves = Vec::new();
+    let (mut n, mut l) = (0, 0);
+    for mode in [Mode::Nft, Mode::Legacy] {
+        for family in [IpVersion::V4, IpVersion::V6] {
+            // A missing binary or a failed save counts as no rules.
+            let text = match runner.run(&mode.save_program(family), &[], None) {
+                Ok(out) if out.status.success() => {
+                    String::from_utf8_lossy(&out.stdout).into_owned()
+                }
+                _ => continue,
+            };
+            match mode {
+                Mode::Nft => n += count_rules(&text),
+                Mode::Legacy => l += count_rules(&text),
+            }
+            saves.push((mode, family, text));
+        }
+    }
+    if n != l {
+        let mode = if n > l { Mode::Nft } else { Mode::Legacy };
+        return Ok(Detection {
+            mode,
+            reason: Reason::RuleCount,
+            saves,
+        });
+    }
+    let version = runner.run("iptables", &["-V"], None)?;
+    let mode = if String::from_utf8_lossy(&version.stdout).contains("nf_tables") {
+        Mode::Nft
+    } else {
+        Mode::Legacy
+    };
+    Ok(Detection {
+        mode,
+        reason: Reason::Default,
+        saves,
+    })
+}
+
+fn has_hint(text: &str) -> bool {
+    KUBELET_HINTS.iter().any(|h| text.contains(h))
+}
+
+/// Standard output of a successful run; empty if the program is missing or failed (a missing
+/// table or binary holds no hint).
+fn output(runner: &dyn Runner, program: &str, args: &[&str]) -> String {
+    match runner.run(program, args, None) {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).into_owned(),
+        _ => String::new(),
+    }
+}
+
+/// The kernel lists a legacy mangle table for `family` in this namespace.
+fn legacy_has_mangle(runner: &dyn Runner, family: IpVersion) -> bool {
+    let file = match family {
+        IpVersion::V4 => "/proc/net/ip_tables_names",
+        IpVersion::V6 => "/proc/net/ip6_tables_names",
+    };
+    output(runner, "cat", &[file])
+        .lines()
+        .any(|l| l.trim() == "mangle")
 }
 
 /// Rule lines (`-A …`) in a save.
