@@ -173,24 +173,21 @@ pub fn detect(runner: &dyn Runner, backend: Backend) -> Result<Detection, ApplyE
     }) {
         return found(Reason::LegacyHint, Mode::Legacy);
     }
-    let mut saves = Vec::new();
-    let (mut n, mut l) = (0, 0);
-    for mode in [Mode::Nft, Mode::Legacy] {
-        for family in [IpVersion::V4, IpVersion::V6] {
-            // A missing binary or a failed save counts as no rules.
-            let text = match runner.run(&mode.save_program(family), &[], None) {
-                Ok(out) if out.status.success() => {
-                    String::from_utf8_lossy(&out.stdout).into_owned()
-                }
-                _ => continue,
-            };
-            match mode {
-                Mode::Nft => n += count_rules(&text),
-                Mode::Legacy => l += count_rules(&text),
-            }
-            saves.push((mode, family, text));
-        }
-    }
+    // The full saves, one thread per family (the big nft saves are the restart's main cost).
+    let saves: Vec<(Mode, IpVersion, String)> = std::thread::scope(|s| {
+        let v6 = s.spawn(|| full_saves(runner, IpVersion::V6));
+        let mut all = full_saves(runner, IpVersion::V4);
+        all.extend(v6.join().unwrap_or_default());
+        all
+    });
+    let count = |mode| {
+        saves
+            .iter()
+            .filter(|(m, _, _)| *m == mode)
+            .map(|(_, _, t)| count_rules(t))
+            .sum::<usize>()
+    };
+    let (n, l) = (count(Mode::Nft), count(Mode::Legacy));
     if n != l {
         let mode = if n > l { Mode::Nft } else { Mode::Legacy };
         return Ok(Detection {
@@ -210,6 +207,24 @@ pub fn detect(runner: &dyn Runner, backend: Backend) -> Result<Detection, ApplyE
         reason: Reason::Default,
         saves,
     })
+}
+
+/// Whole saves of both backends for `family`; a missing binary or a failed save counts as no
+/// rules (and is not kept).
+fn full_saves(runner: &dyn Runner, family: IpVersion) -> Vec<(Mode, IpVersion, String)> {
+    let mut out = Vec::new();
+    for mode in [Mode::Nft, Mode::Legacy] {
+        if let Ok(o) = runner.run(&mode.save_program(family), &[], None)
+            && o.status.success()
+        {
+            out.push((
+                mode,
+                family,
+                String::from_utf8_lossy(&o.stdout).into_owned(),
+            ));
+        }
+    }
+    out
 }
 
 fn has_hint(text: &str) -> bool {
