@@ -3,20 +3,22 @@
 //!
 //! Detection follows Felix's `DetectBackend` (§6.8 of the reference), reading through the
 //! [`Runner`] so it sees the same network namespace the applier writes to:
-//! 1. kubelet's canary chains (`KUBE-IPTABLES-HINT`, `KUBE-KUBELET-CANARY`) in the nft mangle
-//!    tables (`ip6tables-nft-save -t mangle`, then `iptables-nft-save -t mangle`) choose nft;
-//! 2. then the same chains in the legacy mangle tables choose legacy. Felix reads them when
-//!    `/proc/net/ip{,6}_tables_names` exists; we read them only when that file *lists* `mangle`,
-//!    because `ip*tables-legacy-save -t mangle` on a namespace without a legacy mangle table would
-//!    create one (a table without one cannot hold a hint chain, so the answer is the same);
-//! 3. otherwise the backend with more rule lines in full saves (both families) wins;
+//! 1. kubelet's canary chains (`KUBE-IPTABLES-HINT`, `KUBE-KUBELET-CANARY`) in an nft mangle
+//!    table (v6, then v4) choose nft;
+//! 2. then the same chains in a legacy mangle table choose legacy;
+//! 3. otherwise the backend with more rule lines in whole saves (both families) wins;
 //! 4. a tie (typically: no rules at all) goes to what plain `iptables -V` is, so a fresh host uses
 //!    its distribution default. Felix picks legacy there (calico#5760), which on an nft-default
 //!    host puts our rules in the backend kube-proxy and the distribution's tools do not use.
 //!
-//! Only nft saves, legacy saves of tables the kernel already lists, and whole legacy saves are
-//! read, so detection never instantiates a legacy table. When step 3 runs, the full saves it read
-//! are kept in the [`Detection`] so the first apply can seed its kernel view from them
+//! Felix runs `ip*tables-<mode>-save -t mangle` for steps 1–2 and whole saves for step 3. We
+//! run the four whole saves (both backends, both families; v4 and v6 concurrently) up front and
+//! read steps 1–2 from their `*mangle` sections, which is what `-t mangle` prints: the first apply
+//! needs all four anyway (ours for its kernel view, the other backend's for the sweep), and with
+//! iptables-nft a `-t mangle` save costs nearly as much as a whole one (it fetches the ruleset).
+//! A whole legacy save lists only the tables `/proc/net/ip{,6}_tables_names` names (Felix's
+//! step-2 guard), so detection never instantiates a legacy table. The saves are kept in the
+//! [`Detection`] so the first apply seeds its view and sweep from them
 //! ([`super::Applier::use_detection`]) instead of saving the same backend and family again.
 
 use super::desired::IpVersion;
@@ -146,40 +148,35 @@ pub fn detect(runner: &dyn Runner, backend: Backend) -> Result<Detection, ApplyE
         Backend::Nft => return Ok(Detection::configured(Mode::Nft)),
         Backend::Auto => {}
     }
-    let found = |reason, mode| {
-        Ok(Detection {
-            mode,
-            reason,
-            saves: Vec::new(),
-        })
-    };
-    let families = [IpVersion::V6, IpVersion::V4];
-    if families.iter().any(|&f| {
-        has_hint(&output(
-            runner,
-            &Mode::Nft.save_program(f),
-            &["-t", "mangle"],
-        ))
-    }) {
-        return found(Reason::NftHint, Mode::Nft);
-    }
-    if families.iter().any(|&f| {
-        legacy_has_mangle(runner, f)
-            && has_hint(&output(
-                runner,
-                &Mode::Legacy.save_program(f),
-                &["-t", "mangle"],
-            ))
-    }) {
-        return found(Reason::LegacyHint, Mode::Legacy);
-    }
-    // The full saves, one thread per family (the big nft saves are the restart's main cost).
+    // Every save detection could need is also needed by the first apply (ours for its view, the
+    // other backend's for the sweep), so the whole saves are read once, one thread per family
+    // (the big nft saves are the restart's main cost), and the hint steps look at their mangle
+    // sections: what `ip*tables-<mode>-save -t mangle` would print.
     let saves: Vec<(Mode, IpVersion, String)> = std::thread::scope(|s| {
         let v6 = s.spawn(|| full_saves(runner, IpVersion::V6));
         let mut all = full_saves(runner, IpVersion::V4);
         all.extend(v6.join().unwrap_or_default());
         all
     });
+    let hint_in = |mode| {
+        [IpVersion::V6, IpVersion::V4].iter().any(|&f| {
+            saves
+                .iter()
+                .any(|(m, sf, t)| *m == mode && *sf == f && mangle_has_hint(t))
+        })
+    };
+    for (mode, reason) in [
+        (Mode::Nft, Reason::NftHint),
+        (Mode::Legacy, Reason::LegacyHint),
+    ] {
+        if hint_in(mode) {
+            return Ok(Detection {
+                mode,
+                reason,
+                saves,
+            });
+        }
+    }
     let count = |mode| {
         saves
             .iter()
@@ -227,28 +224,15 @@ fn full_saves(runner: &dyn Runner, family: IpVersion) -> Vec<(Mode, IpVersion, S
     out
 }
 
-fn has_hint(text: &str) -> bool {
-    KUBELET_HINTS.iter().any(|h| text.contains(h))
-}
-
-/// Standard output of a successful run; empty if the program is missing or failed (a missing
-/// table or binary holds no hint).
-fn output(runner: &dyn Runner, program: &str, args: &[&str]) -> String {
-    match runner.run(program, args, None) {
-        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).into_owned(),
-        _ => String::new(),
-    }
-}
-
-/// The kernel lists a legacy mangle table for `family` in this namespace.
-fn legacy_has_mangle(runner: &dyn Runner, family: IpVersion) -> bool {
-    let file = match family {
-        IpVersion::V4 => "/proc/net/ip_tables_names",
-        IpVersion::V6 => "/proc/net/ip6_tables_names",
-    };
-    output(runner, "cat", &[file])
-        .lines()
-        .any(|l| l.trim() == "mangle")
+/// A kubelet hint chain in the `*mangle` section of a whole save.
+fn mangle_has_hint(save: &str) -> bool {
+    let mut in_mangle = false;
+    save.lines().any(|l| {
+        if let Some(table) = l.strip_prefix('*') {
+            in_mangle = table.trim() == "mangle";
+        }
+        in_mangle && KUBELET_HINTS.iter().any(|h| l.contains(h))
+    })
 }
 
 /// Rule lines (`-A …`) in a save.
