@@ -259,6 +259,21 @@ mod tests {
     }
 
     #[test]
+    fn hints_count_only_in_the_mangle_section() {
+        let hint = ":KUBE-IPTABLES-HINT - [0:0]\n";
+        assert!(mangle_has_hint(&format!(
+            "*filter\nCOMMIT\n*mangle\n{hint}COMMIT\n"
+        )));
+        assert!(!mangle_has_hint(&format!(
+            "*filter\n{hint}COMMIT\n*mangle\nCOMMIT\n"
+        )));
+        assert!(mangle_has_hint(
+            "*mangle\n:KUBE-KUBELET-CANARY - [0:0]\nCOMMIT\n"
+        ));
+        assert!(!mangle_has_hint(""));
+    }
+
+    #[test]
     fn counts_rule_lines_only() {
         assert_eq!(
             count_rules("*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -j ACCEPT\nCOMMIT\n"),
