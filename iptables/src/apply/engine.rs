@@ -225,6 +225,7 @@ impl<R: Runner> Applier<R> {
     /// Makes the kernel match `desired`, writing only differences.
     pub fn apply(&mut self, desired: &DesiredState) -> Result<ApplyReport, ApplyError> {
         if desired.family != self.config.family {
+            self.seed = None; // a seed is for the next apply only, used or not
             return Err(ApplyError::FamilyMismatch {
                 applier: self.config.family.number(),
                 desired: desired.family.number(),
