@@ -1,12 +1,17 @@
 //! The real parts behind the agent's seams: the calculation graph as the [`Pipeline`], and the
 //! renderer + iptables/ipset applier (both families) as the [`Dataplane`].
+//!
+//! The iptables backend is detected once per agent, right before the first program, and shared
+//! by both families; the full saves detection had to read seed both appliers' first kernel view.
+//! The v4 and v6 appliers program their (independent) kernel objects concurrently; a program
+//! succeeds only when both families did, and each family's error is reported under its name.
 
 use std::collections::HashSet;
 
 use calc_graph::graph::{CalcGraph, Update};
 use calc_graph::model::{CALICO_PREFIX, Kind, Resource, ResourceKey};
 use calc_graph::proto::{EndpointId, IpVersion, Output, PolicyId};
-use iptables::apply::{Applier, ApplierConfig, Backend, DesiredState, Runner};
+use iptables::apply::{Applier, ApplierConfig, Backend, DesiredState, Runner, backend};
 use iptables::render::{RenderConfig, Renderer};
 
 use super::apply_loop::{ApplyReport, Dataplane};
@@ -75,6 +80,9 @@ pub struct KernelDataplane<R: Runner + Clone + 'static> {
     renderer: Renderer,
     v4: Applier<R>,
     v6: Applier<R>,
+    runner: R,
+    /// `Auto` and not detected yet.
+    detect: bool,
     endpoints: HashSet<EndpointId>,
     policies: HashSet<PolicyId>,
 }
@@ -96,6 +104,8 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             renderer,
             v4: mk(IpVersion::V4),
             v6: mk(IpVersion::V6),
+            detect: backend == Backend::Auto,
+            runner,
             endpoints: HashSet::new(),
             policies: HashSet::new(),
         })
@@ -125,24 +135,49 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             active_policies: self.policies.len(),
             ..ApplyReport::default()
         };
-        for v in [IpVersion::V4, IpVersion::V6] {
-            let desired = self.renderer.desired(v);
-            let applier = match v {
-                IpVersion::V4 => &mut self.v4,
-                IpVersion::V6 => &mut self.v6,
-            };
+        if self.detect {
+            let d = backend::detect(&self.runner, Backend::Auto)
+                .map_err(|e| format!("iptables backend detection: {e}"))?;
+            tracing::info!(backend = ?d.mode, reason = ?d.reason, saves = d.saves_run(), "iptables backend selected");
+            self.v4.use_detection(&d);
+            self.v6.use_detection(&d);
+            self.detect = false;
+        }
+        let renderer = &self.renderer;
+        let run = |v: IpVersion, applier: &mut Applier<R>| {
+            let desired = renderer.desired(v);
             let res = if refresh {
                 applier.refresh(&desired)
             } else {
                 applier.apply(&desired)
             };
-            let r = res.map_err(|e| format!("ipv{}: {e}", v.number()))?;
-            tracing::debug!(family = v.number(), ipsets = %r.ipset_updates, iptables = ?r.iptables, "applied");
+            (desired, res)
+        };
+        let (v4, v6) = (&mut self.v4, &mut self.v6);
+        let (r4, r6) = std::thread::scope(|s| {
+            let h6 = s.spawn(|| run(IpVersion::V6, v6));
+            let r4 = run(IpVersion::V4, v4);
+            (r4, h6.join())
+        });
+        let r6 = r6.map_err(|_| "ipv6: apply thread panicked".to_string())?;
+        let mut errors = Vec::new();
+        for (v, (desired, res)) in [(IpVersion::V4, r4), (IpVersion::V6, r6)] {
+            let r = match res {
+                Ok(r) => r,
+                Err(e) => {
+                    errors.push(format!("ipv{}: {e}", v.number()));
+                    continue;
+                }
+            };
+            tracing::debug!(family = v.number(), ipsets = %r.ipset_updates, iptables = ?r.iptables, saves = r.saves, "applied");
             count(&desired, &mut report);
             report.restore_calls += u64::from(!r.ipset_updates.is_empty())
                 + r.iptables.len() as u64
                 + u64::from(!r.ipset_deletions.is_empty());
             report.restore_errors += u64::from(r.retries);
+        }
+        if !errors.is_empty() {
+            return Err(errors.join("; "));
         }
         Ok(report)
     }

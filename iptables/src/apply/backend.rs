@@ -3,13 +3,23 @@
 //!
 //! Detection follows Felix's `DetectBackend` (§6.8 of the reference), reading through the
 //! [`Runner`] so it sees the same network namespace the applier writes to:
-//! 1. kubelet's canary chains (`KUBE-IPTABLES-HINT`, `KUBE-KUBELET-CANARY`) in the nft save, then in
-//!    the legacy save, decide;
-//! 2. otherwise the backend with more rule lines wins;
-//! 3. a tie (typically: no rules at all) goes to what plain `iptables -V` is, so a fresh host uses
-//!    its distribution default (Felix picks legacy here, see calico#5760).
+//! 1. kubelet's canary chains (`KUBE-IPTABLES-HINT`, `KUBE-KUBELET-CANARY`) in an nft mangle
+//!    table (v6, then v4) choose nft;
+//! 2. then the same chains in a legacy mangle table choose legacy;
+//! 3. otherwise the backend with more rule lines in whole saves (both families) wins;
+//! 4. a tie (typically: no rules at all) goes to what plain `iptables -V` is, so a fresh host uses
+//!    its distribution default. Felix picks legacy there (calico#5760), which on an nft-default
+//!    host puts our rules in the backend kube-proxy and the distribution's tools do not use.
 //!
-//! Only whole saves (no `-t`) are read, so detection never instantiates a legacy table.
+//! Felix runs `ip*tables-<mode>-save -t mangle` for steps 1–2 and whole saves for step 3. We
+//! run the four whole saves (both backends, both families; v4 and v6 concurrently) up front and
+//! read steps 1–2 from their `*mangle` sections, which is what `-t mangle` prints: the first apply
+//! needs all four anyway (ours for its kernel view, the other backend's for the sweep), and with
+//! iptables-nft a `-t mangle` save costs nearly as much as a whole one (it fetches the ruleset).
+//! A whole legacy save lists only the tables `/proc/net/ip{,6}_tables_names` names (Felix's
+//! step-2 guard), so detection never instantiates a legacy table. The saves are kept in the
+//! [`Detection`] so the first apply seeds its view and sweep from them
+//! ([`super::Applier::use_detection`]) instead of saving the same backend and family again.
 
 use super::desired::IpVersion;
 use super::error::ApplyError;
@@ -78,47 +88,151 @@ impl Mode {
 /// Canary chains kubelet creates in the backend it uses.
 const KUBELET_HINTS: [&str; 2] = ["KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"];
 
-/// Resolves `backend` for the namespace `runner` works in.
-pub fn resolve(runner: &dyn Runner, backend: Backend) -> Result<Mode, ApplyError> {
-    match backend {
-        Backend::Legacy => return Ok(Mode::Legacy),
-        Backend::Nft => return Ok(Mode::Nft),
-        Backend::Auto => {}
-    }
-    let nft = saves(runner, Mode::Nft)?;
-    let legacy = saves(runner, Mode::Legacy)?;
-    let has_hint = |text: &str| KUBELET_HINTS.iter().any(|h| text.contains(h));
-    if has_hint(&nft) {
-        return Ok(Mode::Nft);
-    }
-    if has_hint(&legacy) {
-        return Ok(Mode::Legacy);
-    }
-    let (n, l) = (count_rules(&nft), count_rules(&legacy));
-    if n != l {
-        return Ok(if n > l { Mode::Nft } else { Mode::Legacy });
-    }
-    let version = runner.run("iptables", &["-V"], None)?;
-    Ok(
-        if String::from_utf8_lossy(&version.stdout).contains("nf_tables") {
-            Mode::Nft
-        } else {
-            Mode::Legacy
-        },
-    )
+/// How auto-detection decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// The user chose the backend.
+    Configured,
+    /// A kubelet hint chain in an nft mangle table.
+    NftHint,
+    /// A kubelet hint chain in a legacy mangle table.
+    LegacyHint,
+    /// More rule lines in that backend's full saves.
+    RuleCount,
+    /// Equal rule counts: `iptables -V` decided.
+    Default,
 }
 
-/// v4 + v6 saves of one backend, concatenated. A missing binary counts as no rules.
-fn saves(runner: &dyn Runner, mode: Mode) -> Result<String, ApplyError> {
-    let mut all = String::new();
-    for family in [IpVersion::V4, IpVersion::V6] {
-        let program = mode.save_program(family);
-        match runner.run(&program, &[], None) {
-            Ok(out) if out.status.success() => all.push_str(&String::from_utf8_lossy(&out.stdout)),
-            Ok(_) | Err(_) => {}
+/// The outcome of [`detect`]: the backend, why, and the full saves read on the way (only when
+/// the rule-count fallback ran), keyed by backend and family.
+#[derive(Debug, Clone)]
+pub struct Detection {
+    pub mode: Mode,
+    pub reason: Reason,
+    saves: Vec<(Mode, IpVersion, String)>,
+}
+
+impl Detection {
+    /// A resolved backend without any save text.
+    pub fn configured(mode: Mode) -> Self {
+        Detection {
+            mode,
+            reason: Reason::Configured,
+            saves: Vec::new(),
         }
     }
-    Ok(all)
+
+    /// The full save of `mode` for `family` that detection read (only successful saves kept).
+    pub fn save(&self, mode: Mode, family: IpVersion) -> Option<&str> {
+        self.saves
+            .iter()
+            .find(|(m, f, _)| *m == mode && *f == family)
+            .map(|(_, _, t)| t.as_str())
+    }
+
+    /// `*-save` programs detection ran.
+    pub fn saves_run(&self) -> usize {
+        self.saves.len()
+    }
+}
+
+/// Resolves `backend` for the namespace `runner` works in.
+pub fn resolve(runner: &dyn Runner, backend: Backend) -> Result<Mode, ApplyError> {
+    detect(runner, backend).map(|d| d.mode)
+}
+
+/// Resolves `backend`, keeping the full saves the fallback read (see the module docs).
+pub fn detect(runner: &dyn Runner, backend: Backend) -> Result<Detection, ApplyError> {
+    match backend {
+        Backend::Legacy => return Ok(Detection::configured(Mode::Legacy)),
+        Backend::Nft => return Ok(Detection::configured(Mode::Nft)),
+        Backend::Auto => {}
+    }
+    // Every save detection could need is also needed by the first apply (ours for its view, the
+    // other backend's for the sweep), so the whole saves are read once, one thread per family
+    // (the big nft saves are the restart's main cost), and the hint steps look at their mangle
+    // sections: what `ip*tables-<mode>-save -t mangle` would print.
+    let saves: Vec<(Mode, IpVersion, String)> = std::thread::scope(|s| {
+        let v6 = s.spawn(|| full_saves(runner, IpVersion::V6));
+        let mut all = full_saves(runner, IpVersion::V4);
+        all.extend(v6.join().unwrap_or_default());
+        all
+    });
+    let hint_in = |mode| {
+        [IpVersion::V6, IpVersion::V4].iter().any(|&f| {
+            saves
+                .iter()
+                .any(|(m, sf, t)| *m == mode && *sf == f && mangle_has_hint(t))
+        })
+    };
+    for (mode, reason) in [
+        (Mode::Nft, Reason::NftHint),
+        (Mode::Legacy, Reason::LegacyHint),
+    ] {
+        if hint_in(mode) {
+            return Ok(Detection {
+                mode,
+                reason,
+                saves,
+            });
+        }
+    }
+    let count = |mode| {
+        saves
+            .iter()
+            .filter(|(m, _, _)| *m == mode)
+            .map(|(_, _, t)| count_rules(t))
+            .sum::<usize>()
+    };
+    let (n, l) = (count(Mode::Nft), count(Mode::Legacy));
+    if n != l {
+        let mode = if n > l { Mode::Nft } else { Mode::Legacy };
+        return Ok(Detection {
+            mode,
+            reason: Reason::RuleCount,
+            saves,
+        });
+    }
+    let version = runner.run("iptables", &["-V"], None)?;
+    let mode = if String::from_utf8_lossy(&version.stdout).contains("nf_tables") {
+        Mode::Nft
+    } else {
+        Mode::Legacy
+    };
+    Ok(Detection {
+        mode,
+        reason: Reason::Default,
+        saves,
+    })
+}
+
+/// Whole saves of both backends for `family`; a missing binary or a failed save counts as no
+/// rules (and is not kept).
+fn full_saves(runner: &dyn Runner, family: IpVersion) -> Vec<(Mode, IpVersion, String)> {
+    let mut out = Vec::new();
+    for mode in [Mode::Nft, Mode::Legacy] {
+        if let Ok(o) = runner.run(&mode.save_program(family), &[], None)
+            && o.status.success()
+        {
+            out.push((
+                mode,
+                family,
+                String::from_utf8_lossy(&o.stdout).into_owned(),
+            ));
+        }
+    }
+    out
+}
+
+/// A kubelet hint chain in the `*mangle` section of a whole save.
+fn mangle_has_hint(save: &str) -> bool {
+    let mut in_mangle = false;
+    save.lines().any(|l| {
+        if let Some(table) = l.strip_prefix('*') {
+            in_mangle = table.trim() == "mangle";
+        }
+        in_mangle && KUBELET_HINTS.iter().any(|h| l.contains(h))
+    })
 }
 
 /// Rule lines (`-A …`) in a save.
@@ -142,6 +256,21 @@ mod tests {
         );
         assert!(!Mode::Legacy.restore_args().contains(&"-W"));
         assert!(Mode::Nft.restore_args().contains(&"-w"));
+    }
+
+    #[test]
+    fn hints_count_only_in_the_mangle_section() {
+        let hint = ":KUBE-IPTABLES-HINT - [0:0]\n";
+        assert!(mangle_has_hint(&format!(
+            "*filter\nCOMMIT\n*mangle\n{hint}COMMIT\n"
+        )));
+        assert!(!mangle_has_hint(&format!(
+            "*filter\n{hint}COMMIT\n*mangle\nCOMMIT\n"
+        )));
+        assert!(mangle_has_hint(
+            "*mangle\n:KUBE-KUBELET-CANARY - [0:0]\nCOMMIT\n"
+        ));
+        assert!(!mangle_has_hint(""));
     }
 
     #[test]

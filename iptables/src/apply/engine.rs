@@ -10,11 +10,17 @@
 //! backend; call it periodically. A failed write re-reads the
 //! affected state and is retried with exponential backoff; each table is one transaction, so a
 //! failure never leaves a table half-written.
+//!
+//! The first full read may be seeded with save text that backend detection has just read
+//! ([`Applier::use_detection`]; an `Auto` applier seeds itself when it detects during an apply),
+//! so one apply never runs the same backend's save for its family twice. A seed is used by the
+//! next apply only, and dropped after it whatever happens.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::backend::{self, Backend, Mode};
+use super::backend::{self, Backend, Detection, Mode};
 use super::desired::{DesiredState, IpVersion, TableName};
 use super::diff::{Op, plan_table, render, simulate};
 use super::error::{ApplyError, blame, clean_stderr, failed_line, payload_line};
@@ -66,8 +72,12 @@ pub struct ApplyReport {
     pub other_backend: BTreeMap<TableName, String>,
     /// Sets of ours that could not be destroyed (something still references them).
     pub undeletable_sets: Vec<String>,
-    /// Full reads of the kernel state (`iptables-save` + `ipset save`) done by this apply.
+    /// Full reads of the kernel state (`iptables-save` + `ipset save`) done by this apply,
+    /// seeded or not.
     pub kernel_reads: u32,
+    /// `*-save` programs (either backend's `iptables-save`, `ipset save`) this apply ran; saves
+    /// taken from a detection seed are not counted.
+    pub saves: u32,
     /// Failed writes that were retried.
     pub retries: u32,
 }
@@ -98,6 +108,9 @@ impl ApplyReport {
     }
 }
 
+/// What `iptables-nft-save` prints (exiting 0) for a table it cannot represent (§6.2).
+const INCOMPATIBLE: &str = "is incompatible, use 'nft' tool";
+
 static EMPTY_TABLE: ActualTable = ActualTable {
     chains: BTreeMap::new(),
 };
@@ -125,6 +138,13 @@ pub fn preview(desired: &DesiredState) -> Result<String, ApplyError> {
     Ok(out)
 }
 
+/// Save text read by backend detection, for the next full read.
+#[derive(Debug, Default)]
+struct Seed {
+    own: Option<String>,
+    other: Option<String>,
+}
+
 #[derive(Debug, Clone, Default)]
 struct KernelView {
     tables: BTreeMap<TableName, ActualTable>,
@@ -137,6 +157,8 @@ pub struct Applier<R: Runner> {
     config: ApplierConfig,
     mode: Option<Mode>,
     view: Option<KernelView>,
+    seed: Option<Seed>,
+    saves: Cell<u32>,
 }
 
 impl<R: Runner> Applier<R> {
@@ -151,6 +173,8 @@ impl<R: Runner> Applier<R> {
             config,
             mode,
             view: None,
+            seed: None,
+            saves: Cell::new(0),
         }
     }
 
@@ -173,6 +197,20 @@ impl<R: Runner> Applier<R> {
         Ok(m)
     }
 
+    /// Uses `detection`'s backend and seeds the next full read with its saves of this family
+    /// (ours and the other backend's). Call it right before an apply: the seed stands for the
+    /// kernel as it was when detection read it, and only the next apply uses it.
+    pub fn use_detection(&mut self, detection: &Detection) {
+        let family = self.config.family;
+        self.mode = Some(detection.mode);
+        self.seed = Some(Seed {
+            own: detection.save(detection.mode, family).map(str::to_string),
+            other: detection
+                .save(detection.mode.other(), family)
+                .map(str::to_string),
+        });
+    }
+
     /// Forgets the kernel view; the next apply reads the kernel again.
     pub fn invalidate(&mut self) {
         self.view = None;
@@ -187,18 +225,36 @@ impl<R: Runner> Applier<R> {
     /// Makes the kernel match `desired`, writing only differences.
     pub fn apply(&mut self, desired: &DesiredState) -> Result<ApplyReport, ApplyError> {
         if desired.family != self.config.family {
+            self.seed = None; // a seed is for the next apply only, used or not
             return Err(ApplyError::FamilyMismatch {
                 applier: self.config.family.number(),
                 desired: desired.family.number(),
             });
         }
-        let mode = self.mode()?;
-        let mut report = ApplyReport::default();
-        if self.view.is_none() || self.config.reread_every_apply {
-            self.view = Some(self.read_all(mode)?);
-            report.kernel_reads += 1;
+        self.saves.set(0);
+        if self.mode.is_none() {
+            // Detecting now, the saves it reads are fresh: seed this apply with them.
+            let detection = backend::detect(&self.runner, self.config.backend)?;
+            tracing::info!(backend = ?detection.mode, reason = ?detection.reason, "iptables backend selected");
+            self.use_detection(&detection);
         }
-        let result = self.apply_phases(mode, desired, &mut report);
+        let mode = self.mode()?;
+        let mut seed = self.seed.take().unwrap_or_default();
+        let mut report = ApplyReport::default();
+        let mut result = Ok(());
+        if self.view.is_none() || self.config.reread_every_apply {
+            match self.read_all(mode, seed.own.take()) {
+                Ok(view) => {
+                    self.view = Some(view);
+                    report.kernel_reads += 1;
+                }
+                Err(e) => result = Err(e),
+            }
+        }
+        if result.is_ok() {
+            result = self.apply_phases(mode, desired, seed.other.take(), &mut report);
+        }
+        report.saves = self.saves.get();
         if result.is_err() {
             self.invalidate();
         }
@@ -209,6 +265,7 @@ impl<R: Runner> Applier<R> {
         &mut self,
         mode: Mode,
         desired: &DesiredState,
+        other_seed: Option<String>,
         report: &mut ApplyReport,
     ) -> Result<(), ApplyError> {
         // Plan (and so validate) every table before anything is written: bad input fails the
@@ -231,7 +288,7 @@ impl<R: Runner> Applier<R> {
             self.write_table(mode, table, desired, ops, report)?;
         }
         if report.kernel_reads > 0 {
-            self.sweep_other_backend(mode, report)?;
+            self.sweep_other_backend(mode, other_seed, report)?;
         }
         self.delete_sets(desired, report)
     }
@@ -250,10 +307,15 @@ impl<R: Runner> Applier<R> {
     fn sweep_other_backend(
         &mut self,
         mode: Mode,
+        seed: Option<String>,
         report: &mut ApplyReport,
     ) -> Result<(), ApplyError> {
         let other = mode.other();
-        let tables = match self.read_iptables(other, None) {
+        let read = match seed {
+            Some(text) => self.seeded_tables(other, text),
+            None => self.read_iptables(other, None),
+        };
+        let tables = match read {
             Ok(t) => t,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the other iptables backend, not sweeping it");
@@ -280,11 +342,34 @@ impl<R: Runner> Applier<R> {
         Ok(())
     }
 
-    fn read_all(&self, mode: Mode) -> Result<KernelView, ApplyError> {
+    fn read_all(&self, mode: Mode, seed: Option<String>) -> Result<KernelView, ApplyError> {
+        let tables = match seed {
+            Some(text) => self.seeded_tables(mode, text)?,
+            None => self.read_iptables(mode, None)?,
+        };
         Ok(KernelView {
-            tables: self.read_iptables(mode, None)?,
+            tables,
             sets: self.read_sets()?,
         })
+    }
+
+    /// Tables from a whole save detection read; a save that would fail [`Self::read_iptables`]'s
+    /// checks is not trusted: the kernel is read again, and that read reports the error.
+    fn seeded_tables(
+        &self,
+        mode: Mode,
+        text: String,
+    ) -> Result<BTreeMap<TableName, ActualTable>, ApplyError> {
+        if text.contains(INCOMPATIBLE) {
+            return self.read_iptables(mode, None);
+        }
+        Ok(read_tables(&text))
+    }
+
+    /// Runs a `*-save` program, counting it.
+    fn run_save(&self, program: &str, args: &[&str]) -> Result<std::process::Output, ApplyError> {
+        self.saves.set(self.saves.get() + 1);
+        Ok(self.runner.run(program, args, None)?)
     }
 
     fn read_iptables(
@@ -297,11 +382,11 @@ impl<R: Runner> Applier<R> {
             Some(t) => vec!["-t", t.as_str()],
             None => vec![],
         };
-        let out = self.runner.run(&program, &args, None)?;
+        let out = self.run_save(&program, &args)?;
         let text = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         // iptables-nft-save exits 0 for tables it cannot represent (§6.2).
-        if !out.status.success() || text.contains("is incompatible, use 'nft' tool") {
+        if !out.status.success() || text.contains(INCOMPATIBLE) {
             return Err(ApplyError::Read {
                 what: table.map_or("all tables".to_string(), |t| format!("table {t}")),
                 program,
@@ -313,7 +398,7 @@ impl<R: Runner> Applier<R> {
 
     fn read_sets(&self) -> Result<BTreeMap<String, ActualSet>, ApplyError> {
         let family = self.config.family;
-        let out = self.runner.run("ipset", &["save"], None)?;
+        let out = self.run_save("ipset", &["save"])?;
         if out.status.success() {
             return Ok(parse_ipset_save(
                 family,
@@ -332,7 +417,7 @@ impl<R: Runner> Applier<R> {
             if !super::desired::is_our_set(family, name) {
                 continue;
             }
-            let one = self.runner.run("ipset", &["save", name], None)?;
+            let one = self.run_save("ipset", &["save", name])?;
             if !one.status.success() {
                 return Err(ApplyError::ReadIpSets {
                     detail: format!(

@@ -55,7 +55,7 @@ pub mod kernel;
 mod read;
 pub mod runner;
 
-pub use backend::{Backend, Mode};
+pub use backend::{Backend, Detection, Mode, Reason};
 pub use desired::{
     DesiredRule, DesiredState, DesiredTable, HookPosition, HookRule, IpSetKind, IpSetMember,
     IpSetSpec, IpVersion, TableName,
