@@ -144,12 +144,13 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             self.detect = false;
         }
         let renderer = &self.renderer;
+        // Borrow the renderer's state: an owned copy of ~50k rules costs more than the diff.
         let run = |v: IpVersion, applier: &mut Applier<R>| {
-            let desired = renderer.desired(v);
+            let desired = renderer.desired_ref(v);
             let res = if refresh {
-                applier.refresh(&desired)
+                applier.refresh(desired)
             } else {
-                applier.apply(&desired)
+                applier.apply(desired)
             };
             (desired, res)
         };
@@ -170,7 +171,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
                 }
             };
             tracing::debug!(family = v.number(), ipsets = %r.ipset_updates, iptables = ?r.iptables, saves = r.saves, "applied");
-            count(&desired, &mut report);
+            count(desired, &mut report);
             report.restore_calls += u64::from(!r.ipset_updates.is_empty())
                 + r.iptables.len() as u64
                 + u64::from(!r.ipset_deletions.is_empty());
