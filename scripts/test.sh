@@ -7,18 +7,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The Debian packages the build and the tests use, one per line (also read by .ci/run).
+mapfile -t pkgs < scripts/debian-packages.txt
 need_pkgs=()
-have() { command -v "$1" >/dev/null 2>&1; }
-have protoc || need_pkgs+=(protobuf-compiler)
-have iptables || need_pkgs+=(iptables)
-have iptables-legacy || need_pkgs+=(iptables)
-have ipset || need_pkgs+=(ipset)
-have etcd || need_pkgs+=(etcd-server)
-have etcdctl || need_pkgs+=(etcd-client)
-have conntrack || need_pkgs+=(conntrack)
-have ip || need_pkgs+=(iproute2)
-have pkill || need_pkgs+=(procps)
-have openssl || need_pkgs+=(openssl)
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_pkgs+=("$p")
+done
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "missing packages ${need_pkgs[*]} and not root: install them or run as root" >&2
