@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use etcd_client::{Client, ConnectOptions};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -20,7 +20,7 @@ use crate::convert::ConvertOptions;
 use crate::index::Index;
 use crate::metrics::Metrics;
 use crate::writer::{SyncStats, Writer, WriterError};
-use crate::{election, k8s_source, manifests};
+use crate::{election, etcd_tls, k8s_source, manifests};
 
 /// Kubernetes objects and manifests → Calico v3 resources in etcd.
 #[derive(Debug, Parser)]
@@ -109,20 +109,8 @@ pub async fn connect_etcd(a: &SyncArgs) -> anyhow::Result<Client> {
     let mut opts = ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(5))
         .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
-    if a.etcd_ca.is_some() || a.etcd_cert.is_some() {
-        let mut tls = TlsOptions::new();
-        if let Some(ca) = &a.etcd_ca {
-            let pem = std::fs::read(ca)
-                .with_context(|| format!("cannot read etcd CA {}", ca.display()))?;
-            tls = tls.ca_certificate(Certificate::from_pem(pem));
-        }
-        if let (Some(cert), Some(key)) = (&a.etcd_cert, &a.etcd_key) {
-            let c = std::fs::read(cert)
-                .with_context(|| format!("cannot read etcd cert {}", cert.display()))?;
-            let k = std::fs::read(key)
-                .with_context(|| format!("cannot read etcd key {}", key.display()))?;
-            tls = tls.identity(Identity::from_pem(c, k));
-        }
+    let cert_and_key = a.etcd_cert.as_deref().zip(a.etcd_key.as_deref());
+    if let Some(tls) = etcd_tls::tls_options(a.etcd_ca.as_deref(), cert_and_key)? {
         opts = opts.with_tls(tls);
     }
     Client::connect(&a.etcd_endpoints, Some(opts))

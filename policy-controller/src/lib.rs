@@ -23,6 +23,7 @@
 pub mod cli;
 pub mod convert;
 pub mod election;
+pub mod etcd_tls;
 pub mod index;
 pub mod k8s_source;
 pub mod manifests;

@@ -4,12 +4,13 @@
 //! reconnect/resync logic is independent of the client library.
 
 use std::future::Future;
+use std::path::Path;
 use std::time::Duration;
 
 use etcd_client::{
-    Certificate, Client, ConnectOptions, EventType, GetOptions, Identity, SortOrder, SortTarget,
-    TlsOptions, WatchOptions, WatchStream,
+    Client, ConnectOptions, EventType, GetOptions, SortOrder, SortTarget, WatchOptions, WatchStream,
 };
+use policy_controller::etcd_tls;
 
 /// Keys per page of the initial list.
 const PAGE_SIZE: i64 = 2000;
@@ -110,24 +111,22 @@ impl EtcdDatastore {
     }
 
     fn options(&self) -> Result<ConnectOptions, DatastoreError> {
-        let read = |path: &String| {
-            std::fs::read(path).map_err(|source| DatastoreError::TlsFile {
-                path: path.clone(),
-                source,
-            })
-        };
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(self.timeout)
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5))
             .with_keep_alive_while_idle(true);
-        if self.tls.ca.is_some() || self.tls.cert.is_some() {
-            let mut tls = TlsOptions::new();
-            if let Some(ca) = &self.tls.ca {
-                tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
-            }
-            if let (Some(cert), Some(key)) = (&self.tls.cert, &self.tls.key) {
-                tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
-            }
+        let cert_and_key = self
+            .tls
+            .cert
+            .as_deref()
+            .map(Path::new)
+            .zip(self.tls.key.as_deref().map(Path::new));
+        let tls = etcd_tls::tls_options(self.tls.ca.as_deref().map(Path::new), cert_and_key)
+            .map_err(|e| DatastoreError::TlsFile {
+                path: e.path.display().to_string(),
+                source: e.source,
+            })?;
+        if let Some(tls) = tls {
             opts = opts.with_tls(tls);
         }
         Ok(opts)
