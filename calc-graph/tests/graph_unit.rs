@@ -489,6 +489,100 @@ fn label_change_on_a_pod_touches_only_its_selectors() {
 }
 
 #[test]
+fn label_change_no_selector_tests_evaluates_nothing() {
+    let (mut g, mut dp) = synced(vec![
+        mk_ns_profile("prod", &[]),
+        mk_wep(
+            "prod",
+            "web",
+            NODE,
+            "10.0.0.1/32",
+            &[("app", "web"), ("pod-template-hash", "h1")],
+        ),
+        mk_np(
+            "prod",
+            "p",
+            "app == 'web'",
+            vec![allow_from("app == 'web' && role != 'x'")],
+        ),
+        mk_gnp("g", "all()", None, vec![allow_from("!has(team)")], vec![]),
+    ]);
+    let before = g.stats().selector_evaluations;
+    let out = run(
+        &mut g,
+        vec![mk_wep(
+            "prod",
+            "web",
+            NODE,
+            "10.0.0.1/32",
+            &[("app", "web"), ("pod-template-hash", "h2")],
+        )],
+    );
+    dp.apply(&out).unwrap();
+    assert_eq!(
+        g.stats().selector_evaluations - before,
+        0,
+        "no selector tests pod-template-hash, so none needs evaluating"
+    );
+    assert!(out.is_empty(), "nothing changed for the dataplane: {out:?}");
+    // A key the unindexed selector tests must still be evaluated.
+    let out = run(
+        &mut g,
+        vec![mk_wep(
+            "prod",
+            "web",
+            NODE,
+            "10.0.0.1/32",
+            &[("app", "web"), ("pod-template-hash", "h2"), ("team", "a")],
+        )],
+    );
+    dp.apply(&out).unwrap();
+    assert!(g.stats().selector_evaluations > before);
+    assert!(members(&dp, &sel_id("!has(team)")).is_empty());
+}
+
+/// The policy index holds only local endpoints. A label value none of them carries yet must not
+/// attract every policy that tests it: the namespace term is the better index even though no
+/// local endpoint has the value (this made a relabel evaluate hundreds of policies).
+#[test]
+fn relabel_to_a_value_no_local_pod_had_evaluates_few_policies() {
+    let mut ups = Vec::new();
+    for n in 0..100 {
+        ups.push(mk_ns_profile(&format!("ns{n}"), &[]));
+        for i in 0..10 {
+            // One local pod in every fourth namespace, all with app a1.
+            let local = i == 0 && n % 4 == 0;
+            ups.push(mk_wep(
+                &format!("ns{n}"),
+                &format!("p{i}"),
+                if local { NODE } else { "n2" },
+                &format!("10.1.{n}.{i}/32"),
+                &[("app", if local { "a1" } else { ["a1", "a2"][i % 2] })],
+            ));
+        }
+        ups.push(mk_np(
+            &format!("ns{n}"),
+            "np-a2",
+            "app == 'a2'",
+            vec![allow_from("app == 'a1'")],
+        ));
+    }
+    let (mut g, mut dp) = synced(ups);
+    assert!(dp.policies.is_empty(), "no local pod has app a2");
+    let before = g.stats().selector_evaluations;
+    let out = run(
+        &mut g,
+        vec![mk_wep("ns8", "p0", NODE, "10.1.8.0/32", &[("app", "a2")])],
+    );
+    dp.apply(&out).unwrap();
+    // One policy selector, plus the ten ns8 pods the newly needed rule set is built from.
+    let evaluated = g.stats().selector_evaluations - before;
+    assert!(evaluated <= 20, "a relabel evaluated {evaluated} selectors");
+    let active: Vec<_> = dp.policies.keys().map(|p| p.to_string()).collect();
+    assert_eq!(active, ["NetworkPolicy ns8/np-a2"]);
+}
+
+#[test]
 fn set_deactivated_and_reactivated_in_one_batch_emits_only_deltas() {
     let (mut g, mut dp) = synced(vec![
         mk_ns_profile("prod", &[]),

@@ -14,7 +14,13 @@
 //! * A new selector evaluates only the items in its cover's posting lists (or all items when it
 //!   has no cover).
 //! * A changed item evaluates only the selectors registered under one of its labels (or keys),
-//!   plus the unindexed ones.
+//!   plus the unindexed ones, and of those only the ones that test a key whose value changed:
+//!   the others keep their previous result.
+//!
+//! Choosing covers. A term's cost is the number of items carrying it (each of their changes
+//! evaluates the selectors registered under it). The policy index holds only this node's
+//! endpoints, whose few posting lists say little about a label value none of them carries yet;
+//! it is given the cluster-wide index as a prior (see [`SelectorIndex::posting_cost`]).
 //!
 //! Invariants: `sel.matches` contains exactly the items whose labels the selector matches, and
 //! `item.matched` is exactly the sorted list of selectors that match the item. Covers may be
@@ -53,6 +59,9 @@ struct SelEntry {
     canonical: String,
     refs: u32,
     cover: Option<Vec<Term>>,
+    /// Every label key the selector tests, sorted (one interner reference each): an item change
+    /// that touches none of them cannot change the selector's result.
+    keys: Vec<Sym>,
     matches: FxSet<ItemId>,
 }
 
@@ -84,6 +93,64 @@ const KEY_TERM_PENALTY: usize = 4;
 const ORCHESTRATOR_PENALTY: usize = 6;
 const POSTING_WEIGHT: usize = 8;
 
+/// Label keys an expression tests, sorted and deduplicated.
+fn expr_keys(e: &Expr) -> Vec<&str> {
+    fn walk<'a>(e: &'a Expr, out: &mut Vec<&'a str>) {
+        match e {
+            Expr::Not(inner) => walk(inner, out),
+            Expr::And(ops) | Expr::Or(ops) => ops.iter().for_each(|op| walk(op, out)),
+            leaf => out.extend(leaf.key()),
+        }
+    }
+    let mut out = Vec::new();
+    walk(e, &mut out);
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// Whether two sorted symbol lists share an element.
+fn intersects(a: &[Sym], b: &[Sym]) -> bool {
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => return true,
+        }
+    }
+    false
+}
+
+/// Keys whose value differs between two label sets sorted by key (added, removed or changed),
+/// sorted.
+fn changed_keys(old: &[(Sym, Sym)], new: &[(Sym, Sym)]) -> Vec<Sym> {
+    let mut out = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    while i < old.len() || j < new.len() {
+        match (old.get(i), new.get(j)) {
+            (Some(a), Some(b)) if a.0 == b.0 => {
+                if a.1 != b.1 {
+                    out.push(a.0);
+                }
+                i += 1;
+                j += 1;
+            }
+            (Some(a), b) if b.is_none_or(|b| a.0 < b.0) => {
+                out.push(a.0);
+                i += 1;
+            }
+            (_, Some(b)) => {
+                out.push(b.0);
+                j += 1;
+            }
+            _ => unreachable!("loop condition"),
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
 impl SelectorIndex {
     fn entry(&self, id: SelId) -> &SelEntry {
         self.sels[id as usize].as_ref().expect("live selector id")
@@ -108,35 +175,52 @@ impl SelectorIndex {
         self.unindexed.len()
     }
 
-    fn posting_cost(&self, interner: &Interner, t: &StrTerm<'_>) -> usize {
+    /// Number of items carrying the term.
+    fn postings(&self, interner: &Interner, t: &StrTerm<'_>) -> usize {
         match *t {
-            StrTerm::Kv(k, v) => {
-                let n = match (interner.lookup(k), interner.lookup(v)) {
-                    (Some(k), Some(v)) => self.by_kv.get(&(k, v)).map_or(0, |s| s.len()),
-                    _ => 0,
-                };
-                let penalty = if k == "projectcalico.org/orchestrator" {
-                    ORCHESTRATOR_PENALTY
-                } else {
-                    0
-                };
-                n * POSTING_WEIGHT + penalty
-            }
-            StrTerm::Key(k) => {
-                let n = interner
-                    .lookup(k)
-                    .and_then(|k| self.by_key.get(&k))
-                    .map_or(0, |s| s.len());
-                n * POSTING_WEIGHT + KEY_TERM_PENALTY
-            }
+            StrTerm::Kv(k, v) => match (interner.lookup(k), interner.lookup(v)) {
+                (Some(k), Some(v)) => self.by_kv.get(&(k, v)).map_or(0, |s| s.len()),
+                _ => 0,
+            },
+            StrTerm::Key(k) => interner
+                .lookup(k)
+                .and_then(|k| self.by_key.get(&k))
+                .map_or(0, |s| s.len()),
         }
     }
 
-    fn cover<'a>(&self, interner: &Interner, e: &'a Expr) -> Option<(Vec<StrTerm<'a>>, usize)> {
+    /// Expected cost of registering a selector under the term: roughly how many of this index's
+    /// items carry it (each of their changes evaluates the selector).
+    ///
+    /// A small index (the policy index holds only this node's endpoints) estimates badly from
+    /// its own posting lists: a label value no local endpoint has *yet* costs zero, so thousands
+    /// of policies could pile onto it and all be evaluated when one endpoint takes that value.
+    /// The `prior` index (the cluster-wide one) says how common the term is in general; its
+    /// count, scaled to this index's size, is added to the local count.
+    fn posting_cost(&self, interner: &Interner, t: &StrTerm<'_>, prior: Option<&Self>) -> f64 {
+        let mut n = self.postings(interner, t) as f64;
+        if let Some(p) = prior {
+            let scale = self.items.len().max(1) as f64 / p.items.len().max(1) as f64;
+            n += p.postings(interner, t) as f64 * scale;
+        }
+        let penalty = match *t {
+            StrTerm::Kv("projectcalico.org/orchestrator", _) => ORCHESTRATOR_PENALTY,
+            StrTerm::Kv(..) => 0,
+            StrTerm::Key(_) => KEY_TERM_PENALTY,
+        };
+        n * POSTING_WEIGHT as f64 + penalty as f64
+    }
+
+    fn cover<'a>(
+        &self,
+        interner: &Interner,
+        e: &'a Expr,
+        prior: Option<&Self>,
+    ) -> Option<(Vec<StrTerm<'a>>, f64)> {
         match e {
             Expr::Eq(k, v) => {
                 let t = StrTerm::Kv(k, v);
-                let c = self.posting_cost(interner, &t);
+                let c = self.posting_cost(interner, &t, prior);
                 Some((vec![t], c))
             }
             Expr::In(k, set) => {
@@ -144,23 +228,26 @@ impl SelectorIndex {
                     .iter()
                     .map(|v| StrTerm::Kv(k.as_str(), v.as_str()))
                     .collect();
-                let c = terms.iter().map(|t| self.posting_cost(interner, t)).sum();
+                let c = terms
+                    .iter()
+                    .map(|t| self.posting_cost(interner, t, prior))
+                    .sum();
                 Some((terms, c))
             }
             Expr::Has(k) | Expr::Contains(k, _) | Expr::StartsWith(k, _) | Expr::EndsWith(k, _) => {
                 let t = StrTerm::Key(k);
-                let c = self.posting_cost(interner, &t);
+                let c = self.posting_cost(interner, &t, prior);
                 Some((vec![t], c))
             }
             Expr::And(ops) => ops
                 .iter()
-                .filter_map(|op| self.cover(interner, op))
-                .min_by_key(|(_, c)| *c),
+                .filter_map(|op| self.cover(interner, op, prior))
+                .min_by(|(_, a), (_, b)| a.total_cmp(b)),
             Expr::Or(ops) => {
                 let mut all = Vec::new();
-                let mut cost = 0;
+                let mut cost = 0.0;
                 for op in ops {
-                    let (terms, c) = self.cover(interner, op)?;
+                    let (terms, c) = self.cover(interner, op, prior)?;
                     all.extend(terms);
                     cost += c;
                 }
@@ -170,10 +257,10 @@ impl SelectorIndex {
         }
     }
 
-    fn register_cover(&mut self, interner: &mut Interner, id: SelId) {
+    fn register_cover(&mut self, interner: &mut Interner, id: SelId, prior: Option<&Self>) {
         let cover = {
             let e = self.entry(id);
-            self.cover(interner, e.sel.expr()).map(|(terms, _)| {
+            self.cover(interner, e.sel.expr(), prior).map(|(terms, _)| {
                 terms
                     .into_iter()
                     .map(|t| match t {
@@ -220,22 +307,30 @@ impl SelectorIndex {
     }
 
     /// Adds a reference to `sel`, registering it (and computing its matches) if it is new.
-    /// Returns the id and whether it was new.
+    /// Returns the id and whether it was new. `prior` refines the choice of index terms (see
+    /// [`SelectorIndex::posting_cost`]).
     pub(crate) fn add_selector(
         &mut self,
         interner: &mut Interner,
         sel: &Selector,
+        prior: Option<&Self>,
     ) -> (SelId, bool) {
         let canonical = sel.canonical();
         if let Some(&id) = self.by_canonical.get(&canonical) {
             self.entry_mut(id).refs += 1;
             return (id, false);
         }
+        let mut keys: Vec<Sym> = expr_keys(sel.expr())
+            .into_iter()
+            .map(|k| interner.intern(k))
+            .collect();
+        keys.sort_unstable();
         let entry = SelEntry {
             sel: sel.clone(),
             canonical: canonical.clone(),
             refs: 1,
             cover: None,
+            keys,
             matches: FxSet::default(),
         };
         let id = match self.free.pop() {
@@ -249,7 +344,7 @@ impl SelectorIndex {
             }
         };
         self.by_canonical.insert(canonical, id);
-        self.register_cover(interner, id);
+        self.register_cover(interner, id, prior);
 
         // Initial matches from the cover's posting lists.
         let mut candidates: Vec<ItemId> = match &self.entry(id).cover {
@@ -300,6 +395,9 @@ impl SelectorIndex {
         }
         self.unregister_cover(interner, id);
         let e = self.sels[id as usize].take().expect("live selector id");
+        for k in &e.keys {
+            interner.release(*k);
+        }
         for item in e.matches {
             if let Some(it) = self.items.get_mut(&item)
                 && let Ok(pos) = it.matched.binary_search(&id)
@@ -342,14 +440,28 @@ impl SelectorIndex {
         }
         candidates.sort_unstable();
         candidates.dedup();
-        self.evaluations += candidates.len() as u64;
+        // A selector that tests none of the keys that changed keeps its result: only the others
+        // are evaluated (a new item evaluates every candidate).
+        let changed = existed.then(|| changed_keys(&old.labels, labels));
         let view = LabelView { labels, interner };
         let mut matched = Vec::with_capacity(candidates.len().min(8));
+        let mut evaluations = 0;
         for id in candidates {
-            if self.entry(id).sel.matches(&view) {
+            let e = self.entry(id);
+            let is_match = match &changed {
+                Some(changed) if !intersects(&e.keys, changed) => {
+                    old.matched.binary_search(&id).is_ok()
+                }
+                _ => {
+                    evaluations += 1;
+                    e.sel.matches(&view)
+                }
+            };
+            if is_match {
                 matched.push(id);
             }
         }
+        self.evaluations += evaluations;
 
         // Diff the sorted lists.
         let (mut i, mut j) = (0, 0);
@@ -428,7 +540,7 @@ impl SelectorIndex {
 
     /// Re-chooses every selector's cover from the current posting-list sizes (after the initial
     /// snapshot, when sizes are finally known). Matches are unchanged.
-    pub(crate) fn reoptimize(&mut self, interner: &mut Interner) {
+    pub(crate) fn reoptimize(&mut self, interner: &mut Interner, prior: Option<&Self>) {
         let ids: Vec<SelId> = self.by_canonical.values().copied().collect();
         for id in ids {
             // Register the new cover before releasing the old one so shared symbols stay live.
@@ -444,7 +556,7 @@ impl SelectorIndex {
                 }
                 None => self.unindexed.retain(|s| *s != id),
             }
-            self.register_cover(interner, id);
+            self.register_cover(interner, id, prior);
             for t in old.into_iter().flatten() {
                 match t {
                     Term::Kv(k, v) => {

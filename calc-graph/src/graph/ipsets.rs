@@ -209,7 +209,7 @@ impl IpSets {
             return;
         }
         self.active += 1;
-        let (sel, _) = index.add_selector(interner, &spec.selector);
+        let (sel, _) = index.add_selector(interner, &spec.selector, None);
         self.sets.insert(
             spec.id.clone(),
             SetState {

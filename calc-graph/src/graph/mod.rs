@@ -193,8 +193,9 @@ impl CalcGraph {
                 if !self.seq.in_sync {
                     self.seq.in_sync = true;
                     // Posting-list sizes are known now: re-choose the selector index terms.
-                    self.global.reoptimize(&mut self.interner);
-                    self.local.reoptimize(&mut self.interner);
+                    self.global.reoptimize(&mut self.interner, None);
+                    self.local
+                        .reoptimize(&mut self.interner, Some(&self.global));
                 }
             }
             Update::Resource { key, value } => {
@@ -562,7 +563,9 @@ impl CalcGraph {
 
     fn apply_policy(&mut self, key: &ResourceKey, draft: Option<PolicyDraft>) {
         let new = draft.map(|d| {
-            let (sel, _) = self.local.add_selector(&mut self.interner, &d.selector);
+            let (sel, _) =
+                self.local
+                    .add_selector(&mut self.interner, &d.selector, Some(&self.global));
             self.policies_by_sel
                 .entry(sel)
                 .or_default()
