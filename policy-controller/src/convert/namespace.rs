@@ -18,6 +18,8 @@ use super::{
 pub const KNS_PREFIX: &str = "kns.";
 /// Name prefix of service-account profiles.
 pub const KSA_PREFIX: &str = "ksa.";
+/// The namespace label the API server maintains (`kubernetes.io/metadata.name: <name>`).
+pub const METADATA_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 fn prefixed_labels(
     labels: &BTreeMap<String, String>,
@@ -41,7 +43,11 @@ pub fn namespace_to_profile(ns: &Namespace, _opts: &ConvertOptions) -> Converted
     }
     let profile = format!("{KNS_PREFIX}{name}");
     let key = etcd_key("Profile", None, &profile).ok();
-    let labels = ns.metadata.labels.clone().unwrap_or_default();
+    let mut labels = ns.metadata.labels.clone().unwrap_or_default();
+    // The API server sets this label on every namespace (immutable, equal to the name; GA in
+    // Kubernetes 1.22), and policies commonly select namespaces by it. Objects read from
+    // manifest files have not been through the API server: set it as it would.
+    labels.insert(METADATA_NAME_LABEL.to_string(), name.to_string());
     if let Err((k, e)) = validate_labels(&labels) {
         return Converted::skipped(
             SkipReport::new(&obj, format!("metadata.labels.{k}"), e),
@@ -106,4 +112,30 @@ pub fn service_account_to_profile(sa: &ServiceAccount, _opts: &ConvertOptions) -
         },
     };
     Converted::ok(CalicoResource::from_object(&o), Vec::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels_to_apply(ns: serde_json::Value) -> serde_json::Value {
+        let ns: Namespace = serde_json::from_value(ns).unwrap();
+        let c = namespace_to_profile(&ns, &ConvertOptions::default());
+        let json: serde_json::Value = serde_json::from_str(&c.resource.unwrap().json).unwrap();
+        json["spec"]["labelsToApply"].clone()
+    }
+
+    #[test]
+    fn metadata_name_label_is_set_as_the_api_server_does() {
+        // A manifest that never went through the API server lacks the label...
+        let l = labels_to_apply(serde_json::json!({"metadata": {"name": "prod"}}));
+        assert_eq!(l["pcns.kubernetes.io/metadata.name"], "prod");
+        // ...and a hand-written one cannot make it lie about the name.
+        let l = labels_to_apply(serde_json::json!({"metadata": {
+            "name": "prod",
+            "labels": {"kubernetes.io/metadata.name": "kube-system", "team": "a"},
+        }}));
+        assert_eq!(l["pcns.kubernetes.io/metadata.name"], "prod");
+        assert_eq!(l["pcns.team"], "a");
+    }
 }
