@@ -25,6 +25,11 @@ const SELECTORS: &[&str] = &[
     "all()",
     "pcns.team == 't1'",
     "app != 'a'",
+    // Several keys, so that a change of one key must re-evaluate them and a change of a key
+    // they do not test must not change their result.
+    "app == 'a' && !has(tier)",
+    "tier in {'x'} || pcns.team == 't1'",
+    "has(app) && app != 'b' && pcns.team != 't0'",
 ];
 const NAMESPACES: &[&str] = &["ns0", "ns1"];
 
