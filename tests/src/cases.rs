@@ -310,6 +310,78 @@ metadata: {name: deny-egress, namespace: x}
 spec: {podSelector: {}, policyTypes: [Egress]}
 "#;
 
+const ALLOW_EGRESS_XA_CIDR_EXCEPT_AND_XB: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: egress-cidr-overlap, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  policyTypes: [Egress]
+  egress:
+  - to:
+    - ipBlock: {cidr: 10.78.0.0/16, except: [__XB__/32]}
+    - ipBlock: {cidr: __XB__/32}
+"#;
+
+const DENY_INGRESS_ISOLATED_X: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-isolated, namespace: x}
+spec:
+  podSelector: {matchLabels: {isolated: "true"}}
+  policyTypes: [Ingress]
+"#;
+
+const ALLOW_XA_80_FROM_Y: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: stacked-80, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress: [{from: [{namespaceSelector: {matchLabels: {ns: y}}}], ports: [{port: 80}]}]
+"#;
+
+const ALLOW_XA_81_FROM_Z: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: stacked-81, namespace: x}
+spec:
+  podSelector: {matchExpressions: [{key: pod, operator: In, values: [a, c]}]}
+  ingress: [{from: [{namespaceSelector: {matchLabels: {ns: z}}}], ports: [{port: 81}]}]
+"#;
+
+const ALLOW_YA_FROM_XA: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: allow-from-x-a, namespace: y}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress:
+  - from: [{podSelector: {matchLabels: {pod: a}}, namespaceSelector: {matchLabels: {ns: x}}}]
+"#;
+
+const EGRESS_XA_TO_B_IN_Y: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: egress-to-y-b, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  policyTypes: [Egress]
+  egress:
+  - to: [{podSelector: {matchLabels: {pod: b}}, namespaceSelector: {matchLabels: {ns: y}}}]
+"#;
+
+const XA_INGRESS_FROM_Y_EGRESS_TO_Z: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: both-directions, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  policyTypes: [Ingress, Egress]
+  ingress: [{from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]}]
+  egress: [{to: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: z}}}]}]
+"#;
+
 const TIER_SECURITY: &str = r#"
 apiVersion: projectcalico.org/v3
 kind: Tier
@@ -563,6 +635,68 @@ pub fn all() -> Vec<Case> {
             name: "ingress and egress are independent",
             steps: vec![Step::new(vec![DENY_INGRESS_X], vec![T80, U81], |e| {
                 e.deny("*/*", "x/*");
+            })],
+        },
+        Case {
+            name: "an address in one ipBlock's except and in another ipBlock is allowed",
+            steps: vec![Step::new(
+                vec![ALLOW_EGRESS_XA_CIDR_EXCEPT_AND_XB],
+                tcp(),
+                |_| {},
+            )],
+        },
+        Case {
+            name: "deny ingress to a pod once it is relabelled into the policy",
+            steps: vec![
+                Step::new(vec![DENY_INGRESS_ISOLATED_X], tcp(), |_| {}),
+                Step {
+                    pod_labels: vec![("x/a", "isolated", Some("true"))],
+                    ..Step::new(vec![DENY_INGRESS_ISOLATED_X], tcp(), |e| {
+                        e.deny("*/*", "x/a")
+                    })
+                },
+                Step::new(vec![DENY_INGRESS_ISOLATED_X], tcp(), |_| {}),
+            ],
+        },
+        Case {
+            name: "stacked policies with overlapping podSelectors allow the union",
+            steps: vec![Step::new(
+                vec![ALLOW_XA_80_FROM_Y, ALLOW_XA_81_FROM_Z],
+                vec![T80, T81],
+                |e| {
+                    e.deny("*/*", "x/a");
+                    e.deny("*/*", "x/c");
+                    e.set("y/*", "x/a", &[T80], true);
+                    e.set("z/*", "x/a", &[T81], true);
+                    e.set("z/*", "x/c", &[T81], true);
+                },
+            )],
+        },
+        Case {
+            name: "client-side egress deny wins even if the server allows",
+            steps: vec![Step::new(
+                vec![DENY_EGRESS_XA, ALLOW_YA_FROM_XA],
+                tcp(),
+                |e| {
+                    e.deny("x/a", "*/*");
+                    e.deny("*/*", "y/a");
+                },
+            )],
+        },
+        Case {
+            name: "egress to a pod in another namespace by podSelector AND namespaceSelector",
+            steps: vec![Step::new(vec![EGRESS_XA_TO_B_IN_Y], tcp(), |e| {
+                e.deny("x/a", "*/*");
+                e.allow("x/a", "y/b");
+            })],
+        },
+        Case {
+            name: "ingress and egress in one policy, namespaces by kubernetes.io/metadata.name",
+            steps: vec![Step::new(vec![XA_INGRESS_FROM_Y_EGRESS_TO_Z], tcp(), |e| {
+                e.deny("*/*", "x/a");
+                e.allow("y/*", "x/a");
+                e.deny("x/a", "*/*");
+                e.allow("x/a", "z/*");
             })],
         },
         Case {

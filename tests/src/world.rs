@@ -82,10 +82,14 @@ fn namespaces(pods: &[PlacedPod]) -> Vec<String> {
 pub fn manifests(step: &Step, pods: &[PlacedPod]) -> String {
     let mut docs: Vec<String> = Vec::new();
     for ns in namespaces(pods) {
+        // The evaluator sees the API server's view, where every namespace carries
+        // `kubernetes.io/metadata.name`; manifest files usually do not: the controller adds it.
+        let mut labels = ns_labels(step, &ns);
+        labels.remove("kubernetes.io/metadata.name");
         docs.push(
             serde_yaml::to_string(&json!({
                 "apiVersion": "v1", "kind": "Namespace",
-                "metadata": {"name": ns, "labels": ns_labels(step, &ns)},
+                "metadata": {"name": ns, "labels": labels},
             }))
             .expect("yaml"),
         );
