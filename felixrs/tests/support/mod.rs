@@ -82,6 +82,11 @@ impl Agent {
         in_netns(&self.netns, move || http::get(addr, &path))
     }
 
+    /// What the agent has logged so far (stderr).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     pub fn status(&self) -> serde_json::Value {
         let (code, body) = self.get("/status").expect("GET /status");
         assert_eq!(code, 200, "{body}");
