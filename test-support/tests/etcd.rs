@@ -5,7 +5,7 @@ use std::process::Stdio;
 use felixrs_test_support::etcd::Etcd;
 use felixrs_test_support::netns::Netns;
 
-fn health(etcd: &Etcd, endpoint: &str, extra: &[&str]) -> bool {
+fn health(endpoint: &str, extra: &[&str]) -> bool {
     let mut cmd = std::process::Command::new("etcdctl");
     cmd.env("ETCDCTL_API", "3")
         .args([
@@ -18,7 +18,6 @@ fn health(etcd: &Etcd, endpoint: &str, extra: &[&str]) -> bool {
         ])
         .args(extra)
         .args(["get", "/x"]);
-    let _ = etcd;
     cmd.stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
@@ -32,17 +31,14 @@ fn plain_etcd_keeps_data_across_restarts_and_can_hide_the_client_url() {
     let r1 = etcd.put("/k", "-starts-with-dash");
     assert!(r1 > 1);
     assert_eq!(etcd.get("/k").as_deref(), Some("-starts-with-dash"));
-    assert!(health(&etcd, &etcd.client_url(), &[]));
+    assert!(health(&etcd.client_url(), &[]));
     etcd.restart_admin_only();
-    assert!(
-        !health(&etcd, &etcd.client_url(), &[]),
-        "client URL still open"
-    );
+    assert!(!health(&etcd.client_url(), &[]), "client URL still open");
     let r2 = etcd.delete("/k");
     assert!(r2 > r1);
     etcd.compact(r2);
     etcd.restart();
-    assert!(health(&etcd, &etcd.client_url(), &[]));
+    assert!(health(&etcd.client_url(), &[]));
     assert_eq!(etcd.get("/k"), None);
     assert_eq!(etcd.revision(), r2);
 }
@@ -59,15 +55,14 @@ fn tls_etcd_demands_a_client_certificate() {
         t.key.to_str().unwrap(),
     );
     assert!(health(
-        &etcd,
         &url,
         &["--cacert", ca, "--cert", cert, "--key", key]
     ));
     assert!(
-        !health(&etcd, &url, &["--cacert", ca]),
+        !health(&url, &["--cacert", ca]),
         "served without a client cert"
     );
-    assert!(!health(&etcd, &url, &[]), "served without trusting its CA");
+    assert!(!health(&url, &[]), "served without trusting its CA");
     assert!(etcd.put("/k", "v") > 1);
 }
 
@@ -80,7 +75,7 @@ fn etcd_in_a_namespace_is_reachable_only_there() {
         .start();
     etcd.put("/k", "v");
     assert!(
-        !health(&etcd, &etcd.client_url(), &[]),
+        !health(&etcd.client_url(), &[]),
         "reachable from the host namespace"
     );
     let out = ns
@@ -104,6 +99,5 @@ fn dropping_etcd_kills_it_and_removes_the_temp_dir() {
     let url = etcd.client_url();
     drop(etcd);
     assert!(!dir.exists(), "{} left behind", dir.display());
-    let probe = Etcd::start();
-    assert!(!health(&probe, &url, &[]), "etcd at {url} still answers");
+    assert!(!health(&url, &[]), "etcd at {url} still answers");
 }
