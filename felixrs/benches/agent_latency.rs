@@ -15,8 +15,11 @@ use std::io::Write;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use felixrs_test_support::etcd::Etcd;
+use felixrs_test_support::http;
+use felixrs_test_support::netns::{Netns, in_netns};
 use serde_json::json;
-use support::{Agent, Etcd, Netns, PREFIX, http_get, in_netns};
+use support::{Agent, PREFIX};
 
 const ENDPOINTS: usize = 250;
 const POLICIES: usize = 2000;
@@ -95,7 +98,7 @@ fn restore(ns: &Netns, prog: &str, payload: &str) -> Duration {
 
 fn main() {
     let ns = Netns::new();
-    let mut etcd = Etcd::start_in(Some(&ns.name));
+    let mut etcd = Etcd::start_in(ns.name());
     let mut seed = vec![(
         format!("{PREFIX}tiers/default"),
         json!({"apiVersion":"projectcalico.org/v3","kind":"Tier","metadata":{"name":"default"},
@@ -114,13 +117,13 @@ fn main() {
     seed.extend((0..ENDPOINTS).map(wep));
     seed.extend((0..POLICIES).map(|i| policy(i, 8000)));
     let t = Instant::now();
-    let rev = *put_all(&ns.name, &etcd.test_url(), seed).last().unwrap();
+    let rev = *put_all(ns.name(), &etcd.admin_url(), seed).last().unwrap();
     eprintln!("seeded in {:?}", t.elapsed());
 
     let state = tempfile::tempdir().unwrap();
     let state_dir = state.path().join("state");
     let t = Instant::now();
-    let agent = Agent::start(&ns.name, &etcd.agent_url(), &state_dir);
+    let agent = Agent::start(ns.name(), &etcd.client_url(), &state_dir);
     let s = agent.wait_applied(rev);
     let initial = t.elapsed();
     eprintln!("initial program: {initial:?} {s}");
@@ -130,8 +133,8 @@ fn main() {
     for c in 0..CHANGES {
         let i = (c * 7) % POLICIES;
         let kv = policy(i, 9000 + c as u16);
-        let (health, url) = (agent.health, etcd.test_url());
-        let ms = in_netns(&ns.name, move || {
+        let (health, url) = (agent.health, etcd.admin_url());
+        let ms = in_netns(ns.name(), move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -142,7 +145,7 @@ fn main() {
             let t = Instant::now();
             let r = rt.block_on(client.put(kv.0, kv.1, None)).unwrap();
             let rev = r.header().unwrap().revision();
-            let (_, body) = http_get(
+            let (_, body) = http::get(
                 health,
                 &format!("/status?min_revision={rev}&timeout_ms=30000"),
             )
@@ -155,8 +158,8 @@ fn main() {
     }
 
     // Floor: the one-chain transaction per change, both families, against the same kernel.
-    let save4 = ns.exec(&["iptables-nft-save", "-t", "filter"]);
-    let save6 = ns.exec(&["ip6tables-nft-save", "-t", "filter"]);
+    let save4 = ns.ok("iptables-nft-save", &["-t", "filter"]);
+    let save6 = ns.ok("ip6tables-nft-save", &["-t", "filter"]);
     // The transaction one change needs in one family: rewrite the policy chain's rule.
     let payload = |save: &str, i: usize| {
         let chain = save
@@ -182,7 +185,7 @@ fn main() {
     let (p50, p99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
     let (f50, f99) = (pct(&mut floor, 0.5), pct(&mut floor, 0.99));
     let rules = ns
-        .exec(&["iptables-nft-save"])
+        .ok("iptables-nft-save", &[])
         .lines()
         .filter(|l| l.starts_with("-A"))
         .count();
@@ -217,7 +220,7 @@ fn main() {
 /// Spawn to `programmed` of an agent whose etcd is down; (total ms, last apply ms).
 fn restart(ns: &Netns, etcd: &Etcd, state_dir: &std::path::Path) -> (f64, f64) {
     let t = Instant::now();
-    let agent = Agent::start(&ns.name, &etcd.agent_url(), state_dir);
+    let agent = Agent::start(ns.name(), &etcd.client_url(), state_dir);
     let s = loop {
         let s = agent.status();
         if s["programmed"] == true {

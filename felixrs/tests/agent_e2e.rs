@@ -5,8 +5,10 @@ mod support;
 
 use std::time::Duration;
 
+use felixrs_test_support::etcd::Etcd;
+use felixrs_test_support::netns::Netns;
 use serde_json::json;
-use support::{Agent, Etcd, Netns, PREFIX};
+use support::{Agent, PREFIX};
 
 const IFACE: &str = "cali0000000001";
 
@@ -57,7 +59,7 @@ fn put_policy(etcd: &Etcd, name: &str, port: u16) -> i64 {
 }
 
 fn save(ns: &Netns) -> String {
-    ns.exec(&["iptables-nft-save", "-t", "filter"])
+    ns.ok("iptables-nft-save", &["-t", "filter"])
 }
 
 /// Rules without counters, for before/after comparisons.
@@ -78,12 +80,12 @@ fn has_port(ns: &Netns, port: u16) -> bool {
 #[test]
 fn agent_syncs_applies_recovers_relists_and_restarts_from_snapshot() {
     let ns = Netns::new();
-    let mut etcd = Etcd::start_in(Some(&ns.name));
+    let mut etcd = Etcd::start_in(ns.name());
     seed(&etcd);
     let rev = put_policy(&etcd, "p1", 7001);
     let state = tempfile::tempdir().unwrap();
     let state_dir = state.path().join("state");
-    let agent = Agent::start(&ns.name, &etcd.agent_url(), &state_dir);
+    let agent = Agent::start(ns.name(), &etcd.client_url(), &state_dir);
 
     // Initial sync programs the kernel.
     let s = agent.wait_applied(rev);
@@ -116,20 +118,17 @@ fn agent_syncs_applies_recovers_relists_and_restarts_from_snapshot() {
     );
 
     // etcd restarted: the agent recovers and applies new changes.
-    etcd.stop();
-    etcd.launch(true);
+    etcd.restart();
     let rev = put_policy(&etcd, "p3", 7003);
     agent.wait_applied(rev);
     assert!(has_port(&ns, 7003));
 
     // Disconnected and compacted: a deletion made meanwhile is found by the re-list.
-    etcd.stop();
-    etcd.launch(false);
+    etcd.restart_admin_only();
     etcd.delete(&format!("{PREFIX}networkpolicies/ns1/p1"));
     let rev = etcd.put("/unrelated/bump", "y");
     etcd.compact(rev);
-    etcd.stop();
-    etcd.launch(true);
+    etcd.restart();
     let s = agent.wait_applied(rev);
     assert!(
         !has_port(&ns, 7001),
@@ -148,7 +147,7 @@ fn agent_syncs_applies_recovers_relists_and_restarts_from_snapshot() {
 
     // A restarted agent on a node with an empty kernel programs from the snapshot.
     let ns2 = Netns::new();
-    let agent = Agent::start(&ns2.name, &etcd.agent_url(), &state_dir);
+    let agent = Agent::start(ns2.name(), &etcd.client_url(), &state_dir);
     let s = agent.wait_applied(rev);
     assert_eq!(s["source"], "snapshot", "{s}");
     assert!(save(&ns2).contains(&format!("cali-tw-{IFACE}")));
@@ -159,11 +158,11 @@ fn agent_syncs_applies_recovers_relists_and_restarts_from_snapshot() {
 #[test]
 fn no_rule_is_touched_before_in_sync_and_sigterm_leaves_rules() {
     let ns = Netns::new();
-    let etcd = Etcd::start_in(Some(&ns.name));
+    let etcd = Etcd::start_in(ns.name());
     seed(&etcd);
     let rev = put_policy(&etcd, "p1", 7101);
     let state = tempfile::tempdir().unwrap();
-    let mut agent = Agent::start(&ns.name, &etcd.agent_url(), &state.path().join("a"));
+    let mut agent = Agent::start(ns.name(), &etcd.client_url(), &state.path().join("a"));
     agent.wait_applied(rev);
     let programmed = rules(&ns);
     assert!(programmed.iter().any(|l| l.contains("cali-tw-")));
@@ -179,7 +178,7 @@ fn no_rule_is_touched_before_in_sync_and_sigterm_leaves_rules() {
     let corrupt = state.path().join("corrupt");
     std::fs::create_dir_all(&corrupt).unwrap();
     std::fs::write(corrupt.join("datastore.snapshot"), b"FXRSNAP\n garbage").unwrap();
-    let agent = Agent::start(&ns.name, "http://127.0.0.1:9", &corrupt);
+    let agent = Agent::start(ns.name(), "http://127.0.0.1:9", &corrupt);
     std::thread::sleep(Duration::from_secs(3));
     let s = agent.status();
     let err = s["snapshot_error"].as_str().unwrap_or_default().to_string();

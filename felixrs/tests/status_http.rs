@@ -1,12 +1,10 @@
 //! The status/health/metrics server over real HTTP.
 
-mod support;
-
 use std::time::Duration;
 
 use felixrs::agent::metrics::Metrics;
 use felixrs::agent::status::{self, Source, Status, StatusHub};
-use support::http_get;
+use felixrs_test_support::http;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_readiness_metrics_and_revision_wait() {
@@ -20,7 +18,7 @@ async fn status_readiness_metrics_and_revision_wait() {
         cancel.clone().cancelled_owned(),
     ));
     let get = move |path: &'static str| {
-        tokio::task::spawn_blocking(move || http_get(addr, path).expect("http get"))
+        tokio::task::spawn_blocking(move || http::get(addr, path).expect("http get"))
     };
 
     let (code, body) = get("/status").await.unwrap();

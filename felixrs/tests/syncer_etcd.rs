@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use felixrs::agent::datastore::{EtcdDatastore, EtcdTls};
 use felixrs::agent::syncer::{self, SyncEvent, SyncerConfig};
-use support::{Etcd, PREFIX};
+use felixrs_test_support::etcd::Etcd;
+use support::PREFIX;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
@@ -24,7 +25,7 @@ struct Harness {
 impl Harness {
     fn start(etcd: &Etcd) -> Self {
         let ds = EtcdDatastore::new(
-            vec![etcd.agent_url()],
+            vec![etcd.client_url()],
             EtcdTls::default(),
             Duration::from_secs(1),
         );
@@ -131,7 +132,7 @@ async fn resumes_after_restart_and_relists_after_compaction() {
         matches!(e, SyncEvent::Disconnected { .. })
     })
     .await;
-    etcd.launch(true);
+    etcd.restart();
     // A change made after the restart arrives as a change, without a re-list.
     let rev_new = etcd.put(&key("new"), "{}");
     let ev = h
@@ -145,13 +146,11 @@ async fn resumes_after_restart_and_relists_after_compaction() {
     );
 
     // While the agent cannot reach etcd: delete a key and compact past it.
-    etcd.stop();
-    etcd.launch(false);
+    etcd.restart_admin_only();
     etcd.delete(&key("gone"));
     let rev = etcd.put("/other/bump", "1");
     etcd.compact(rev);
-    etcd.stop();
-    etcd.launch(true);
+    etcd.restart();
     let listed = h
         .until("re-list after compaction", |e| {
             matches!(e, SyncEvent::Listed { .. })

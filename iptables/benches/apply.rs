@@ -10,15 +10,15 @@
 //!   restore;
 //! * `bare restore`: `iptables-restore --noflush` of the same payloads, nothing else.
 
-#[path = "../tests/support/netns.rs"]
-mod netns;
-
 use std::time::{Duration, Instant};
 
 use calc_graph::proto::*;
+use felixrs_test_support::netns::Netns;
 use iptables::apply::diff::{plan_table, simulate};
 use iptables::apply::kernel::ActualTable;
-use iptables::apply::{Applier, ApplierConfig, Backend, DesiredState, Runner, TableName};
+use iptables::apply::{
+    Applier, ApplierConfig, Backend, DesiredState, ExecRunner, Runner, TableName,
+};
 use iptables::render::{RenderConfig, Renderer};
 
 const ENDPOINTS: usize = 250;
@@ -145,10 +145,11 @@ fn ms(d: Duration) -> String {
 }
 
 fn bench(backend: Backend, rounds: usize, base: &DesiredState, changed: &DesiredState) {
-    let ns = netns::Netns::new();
+    let ns = Netns::with_tag("bench");
+    let runner = || ExecRunner::in_netns(ns.name()).expect("valid netns name");
     let mk = |reread| {
         Applier::new(
-            ns.runner(),
+            runner(),
             ApplierConfig {
                 backend,
                 reread_every_apply: reread,
@@ -171,7 +172,7 @@ fn bench(backend: Backend, rounds: usize, base: &DesiredState, changed: &Desired
     // re-reading applier, and the same two payloads through bare iptables-restore. Interleaving
     // keeps the comparison fair on a loaded machine; the kernel is back at `base` after each
     // step, so every applier's view stays true.
-    let runner = ns.runner();
+    let runner = runner();
     let program = mode.restore_program(IpVersion::V4);
     let mut reread_applier = mk(true);
     reread_applier.apply(base).unwrap();

@@ -11,11 +11,10 @@
 
 use std::fmt::Write as _;
 use std::hint::black_box;
-use std::io::Write as _;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use felixrs_test_support::netns::Netns;
 use iptables::parse::parse_save;
 
 const RULES: usize = 100_000;
@@ -151,81 +150,31 @@ fn generated_dump() -> String {
     s
 }
 
-/// Runs a command, panicking with its stderr on failure.
-fn run(cmd: &mut Command, stdin: Option<&str>) -> String {
-    let what = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("{what}: {e} (the kernel comparison needs root and iproute2/iptables/ipset)")
-        });
-    if let Some(input) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-    }
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{what} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf-8 output")
-}
-
-/// A network namespace deleted on drop.
-struct Netns(String);
-
-impl Netns {
-    fn new() -> Self {
-        let name = format!("fxb-{}", std::process::id());
-        run(Command::new("ip").args(["netns", "add", &name]), None);
-        Netns(name)
-    }
-
-    fn exec(&self, args: &[&str]) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.0]).args(args);
-        c
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
 fn kernel_comparison(dump: &str) {
-    let ns = Netns::new();
+    felixrs_test_support::require_tools(&[
+        "ip",
+        "ipset",
+        "iptables-restore",
+        "iptables-save",
+        "iptables-legacy-restore",
+        "iptables-legacy-save",
+    ]);
+    let ns = Netns::with_tag("bench");
     for i in 0..SETS {
-        run(
-            &mut ns.exec(&["ipset", "create", &format!("cali40s-{i}"), "hash:net"]),
-            None,
-        );
+        ns.ok("ipset", &["create", &format!("cali40s-{i}"), "hash:net"]);
     }
     for (restore, save_cmd) in [
         ("iptables-restore", "iptables-save"),
         ("iptables-legacy-restore", "iptables-legacy-save"),
     ] {
         let t = Instant::now();
-        run(&mut ns.exec(&[restore]), Some(dump));
+        ns.feed(restore, &[], dump);
         let load = t.elapsed();
         let mut printed = String::new();
         let mut save_cpu = Duration::MAX;
         let save = best(3, || {
             let c = children_cpu();
-            printed = run(&mut ns.exec(&[save_cmd, "-t", "filter"]), None);
+            printed = ns.ok(save_cmd, &["-t", "filter"]);
             save_cpu = save_cpu.min(children_cpu() - c);
         });
         let rules = rule_count(&printed);
@@ -249,7 +198,7 @@ fn kernel_comparison(dump: &str) {
             save_cpu.as_secs_f64() / parse.cpu.as_secs_f64(),
         );
         // Empty the table before the other backend loads (they share the netns' xtables state).
-        run(&mut ns.exec(&[restore]), Some("*filter\nCOMMIT\n"));
+        ns.feed(restore, &[], "*filter\nCOMMIT\n");
     }
 }
 

@@ -6,12 +6,13 @@ mod support;
 
 use std::time::Duration;
 
+use felixrs_test_support::netns::Netns;
 use iptables::apply::{
     Applier, ApplierConfig, Backend, ExecRunner, IpVersion, Mode, Reason, TableName, backend,
 };
 use support::check::{assert_in_sync, set_members};
 use support::desired::{SET_WEB, mk_state};
-use support::netns::Netns;
+use support::{kernel_netns, runner};
 
 const HINT: &str = "*mangle\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n";
 const TWO_RULES: &str =
@@ -19,7 +20,7 @@ const TWO_RULES: &str =
 
 fn mk_auto(ns: &Netns) -> Applier<ExecRunner> {
     Applier::new(
-        ns.runner(),
+        runner(ns),
         ApplierConfig {
             backend: Backend::Auto,
             initial_backoff: Duration::from_millis(1),
@@ -38,10 +39,10 @@ fn legacy_tables(ns: &Netns, file: &str) -> String {
 
 #[test]
 fn hint_in_legacy_mangle_picks_legacy_over_more_nft_rules() {
-    let ns = Netns::new();
+    let ns = kernel_netns();
     ns.feed("iptables-nft-restore", &[], TWO_RULES);
     ns.feed("iptables-legacy-restore", &[], HINT);
-    let d = backend::detect(&ns.runner(), Backend::Auto).unwrap();
+    let d = backend::detect(&runner(&ns), Backend::Auto).unwrap();
     assert_eq!((d.mode, d.reason), (Mode::Legacy, Reason::LegacyHint));
     // All four whole saves are kept for the first apply (view + sweep).
     assert_eq!(d.saves_run(), 4);
@@ -58,19 +59,19 @@ fn hint_in_nft_mangle_picks_nft_over_more_legacy_rules() {
         ("ip6tables-nft-restore", "v6 hint"),
         ("iptables-nft-restore", "v4 hint"),
     ] {
-        let ns = Netns::new();
+        let ns = kernel_netns();
         ns.feed("iptables-legacy-restore", &[], TWO_RULES);
         ns.feed(program, &[], HINT);
-        let d = backend::detect(&ns.runner(), Backend::Auto).unwrap();
+        let d = backend::detect(&runner(&ns), Backend::Auto).unwrap();
         assert_eq!((d.mode, d.reason), (Mode::Nft, Reason::NftHint), "{what}");
     }
 }
 
 #[test]
 fn detection_never_creates_a_legacy_table() {
-    let ns = Netns::new();
+    let ns = kernel_netns();
     ns.feed("iptables-nft-restore", &[], TWO_RULES);
-    let d = backend::detect(&ns.runner(), Backend::Auto).unwrap();
+    let d = backend::detect(&runner(&ns), Backend::Auto).unwrap();
     assert_eq!((d.mode, d.reason), (Mode::Nft, Reason::RuleCount));
     for file in ["/proc/net/ip_tables_names", "/proc/net/ip6_tables_names"] {
         let names = legacy_tables(&ns, file);
@@ -88,7 +89,7 @@ fn detection_never_creates_a_legacy_table() {
 
 #[test]
 fn restarted_auto_applier_reads_each_save_once_and_still_repairs_drift() {
-    let ns = Netns::new();
+    let ns = kernel_netns();
     let desired = mk_state();
     // A first agent programmed nft; its rules outnumber legacy's, so rule counts pick nft.
     let mut first = mk_auto(&ns);
@@ -124,7 +125,7 @@ fn restarted_auto_applier_reads_each_save_once_and_still_repairs_drift() {
 
 #[test]
 fn hint_detected_first_apply_only_reads_the_sets() {
-    let ns = Netns::new();
+    let ns = kernel_netns();
     ns.feed("iptables-nft-restore", &[], HINT);
     let mut a = mk_auto(&ns);
     let report = a.apply(&mk_state()).unwrap();

@@ -5,17 +5,18 @@ mod support;
 
 use std::time::Duration;
 
+use felixrs_test_support::netns::Netns;
 use iptables::apply::{
     Applier, ApplierConfig, ApplyError, Backend, DesiredState, DesiredTable, ExecRunner,
     HookPosition, IpSetKind, IpSetMember, IpSetSpec, IpVersion, Mode, TableName,
 };
 use support::check::{assert_in_sync, set_header, set_members, set_names};
 use support::desired::{SET_DB, SET_WEB, mk_hook, mk_net, mk_rules, mk_state};
-use support::netns::Netns;
+use support::{kernel_netns, runner};
 
 fn mk_applier(ns: &Netns, backend: Backend, family: IpVersion) -> Applier<ExecRunner> {
     Applier::new(
-        ns.runner(),
+        runner(ns),
         ApplierConfig {
             family,
             backend,
@@ -61,7 +62,7 @@ fn sets_exist_before_rules_use_them_and_go_after_rules_stop() {
         } else {
             Backend::Nft
         };
-        let ns = Netns::new();
+        let ns = kernel_netns();
         let mut applier = mk_applier(&ns, backend, IpVersion::V4);
         let a = mk_matching(IpVersion::V4, "cali40s:one", IpSetKind::Net);
         applier.apply(&a).unwrap();
@@ -84,7 +85,7 @@ fn sets_exist_before_rules_use_them_and_go_after_rules_stop() {
 
 #[test]
 fn member_changes_are_deltas() {
-    let ns = Netns::new();
+    let ns = kernel_netns();
     let mut applier = mk_applier(&ns, Backend::Nft, IpVersion::V4);
     let mut s = mk_state();
     applier.apply(&s).unwrap();
@@ -109,7 +110,7 @@ fn member_changes_are_deltas() {
 
 #[test]
 fn maxelem_change_swaps_in_place_while_referenced() {
-    let ns = Netns::new();
+    let ns = kernel_netns();
     let mut applier = mk_applier(&ns, Backend::Legacy, IpVersion::V4);
     let mut s = mk_state();
     applier.apply(&s).unwrap();
@@ -134,7 +135,7 @@ fn maxelem_change_swaps_in_place_while_referenced() {
 
 #[test]
 fn type_change_recreates_unreferenced_and_refuses_referenced_sets() {
-    let ns = Netns::new();
+    let ns = kernel_netns();
     let mut applier = mk_applier(&ns, Backend::Nft, IpVersion::V4);
     let mut s = mk_state();
     s.ip_sets.insert(
@@ -170,7 +171,7 @@ fn type_change_recreates_unreferenced_and_refuses_referenced_sets() {
 
 #[test]
 fn leftover_sets_go_foreign_sets_stay_and_in_use_sets_are_reported() {
-    let ns = Netns::new();
+    let ns = kernel_netns();
     ns.feed(
         "ipset",
         &["restore"],
@@ -198,7 +199,7 @@ fn leftover_sets_go_foreign_sets_stay_and_in_use_sets_are_reported() {
 
 #[test]
 fn ipv6_applier_writes_ip6tables_and_cali6_sets_only() {
-    let ns = Netns::new();
+    let ns = kernel_netns();
     let mut v4 = mk_applier(&ns, Backend::Nft, IpVersion::V4);
     v4.apply(&mk_state()).unwrap();
     let mut v6 = mk_applier(&ns, Backend::Nft, IpVersion::V6);

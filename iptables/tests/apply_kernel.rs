@@ -5,13 +5,14 @@ mod support;
 
 use std::time::Duration;
 
+use felixrs_test_support::netns::Netns;
 use iptables::apply::{
     Applier, ApplierConfig, ApplyError, Backend, DesiredState, ExecRunner, IpVersion, Mode,
     TableName,
 };
 use support::check::{assert_in_sync, foreign_lines, hashes_of, save, set_members, set_names};
 use support::desired::{SET_DB, SET_WEB, mk_rules, mk_state};
-use support::netns::Netns;
+use support::{kernel_netns, runner};
 
 fn mk_applier(ns: &Netns, mode: Mode) -> Applier<ExecRunner> {
     let backend = match mode {
@@ -19,7 +20,7 @@ fn mk_applier(ns: &Netns, mode: Mode) -> Applier<ExecRunner> {
         Mode::Nft => Backend::Nft,
     };
     Applier::new(
-        ns.runner(),
+        runner(ns),
         ApplierConfig {
             backend,
             initial_backoff: Duration::from_millis(1),
@@ -37,7 +38,7 @@ fn corpus(name: &str) -> String {
 }
 
 fn apply_twice_on(mode: Mode) {
-    let ns = Netns::new();
+    let ns = kernel_netns();
     let desired = mk_state();
     let mut applier = mk_applier(&ns, mode);
     let first = applier.apply(&desired).unwrap();
@@ -80,16 +81,16 @@ fn apply_nft_then_second_apply_writes_nothing() {
 
 #[test]
 fn auto_backend_follows_the_rules_already_there() {
-    let ns = Netns::new();
+    let ns = kernel_netns();
     ns.feed(
         "iptables-legacy-restore",
         &[],
         "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -s 192.0.2.1/32 -j DROP\nCOMMIT\n",
     );
-    let mut a = Applier::new(ns.runner(), ApplierConfig::default());
+    let mut a = Applier::new(runner(&ns), ApplierConfig::default());
     assert_eq!(a.mode().unwrap(), Mode::Legacy);
 
-    let ns = Netns::new();
+    let ns = kernel_netns();
     ns.feed(
         "iptables-nft-restore",
         &[],
@@ -100,7 +101,7 @@ fn auto_backend_follows_the_rules_already_there() {
         &[],
         "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -j ACCEPT\n-A INPUT -j ACCEPT\nCOMMIT\n",
     );
-    let mut a = Applier::new(ns.runner(), ApplierConfig::default());
+    let mut a = Applier::new(runner(&ns), ApplierConfig::default());
     assert_eq!(
         a.mode().unwrap(),
         Mode::Nft,
@@ -108,20 +109,20 @@ fn auto_backend_follows_the_rules_already_there() {
     );
 
     // No rules anywhere: the distribution's default (`iptables -V`) decides.
-    let ns = Netns::new();
+    let ns = kernel_netns();
     let version = ns.ok("iptables", &["-V"]);
     let expected = if version.contains("nf_tables") {
         Mode::Nft
     } else {
         Mode::Legacy
     };
-    let mut a = Applier::new(ns.runner(), ApplierConfig::default());
+    let mut a = Applier::new(runner(&ns), ApplierConfig::default());
     assert_eq!(a.mode().unwrap(), expected, "{version}");
 }
 
 #[test]
 fn switching_backend_sweeps_our_leftovers_from_the_old_one() {
-    let ns = Netns::new();
+    let ns = kernel_netns();
     let desired = mk_state();
     mk_applier(&ns, Mode::Legacy).apply(&desired).unwrap();
     ns.feed(
@@ -146,7 +147,7 @@ fn switching_backend_sweeps_our_leftovers_from_the_old_one() {
 }
 
 fn foreign_rules_survive(mode: Mode, file: &str) {
-    let ns = Netns::new();
+    let ns = kernel_netns();
     let restore = mode.restore_program(IpVersion::V4);
     ns.feed(&restore, &[], &corpus(file));
     let before: Vec<(String, Vec<String>)> = ["filter", "nat"]
@@ -195,7 +196,7 @@ fn docker_rules_survive_byte_for_byte_legacy() {
 }
 
 fn drift_is_repaired(mode: Mode) {
-    let ns = Netns::new();
+    let ns = kernel_netns();
     let desired = mk_state();
     let mut applier = mk_applier(&ns, mode);
     applier.apply(&desired).unwrap();
@@ -255,7 +256,7 @@ fn refresh_repairs_drift_nft() {
 
 #[test]
 fn removed_chains_hooks_and_tables_are_cleaned_in_one_transaction() {
-    let ns = Netns::new();
+    let ns = kernel_netns();
     let mode = Mode::Nft;
     let mut applier = mk_applier(&ns, mode);
     let full = mk_state();
@@ -302,7 +303,7 @@ fn removed_chains_hooks_and_tables_are_cleaned_in_one_transaction() {
 #[test]
 fn persistent_failure_names_table_and_payload_line_and_writes_nothing() {
     for mode in [Mode::Legacy, Mode::Nft] {
-        let ns = Netns::new();
+        let ns = kernel_netns();
         let mut applier = mk_applier(&ns, mode);
         let mut bad = mk_state();
         bad.tables
@@ -349,7 +350,7 @@ fn persistent_failure_names_table_and_payload_line_and_writes_nothing() {
 
 #[test]
 fn invalid_input_is_refused_before_anything_is_written() {
-    let ns = Netns::new();
+    let ns = kernel_netns();
     let mut applier = mk_applier(&ns, Mode::Nft);
     let mut bad = mk_state();
     bad.tables
@@ -380,10 +381,10 @@ fn invalid_input_is_refused_before_anything_is_written() {
 
 #[test]
 fn reread_every_apply_repairs_drift_without_refresh() {
-    let ns = Netns::new();
+    let ns = kernel_netns();
     let desired = mk_state();
     let mut applier = Applier::new(
-        ns.runner(),
+        runner(&ns),
         ApplierConfig {
             backend: Backend::Nft,
             reread_every_apply: true,
@@ -406,7 +407,7 @@ fn reread_every_apply_repairs_drift_without_refresh() {
 fn preview_is_exactly_what_a_first_apply_writes() {
     let desired = mk_state();
     let text = iptables::apply::preview(&desired).unwrap();
-    let ns = Netns::new();
+    let ns = kernel_netns();
     let report = mk_applier(&ns, Mode::Nft).apply(&desired).unwrap();
     let mut expected = format!("# ipset restore (IPv4)\n{}", report.ipset_updates);
     for table in TableName::ALL {

@@ -7,11 +7,12 @@
 mod support;
 
 use calc_graph::proto::*;
+use felixrs_test_support::netns::{Netns, veth};
 use iptables::apply::{Applier, ApplierConfig, Backend, IpVersion as V, TableName};
 use iptables::render::{RenderConfig, Renderer};
 use support::check::assert_in_sync;
-use support::netns::{Netns, veth};
 use support::tcp;
+use support::{kernel_netns, runner};
 
 const POD: &str = "10.98.0.2";
 const CLIENT: &str = "10.99.0.1";
@@ -24,9 +25,9 @@ struct Topology {
 
 fn mk_topology() -> Topology {
     let t = Topology {
-        client: Netns::new(),
-        node: Netns::new(),
-        pod: Netns::new(),
+        client: kernel_netns(),
+        node: kernel_netns(),
+        pod: kernel_netns(),
     };
     veth(&t.client, "fxa", &t.node, "fxh");
     veth(&t.pod, "eth0", &t.node, "cali12345");
@@ -125,7 +126,7 @@ fn rendered_policy_enforces(backend: Backend) {
     assert!(desired.ip_sets.contains_key("cali40s:clients"));
 
     let mut applier = Applier::new(
-        t.node.runner(),
+        runner(&t.node),
         ApplierConfig {
             backend,
             ..ApplierConfig::default()
@@ -196,7 +197,7 @@ fn rendered_policy_enforces_on_legacy() {
 /// (host-endpoint chains, the raw and mangle chains we do not program) is replaced or removed.
 #[test]
 fn takes_over_a_felix_node_keeping_identical_rules_and_their_counters() {
-    let ns = Netns::new();
+    let ns = kernel_netns();
     let path = format!(
         "{}/../../shared/iptables-corpus/002-calico-felix-cali-raw-nat-mangle-filter.kernel.txt",
         env!("CARGO_MANIFEST_DIR")
@@ -212,7 +213,7 @@ fn takes_over_a_felix_node_keeping_identical_rules_and_their_counters() {
     assert!(renderer.flush().is_empty());
     let desired = renderer.desired(V::V4);
     let mut applier = Applier::new(
-        ns.runner(),
+        runner(&ns),
         ApplierConfig {
             backend: Backend::Nft,
             ..ApplierConfig::default()

@@ -8,13 +8,14 @@ use std::process::Output;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use felixrs_test_support::netns::Netns;
 use iptables::apply::{
     Applier, ApplierConfig, Backend, ExecRunner, IpSetKind, IpSetSpec, Mode, RunError, Runner,
     TableName,
 };
 use support::check::{assert_in_sync, set_members};
 use support::desired::{SET_WEB, mk_net, mk_rules, mk_state};
-use support::netns::Netns;
+use support::{kernel_netns, runner};
 
 /// Runs everything for real; before the first call of `trigger`, runs `race` (once).
 struct RacingRunner {
@@ -41,7 +42,7 @@ fn mk_racing(
 ) -> Applier<RacingRunner> {
     Applier::new(
         RacingRunner {
-            inner: ns.runner(),
+            inner: runner(ns),
             trigger,
             race: Mutex::new(Some(Box::new(race))),
         },
@@ -55,8 +56,8 @@ fn mk_racing(
 
 #[test]
 fn iptables_write_that_loses_a_race_is_replanned_and_retried() {
-    let ns = Netns::new();
-    let name = ns.name.clone();
+    let ns = kernel_netns();
+    let name = ns.name().to_string();
     let mut applier = mk_racing(&ns, "iptables-nft-restore", || {});
     let mut desired = mk_state();
     applier.apply(&desired).unwrap();
@@ -85,8 +86,8 @@ fn iptables_write_that_loses_a_race_is_replanned_and_retried() {
 
 #[test]
 fn ipset_write_that_loses_a_race_is_replanned_and_retried() {
-    let ns = Netns::new();
-    let name = ns.name.clone();
+    let ns = kernel_netns();
+    let name = ns.name().to_string();
     let mut desired = mk_state();
     desired.ip_sets.insert(
         "cali40s:spare".into(),

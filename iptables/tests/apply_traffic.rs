@@ -4,13 +4,14 @@
 
 mod support;
 
+use felixrs_test_support::netns::VethPair;
 use iptables::apply::{
     Applier, ApplierConfig, Backend, DesiredState, DesiredTable, HookPosition, IpSetKind,
     IpSetSpec, IpVersion, TableName,
 };
 use support::desired::{mk_hook, mk_net, mk_rules};
-use support::netns::{ADDR_A, ADDR_B, VethPair};
 use support::tcp;
+use support::{require_kernel_tools, runner};
 
 const ALLOWED: &str = "cali40s:allowed-clients";
 const PORT: u16 = 8080;
@@ -47,35 +48,36 @@ fn mk_policy(allowed: &[&str]) -> DesiredState {
 }
 
 fn allow_and_deny(backend: Backend) {
+    require_kernel_tools();
     let pair = VethPair::new();
-    tcp::serve(&pair.b, ADDR_B, PORT);
-    tcp::serve(&pair.b, ADDR_B, PORT + 1);
-    tcp::serve(&pair.b, ADDR_B, PORT + 2);
+    tcp::serve(&pair.b, VethPair::ADDR_B, PORT);
+    tcp::serve(&pair.b, VethPair::ADDR_B, PORT + 1);
+    tcp::serve(&pair.b, VethPair::ADDR_B, PORT + 2);
     assert!(
-        tcp::connects_eventually(&pair.a, ADDR_B, PORT),
+        tcp::connects_eventually(&pair.a, VethPair::ADDR_B, PORT),
         "no connectivity before any policy"
     );
 
     let mut applier = Applier::new(
-        pair.b.runner(),
+        runner(&pair.b),
         ApplierConfig {
             backend,
             ..ApplierConfig::default()
         },
     );
     applier
-        .apply(&mk_policy(&[&format!("{ADDR_A}/32")]))
+        .apply(&mk_policy(&[&format!("{}/32", VethPair::ADDR_A)]))
         .unwrap();
     assert!(
-        tcp::connects_eventually(&pair.a, ADDR_B, PORT),
+        tcp::connects_eventually(&pair.a, VethPair::ADDR_B, PORT),
         "allowed client was dropped"
     );
     assert!(
-        !tcp::connects(&pair.a, ADDR_B, PORT + 1),
+        !tcp::connects(&pair.a, VethPair::ADDR_B, PORT + 1),
         "port outside the policy was not dropped"
     );
     assert!(
-        tcp::connects_eventually(&pair.a, ADDR_B, PORT + 2),
+        tcp::connects_eventually(&pair.a, VethPair::ADDR_B, PORT + 2),
         "a port the rules do not cover was dropped"
     );
 
@@ -86,19 +88,23 @@ fn allow_and_deny(backend: Backend) {
         "rules rewritten for a member change"
     );
     assert!(
-        !tcp::connects(&pair.a, ADDR_B, PORT),
+        !tcp::connects(&pair.a, VethPair::ADDR_B, PORT),
         "removed client still connects"
     );
 
     applier.apply(&mk_policy(&["10.99.0.0/24"])).unwrap();
     assert!(
-        tcp::connects_eventually(&pair.a, ADDR_B, PORT),
+        tcp::connects_eventually(&pair.a, VethPair::ADDR_B, PORT),
         "client in allowed subnet was dropped"
     );
 
     // Removing all of our state restores the namespace's open default.
     applier.apply(&DesiredState::new(IpVersion::V4)).unwrap();
-    assert!(tcp::connects_eventually(&pair.a, ADDR_B, PORT + 1));
+    assert!(tcp::connects_eventually(
+        &pair.a,
+        VethPair::ADDR_B,
+        PORT + 1
+    ));
 }
 
 #[test]

@@ -3,59 +3,22 @@
 //! the same text, and parse back into the same typed rules. Needs root, `ip`, `ipset` and the
 //! iptables tools (CI runs as root); fails loudly when they are missing.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
+use felixrs_test_support::netns::Netns;
 use iptables::model::*;
 use iptables::parse::parse_save;
 
-fn run(args: &[&str], stdin: Option<&str>) -> String {
-    let mut child = Command::new(args[0])
-        .args(&args[1..])
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("{args:?}: {e} (this test needs root, iproute2, ipset and iptables)")
-        });
-    if let Some(s) = stdin {
-        child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
-    }
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// A network namespace deleted on drop (also when the test panics).
-struct Netns(String);
-
-impl Netns {
-    fn new() -> Self {
-        let name = format!("fxt-{}-parse", std::process::id());
-        run(&["ip", "netns", "add", &name], None);
-        Netns(name)
-    }
-
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> String {
-        let mut full = vec!["ip", "netns", "exec", &self.0];
-        full.extend_from_slice(args);
-        run(&full, stdin)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
+/// A fresh namespace (deleted on drop, also on panic) after checking root and the tools this test drives.
+fn kernel_netns() -> Netns {
+    felixrs_test_support::require_root();
+    felixrs_test_support::require_tools(&[
+        "ip",
+        "ipset",
+        "iptables-restore",
+        "iptables-save",
+        "iptables-legacy-restore",
+        "iptables-legacy-save",
+    ]);
+    Netns::with_tag("parse")
 }
 
 fn mk_chain(s: &str) -> ChainName {
@@ -190,8 +153,8 @@ fn typed_rules_survive_the_kernel_byte_for_byte() {
     for r in mk_rules() {
         r.validate().unwrap();
     }
-    let ns = Netns::new();
-    ns.run(&["ipset", "create", "cali40s-test", "hash:ip,port"], None);
+    let ns = kernel_netns();
+    ns.ok("ipset", &["create", "cali40s-test", "hash:ip,port"]);
     let rules = mk_rules();
     let (raw_rules, filter_rules): (Vec<Rule>, Vec<Rule>) = rules
         .into_iter()
@@ -219,9 +182,9 @@ fn typed_rules_survive_the_kernel_byte_for_byte() {
         ("iptables-restore", "iptables-save"),
         ("iptables-legacy-restore", "iptables-legacy-save"),
     ] {
-        ns.run(&[restore], Some(&payload));
+        ns.feed(restore, &[], &payload);
         for (table, want) in [(&filter, &filter_rules), (&raw, &raw_rules)] {
-            let text = ns.run(&[save, "-t", table.name.as_str()], None);
+            let text = ns.ok(save, &["-t", table.name.as_str()]);
             let rs = parse_save(&text)
                 .unwrap_or_else(|e| panic!("{save} output does not parse: {e}\n{text}"));
             assert_eq!(rs.render(), text, "{save} output must round-trip");
@@ -238,6 +201,6 @@ fn typed_rules_survive_the_kernel_byte_for_byte() {
             }
         }
         // Leave the tables empty before the other backend loads.
-        ns.run(&[restore], Some("*filter\nCOMMIT\n*raw\nCOMMIT\n"));
+        ns.feed(restore, &[], "*filter\nCOMMIT\n*raw\nCOMMIT\n");
     }
 }

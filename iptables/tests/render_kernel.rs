@@ -6,67 +6,25 @@
 
 mod render_support;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use calc_graph::proto::*;
+use felixrs_test_support::netns::Netns;
 use iptables::apply::IpSetKind as Kind;
 use iptables::apply::desired::member_text;
 use iptables::render::{LogAction, RenderConfig, Renderer};
 use render_support::*;
 
-static NEXT: AtomicUsize = AtomicUsize::new(0);
-
-/// A network namespace named `fxt-<pid>-render<n>`, deleted on drop (also on panic).
-struct Netns(String);
-
-impl Netns {
-    fn new() -> Self {
-        let name = format!(
-            "fxt-{}-render{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::SeqCst)
-        );
-        let st = Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .expect("running `ip netns add` (iproute2 missing?)");
-        assert!(st.success(), "ip netns add {name} failed (are we root?)");
-        Netns(name)
-    }
-
-    fn run(&self, cmd: &str, args: &[&str], stdin: &str) -> String {
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.0, cmd])
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawning {cmd}: {e}"));
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(stdin.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "{cmd} {args:?} failed: {}\ninput:\n{stdin}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "delete", &self.0])
-            .status();
-    }
+/// A fresh namespace (deleted on drop, also on panic) after checking root and the tools this test drives.
+fn kernel_netns() -> Netns {
+    felixrs_test_support::require_root();
+    felixrs_test_support::require_tools(&[
+        "ip",
+        "ipset",
+        "iptables-restore",
+        "iptables-save",
+        "ip6tables-restore",
+        "ip6tables-save",
+    ]);
+    Netns::with_tag("render")
 }
 
 fn mk_state() -> Renderer {
@@ -194,7 +152,7 @@ fn mk_state() -> Renderer {
 fn kernel_resaves_exactly_the_rules_we_render() {
     let r = mk_state();
     for v in [IpVersion::V4, IpVersion::V6] {
-        let ns = Netns::new();
+        let ns = kernel_netns();
         let d = r.desired(v);
         d.validate().unwrap();
         let family = if v == IpVersion::V4 { "inet" } else { "inet6" };
@@ -214,14 +172,14 @@ fn kernel_resaves_exactly_the_rules_we_render() {
             }
         }
         assert!(!d.ip_sets.is_empty());
-        ns.run("ipset", &["restore"], &sets);
+        ns.feed("ipset", &["restore"], &sets);
         let (restore, save) = if v == IpVersion::V4 {
             ("iptables-restore", "iptables-save")
         } else {
             ("ip6tables-restore", "ip6tables-save")
         };
-        ns.run(restore, &["--noflush"], &restore_text(&d));
-        let saved = ns.run(save, &[], "");
+        ns.feed(restore, &["--noflush"], &restore_text(&d));
+        let saved = ns.ok(save, &[]);
         let parsed = iptables::parse::parse_save(&saved)
             .unwrap_or_else(|e| panic!("kernel output does not parse: {e}\n{saved}"));
         let mut checked = 0;

@@ -9,9 +9,12 @@
 
 #[allow(dead_code)]
 #[path = "../tests/support/etcd.rs"]
-mod etcd;
+mod etcd_client_ext;
 
 use std::time::{Duration, Instant};
+
+use etcd_client_ext::EtcdClientExt;
+use felixrs_test_support::etcd::Etcd;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -113,7 +116,7 @@ fn bench_convert() {
 }
 
 async fn bench_writer() {
-    let etcd = etcd::TestEtcd::start().await;
+    let etcd = Etcd::start();
     let mut c = etcd.client().await;
     let desired = Desired {
         resources: (0..5000)

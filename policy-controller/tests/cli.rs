@@ -8,9 +8,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use etcd_client::GetOptions;
+use felixrs_test_support::etcd::Etcd;
 use policy_controller::convert::RESOURCE_PREFIX;
 use serde_json::Value;
-use support::etcd::TestEtcd;
+use support::etcd::EtcdClientExt;
 
 const BIN: &str = env!("CARGO_BIN_EXE_policy-controller");
 
@@ -49,13 +50,13 @@ spec: {nodeName: node-1, containers: [{name: db, image: postgres}]}
 status: {phase: Running, podIP: 10.0.0.5}
 "#;
 
-fn sync_once(etcd: &TestEtcd, dir: &Path) -> Value {
+fn sync_once(etcd: &Etcd, dir: &Path) -> Value {
     let out = Command::new(BIN)
         .args([
             "sync",
             "--once",
             "--etcd-endpoints",
-            &etcd.endpoint,
+            &etcd.client_url(),
             "--manifests",
         ])
         .arg(dir)
@@ -97,7 +98,7 @@ async fn revision(c: &mut etcd_client::Client) -> i64 {
 
 #[tokio::test]
 async fn sync_once_reports_revision_and_counts() {
-    let etcd = TestEtcd::start().await;
+    let etcd = Etcd::start();
     let mut c = etcd.client().await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.yaml"), MANIFESTS).unwrap();
@@ -160,7 +161,7 @@ impl Drop for Proc {
     }
 }
 
-use support::etcd::free_port;
+use felixrs_test_support::{free_port, http};
 
 /// GET with retries while the server starts listening.
 async fn http_get(port: u16, path: &str) -> Option<String> {
@@ -173,26 +174,23 @@ async fn http_get(port: u16, path: &str) -> Option<String> {
     None
 }
 
-/// A minimal HTTP/1.0 GET; returns the body.
+/// One GET on 127.0.0.1:`port`; the body whatever the status, `None` if nothing answers.
 async fn http_get_once(port: u16, path: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let path = path.to_string();
+    tokio::task::spawn_blocking(move || http::get_with_timeout(addr, &path, Duration::from_secs(5)))
         .await
-        .ok()?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.ok()?;
-    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+        .expect("http thread")
+        .ok()
+        .map(|(_, body)| body)
 }
 
-fn spawn_replica(etcd: &TestEtcd, dir: &Path, identity: &str, metrics_port: u16) -> Proc {
+fn spawn_replica(etcd: &Etcd, dir: &Path, identity: &str, metrics_port: u16) -> Proc {
     let child = Command::new(BIN)
         .args([
             "sync",
             "--etcd-endpoints",
-            &etcd.endpoint,
+            &etcd.client_url(),
             "--election-ttl",
             "2",
             "--resync-interval",
@@ -226,7 +224,7 @@ where
 
 #[tokio::test]
 async fn standby_takes_over_within_the_lease_ttl() {
-    let etcd = TestEtcd::start().await;
+    let etcd = Etcd::start();
     let c = etcd.client().await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.yaml"), MANIFESTS).unwrap();
@@ -326,7 +324,7 @@ async fn standby_takes_over_within_the_lease_ttl() {
 
 #[tokio::test]
 async fn sync_once_from_a_kubeconfig_and_manifests() {
-    let etcd = TestEtcd::start().await;
+    let etcd = Etcd::start();
     let mut c = etcd.client().await;
     let api = support::fake_apiserver::FakeApiServer::start().await;
     api.apply(
@@ -359,7 +357,7 @@ async fn sync_once_from_a_kubeconfig_and_manifests() {
             "sync",
             "--once",
             "--etcd-endpoints",
-            &etcd.endpoint,
+            &etcd.client_url(),
             "--kubeconfig",
         ])
         .arg(&kubeconfig)
@@ -391,8 +389,8 @@ async fn sync_once_from_a_kubeconfig_and_manifests() {
 
 #[tokio::test]
 async fn etcd_tls_flags_are_used() {
-    let etcd = TestEtcd::start_tls().await;
-    let tls = etcd.tls.clone().unwrap();
+    let etcd = Etcd::start_tls();
+    let tls = etcd.tls_files().unwrap();
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.yaml"), MANIFESTS).unwrap();
     let run = |with_client_cert: bool| {
@@ -401,7 +399,7 @@ async fn etcd_tls_flags_are_used() {
             "sync",
             "--once",
             "--etcd-endpoints",
-            &etcd.endpoint,
+            &etcd.client_url(),
             "--etcd-ca",
         ])
         .arg(&tls.ca)
@@ -436,7 +434,7 @@ async fn etcd_tls_flags_are_used() {
 
 #[tokio::test]
 async fn running_controller_follows_live_kubernetes_events() {
-    let etcd = TestEtcd::start().await;
+    let etcd = Etcd::start();
     let c = etcd.client().await;
     let api = support::fake_apiserver::FakeApiServer::start().await;
     api.apply(
@@ -459,7 +457,7 @@ async fn running_controller_follows_live_kubernetes_events() {
         .args([
             "sync",
             "--etcd-endpoints",
-            &etcd.endpoint,
+            &etcd.client_url(),
             "--election-ttl",
             "2",
         ])
@@ -505,7 +503,7 @@ async fn running_controller_follows_live_kubernetes_events() {
 
 #[tokio::test]
 async fn sigterm_hands_leadership_over_without_waiting_for_the_lease() {
-    let etcd = TestEtcd::start().await;
+    let etcd = Etcd::start();
     let c = etcd.client().await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.yaml"), MANIFESTS).unwrap();
@@ -516,7 +514,7 @@ async fn sigterm_hands_leadership_over_without_waiting_for_the_lease() {
                 .args([
                     "sync",
                     "--etcd-endpoints",
-                    &etcd.endpoint,
+                    &etcd.client_url(),
                     "--election-ttl",
                     "30",
                 ])

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::GetOptions;
+use felixrs_test_support::etcd::Etcd;
 use policy_controller::convert::RESOURCE_PREFIX;
 use policy_controller::index::Index;
 use policy_controller::k8s_source::{self, KINDS};
@@ -15,7 +16,7 @@ use policy_controller::manifests::ManifestSet;
 use policy_controller::writer::Writer;
 use policy_controller::{ConvertOptions, ObjectRef};
 use serde_json::{Value, json};
-use support::etcd::TestEtcd;
+use support::etcd::EtcdClientExt;
 use support::fake_apiserver::FakeApiServer;
 
 fn mk_pod(name: &str, ip: &str) -> Value {
@@ -80,7 +81,7 @@ async fn sync(index: &Arc<Mutex<Index>>, writer: &mut Writer) {
 
 #[tokio::test]
 async fn watch_relist_after_gone_applies_missed_deletion() {
-    let etcd = TestEtcd::start().await;
+    let etcd = Etcd::start();
     let mut c = etcd.client().await;
     let api = FakeApiServer::start().await;
     api.apply(mk_namespace("prod"));

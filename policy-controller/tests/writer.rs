@@ -6,9 +6,10 @@ mod support;
 use std::collections::BTreeMap;
 
 use etcd_client::GetOptions;
+use felixrs_test_support::etcd::Etcd;
 use policy_controller::convert::RESOURCE_PREFIX;
 use policy_controller::writer::{Desired, Fence, OWNER_MARKER_PREFIX, Writer, WriterError};
-use support::etcd::TestEtcd;
+use support::etcd::EtcdClientExt;
 
 fn key(rest: &str) -> String {
     format!("{RESOURCE_PREFIX}{rest}")
@@ -43,7 +44,7 @@ async fn revision(c: &mut etcd_client::Client) -> i64 {
 
 #[tokio::test]
 async fn sync_change_delete_and_idempotence() {
-    let etcd = TestEtcd::start().await;
+    let etcd = Etcd::start();
     let mut c = etcd.client().await;
     // Keys the controller does not own must survive everything.
     c.put(key("globalnetworkpolicies/admin"), r#"{"x":1}"#, None)
@@ -121,7 +122,7 @@ async fn sync_change_delete_and_idempotence() {
 
 #[tokio::test]
 async fn large_syncs_are_batched_within_txn_limits() {
-    let etcd = TestEtcd::start().await;
+    let etcd = Etcd::start();
     let mut c = etcd.client().await;
     let mut w = Writer::new(c.clone());
     let items: Vec<(String, String)> = (0..300)
@@ -156,7 +157,7 @@ async fn large_syncs_are_batched_within_txn_limits() {
 
 #[tokio::test]
 async fn a_fenced_writer_cannot_write() {
-    let etcd = TestEtcd::start().await;
+    let etcd = Etcd::start();
     let mut c = etcd.client().await;
     let put = c.put("/leader/x", "me", None).await.unwrap();
     let rev = put.header().unwrap().revision();
@@ -179,7 +180,7 @@ async fn a_fenced_writer_cannot_write() {
 
 #[tokio::test]
 async fn a_tampered_owned_key_is_restored() {
-    let etcd = TestEtcd::start().await;
+    let etcd = Etcd::start();
     let mut c = etcd.client().await;
     let mut w = Writer::new(c.clone());
     w.sync(&mk_desired(&[("profiles/kns.a", r#"{"v":1}"#)]))

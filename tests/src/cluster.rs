@@ -14,7 +14,7 @@ use std::net::Ipv4Addr;
 
 use anyhow::Result;
 
-use crate::netns::{Netns, unique_name};
+use felixrs_test_support::netns::{Netns, unique_name};
 
 /// The host-side interface name Calico's CNI gives a pod: `cali` + 11 hex chars of SHA-1("<ns>.<pod>").
 pub fn veth_name(namespace: &str, pod: &str) -> String {

@@ -1,9 +1,8 @@
-//! Drivers for the real binaries: etcd (Debian's `etcd-server`), `policy-controller sync --once`, and one
-//! `felixrs agent` per node namespace, with a tiny HTTP client for the agents' `/status`.
+//! Drivers for the real binaries: etcd (Debian's `etcd-server`, launched by `felixrs-test-support`),
+//! `policy-controller sync --once`, and one `felixrs agent` per node namespace, polled over HTTP.
 
 use std::fs::File;
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -11,7 +10,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use crate::netns::{Netns, enter};
+pub use felixrs_test_support::etcd::Etcd;
+use felixrs_test_support::http;
+use felixrs_test_support::netns::{Netns, in_netns};
 
 /// The workspace's built binaries, next to this test executable (`target/<profile>/`).
 pub fn binary(name: &str) -> PathBuf {
@@ -96,121 +97,25 @@ pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Optio
     }
 }
 
-/// An HTTP/1.1 GET from inside a namespace; returns (status, body).
+/// An HTTP/1.1 GET from inside a namespace with a short read timeout (for polls); returns (status, body).
 pub fn http_get(netns: &str, addr: &str, path: &str) -> Result<(u16, String)> {
-    let nspath = format!("/var/run/netns/{netns}");
-    let addr = addr.to_string();
+    let addr: SocketAddr = addr
+        .parse()
+        .with_context(|| format!("bad address {addr}"))?;
     let path = path.to_string();
-    std::thread::spawn(move || -> Result<(u16, String)> {
-        enter(&nspath)?;
-        let mut s = TcpStream::connect_timeout(&addr.parse()?, Duration::from_secs(1))?;
-        s.set_read_timeout(Some(Duration::from_secs(3)))?;
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf)?;
-        let text = String::from_utf8_lossy(&buf).to_string();
-        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-        let status = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .context("no HTTP status")?;
-        let body = if head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked")
-        {
-            dechunk(body)
-        } else {
-            body.to_string()
-        };
-        Ok((status, body))
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("http thread panicked"))?
+    Ok(in_netns(netns, move || {
+        http::get_with_timeout(addr, &path, Duration::from_secs(3))
+    })?)
 }
 
-fn dechunk(body: &str) -> String {
-    let mut out = String::new();
-    let mut rest = body;
-    while let Some((size, tail)) = rest.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if n == 0 || tail.len() < n {
-            break;
-        }
-        out.push_str(&tail[..n]);
-        rest = tail[n..].trim_start_matches("\r\n");
-    }
-    out
-}
-
-/// etcd listening on `ip:2379` inside `ns`.
-pub struct Etcd {
-    proc: Option<Proc>,
-    pub endpoint: String,
-    data_dir: PathBuf,
-    log_dir: PathBuf,
-    ip: String,
-    starts: u32,
-}
-
-impl Etcd {
-    pub fn start(ns: &Netns, ip: &str, work: &Path) -> Result<Etcd> {
-        let data_dir = work.join("etcd-data");
-        let mut e = Etcd {
-            proc: None,
-            endpoint: format!("http://{ip}:2379"),
-            data_dir,
-            log_dir: work.to_path_buf(),
-            ip: ip.to_string(),
-            starts: 0,
-        };
-        e.restart(ns)?;
-        Ok(e)
-    }
-
-    pub fn stop(&mut self) {
-        self.proc = None;
-    }
-
-    /// (Re)starts etcd on the same data directory and waits until it serves.
-    pub fn restart(&mut self, ns: &Netns) -> Result<()> {
-        self.proc = None;
-        self.starts += 1;
-        let ip = &self.ip;
-        let args: Vec<String> = [
-            "--name=e2e",
-            &format!("--data-dir={}", self.data_dir.display()),
-            &format!("--listen-client-urls=http://{ip}:2379"),
-            &format!("--advertise-client-urls=http://{ip}:2379"),
-            "--listen-peer-urls=http://127.0.0.1:2380",
-            "--initial-advertise-peer-urls=http://127.0.0.1:2380",
-            "--initial-cluster=e2e=http://127.0.0.1:2380",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let proc = Proc::spawn(
-            ns,
-            Path::new("/usr/bin/etcd"),
-            &args,
-            self.log_dir.join(format!("etcd-{}.log", self.starts)),
-        )?;
-        let ok = wait_for(Duration::from_secs(20), || {
-            http_get(ns.name(), &format!("{ip}:2379"), "/health")
-                .ok()
-                .filter(|(s, b)| *s == 200 && b.contains("true"))
-        });
-        if ok.is_none() {
-            bail!("etcd did not become healthy: {}", proc.log_tail(20));
-        }
-        self.proc = Some(proc);
-        Ok(())
-    }
+/// etcd serving `http://<ip>:2379` inside `ns` (data and logs under `work/etcd`), kept across restarts.
+pub fn start_etcd(ns: &Netns, ip: &str, work: &Path) -> Etcd {
+    Etcd::builder()
+        .netns(ns.name())
+        .host(ip.parse().expect("etcd address"))
+        .client_port(2379)
+        .dir(&work.join("etcd"))
+        .start()
 }
 
 /// Runs `policy-controller sync --once` inside `ns` and returns the etcd revision it printed.

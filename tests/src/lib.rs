@@ -1,11 +1,11 @@
 //! felixrs end-to-end test harness: a two-node cluster in network namespaces, the upstream Kubernetes
 //! NetworkPolicy e2e cases as data, an independent evaluator of NetworkPolicy semantics, and drivers for
-//! the real binaries (etcd, `policy-controller`, `felixrs agent`).
+//! the real binaries (etcd, `policy-controller`, `felixrs agent`). Namespaces, etcd and HTTP come from
+//! `felixrs-test-support`.
 
 pub mod cases;
 pub mod cluster;
 pub mod driver;
 pub mod evaluator;
-pub mod netns;
 pub mod traffic;
 pub mod world;

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use crate::netns::enter;
+use felixrs_test_support::netns::enter;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Proto {
@@ -76,24 +76,23 @@ pub struct Servers {
 }
 
 impl Servers {
-    /// Starts TCP and UDP servers on ports 80 and 81 inside the namespace at `/var/run/netns/<netns>`.
+    /// Starts TCP and UDP servers on ports 80 and 81 inside network namespace `netns`.
     pub fn start(netns: &str) -> Result<Servers> {
         let stop = Arc::new(AtomicBool::new(false));
-        let path = format!("/var/run/netns/{netns}");
         // Bind on a thread inside the namespace; the sockets stay in it wherever they are used later.
         let (tcp, udp) = {
-            let path = path.clone();
+            let ns = netns.to_string();
             std::thread::spawn(move || -> Result<(Vec<TcpListener>, Vec<UdpSocket>)> {
-                enter(&path)?;
+                enter(&ns)?;
                 let mut tcp = Vec::new();
                 let mut udp = Vec::new();
                 for port in [80u16, 81] {
                     let l = TcpListener::bind(("0.0.0.0", port))
-                        .with_context(|| format!("binding tcp/{port} in {path}"))?;
+                        .with_context(|| format!("binding tcp/{port} in netns {ns}"))?;
                     l.set_nonblocking(true)?;
                     tcp.push(l);
                     let u = UdpSocket::bind(("0.0.0.0", port))
-                        .with_context(|| format!("binding udp/{port} in {path}"))?;
+                        .with_context(|| format!("binding udp/{port} in netns {ns}"))?;
                     u.set_read_timeout(Some(Duration::from_millis(100)))?;
                     udp.push(u);
                 }
@@ -141,11 +140,11 @@ impl Drop for Servers {
     }
 }
 
-/// One connection attempt from inside the namespace at `/var/run/netns/<netns>`.
+/// One connection attempt from inside network namespace `netns`.
 pub fn probe_once(netns: &str, dst: Ipv4Addr, probe: Probe, timeout: Duration) -> Result<bool> {
-    let path = format!("/var/run/netns/{netns}");
+    let netns = netns.to_string();
     std::thread::spawn(move || -> Result<bool> {
-        enter(&path)?;
+        enter(&netns)?;
         Ok(connect(dst, probe, timeout))
     })
     .join()
@@ -280,7 +279,7 @@ pub fn probe_many(jobs: &[(String, Ipv4Addr, Probe)], timeout: Duration) -> Resu
         .cloned()
         .map(|(ns, dst, probe)| {
             std::thread::spawn(move || -> Result<bool> {
-                enter(&format!("/var/run/netns/{ns}"))?;
+                enter(&ns)?;
                 Ok(connect(dst, probe, timeout))
             })
         })

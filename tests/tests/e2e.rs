@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use felixrs_e2e::cases::{self, Case, Expect, Step, T80};
 use felixrs_e2e::cluster::Cluster;
-use felixrs_e2e::driver::{Agent, Etcd, binary, controller_sync};
-use felixrs_e2e::netns::require_root;
+use felixrs_e2e::driver::{Agent, Etcd, binary, controller_sync, start_etcd};
 use felixrs_e2e::traffic::{Probe, Servers, connect, probe_many};
 use felixrs_e2e::world::{self, PlacedPod};
+use felixrs_test_support::require_root;
 
 const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
 const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -40,7 +40,7 @@ impl Env {
             dir.join("cluster.yaml"),
             world::manifests(step, &self.placed()),
         )?;
-        let rev = controller_sync(&self.cluster.infra, &self.etcd.endpoint, &dir)?;
+        let rev = controller_sync(&self.cluster.infra, &self.etcd.client_url(), &dir)?;
         let start = Instant::now();
         for a in &mut self.agents {
             a.wait_applied(rev, APPLY_TIMEOUT)?;
@@ -130,10 +130,15 @@ fn start_env() -> Result<Env> {
         .iter()
         .map(|p| Servers::start(p.ns.name()))
         .collect::<Result<Vec<_>>>()?;
-    let etcd = Etcd::start(&cluster.infra, "10.77.0.1", work.path())?;
+    let etcd = start_etcd(&cluster.infra, "10.77.0.1", work.path());
     let mut agents = Vec::new();
     for n in &cluster.nodes {
-        agents.push(Agent::start(&n.ns, &n.name, &etcd.endpoint, work.path())?);
+        agents.push(Agent::start(
+            &n.ns,
+            &n.name,
+            &etcd.client_url(),
+            work.path(),
+        )?);
     }
     Ok(Env {
         cluster,
@@ -185,7 +190,7 @@ fn restart_under_probe(env: &mut Env) -> Result<Vec<String>> {
         .map(|_| {
             let (stop, from) = (stop.clone(), from.clone());
             std::thread::spawn(move || -> Result<(u32, u32)> {
-                felixrs_e2e::netns::enter(&format!("/var/run/netns/{from}"))?;
+                felixrs_test_support::netns::enter(&from)?;
                 let (mut attempts, mut successes) = (0, 0);
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     attempts += 1;
@@ -264,7 +269,7 @@ fn restart_with_etcd_down(env: &mut Env) -> Result<Vec<String>> {
         ));
     }
     failures.extend(env.check(&expect_of(env, &protect_step()))?);
-    env.etcd.restart(&env.cluster.infra)?;
+    env.etcd.restart();
     let open = Step::new(vec![], vec![T80], |_| {});
     env.apply_step(&open)?;
     failures.extend(env.check(&expect_of(env, &open))?);

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use felixrs_e2e::cases::PING;
 use felixrs_e2e::cluster::Cluster;
-use felixrs_e2e::netns::require_root;
 use felixrs_e2e::traffic::{SERVED, Servers, probe_many};
+use felixrs_test_support::require_root;
 
 #[test]
 fn pods_reach_each_other_without_policy_agents() {
@@ -43,24 +43,30 @@ fn pods_reach_each_other_without_policy_agents() {
 
 #[test]
 fn etcd_serves_inside_the_infra_namespace_and_restarts_on_its_data() {
-    use felixrs_e2e::driver::Etcd;
     require_root();
     let cluster = Cluster::new(1).expect("cluster");
     let work = tempfile::tempdir().expect("tempdir");
-    let mut etcd = Etcd::start(&cluster.infra, "10.77.0.1", work.path()).expect("etcd starts");
+    let mut etcd = felixrs_e2e::driver::start_etcd(&cluster.infra, "10.77.0.1", work.path());
     let put = cluster
         .infra
-        .exec(&["etcdctl", "--endpoints", &etcd.endpoint, "put", "/k", "v1"])
+        .exec(&[
+            "etcdctl",
+            "--endpoints",
+            &etcd.client_url(),
+            "put",
+            "/k",
+            "v1",
+        ])
         .expect("put");
     assert!(String::from_utf8_lossy(&put.stdout).contains("OK"));
     etcd.stop();
-    etcd.restart(&cluster.infra).expect("etcd restarts");
+    etcd.restart();
     let get = cluster
         .infra
         .exec(&[
             "etcdctl",
             "--endpoints",
-            &etcd.endpoint,
+            &etcd.client_url(),
             "get",
             "/k",
             "--print-value-only",

@@ -46,8 +46,12 @@ pub enum WatchMessage {
 
 #[derive(Debug, thiserror::Error)]
 pub enum DatastoreError {
-    #[error("etcd: {0}")]
+    #[error("etcd: {}", describe(.0))]
     Etcd(#[from] etcd_client::Error),
+    /// etcd could not be reached or the connection broke (TCP, TLS handshake, HTTP/2), as opposed to
+    /// an error answered by etcd itself.
+    #[error("etcd at {endpoints}: {message}")]
+    Connection { endpoints: String, message: String },
     #[error("etcd request timed out after {0:?}")]
     Timeout(Duration),
     #[error("etcd watch stream ended")]
@@ -101,6 +105,43 @@ pub struct EtcdDatastore {
 }
 
 impl EtcdDatastore {
+    /// Turns a connection-level etcd error into [`DatastoreError::Connection`] naming the endpoints
+    /// and, with TLS configured, saying that the TLS connection failed (and that no client
+    /// certificate was offered, when none was configured): "transport error" alone tells an operator
+    /// nothing.
+    fn explain(&self, e: DatastoreError) -> DatastoreError {
+        let DatastoreError::Etcd(inner) = &e else {
+            return e;
+        };
+        if !is_connection_error(inner) {
+            return e;
+        }
+        let detail = describe(inner);
+        let message = if self.tls.ca.is_some() || self.tls.cert.is_some() {
+            let lower = detail.to_ascii_lowercase();
+            let tls_said = ["certificate", "tls", "alert", "handshake"]
+                .iter()
+                .any(|k| lower.contains(k));
+            let mut m = if tls_said {
+                format!("TLS handshake failed: {detail}")
+            } else {
+                format!("TLS connection failed: {detail}")
+            };
+            if self.tls.cert.is_none() {
+                m.push_str(
+                    " (no client certificate configured: if etcd requires one, set --etcd-cert and --etcd-key)",
+                );
+            }
+            m
+        } else {
+            format!("connection failed: {detail}")
+        };
+        DatastoreError::Connection {
+            endpoints: self.endpoints.join(","),
+            message,
+        }
+    }
+
     pub fn new(endpoints: Vec<String>, tls: EtcdTls, timeout: Duration) -> Self {
         Self {
             endpoints,
@@ -140,7 +181,8 @@ impl EtcdDatastore {
         let connect = Client::connect(self.endpoints.clone(), Some(opts));
         let client = tokio::time::timeout(self.timeout, connect)
             .await
-            .map_err(|_| DatastoreError::Timeout(self.timeout))??;
+            .map_err(|_| DatastoreError::Timeout(self.timeout))?
+            .map_err(|e| self.explain(e.into()))?;
         self.client = Some(client.clone());
         Ok(client)
     }
@@ -180,6 +222,38 @@ impl EtcdDatastore {
     }
 }
 
+/// Whether `e` is about reaching etcd (connect, TLS, HTTP/2 transport) rather than an answer from it:
+/// tonic wraps transport failures in a status that carries the transport error as its source.
+fn is_connection_error(e: &etcd_client::Error) -> bool {
+    use std::error::Error as _;
+    match e {
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        etcd_client::Error::GRpcStatus(s) => s.source().is_some(),
+        _ => false,
+    }
+}
+
+/// One line for an etcd-client error: for gRPC statuses the message and then each distinct cause
+/// (where rustls/hyper say what went wrong, e.g. `invalid peer certificate: UnknownIssuer`), instead
+/// of the status's debug dump.
+fn describe(e: &etcd_client::Error) -> String {
+    use std::error::Error as _;
+    let (mut text, mut cause) = match e {
+        etcd_client::Error::GRpcStatus(s) => (s.message().to_string(), s.source()),
+        etcd_client::Error::TransportError(t) => (t.to_string(), t.source()),
+        other => return other.to_string(),
+    };
+    while let Some(c) = cause {
+        let msg = c.to_string();
+        if !msg.is_empty() && !text.contains(&msg) {
+            text.push_str(": ");
+            text.push_str(&msg);
+        }
+        cause = c.source();
+    }
+    text
+}
+
 /// The first key after every key that starts with `prefix`.
 fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
@@ -205,7 +279,7 @@ impl Datastore for EtcdDatastore {
         if res.is_err() {
             self.client = None;
         }
-        res
+        res.map_err(|e| self.explain(e))
     }
 
     async fn watch(
@@ -226,7 +300,7 @@ impl Datastore for EtcdDatastore {
             Ok(stream) => Ok(EtcdWatch { stream }),
             Err(e) => {
                 self.client = None;
-                Err(e)
+                Err(self.explain(e))
             }
         }
     }

@@ -16,7 +16,7 @@ use calc_graph::proto::Output;
 
 use super::apply_loop::Batch;
 use super::snapshot::{KvMap, Snapshot};
-use super::status::{Source, StatusHub};
+use super::status::{Source, Status, StatusHub};
 use super::syncer::SyncEvent;
 
 /// Datastore keys in, graph outputs out (the calculation graph behind a small seam).
@@ -74,7 +74,7 @@ impl<P: Pipeline> AgentState<P> {
                     .map(|(k, v)| (Arc::from(k.as_str()), Arc::from(v.as_slice())))
                     .collect();
                 self.replace(revision, kvs, Source::Etcd);
-                self.hub.update(|s| s.datastore_connected = true);
+                self.hub.update(connected);
             }
             SyncEvent::Changes { revision, changes } => {
                 for c in changes {
@@ -85,15 +85,18 @@ impl<P: Pipeline> AgentState<P> {
                 if self.source == Source::Etcd {
                     self.snapshot_dirty = true;
                 }
-                self.hub.update(|s| s.datastore_connected = true);
+                self.hub.update(connected);
             }
             SyncEvent::Progress { revision } => {
                 self.advance(revision);
-                self.hub.update(|s| s.datastore_connected = true);
+                self.hub.update(connected);
             }
-            SyncEvent::Disconnected { .. } => {
+            SyncEvent::Disconnected { reason } => {
                 self.hub.metrics.datastore_disconnects.inc();
-                self.hub.update(|s| s.datastore_connected = false);
+                self.hub.update(|s| {
+                    s.datastore_connected = false;
+                    s.datastore_error = Some(reason);
+                });
             }
         }
     }
@@ -251,6 +254,12 @@ impl<P: Pipeline> AgentState<P> {
     }
 }
 
+/// The datastore answered: connected, and the last connection error is history.
+fn connected(s: &mut Status) {
+    s.datastore_connected = true;
+    s.datastore_error = None;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -319,6 +328,24 @@ mod tests {
                 mod_revision: revision,
             }],
         }
+    }
+
+    #[test]
+    fn a_connection_error_is_reported_until_etcd_answers_again() {
+        let (mut st, _, _, hub) = mk_state();
+        let reason =
+            "etcd at https://10.0.0.1:2379: TLS handshake failed: invalid peer certificate";
+        st.on_event(SyncEvent::Disconnected {
+            reason: reason.into(),
+        });
+        let s = hub.snapshot();
+        assert_eq!(
+            (s.datastore_connected, s.datastore_error.as_deref()),
+            (false, Some(reason))
+        );
+        st.on_event(mk_listed(3, &[]));
+        let s = hub.snapshot();
+        assert_eq!((s.datastore_connected, s.datastore_error), (true, None));
     }
 
     #[test]

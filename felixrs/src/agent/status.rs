@@ -44,6 +44,8 @@ pub struct Status {
     pub observed_revision: i64,
     pub source: Source,
     pub datastore_connected: bool,
+    /// Why the datastore connection failed last (e.g. etcd's TLS handshake), until it works again.
+    pub datastore_error: Option<String>,
     pub local_endpoints: usize,
     pub active_policies: usize,
     pub ip_sets: usize,
@@ -144,11 +146,14 @@ async fn readiness(State(hub): State<Arc<StatusHub>>) -> Response {
         (StatusCode::OK, "ready").into_response()
     } else {
         let why = if !s.in_sync {
-            "not in sync with the datastore"
+            match &s.datastore_error {
+                Some(e) => format!("not in sync with the datastore: {e}"),
+                None => "not in sync with the datastore".to_string(),
+            }
         } else if !s.programmed {
-            "kernel not programmed yet"
+            "kernel not programmed yet".to_string()
         } else {
-            "last apply failed"
+            "last apply failed".to_string()
         };
         (StatusCode::SERVICE_UNAVAILABLE, why).into_response()
     }

@@ -4,7 +4,7 @@
 
 use iptables::apply::{DesiredState, HookPosition, IpVersion, Mode};
 
-use super::netns::Netns;
+use felixrs_test_support::netns::Netns;
 
 /// `iptables-<backend>-save -t <table>` inside the namespace.
 pub fn save(ns: &Netns, mode: Mode, table: &str) -> String {

@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use super::netns::Netns;
+use felixrs_test_support::netns::Netns;
 
 /// How long a probe waits for the handshake before calling the connection dropped.
 pub const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
