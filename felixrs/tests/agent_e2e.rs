@@ -191,3 +191,71 @@ fn no_rule_is_touched_before_in_sync_and_sigterm_leaves_rules() {
     assert_eq!(agent.get("/readiness").unwrap().0, 503);
     assert_eq!(rules(&ns), programmed, "rules changed before in-sync");
 }
+
+/// Flows of an address that left a local endpoint are deleted once its rules are gone (an
+/// established flow would otherwise pass the `ESTABLISHED` accept of the next pod to get the
+/// address); every other flow stays.
+#[test]
+fn conntrack_flows_of_a_removed_endpoint_are_deleted() {
+    let ns = Netns::new();
+    let etcd = Etcd::start_in(ns.name());
+    let rev = seed(&etcd);
+    let (_state, state_dir) = support::state_dir();
+    let agent = Agent::start(ns.name(), &etcd.client_url(), &state_dir);
+    agent.wait_applied(rev);
+
+    let flow = |src: &str, dst: &str, sport: &str| {
+        ns.ok(
+            "conntrack",
+            &[
+                "-I",
+                "-s",
+                src,
+                "-d",
+                dst,
+                "-p",
+                "tcp",
+                "--sport",
+                sport,
+                "--dport",
+                "80",
+                "--state",
+                "ESTABLISHED",
+                "-t",
+                "300",
+            ],
+        );
+    };
+    flow("10.70.0.1", "10.70.0.9", "40000"); // the pod started it
+    flow("10.70.0.9", "10.70.0.1", "40001"); // the pod answered it
+    flow("10.70.0.2", "10.70.0.9", "40002"); // not the pod's
+    let listed = |addr: &str| {
+        ns.ok("conntrack", &["-L", "-f", "ipv4"])
+            .lines()
+            .filter(|l| l.contains(&format!("src={addr} ")))
+            .count()
+    };
+    assert_eq!(listed("10.70.0.1"), 2);
+
+    let rev = etcd.delete(&format!(
+        "{PREFIX}workloadendpoints/ns1/node--1-k8s-web-eth0"
+    ));
+    let s = agent.wait_applied(rev);
+    assert_eq!(s["local_endpoints"], 0, "{s}");
+    assert!(!save(&ns).contains(&format!("cali-tw-{IFACE}")));
+    assert_eq!(
+        listed("10.70.0.1"),
+        0,
+        "flows of the removed endpoint remain"
+    );
+    assert_eq!(listed("10.70.0.2"), 1, "another address's flow was deleted");
+    let (_, metrics) = agent.get("/metrics").unwrap();
+    assert!(
+        metrics.contains("felixrs_conntrack_flows_deleted_total 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("felixrs_conntrack_errors_total 0"),
+        "{metrics}"
+    );
+}

@@ -5,13 +5,20 @@
 //! by both families; the full saves detection had to read seed both appliers' first kernel view.
 //! The v4 and v6 appliers program their (independent) kernel objects concurrently; a program
 //! succeeds only when both families did, and each family's error is reported under its name.
+//!
+//! Addresses that leave a local endpoint (the endpoint is removed or loses the address) have
+//! their conntrack flows deleted once the kernel no longer has the endpoint's rules, as Felix
+//! does: otherwise an established flow would outlive the pod and pass the `ESTABLISHED` accept
+//! of whichever pod gets the address next (see `iptables::apply::conntrack`). If the program
+//! fails, the addresses wait for the next successful one.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::net::IpAddr;
 
 use calc_graph::graph::{CalcGraph, Update};
 use calc_graph::model::{CALICO_PREFIX, Kind, Resource, ResourceKey};
 use calc_graph::proto::{EndpointId, IpVersion, Output, PolicyId};
-use iptables::apply::{Applier, ApplierConfig, Backend, DesiredState, Runner, backend};
+use iptables::apply::{Applier, ApplierConfig, Backend, DesiredState, Runner, backend, conntrack};
 use iptables::render::{RenderConfig, Renderer};
 
 use super::apply_loop::{ApplyReport, Dataplane};
@@ -83,8 +90,11 @@ pub struct KernelDataplane<R: Runner + Clone + 'static> {
     runner: R,
     /// `Auto` and not detected yet.
     detect: bool,
-    endpoints: HashSet<EndpointId>,
+    /// Addresses of each local endpoint in the desired state.
+    endpoints: HashMap<EndpointId, Vec<IpAddr>>,
     policies: HashSet<PolicyId>,
+    /// Addresses that left a local endpoint: their flows go after the next successful program.
+    stale_flows: BTreeSet<IpAddr>,
 }
 
 impl<R: Runner + Clone + 'static> KernelDataplane<R> {
@@ -106,18 +116,28 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             v6: mk(IpVersion::V6),
             detect: backend == Backend::Auto,
             runner,
-            endpoints: HashSet::new(),
+            endpoints: HashMap::new(),
             policies: HashSet::new(),
+            stale_flows: BTreeSet::new(),
         })
     }
 
     fn track(&mut self, o: &Output) {
         match o {
             Output::EndpointUpdated(ep) => {
-                self.endpoints.insert(ep.id.clone());
+                let addrs: Vec<IpAddr> = ep
+                    .ipv4_nets
+                    .iter()
+                    .chain(&ep.ipv6_nets)
+                    .map(|n| n.addr())
+                    .collect();
+                let old = self.endpoints.insert(ep.id.clone(), addrs.clone());
+                self.stale_flows
+                    .extend(old.into_iter().flatten().filter(|a| !addrs.contains(a)));
             }
             Output::EndpointRemoved(id) => {
-                self.endpoints.remove(id);
+                self.stale_flows
+                    .extend(self.endpoints.remove(id).into_iter().flatten());
             }
             Output::PolicyUpdated(p) => {
                 self.policies.insert(p.id.clone());
@@ -184,6 +204,28 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
     }
 }
 
+impl<R: Runner + Clone + 'static> KernelDataplane<R> {
+    /// Deletes the conntrack flows of addresses that left a local endpoint (called after a
+    /// successful program: the endpoint's rules are gone). A failure is logged and counted; the
+    /// flows then expire by themselves, as with Felix.
+    fn remove_stale_flows(&mut self, report: &mut ApplyReport) {
+        for addr in std::mem::take(&mut self.stale_flows) {
+            match conntrack::remove_flows(&self.runner, addr) {
+                Ok(n) => {
+                    if n > 0 {
+                        tracing::info!(%addr, flows = n, "deleted conntrack flows of a removed endpoint address");
+                    }
+                    report.conntrack_flows_deleted += n;
+                }
+                Err(error) => {
+                    tracing::warn!(%addr, %error, "cannot delete conntrack flows");
+                    report.conntrack_errors += 1;
+                }
+            }
+        }
+    }
+}
+
 fn count(d: &DesiredState, report: &mut ApplyReport) {
     report.ip_sets += d.ip_sets.len();
     for t in d.tables.values() {
@@ -203,11 +245,15 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
             // The object was rendered fail-closed (or left out); the rest is applied.
             tracing::warn!(%error, "render error");
         }
-        self.program(false)
+        let mut report = self.program(false)?;
+        self.remove_stale_flows(&mut report);
+        Ok(report)
     }
 
     fn refresh(&mut self) -> Result<ApplyReport, String> {
-        self.program(true)
+        let mut report = self.program(true)?;
+        self.remove_stale_flows(&mut report);
+        Ok(report)
     }
 }
 

@@ -16,6 +16,8 @@ pub struct Metrics {
     pub apply_errors: Counter,
     pub restore_calls: Counter,
     pub restore_errors: Counter,
+    pub conntrack_flows_deleted: Counter,
+    pub conntrack_errors: Counter,
     pub rules: Gauge,
     pub chains: Gauge,
     pub ip_sets: Gauge,
@@ -46,6 +48,8 @@ impl Metrics {
             apply_errors: Counter::default(),
             restore_calls: Counter::default(),
             restore_errors: Counter::default(),
+            conntrack_flows_deleted: Counter::default(),
+            conntrack_errors: Counter::default(),
             rules: Gauge::default(),
             chains: Gauge::default(),
             ip_sets: Gauge::default(),
@@ -77,6 +81,16 @@ impl Metrics {
             "iptables_restore_errors",
             "Failed iptables-restore and ipset restore invocations",
             m.restore_errors.clone(),
+        );
+        r.register(
+            "conntrack_flows_deleted",
+            "Conntrack flows deleted because their address left a local endpoint",
+            m.conntrack_flows_deleted.clone(),
+        );
+        r.register(
+            "conntrack_errors",
+            "Addresses whose conntrack flows could not be deleted",
+            m.conntrack_errors.clone(),
         );
         r.register(
             "rules",

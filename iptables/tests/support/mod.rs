@@ -21,6 +21,7 @@ pub const REQUIRED_TOOLS: &[&str] = &[
     "ip6tables-legacy-save",
     "ip6tables-nft-save",
     "ipset",
+    "conntrack",
 ];
 
 /// Panics unless we are root and every tool in [`REQUIRED_TOOLS`] is installed.
