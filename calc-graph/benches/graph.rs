@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use calc_graph::graph::{CalcGraph, Update};
 use calc_graph::model::{
-    Action, EndpointPort, EntityRule, GlobalNetworkSet, Metadata, NetworkSetSpec, PolicyType, Port,
-    Protocol, Rule,
+    Action, EndpointPort, EntityRule, GlobalNetworkSet, Kind, Metadata, NetworkSetSpec, PolicyType,
+    Port, Protocol, Rule,
 };
 use calc_graph::selector::{Selector, parse};
 use support::naive::{NaiveItem, brute_force_members};
@@ -72,6 +72,69 @@ fn k8s_sel(app: usize) -> String {
     format!("projectcalico.org/orchestrator == 'k8s' && app == 'a{app}'")
 }
 
+/// NetworkPolicy `j` of namespace `n` (selects app `(n + j) % 20`; allows TCP 8080 from app
+/// `(n + j + 1) % 20` and the named port `http` from team `(n + j) % 10`'s namespaces), and the
+/// selectors it uses, for the naive baseline.
+fn network_policy(n: usize, j: usize) -> (Update, [String; 2]) {
+    let ns = format!("ns{n}");
+    let app = (n + j) % 20;
+    let from_app = (n + j + 1) % 20;
+    let r1 = Rule {
+        protocol: Some(Protocol::Tcp),
+        source: EntityRule {
+            selector: Some(k8s_sel(from_app)),
+            ..EntityRule::default()
+        },
+        destination: EntityRule {
+            ports: vec![Port::Number(8080)],
+            ..EntityRule::default()
+        },
+        ..Rule::new(Action::Allow)
+    };
+    let r2 = Rule {
+        protocol: Some(Protocol::Tcp),
+        source: EntityRule {
+            selector: Some("projectcalico.org/orchestrator == 'k8s'".into()),
+            namespace_selector: Some(format!("team == 't{}'", (n + j) % 10)),
+            ..EntityRule::default()
+        },
+        destination: EntityRule {
+            ports: vec![Port::Named("http".into())],
+            ..EntityRule::default()
+        },
+        ..Rule::new(Action::Allow)
+    };
+    let mut p = mk_np_res(
+        &ns,
+        &format!("knp.default.np{j}"),
+        &k8s_sel(app),
+        vec![r1, r2],
+    );
+    if j.is_multiple_of(3) {
+        p.spec.types = vec![PolicyType::Ingress, PolicyType::Egress];
+        p.spec.egress = vec![Rule {
+            protocol: Some(Protocol::Udp),
+            destination: EntityRule {
+                selector: Some("app == 'a0'".into()),
+                ports: vec![Port::Number(53)],
+                ..EntityRule::default()
+            },
+            ..Rule::new(Action::Allow)
+        }];
+    }
+    let sels = [
+        format!(
+            "({}) && projectcalico.org/namespace == '{ns}'",
+            k8s_sel(app)
+        ),
+        format!(
+            "(projectcalico.org/namespace == '{ns}') && ({})",
+            k8s_sel(from_app)
+        ),
+    ];
+    (upd(p), sels)
+}
+
 fn generate() -> (Vec<Update>, Vec<String>) {
     let mut ups = Vec::new();
     let mut selectors = Vec::new(); // every policy and rule selector, for the naive baseline
@@ -87,62 +150,10 @@ fn generate() -> (Vec<Update>, Vec<String>) {
         ups.push(pod_update(i, i % 20, i % 97));
     }
     for n in 0..NAMESPACES {
-        let ns = format!("ns{n}");
         for j in 0..NPS_PER_NS {
-            let app = (n + j) % 20;
-            let from_app = (n + j + 1) % 20;
-            let r1 = Rule {
-                protocol: Some(Protocol::Tcp),
-                source: EntityRule {
-                    selector: Some(k8s_sel(from_app)),
-                    ..EntityRule::default()
-                },
-                destination: EntityRule {
-                    ports: vec![Port::Number(8080)],
-                    ..EntityRule::default()
-                },
-                ..Rule::new(Action::Allow)
-            };
-            let r2 = Rule {
-                protocol: Some(Protocol::Tcp),
-                source: EntityRule {
-                    selector: Some("projectcalico.org/orchestrator == 'k8s'".into()),
-                    namespace_selector: Some(format!("team == 't{}'", (n + j) % 10)),
-                    ..EntityRule::default()
-                },
-                destination: EntityRule {
-                    ports: vec![Port::Named("http".into())],
-                    ..EntityRule::default()
-                },
-                ..Rule::new(Action::Allow)
-            };
-            let mut p = mk_np_res(
-                &ns,
-                &format!("knp.default.np{j}"),
-                &k8s_sel(app),
-                vec![r1, r2],
-            );
-            if j % 3 == 0 {
-                p.spec.types = vec![PolicyType::Ingress, PolicyType::Egress];
-                p.spec.egress = vec![Rule {
-                    protocol: Some(Protocol::Udp),
-                    destination: EntityRule {
-                        selector: Some("app == 'a0'".into()),
-                        ports: vec![Port::Number(53)],
-                        ..EntityRule::default()
-                    },
-                    ..Rule::new(Action::Allow)
-                }];
-            }
-            selectors.push(format!(
-                "({}) && projectcalico.org/namespace == '{ns}'",
-                k8s_sel(app)
-            ));
-            selectors.push(format!(
-                "(projectcalico.org/namespace == '{ns}') && ({})",
-                k8s_sel(from_app)
-            ));
-            ups.push(upd(p));
+            let (u, sels) = network_policy(n, j);
+            selectors.extend(sels);
+            ups.push(u);
         }
     }
     ups.push(mk_tier("security", Some(100.0), Action::Pass));
@@ -208,6 +219,8 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 /// update of iteration `k`), timing apply + flush of each.
 /// (description, pod, update of iteration k).
 type Scenario = (&'static str, usize, Box<dyn Fn(usize) -> Update>);
+/// (description, update of iteration k).
+type Change = (&'static str, Box<dyn Fn(usize) -> Update>);
 
 fn measure_changes(
     g: &mut CalcGraph,
@@ -336,6 +349,58 @@ fn main() {
     }
     let rmed = medians[2];
     let med = medians.iter().copied().max().unwrap_or_default();
+
+    // Other incremental changes, alternating between two states (no target; for scale).
+    // Pod 407 ends the flips above with app a7, so ns4's np3 is active and its rule needs the
+    // set of ns4's a8 pods.
+    let pod_in_ns4 =
+        |name: &'static str, node: &'static str, ip: &'static str, app: &'static str| {
+            move |k: usize| {
+                if k.is_multiple_of(2) {
+                    upd(mk_wep_res(
+                        "ns4",
+                        name,
+                        node,
+                        &[ip],
+                        &[("app", app), ("tier", "db")],
+                    ))
+                } else {
+                    del(Kind::WorkloadEndpoint, Some("ns4"), name)
+                }
+            }
+        };
+    let others: [Change; 3] = [
+        (
+            "new local pod created / deleted (gains ns4's policies and profiles)",
+            Box::new(pod_in_ns4("podnew-local", NODE, "10.200.0.1/32", "a7")),
+        ),
+        (
+            "new remote pod created / deleted (joins the source set of ns4's np3)",
+            Box::new(pod_in_ns4("podnew-remote", "node1", "10.200.0.2/32", "a8")),
+        ),
+        (
+            "active policy deleted / re-created (ns0 np7, selects local pod 7)",
+            Box::new(|k: usize| {
+                if k.is_multiple_of(2) {
+                    del(Kind::NetworkPolicy, Some("ns0"), "knp.default.np7")
+                } else {
+                    network_policy(0, 7).0
+                }
+            }),
+        ),
+    ];
+    for (what, change) in &others {
+        let evals0 = g.stats().selector_evaluations;
+        let (med, p99, outs) = measure_changes(&mut g, iters, change);
+        let evals = (g.stats().selector_evaluations - evals0) / iters as u64;
+        println!(
+            "change -> flushed output, {what}: median {med:.2?}, p99 {p99:.2?}, {outs} outputs/change, {evals} selector evaluations/change"
+        );
+    }
+    assert!(
+        g.take_errors().is_empty(),
+        "the changes must be valid resources"
+    );
     // Naive baselines.
     let parsed: Vec<Selector> = selectors.iter().map(|s| parse(s).unwrap()).collect();
     let mut items: Vec<NaiveItem> = Vec::with_capacity(PODS);
