@@ -750,6 +750,7 @@ pub fn standard_layout() -> Vec<crate::world::PlacedPod> {
             name: pod.to_string(),
             node_name: format!("node-{}", node + 1),
             ip: std::net::Ipv4Addr::new(10, 78, node as u8 + 1, next[node]),
+            ip6: crate::cluster::pod_ip6(node, next[node]),
         });
         next[node] += 1;
     }

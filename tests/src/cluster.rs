@@ -9,8 +9,15 @@
 //! ```
 //! Each node has a /32 route per local pod on its cali interface and a /32 route per remote pod via the
 //! other node. Only addresses assigned inside these namespaces are ever used; nothing leaves the machine.
+//!
+//! Pods are dual-stack. IPv6 mirrors IPv4 the way Calico's CNI does it: the pod has `fd78:<node>::<n>/128`
+//! on eth0 and a default route via the link-local gateway `fe80::1`, which every `cali` interface holds
+//! (so the node answers the pod's neighbour solicitation for it, as proxy ARP does for 169.254.1.1);
+//! the node has a /128 route per local pod on its cali interface, `fd77::1x/64` on eth0 and a /128 route
+//! per remote pod via the other node. Duplicate address detection is off in every namespace (addresses
+//! are usable at once), and node namespaces forward IPv6.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use anyhow::Result;
 
@@ -26,6 +33,7 @@ pub fn veth_name(namespace: &str, pod: &str) -> String {
 pub struct Node {
     pub name: String,
     pub ip: Ipv4Addr,
+    pub ip6: Ipv6Addr,
     pub ns: Netns,
 }
 
@@ -34,6 +42,7 @@ pub struct Pod {
     pub name: String,
     pub node: usize,
     pub ip: Ipv4Addr,
+    pub ip6: Ipv6Addr,
     pub iface: String,
     pub ns: Netns,
 }
@@ -54,6 +63,23 @@ pub struct Cluster {
 
 pub const INFRA_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 
+/// The link-local IPv6 gateway of every pod, held by every host-side `cali` interface.
+pub const GATEWAY6: &str = "fe80::1";
+
+/// The IPv6 address `Cluster::add_pod` gives the `host`-th pod of `node` (index): `fd78:<node+1>::<host>`.
+pub fn pod_ip6(node: usize, host: u8) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd78, node as u16 + 1, 0, 0, 0, 0, 0, u16::from(host))
+}
+
+/// No duplicate address detection on interfaces created in `ns` from now on: addresses work at once.
+fn no_dad(ns: &Netns) -> Result<()> {
+    for scope in ["all", "default"] {
+        ns.sysctl(&format!("net.ipv6.conf.{scope}.accept_dad"), "0")?;
+        ns.sysctl(&format!("net.ipv6.conf.{scope}.dad_transmits"), "0")?;
+    }
+    Ok(())
+}
+
 impl Cluster {
     /// Creates the infra namespace with its bridge and `node_count` node namespaces (node-1, node-2, ...).
     pub fn new(node_count: usize) -> Result<Cluster> {
@@ -68,7 +94,9 @@ impl Cluster {
         let mut nodes = Vec::new();
         for i in 0..node_count {
             let ns = Netns::create(unique_name("n"))?;
+            no_dad(&ns)?;
             let ip = Ipv4Addr::new(10, 77, 0, 11 + i as u8);
+            let ip6 = Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 0x11 + i as u16);
             let port = format!("n{i}");
             infra.exec(&[
                 "ip",
@@ -85,6 +113,16 @@ impl Cluster {
             ])?;
             infra.exec(&["ip", "link", "set", &port, "master", "br0", "up"])?;
             ns.exec(&["ip", "addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
+            ns.exec(&[
+                "ip",
+                "-6",
+                "addr",
+                "add",
+                &format!("{ip6}/64"),
+                "dev",
+                "eth0",
+                "nodad",
+            ])?;
             ns.exec(&["ip", "link", "set", "eth0", "up"])?;
             ns.exec(&[
                 "ip",
@@ -97,9 +135,11 @@ impl Cluster {
             ns.sysctl("net.ipv4.ip_forward", "1")?;
             ns.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
             ns.sysctl("net.ipv4.conf.default.rp_filter", "0")?;
+            ns.sysctl("net.ipv6.conf.all.forwarding", "1")?;
             nodes.push(Node {
                 name: format!("node-{}", i + 1),
                 ip,
+                ip6,
                 ns,
             });
         }
@@ -116,8 +156,12 @@ impl Cluster {
         let host = self.next_host[node];
         self.next_host[node] += 1;
         let ip = Ipv4Addr::new(10, 78, node as u8 + 1, host);
+        let ip6 = pod_ip6(node, host);
         let iface = veth_name(namespace, name);
         let ns = Netns::create(unique_name("p"))?;
+        no_dad(&ns)?;
+        // Servers bind `[::]` for IPv6 next to `0.0.0.0` for IPv4: v6-only, so the two do not collide.
+        ns.sysctl("net.ipv6.bindv6only", "1")?;
         let n = &self.nodes[node];
         n.ns.exec(&[
             "ip",
@@ -137,7 +181,36 @@ impl Cluster {
         n.ns.sysctl(&format!("net.ipv4.conf.{iface}.rp_filter"), "0")?;
         n.ns.exec(&["ip", "link", "set", &iface, "up"])?;
         n.ns.exec(&["ip", "route", "add", &format!("{ip}/32"), "dev", &iface])?;
+        n.ns.exec(&[
+            "ip",
+            "-6",
+            "addr",
+            "add",
+            &format!("{GATEWAY6}/64"),
+            "dev",
+            &iface,
+            "nodad",
+        ])?;
+        n.ns.exec(&[
+            "ip",
+            "-6",
+            "route",
+            "add",
+            &format!("{ip6}/128"),
+            "dev",
+            &iface,
+        ])?;
         ns.exec(&["ip", "addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
+        ns.exec(&[
+            "ip",
+            "-6",
+            "addr",
+            "add",
+            &format!("{ip6}/128"),
+            "dev",
+            "eth0",
+            "nodad",
+        ])?;
         ns.exec(&["ip", "link", "set", "eth0", "up"])?;
         ns.exec(&[
             "ip",
@@ -159,6 +232,9 @@ impl Cluster {
             "dev",
             "eth0",
         ])?;
+        ns.exec(&[
+            "ip", "-6", "route", "add", "default", "via", GATEWAY6, "dev", "eth0",
+        ])?;
         for (j, other) in self.nodes.iter().enumerate() {
             if j != node {
                 other.ns.exec(&[
@@ -169,6 +245,15 @@ impl Cluster {
                     "via",
                     &n.ip.to_string(),
                 ])?;
+                other.ns.exec(&[
+                    "ip",
+                    "-6",
+                    "route",
+                    "add",
+                    &format!("{ip6}/128"),
+                    "via",
+                    &n.ip6.to_string(),
+                ])?;
             }
         }
         self.pods.push(Pod {
@@ -176,6 +261,7 @@ impl Cluster {
             name: name.to_string(),
             node,
             ip,
+            ip6,
             iface,
             ns,
         });
@@ -191,6 +277,7 @@ impl Cluster {
                 name: p.name.clone(),
                 node_name: self.nodes[p.node].name.clone(),
                 ip: p.ip,
+                ip6: p.ip6,
             })
             .collect()
     }

@@ -10,7 +10,7 @@
 //! `policyTypes` (which defaults to Ingress, plus Egress when the policy has egress rules).
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use ipnet::IpNet;
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
@@ -25,7 +25,8 @@ pub struct PodInfo {
     pub namespace: String,
     pub name: String,
     pub labels: BTreeMap<String, String>,
-    pub ip: Ipv4Addr,
+    /// The address the probe reaches the pod on (its IPv4 or its IPv6 address).
+    pub ip: IpAddr,
     /// Container ports: (name, port, protocol).
     pub ports: Vec<(String, u16, String)>,
 }
@@ -121,7 +122,7 @@ impl World {
 
     fn peer_matches(&self, policy_ns: &str, peer: &NetworkPolicyPeer, pod: &PodInfo) -> bool {
         if let Some(block) = &peer.ip_block {
-            let ip = IpAddr::V4(pod.ip);
+            let ip = pod.ip;
             let Ok(cidr) = block.cidr.parse::<IpNet>() else {
                 return false;
             };
@@ -218,13 +219,14 @@ pub fn selector_matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
 
     fn mk_pod(ns: &str, name: &str, ip: u8) -> PodInfo {
         PodInfo {
             namespace: ns.into(),
             name: name.into(),
             labels: [("pod".to_string(), name.to_string())].into(),
-            ip: Ipv4Addr::new(10, 0, 0, ip),
+            ip: IpAddr::V4(Ipv4Addr::new(10, 0, 0, ip)),
             ports: vec![("serve-80-tcp".into(), 80, "TCP".into())],
         }
     }
@@ -288,5 +290,33 @@ mod tests {
         let xa = mk_pod("x", "a", 1);
         assert!(!w.allowed(&mk_pod("y", "b", 2), &xa, TCP80));
         assert!(w.allowed(&mk_pod("y", "c", 3), &xa, TCP80));
+    }
+
+    #[test]
+    fn ip_blocks_match_only_their_own_family() {
+        let w = World {
+            policies: vec![mk_np(
+                "metadata: {name: np, namespace: x}\nspec: {podSelector: {}, ingress: [{from: [{ipBlock: {cidr: 0.0.0.0/0}}, {ipBlock: {cidr: 'fd00::/8', except: ['fd00::2/128']}}]}]}",
+            )],
+            ..Default::default()
+        };
+        let xa = mk_pod("x", "a", 1);
+        let v6 = |name: &str, last: u16| PodInfo {
+            ip: IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, last)),
+            ..mk_pod("y", name, 0)
+        };
+        assert!(w.allowed(&mk_pod("y", "b", 2), &xa, TCP80));
+        assert!(w.allowed(&v6("c", 3), &xa, TCP80));
+        assert!(!w.allowed(&v6("b", 2), &xa, TCP80), "excepted v6 address");
+        let v4_only = World {
+            policies: vec![mk_np(
+                "metadata: {name: np, namespace: x}\nspec: {podSelector: {}, ingress: [{from: [{ipBlock: {cidr: 0.0.0.0/0}}]}]}",
+            )],
+            ..Default::default()
+        };
+        assert!(
+            !v4_only.allowed(&v6("c", 3), &xa, TCP80),
+            "0.0.0.0/0 is not ::/0"
+        );
     }
 }

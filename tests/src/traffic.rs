@@ -1,12 +1,14 @@
 //! Servers and probes inside pod namespaces, in-process: a thread enters the pod's namespace with
 //! `setns(2)`, so no helper binaries (agnhost, socat) are needed.
 //!
-//! Every pod serves TCP and UDP on ports 80 and 81. A TCP probe succeeds when the connection is
-//! established; a UDP probe succeeds when the server's echo comes back. Both need the forward path and
-//! the reply path (conntrack) open, as for a real client.
+//! Every pod serves TCP and UDP on ports 80 and 81, over IPv4 and IPv6 (separate v6-only sockets: the
+//! cluster sets `net.ipv6.bindv6only` in pod namespaces). A TCP probe succeeds when the connection is
+//! established; a UDP probe succeeds when the server's echo comes back; an ICMP probe is an echo
+//! request (ICMPv6 echo for an IPv6 destination). All need the forward path and the reply path
+//! (conntrack) open, as for a real client. The destination address picks the family.
 
 use std::io::ErrorKind;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -20,7 +22,7 @@ use felixrs_test_support::netns::enter;
 pub enum Proto {
     Tcp,
     Udp,
-    /// ICMP echo (port ignored): the kernel answers, no server needed.
+    /// ICMP echo, or ICMPv6 echo to an IPv6 address (port ignored): the kernel answers, no server needed.
     Icmp,
 }
 
@@ -76,7 +78,7 @@ pub struct Servers {
 }
 
 impl Servers {
-    /// Starts TCP and UDP servers on ports 80 and 81 inside network namespace `netns`.
+    /// Starts TCP and UDP servers on ports 80 and 81, IPv4 and IPv6, inside network namespace `netns`.
     pub fn start(netns: &str) -> Result<Servers> {
         let stop = Arc::new(AtomicBool::new(false));
         // Bind on a thread inside the namespace; the sockets stay in it wherever they are used later.
@@ -86,13 +88,17 @@ impl Servers {
                 enter(&ns)?;
                 let mut tcp = Vec::new();
                 let mut udp = Vec::new();
-                for port in [80u16, 81] {
-                    let l = TcpListener::bind(("0.0.0.0", port))
-                        .with_context(|| format!("binding tcp/{port} in netns {ns}"))?;
+                let any = [
+                    IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                    IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+                ];
+                for (ip, port) in any.into_iter().flat_map(|ip| [(ip, 80u16), (ip, 81)]) {
+                    let l = TcpListener::bind((ip, port))
+                        .with_context(|| format!("binding tcp [{ip}]:{port} in netns {ns}"))?;
                     l.set_nonblocking(true)?;
                     tcp.push(l);
-                    let u = UdpSocket::bind(("0.0.0.0", port))
-                        .with_context(|| format!("binding udp/{port} in netns {ns}"))?;
+                    let u = UdpSocket::bind((ip, port))
+                        .with_context(|| format!("binding udp [{ip}]:{port} in netns {ns}"))?;
                     u.set_read_timeout(Some(Duration::from_millis(100)))?;
                     udp.push(u);
                 }
@@ -141,7 +147,7 @@ impl Drop for Servers {
 }
 
 /// One connection attempt from inside network namespace `netns`.
-pub fn probe_once(netns: &str, dst: Ipv4Addr, probe: Probe, timeout: Duration) -> Result<bool> {
+pub fn probe_once(netns: &str, dst: IpAddr, probe: Probe, timeout: Duration) -> Result<bool> {
     let netns = netns.to_string();
     std::thread::spawn(move || -> Result<bool> {
         enter(&netns)?;
@@ -152,12 +158,17 @@ pub fn probe_once(netns: &str, dst: Ipv4Addr, probe: Probe, timeout: Duration) -
 }
 
 /// Connects from the calling thread's namespace.
-pub fn connect(dst: Ipv4Addr, probe: Probe, timeout: Duration) -> bool {
+pub fn connect(dst: impl Into<IpAddr>, probe: Probe, timeout: Duration) -> bool {
+    let dst = dst.into();
     let addr = SocketAddr::from((dst, probe.port));
     match probe.proto {
         Proto::Tcp => TcpStream::connect_timeout(&addr, timeout).is_ok(),
         Proto::Udp => {
-            let Ok(sock) = UdpSocket::bind(("0.0.0.0", 0)) else {
+            let local: IpAddr = match dst {
+                IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+                IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+            };
+            let Ok(sock) = UdpSocket::bind((local, 0)) else {
                 return false;
             };
             if sock.set_read_timeout(Some(timeout)).is_err() || sock.connect(addr).is_err() {
@@ -170,7 +181,117 @@ pub fn connect(dst: Ipv4Addr, probe: Probe, timeout: Duration) -> bool {
             let mut buf = [0u8; 64];
             matches!(sock.recv(&mut buf), Ok(n) if &buf[..n] == msg)
         }
-        Proto::Icmp => ping(dst, timeout),
+        Proto::Icmp => match dst {
+            IpAddr::V4(dst) => ping(dst, timeout),
+            IpAddr::V6(dst) => ping6(dst, timeout),
+        },
+    }
+}
+
+/// The identifier and sequence number of the next echo request.
+fn echo_id_seq() -> (u16, u16) {
+    let id = (std::process::id() as u16) ^ 0x5a5a;
+    let seq = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0)
+        & 0xffff) as u16;
+    (id, seq)
+}
+
+/// Sets the receive timeout of `fd` to what is left until `deadline`; false when nothing is left.
+///
+/// # Safety
+/// `fd` must be an open socket.
+unsafe fn rcvtimeo_until(fd: i32, deadline: std::time::Instant) -> bool {
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    if left.is_zero() {
+        return false;
+    }
+    let tv = libc::timeval {
+        tv_sec: left.as_secs() as libc::time_t,
+        tv_usec: left.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: the caller passes an open socket; `tv` outlives the call.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        );
+    }
+    true
+}
+
+/// One ICMPv6 echo request over a raw socket (root); true when the matching reply from `dst` arrives
+/// in time. The kernel fills in the ICMPv6 checksum (it covers a pseudo-header) and delivers replies
+/// without the IPv6 header.
+fn ping6(dst: Ipv6Addr, timeout: Duration) -> bool {
+    // SAFETY: plain socket syscalls on a descriptor this function owns and closes.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_ICMPV6);
+        if fd < 0 {
+            return false;
+        }
+        let ok = ping6_on(fd, dst, timeout);
+        libc::close(fd);
+        ok
+    }
+}
+
+unsafe fn ping6_on(fd: i32, dst: Ipv6Addr, timeout: Duration) -> bool {
+    let (id, seq) = echo_id_seq();
+    let mut pkt = [0u8; 16];
+    pkt[0] = 128; // echo request
+    pkt[4..6].copy_from_slice(&id.to_be_bytes());
+    pkt[6..8].copy_from_slice(&seq.to_be_bytes());
+    pkt[8..16].copy_from_slice(b"felixrs!");
+    // SAFETY: all-zero is a valid sockaddr_in6.
+    let mut addr: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+    addr.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+    addr.sin6_addr.s6_addr = dst.octets();
+    // SAFETY: the caller passes an open raw socket; buffers outlive the calls.
+    unsafe {
+        let sent = libc::sendto(
+            fd,
+            pkt.as_ptr().cast(),
+            pkt.len(),
+            0,
+            (&addr as *const libc::sockaddr_in6).cast(),
+            std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+        );
+        if sent < 0 {
+            return false;
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        let mut buf = [0u8; 256];
+        while rcvtimeo_until(fd, deadline) {
+            let mut from: libc::sockaddr_in6 = std::mem::zeroed();
+            let mut len = std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+            let n = libc::recvfrom(
+                fd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                0,
+                (&mut from as *mut libc::sockaddr_in6).cast(),
+                &mut len,
+            );
+            if n < 0 {
+                return false;
+            }
+            let n = n as usize;
+            if n >= 8
+                && from.sin6_addr.s6_addr == dst.octets()
+                && buf[0] == 129 // echo reply
+                && buf[4..6] == id.to_be_bytes()
+                && buf[6..8] == seq.to_be_bytes()
+            {
+                return true;
+            }
+        }
+        false
     }
 }
 
@@ -189,12 +310,7 @@ fn ping(dst: Ipv4Addr, timeout: Duration) -> bool {
 }
 
 unsafe fn ping_on(fd: i32, dst: Ipv4Addr, timeout: Duration) -> bool {
-    let id = (std::process::id() as u16) ^ 0x5a5a;
-    let seq = (std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0)
-        & 0xffff) as u16;
+    let (id, seq) = echo_id_seq();
     let mut pkt = [0u8; 16];
     pkt[0] = 8; // echo request
     pkt[4..6].copy_from_slice(&id.to_be_bytes());
@@ -225,22 +341,7 @@ unsafe fn ping_on(fd: i32, dst: Ipv4Addr, timeout: Duration) -> bool {
         }
         let deadline = std::time::Instant::now() + timeout;
         let mut buf = [0u8; 256];
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            let tv = libc::timeval {
-                tv_sec: left.as_secs() as libc::time_t,
-                tv_usec: left.subsec_micros() as libc::suseconds_t,
-            };
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            );
+        while rcvtimeo_until(fd, deadline) {
             let n = libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0);
             if n < 0 {
                 return false;
@@ -257,6 +358,7 @@ unsafe fn ping_on(fd: i32, dst: Ipv4Addr, timeout: Duration) -> bool {
                 return true;
             }
         }
+        false
     }
 }
 
@@ -273,7 +375,7 @@ fn checksum(data: &[u8]) -> u16 {
 }
 
 /// Probes many (source netns, destination, probe) triples concurrently, one thread each.
-pub fn probe_many(jobs: &[(String, Ipv4Addr, Probe)], timeout: Duration) -> Result<Vec<bool>> {
+pub fn probe_many(jobs: &[(String, IpAddr, Probe)], timeout: Duration) -> Result<Vec<bool>> {
     let handles: Vec<_> = jobs
         .iter()
         .cloned()

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::json;
@@ -10,18 +11,33 @@ use serde_json::json;
 use crate::cases::Step;
 use crate::evaluator::{PodInfo, World};
 
-/// Where a pod runs and its address: all that manifests and the evaluator need of the cluster.
+/// The address family a pass of probes (and the evaluator's verdicts) uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+/// Where a pod runs and its addresses: all that manifests and the evaluator need of the cluster.
 #[derive(Debug, Clone)]
 pub struct PlacedPod {
     pub namespace: String,
     pub name: String,
     pub node_name: String,
-    pub ip: std::net::Ipv4Addr,
+    pub ip: Ipv4Addr,
+    pub ip6: Ipv6Addr,
 }
 
 impl PlacedPod {
     pub fn id(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
+    }
+
+    pub fn addr(&self, family: Family) -> IpAddr {
+        match family {
+            Family::V4 => IpAddr::V4(self.ip),
+            Family::V6 => IpAddr::V6(self.ip6),
+        }
     }
 }
 
@@ -60,14 +76,17 @@ fn pod_labels(step: &Step, id: &str, name: &str) -> BTreeMap<String, String> {
     labels
 }
 
-/// Substitutes cluster-specific placeholders (`__XB__` = the address of pod x/b) in a policy document.
+/// Substitutes cluster-specific placeholders in a policy document: `__XB__` = the IPv4 address of pod
+/// x/b, `__XB6__` = its IPv6 address.
 pub fn instantiate(doc: &str, pods: &[PlacedPod]) -> String {
-    let xb = pods
-        .iter()
-        .find(|p| p.id() == "x/b")
+    let xb = pods.iter().find(|p| p.id() == "x/b");
+    let xb4 = xb
         .map(|p| p.ip.to_string())
         .unwrap_or_else(|| "10.78.255.255".to_string());
-    doc.replace("__XB__", &xb)
+    let xb6 = xb
+        .map(|p| p.ip6.to_string())
+        .unwrap_or_else(|| "fd78:ffff::ffff".to_string());
+    doc.replace("__XB6__", &xb6).replace("__XB__", &xb4)
 }
 
 /// The namespaces the cluster's pods live in, in order.
@@ -114,7 +133,7 @@ pub fn manifests(step: &Step, pods: &[PlacedPod]) -> String {
                 "spec": {"nodeName": pod.node_name, "serviceAccountName": "default",
                          "containers": [{"name": "serve", "image": "agnhost", "ports": ports}]},
                 "status": {"phase": "Running", "podIP": pod.ip.to_string(),
-                           "podIPs": [{"ip": pod.ip.to_string()}]},
+                           "podIPs": [{"ip": pod.ip.to_string()}, {"ip": pod.ip6.to_string()}]},
             }))
             .expect("yaml"),
         );
@@ -129,9 +148,10 @@ pub fn manifests(step: &Step, pods: &[PlacedPod]) -> String {
     out
 }
 
-/// The evaluator's view of the step, or `None` when the step uses Calico-native policy that the
-/// Kubernetes evaluator does not model (those cases rely on their hand-written expectations).
-pub fn world(step: &Step, pods: &[PlacedPod]) -> Option<World> {
+/// The evaluator's view of the step for probes over `family` (pods are known by their address of that
+/// family), or `None` when the step uses Calico-native policy that the Kubernetes evaluator does not
+/// model (those cases rely on their hand-written expectations).
+pub fn world(step: &Step, pods: &[PlacedPod], family: Family) -> Option<World> {
     let mut w = World::default();
     for ns in namespaces(pods) {
         w.namespaces.insert(ns.clone(), ns_labels(step, &ns));
@@ -141,7 +161,7 @@ pub fn world(step: &Step, pods: &[PlacedPod]) -> Option<World> {
             namespace: pod.namespace.clone(),
             name: pod.name.clone(),
             labels: pod_labels(step, &pod.id(), &pod.name),
-            ip: pod.ip,
+            ip: pod.addr(family),
             ports: PORTS
                 .iter()
                 .map(|(n, p, pr)| (n.to_string(), *p, pr.to_string()))

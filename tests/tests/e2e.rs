@@ -1,10 +1,11 @@
 //! The acceptance test: the real `policy-controller` and `felixrs agent` binaries, a real etcd, and the
 //! real kernel datapath of a two-node cluster built from network namespaces.
 //!
-//! Phases, on one cluster: the upstream NetworkPolicy cases (every ordered pod pair probed per step),
-//! then the reliability scenarios (restart under probe, restart with etcd down, drift repair, a new pod).
+//! Phases, on one cluster of dual-stack pods: the upstream NetworkPolicy cases (every ordered pod pair
+//! probed per step) over IPv4, then the reliability scenarios (restart under probe, restart with etcd down, drift repair, a new pod).
 //! Prints a PASS/FAIL line per case, `N passed, M failed`, and the programming latency.
 
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -12,7 +13,7 @@ use felixrs_e2e::cases::{self, Case, Expect, Step, T80};
 use felixrs_e2e::cluster::Cluster;
 use felixrs_e2e::driver::{Agent, Etcd, binary, controller_sync, start_etcd};
 use felixrs_e2e::traffic::{Probe, Servers, connect, probe_many};
-use felixrs_e2e::world::{self, PlacedPod};
+use felixrs_e2e::world::{self, Family, PlacedPod};
 use felixrs_test_support::require_root;
 
 const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
@@ -49,11 +50,23 @@ impl Env {
         Ok(rev)
     }
 
-    /// Probes every cell of `expect`; cells that disagree are probed twice more before they count.
+    /// Probes every cell of `expect` over IPv4; see [`Env::check_over`].
     fn check(&self, expect: &Expect) -> Result<Vec<String>> {
+        self.check_over(expect, Family::V4)
+    }
+
+    /// Probes every cell of `expect` to the destinations' `family` addresses; cells that disagree are
+    /// probed twice more before they count.
+    fn check_over(&self, expect: &Expect, family: Family) -> Result<Vec<String>> {
         let ns_of = |id: &str| self.cluster.pod(id).ns.name().to_string();
-        let ip_of = |id: &str| self.cluster.pod(id).ip;
-        let jobs: Vec<(String, std::net::Ipv4Addr, Probe)> = expect
+        let ip_of = |id: &str| {
+            let p = self.cluster.pod(id);
+            match family {
+                Family::V4 => IpAddr::V4(p.ip),
+                Family::V6 => IpAddr::V6(p.ip6),
+            }
+        };
+        let jobs: Vec<(String, IpAddr, Probe)> = expect
             .cells
             .iter()
             .map(|(f, t, p, _)| (ns_of(f), ip_of(t), *p))
@@ -87,7 +100,7 @@ impl Env {
             .collect())
     }
 
-    fn run_case(&mut self, case: &Case) -> Result<Vec<String>> {
+    fn run_case(&mut self, case: &Case, family: Family) -> Result<Vec<String>> {
         let ids: Vec<String> = self.placed().iter().map(PlacedPod::id).collect();
         let mut failures = Vec::new();
         for (i, step) in case.steps.iter().enumerate() {
@@ -95,7 +108,7 @@ impl Env {
                 .with_context(|| format!("step {}", i + 1))?;
             let mut expect = Expect::all_allowed(&ids, &step.probes);
             (step.expect)(&mut expect);
-            for f in self.check(&expect)? {
+            for f in self.check_over(&expect, family)? {
                 failures.push(format!("step {}: {f}", i + 1));
             }
         }
@@ -118,9 +131,9 @@ fn start_env() -> Result<Env> {
     let placed: Vec<_> = cluster
         .placed_pods()
         .iter()
-        .map(|p| (p.id(), p.ip))
+        .map(|p| (p.id(), p.ip, p.ip6))
         .collect();
-    let want: Vec<_> = layout.iter().map(|p| (p.id(), p.ip)).collect();
+    let want: Vec<_> = layout.iter().map(|p| (p.id(), p.ip, p.ip6)).collect();
     assert_eq!(
         placed, want,
         "cluster addresses match the evaluator's layout"
@@ -346,32 +359,44 @@ fn shell_words(s: &str) -> Vec<String> {
     out
 }
 
-/// A pod whose interface appears after the agent runs has no connectivity until its endpoint is programmed.
+/// A pod whose interface appears after the agent runs has no connectivity, over IPv4 or IPv6, until its
+/// endpoint is programmed.
 fn new_pod_fail_closed(env: &mut Env) -> Result<Vec<String>> {
     let open = Step::new(vec![], vec![T80], |_| {});
     env.apply_step(&open)?;
     let idx = env.cluster.add_pod("x", "d", 0)?;
     let pod = &env.cluster.pods[idx];
     let servers = Servers::start(pod.ns.name())?;
-    let xa = env.cluster.pod("x/a").ns.name().to_string();
-    let (d_ip, d_ns) = (pod.ip, pod.ns.name().to_string());
-    let a_ip = env.cluster.pod("x/a").ip;
+    let a = env.cluster.pod("x/a");
+    let (a_ns, d_ns) = (a.ns.name().to_string(), pod.ns.name().to_string());
+    let jobs = vec![
+        (a_ns.clone(), IpAddr::V4(pod.ip), T80),
+        (d_ns.clone(), IpAddr::V4(a.ip), T80),
+        (a_ns, IpAddr::V6(pod.ip6), T80),
+        (d_ns, IpAddr::V6(a.ip6), T80),
+    ];
+    let label = |results: &[bool]| -> String {
+        ["x/a->x/d v4", "x/d->x/a v4", "x/a->x/d v6", "x/d->x/a v6"]
+            .iter()
+            .zip(results)
+            .map(|(l, ok)| format!("{l} {ok}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     let mut failures = Vec::new();
-    let before = probe_many(
-        &[(xa.clone(), d_ip, T80), (d_ns.clone(), a_ip, T80)],
-        PROBE_TIMEOUT,
-    )?;
+    let before = probe_many(&jobs, PROBE_TIMEOUT)?;
     if before.iter().any(|ok| *ok) {
         failures.push(format!(
-            "new pod x/d had connectivity before its endpoint existed (x/a->x/d {}, x/d->x/a {})",
-            before[0], before[1]
+            "new pod x/d had connectivity before its endpoint existed ({})",
+            label(&before)
         ));
     }
     env.apply_step(&open)?;
-    let after = probe_many(&[(xa, d_ip, T80), (d_ns, a_ip, T80)], PROBE_TIMEOUT)?;
+    let after = probe_many(&jobs, PROBE_TIMEOUT)?;
     if !after.iter().all(|ok| *ok) {
         failures.push(format!(
-            "new pod x/d still isolated after its endpoint was programmed ({after:?})"
+            "new pod x/d still isolated after its endpoint was programmed ({})",
+            label(&after)
         ));
     }
     drop(servers);
@@ -404,7 +429,7 @@ fn netpol_conformance_and_reliability() {
         }
     };
     for case in cases::all() {
-        let r = env.run_case(&case);
+        let r = env.run_case(&case, Family::V4);
         report(case.name, r);
     }
     let r = restart_under_probe(&mut env);

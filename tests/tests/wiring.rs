@@ -1,6 +1,7 @@
 //! The harness's own wiring, without any policy agent: every pod reaches every other pod on every
-//! served port, within and across nodes. If this fails, no policy result means anything.
+//! served port, over IPv4 and IPv6, within and across nodes. If this fails, no policy result means anything.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use felixrs_e2e::cases::PING;
@@ -25,7 +26,9 @@ fn pods_reach_each_other_without_policy_agents() {
         for to in &cluster.pods {
             if from.id() != to.id() {
                 for probe in SERVED.into_iter().chain([PING]) {
-                    jobs.push((from.ns.name().to_string(), to.ip, probe));
+                    for ip in [IpAddr::V4(to.ip), IpAddr::V6(to.ip6)] {
+                        jobs.push((from.ns.name().to_string(), ip, probe));
+                    }
                 }
             }
         }
@@ -38,7 +41,7 @@ fn pods_reach_each_other_without_policy_agents() {
         .map(|((ns, ip, p), _)| format!("{ns} -> {ip} {p}"))
         .collect();
     assert!(failed.is_empty(), "unreachable without policy: {failed:?}");
-    assert_eq!(results.len(), 3 * 2 * 5);
+    assert_eq!(results.len(), 3 * 2 * 5 * 2);
 }
 
 #[test]
