@@ -188,9 +188,13 @@ pub fn connect(dst: impl Into<IpAddr>, probe: Probe, timeout: Duration) -> bool 
     }
 }
 
-/// The identifier and sequence number of the next echo request.
+/// The identifier and sequence number of the next echo request. The identifier differs per probe:
+/// conntrack keys echo flows by identifier (not sequence), so a fixed one would make a probe ride on
+/// the flow an earlier probe opened under an earlier step's policy and pass as ESTABLISHED.
 fn echo_id_seq() -> (u16, u16) {
-    let id = (std::process::id() as u16) ^ 0x5a5a;
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    let id =
+        ((std::process::id() as u16) ^ 0x5a5a).wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed));
     let seq = (std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
