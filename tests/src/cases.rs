@@ -419,7 +419,7 @@ spec:
   - action: Pass
 "#;
 
-const GNP_ICMP_ONLY_INTO_Z: &str = r#"
+pub const GNP_ICMP_ONLY_INTO_Z: &str = r#"
 apiVersion: projectcalico.org/v3
 kind: GlobalNetworkPolicy
 metadata: {name: icmp-only-z}

@@ -4,6 +4,7 @@
 //! `felixrs-test-support`.
 
 pub mod cases;
+pub mod cases_v6;
 pub mod cluster;
 pub mod driver;
 pub mod evaluator;

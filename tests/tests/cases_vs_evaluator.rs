@@ -2,6 +2,7 @@
 //! case cannot hide (or fake) an agent bug. Pure: no kernel, no root.
 
 use felixrs_e2e::cases::{self, Case, Expect};
+use felixrs_e2e::cases_v6;
 use felixrs_e2e::world::{self, Family, PlacedPod};
 
 /// The cells of `cases` whose hand-written expectation disagrees with the evaluator over `family`,
@@ -40,6 +41,34 @@ fn hand_written_expectations_match_the_evaluator() {
     let (bad, checked) = mismatches(&cases::all(), Family::V4);
     assert!(bad.is_empty(), "{}", bad.join("\n"));
     assert!(checked > 1000, "only {checked} cells checked");
+}
+
+#[test]
+fn ipv6_expectations_match_the_evaluator_over_ipv6() {
+    let (bad, checked) = mismatches(&cases_v6::all(), Family::V6);
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+    assert!(checked > 500, "only {checked} cells checked");
+}
+
+#[test]
+fn ipv6_ip_block_cases_depend_on_the_family() {
+    // These cases' ipBlocks match one family only: judged on IPv4 addresses their expectations must be
+    // wrong, or they would not be testing IPv6 matching at all.
+    let family_specific = [
+        "egress to an IPv6 ipBlock with except",
+        "ingress from an IPv6 ipBlock (node-1's pod range)",
+        "an IPv4 ipBlock admits no IPv6 traffic",
+    ];
+    let cases: Vec<Case> = cases_v6::all()
+        .into_iter()
+        .filter(|c| family_specific.contains(&c.name))
+        .collect();
+    assert_eq!(cases.len(), family_specific.len());
+    for case in cases {
+        let name = case.name;
+        let (bad, _) = mismatches(&[case], Family::V4);
+        assert!(!bad.is_empty(), "{name}: same verdicts over IPv4");
+    }
 }
 
 #[test]

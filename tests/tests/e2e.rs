@@ -2,7 +2,8 @@
 //! real kernel datapath of a two-node cluster built from network namespaces.
 //!
 //! Phases, on one cluster of dual-stack pods: the upstream NetworkPolicy cases (every ordered pod pair
-//! probed per step) over IPv4, then the reliability scenarios (restart under probe, restart with etcd down, drift repair, a new pod).
+//! probed per step) over IPv4, a subset plus IPv6 ipBlock cases over IPv6 (`cases_v6`), then the
+//! reliability scenarios (restart under probe, restart with etcd down, drift repair, a new pod).
 //! Prints a PASS/FAIL line per case, `N passed, M failed`, and the programming latency.
 
 use std::net::IpAddr;
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use felixrs_e2e::cases::{self, Case, Expect, Step, T80};
+use felixrs_e2e::cases_v6;
 use felixrs_e2e::cluster::Cluster;
 use felixrs_e2e::driver::{Agent, Etcd, binary, controller_sync, start_etcd};
 use felixrs_e2e::traffic::{Probe, Servers, connect, probe_many};
@@ -100,6 +102,16 @@ impl Env {
             .collect())
     }
 
+    /// Empties every pod's and node's IPv6 neighbour cache, so each probe needs neighbour discovery
+    /// between pod and node to succeed under the policy in force (NDP must survive policy, as in Felix).
+    fn forget_neighbours(&self) -> Result<()> {
+        let pods = self.cluster.pods.iter().map(|p| &p.ns);
+        for ns in pods.chain(self.cluster.nodes.iter().map(|n| &n.ns)) {
+            ns.exec(&["ip", "-6", "neigh", "flush", "all"])?;
+        }
+        Ok(())
+    }
+
     fn run_case(&mut self, case: &Case, family: Family) -> Result<Vec<String>> {
         let ids: Vec<String> = self.placed().iter().map(PlacedPod::id).collect();
         let mut failures = Vec::new();
@@ -108,6 +120,9 @@ impl Env {
                 .with_context(|| format!("step {}", i + 1))?;
             let mut expect = Expect::all_allowed(&ids, &step.probes);
             (step.expect)(&mut expect);
+            if family == Family::V6 {
+                self.forget_neighbours()?;
+            }
             for f in self.check_over(&expect, family)? {
                 failures.push(format!("step {}: {f}", i + 1));
             }
@@ -431,6 +446,10 @@ fn netpol_conformance_and_reliability() {
     for case in cases::all() {
         let r = env.run_case(&case, Family::V4);
         report(case.name, r);
+    }
+    for case in cases_v6::all() {
+        let r = env.run_case(&case, Family::V6);
+        report(&format!("ipv6: {}", case.name), r);
     }
     let r = restart_under_probe(&mut env);
     report("reliability: 20 agent restarts under probe", r);
