@@ -195,6 +195,7 @@ fn rendered_policy_enforces_on_legacy() {
 /// A node that real Felix programmed (corpus 002, a live Felix v3.30+ dump) is taken over: rules
 /// whose ids equal Felix's are left alone (their counters survive), everything else of Calico's
 /// (host-endpoint chains, the raw and mangle chains we do not program) is replaced or removed.
+/// Of the raw table only our anti-spoofing `cali-PREROUTING` stays.
 #[test]
 fn takes_over_a_felix_node_keeping_identical_rules_and_their_counters() {
     let ns = kernel_netns();
@@ -237,9 +238,15 @@ fn takes_over_a_felix_node_keeping_identical_rules_and_their_counters() {
     assert_in_sync(&ns, iptables::apply::Mode::Nft, &desired);
     let saved = ns.ok("iptables-nft-save", &["-c"]);
     assert!(saved.contains(&format!("[7:700] {dispatch}")), "{saved}");
-    for table in ["raw", "mangle"] {
-        let t = ns.ok("iptables-nft-save", &["-t", table]);
-        assert!(!t.contains("cali"), "{t}");
-    }
+    let mangle = ns.ok("iptables-nft-save", &["-t", "mangle"]);
+    assert!(!mangle.contains("cali"), "{mangle}");
+    // Of Felix's raw chains only ours remains: cali-PREROUTING with the anti-spoofing check.
+    let raw = ns.ok("iptables-nft-save", &["-t", "raw"]);
+    let ours: Vec<&str> = raw.lines().filter(|l| l.contains("cali")).collect();
+    assert!(ours.iter().all(|l| l.contains("cali-PREROUTING")), "{raw}");
+    assert!(
+        raw.contains("-i cali+") && raw.contains("-m rpfilter --invert -j DROP"),
+        "{raw}"
+    );
     assert!(applier.refresh(&desired).unwrap().is_empty());
 }

@@ -98,6 +98,11 @@ pub enum Match {
         states: CtStates,
         negated: bool,
     },
+    /// `-m rpfilter`: the packet's source is routed back out of the interface it came in on
+    /// (strict reverse-path check); negated, the source is spoofed.
+    Rpfilter {
+        negated: bool,
+    },
 }
 
 /// A rule's target.
@@ -306,6 +311,16 @@ impl Rule {
                         states,
                     });
                 }
+                Match::Rpfilter { negated } => {
+                    let mut args = Vec::new();
+                    if *negated {
+                        args.push(model::Arg::bare("--invert")?);
+                    }
+                    r.matches.push(model::Match::Generic {
+                        module: model::Word::new("rpfilter")?,
+                        args,
+                    });
+                }
             }
         }
         r.target = match &self.target {
@@ -453,6 +468,9 @@ fn write_match(s: &mut String, m: &Match) {
                 not(*negated),
                 states.as_str()
             )
+        }
+        Match::Rpfilter { negated } => {
+            write!(s, "-m rpfilter{}", if *negated { " --invert" } else { "" })
         }
     };
 }

@@ -44,9 +44,11 @@
 //! * No IPIP/VXLAN/WireGuard/IPVS/BPF rules in `cali-INPUT`/`cali-OUTPUT`; no `cali-cidr-block`.
 //!   The per-workload "Drop VXLAN/IPinIP encapped packets originating in workloads" rules are kept
 //!   (Felix's default) unless `allow_encap_from_workloads`.
-//! * raw and mangle tables are not programmed (no untracked, pre-DNAT or HEP policy; no RPF
-//!   anti-spoofing chain `cali-rpf-skip`). Policies with `untracked`/`pre_dnat` are rendered as
-//!   normal filter policies only if an endpoint's tiers list them.
+//! * mangle is not programmed and raw holds only the anti-spoofing check (no untracked, pre-DNAT or
+//!   HEP policy). raw `cali-PREROUTING` is `-i cali+ -m rpfilter --invert -j DROP`: Felix's strict
+//!   RPF check without its mark bookkeeping and without `cali-rpf-skip` (the per-pod
+//!   `allowedSourcePrefixes` escape). Policies with `untracked`/`pre_dnat` are rendered as normal
+//!   filter policies only if an endpoint's tiers list them.
 //! * nat: the hook chains and the `cali-fip-dnat`/`cali-fip-snat`/`cali-nat-outgoing` leaf chains
 //!   exist but are empty (no floating IPs, no natOutgoing pools in scope).
 //! * No policy-group chains (`cali-gi-`/`cali-go-`, §2.5): each endpoint jumps to each policy.

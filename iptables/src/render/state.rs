@@ -111,9 +111,13 @@ impl Renderer {
             for (name, rules) in static_chains::nat_chains() {
                 fam.set_chain(TableName::Nat, name, rules);
             }
+            for (name, rules) in static_chains::raw_chains(&r.cfg) {
+                fam.set_chain(TableName::Raw, name, rules);
+            }
             let hooks = [
                 (TableName::Filter, static_chains::filter_hooks(&r.marks)),
                 (TableName::Nat, static_chains::nat_hooks()),
+                (TableName::Raw, static_chains::raw_hooks()),
             ];
             for (table, list) in hooks {
                 fam.add_hooks(hash_hooks(table, list));

@@ -138,6 +138,38 @@ pub fn nat_chains() -> Vec<(String, Vec<Rule>)> {
     ]
 }
 
+/// The raw table's `cali-PREROUTING`: anti-spoofing for workloads (Felix's strict RPF check,
+/// §2.8, without the per-pod `allowedSourcePrefixes` escape). A packet from a workload interface
+/// whose source address is not routed back out of that interface claims an address that is not
+/// the pod's; dropping it in raw, before conntrack and before any policy, keeps a pod from
+/// passing source-based rules (ipBlock, pod and namespace selectors) with another pod's address.
+pub fn raw_chains(cfg: &RenderConfig) -> Vec<(String, Vec<Rule>)> {
+    let rules = cfg
+        .interface_prefixes
+        .iter()
+        .map(|p| {
+            Rule::new(
+                vec![
+                    Match::InIface(wildcard(p)),
+                    Match::Rpfilter { negated: true },
+                ],
+                Target::Drop,
+            )
+            .with_comment("Drop workload packets with a spoofed source address")
+        })
+        .collect();
+    vec![(PREROUTING.into(), rules)]
+}
+
+/// Raw hooks: PREROUTING inserted at the top.
+pub fn raw_hooks() -> Vec<(&'static str, HookPosition, Rule)> {
+    vec![(
+        "PREROUTING",
+        HookPosition::Top,
+        Rule::new(vec![], Target::Jump(PREROUTING.into())),
+    )]
+}
+
 /// Filter hooks: `(kernel chain, position, rule)`.
 pub fn filter_hooks(m: &MarkBits) -> Vec<(&'static str, HookPosition, Rule)> {
     vec![
