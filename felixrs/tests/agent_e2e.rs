@@ -8,22 +8,13 @@ use std::time::Duration;
 use felixrs_test_support::etcd::Etcd;
 use felixrs_test_support::netns::Netns;
 use serde_json::json;
-use support::{Agent, PREFIX};
+use support::{Agent, PREFIX, put_default_tier, put_json, put_web_endpoint};
 
 const IFACE: &str = "cali0000000001";
 
-fn put_json(etcd: &Etcd, key: &str, v: serde_json::Value) -> i64 {
-    etcd.put(&format!("{PREFIX}{key}"), &v.to_string())
-}
-
 /// A local endpoint with its namespace profile, and the default tier.
 fn seed(etcd: &Etcd) -> i64 {
-    put_json(
-        etcd,
-        "tiers/default",
-        json!({"apiVersion":"projectcalico.org/v3","kind":"Tier",
-               "metadata":{"name":"default"},"spec":{"order":1000000}}),
-    );
+    put_default_tier(etcd);
     put_json(
         etcd,
         "profiles/kns.ns1",
@@ -31,17 +22,7 @@ fn seed(etcd: &Etcd) -> i64 {
                "metadata":{"name":"kns.ns1"},
                "spec":{"ingress":[{"action":"Allow"}],"egress":[{"action":"Allow"}]}}),
     );
-    put_json(
-        etcd,
-        "workloadendpoints/ns1/node--1-k8s-web-eth0",
-        json!({"apiVersion":"projectcalico.org/v3","kind":"WorkloadEndpoint",
-               "metadata":{"name":"node--1-k8s-web-eth0","namespace":"ns1",
-                           "labels":{"app":"web","projectcalico.org/namespace":"ns1",
-                                     "projectcalico.org/orchestrator":"k8s"}},
-               "spec":{"orchestrator":"k8s","node":"node-1","pod":"web","endpoint":"eth0",
-                       "interfaceName":IFACE,"ipNetworks":["10.70.0.1/32"],
-                       "profiles":["kns.ns1"]}}),
-    )
+    put_web_endpoint(etcd, IFACE, &["kns.ns1"])
 }
 
 /// A policy selecting the endpoint that allows TCP to one port (the port identifies its rules).

@@ -14,32 +14,14 @@ use std::time::{Duration, Instant};
 use felixrs_test_support::etcd::{Etcd, Pki};
 use felixrs_test_support::netns::{Netns, VethPair};
 use serde_json::json;
-use support::{Agent, PREFIX};
+use support::{Agent, put_default_tier, put_json, put_web_endpoint};
 
 const IFACE: &str = "cali0000000042";
 
-fn put_json(etcd: &Etcd, key: &str, v: serde_json::Value) -> i64 {
-    etcd.put(&format!("{PREFIX}{key}"), &v.to_string())
-}
-
 /// A local endpoint and a policy allowing TCP to port 7201 into it; returns the last revision.
 fn seed(etcd: &Etcd) -> i64 {
-    put_json(
-        etcd,
-        "tiers/default",
-        json!({"apiVersion":"projectcalico.org/v3","kind":"Tier",
-               "metadata":{"name":"default"},"spec":{"order":1000000}}),
-    );
-    put_json(
-        etcd,
-        "workloadendpoints/ns1/node--1-k8s-web-eth0",
-        json!({"apiVersion":"projectcalico.org/v3","kind":"WorkloadEndpoint",
-               "metadata":{"name":"node--1-k8s-web-eth0","namespace":"ns1",
-                           "labels":{"app":"web","projectcalico.org/namespace":"ns1",
-                                     "projectcalico.org/orchestrator":"k8s"}},
-               "spec":{"orchestrator":"k8s","node":"node-1","pod":"web","endpoint":"eth0",
-                       "interfaceName":IFACE,"ipNetworks":["10.70.0.1/32"]}}),
-    );
+    put_default_tier(etcd);
+    put_web_endpoint(etcd, IFACE, &[]);
     put_json(
         etcd,
         "networkpolicies/ns1/tls",

@@ -123,7 +123,7 @@ fn intersects(a: &[Sym], b: &[Sym]) -> bool {
 }
 
 /// Keys whose value differs between two label sets sorted by key (added, removed or changed),
-/// sorted.
+/// sorted (a merge of the two sorted lists).
 fn changed_keys(old: &[(Sym, Sym)], new: &[(Sym, Sym)]) -> Vec<Sym> {
     let mut out = Vec::new();
     let (mut i, mut j) = (0, 0);
@@ -147,7 +147,6 @@ fn changed_keys(old: &[(Sym, Sym)], new: &[(Sym, Sym)]) -> Vec<Sym> {
             _ => unreachable!("loop condition"),
         }
     }
-    out.sort_unstable();
     out
 }
 

@@ -9,10 +9,42 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use felixrs_test_support::etcd::Etcd;
 use felixrs_test_support::netns::in_netns;
 use felixrs_test_support::{free_port, http};
+use serde_json::json;
 
 pub const PREFIX: &str = "/calico/resources/v3/projectcalico.org/";
+
+/// Stores `v` at `PREFIX + key`; returns the revision.
+pub fn put_json(etcd: &Etcd, key: &str, v: serde_json::Value) -> i64 {
+    etcd.put(&format!("{PREFIX}{key}"), &v.to_string())
+}
+
+/// The default tier.
+pub fn put_default_tier(etcd: &Etcd) -> i64 {
+    put_json(
+        etcd,
+        "tiers/default",
+        json!({"apiVersion":"projectcalico.org/v3","kind":"Tier",
+               "metadata":{"name":"default"},"spec":{"order":1000000}}),
+    )
+}
+
+/// Pod `ns1/web` (app=web, 10.70.0.1) on node-1 behind `iface`, naming `profiles`.
+pub fn put_web_endpoint(etcd: &Etcd, iface: &str, profiles: &[&str]) -> i64 {
+    put_json(
+        etcd,
+        "workloadendpoints/ns1/node--1-k8s-web-eth0",
+        json!({"apiVersion":"projectcalico.org/v3","kind":"WorkloadEndpoint",
+               "metadata":{"name":"node--1-k8s-web-eth0","namespace":"ns1",
+                           "labels":{"app":"web","projectcalico.org/namespace":"ns1",
+                                     "projectcalico.org/orchestrator":"k8s"}},
+               "spec":{"orchestrator":"k8s","node":"node-1","pod":"web","endpoint":"eth0",
+                       "interfaceName":iface,"ipNetworks":["10.70.0.1/32"],
+                       "profiles":profiles}}),
+    )
+}
 
 /// A temp directory path that lives as long as the returned guard.
 pub fn state_dir() -> (tempfile::TempDir, PathBuf) {
