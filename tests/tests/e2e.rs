@@ -418,14 +418,66 @@ fn new_pod_fail_closed(env: &mut Env) -> Result<Vec<String>> {
     Ok(failures)
 }
 
-/// How many conntrack flows in namespace `ns` have UDP source port `sport`.
-fn udp_flows_from_port(ns: &felixrs_test_support::netns::Netns, sport: u16) -> Result<usize> {
-    let out = ns.exec_unchecked(&["conntrack", "-L", "-p", "udp"])?;
-    let needle = format!("sport={sport} ");
+/// The conntrack flows in namespace `ns` whose original direction is UDP `src`:`sport` -> `dst`:80,
+/// one line each (empty when there are none).
+fn udp_flows(
+    ns: &felixrs_test_support::netns::Netns,
+    src: IpAddr,
+    sport: u16,
+    dst: IpAddr,
+) -> Result<Vec<String>> {
+    let (src, dst, sport) = (src.to_string(), dst.to_string(), sport.to_string());
+    let family = if dst.contains(':') { "ipv6" } else { "ipv4" };
+    let out = ns.exec_unchecked(&[
+        "conntrack",
+        "-L",
+        "-f",
+        family,
+        "-p",
+        "udp",
+        "--orig-src",
+        &src,
+        "--orig-dst",
+        &dst,
+        "--sport",
+        &sport,
+        "--dport",
+        "80",
+    ])?;
     Ok(String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|l| l.contains(&needle))
-        .count())
+        .filter(|l| l.contains(&format!("sport={sport} dport=80")))
+        .map(str::to_string)
+        .collect())
+}
+
+/// Deletes the flows [`udp_flows`] would list.
+fn delete_udp_flows(
+    ns: &felixrs_test_support::netns::Netns,
+    src: IpAddr,
+    sport: u16,
+    dst: IpAddr,
+) -> Result<()> {
+    let (src, dst, sport) = (src.to_string(), dst.to_string(), sport.to_string());
+    let family = if dst.contains(':') { "ipv6" } else { "ipv4" };
+    // Exit status 1 with "0 flow entries" is the normal answer when there is nothing to delete.
+    ns.exec_unchecked(&[
+        "conntrack",
+        "-D",
+        "-f",
+        family,
+        "-p",
+        "udp",
+        "--orig-src",
+        &src,
+        "--orig-dst",
+        &dst,
+        "--sport",
+        &sport,
+        "--dport",
+        "80",
+    ])?;
+    Ok(())
 }
 
 /// Sends three UDP datagrams to `dst`:80 from `src`:`sport`, inside namespace `ns`.
@@ -447,6 +499,9 @@ fn send_udp(ns: &str, src: IpAddr, sport: u16, dst: IpAddr) -> Result<()> {
 /// packets before conntrack or any policy sees them (raw-table reverse-path check), so nothing of
 /// them is tracked on x/a's node nor reaches x/b's. The real x/c's datagrams are the control: they
 /// are tracked on x/b's node, which shows the observation works.
+///
+/// Both source ports lie below the kernel's ephemeral range (32768-60999), and flows are matched by
+/// their whole original tuple, so no earlier probe's flow can be mistaken for one of these.
 fn spoofed_source_is_dropped(env: &mut Env) -> Result<Vec<String>> {
     env.apply_step(&protect_step())?;
     let (a, b, c) = (
@@ -455,12 +510,17 @@ fn spoofed_source_is_dropped(env: &mut Env) -> Result<Vec<String>> {
         env.cluster.pod("x/c"),
     );
     let (a_node, b_node) = (&env.cluster.nodes[a.node].ns, &env.cluster.nodes[b.node].ns);
-    let (spoofed, control) = (45678, 45679);
+    let (spoofed, control) = (20678, 20679);
     let mut failures = Vec::new();
     for (family, c_ip, b_ip, prefix) in [
         ("v4", IpAddr::V4(c.ip), IpAddr::V4(b.ip), 32),
         ("v6", IpAddr::V6(c.ip6), IpAddr::V6(b.ip6), 128),
     ] {
+        for ns in [a_node, b_node] {
+            for port in [spoofed, control] {
+                delete_udp_flows(ns, c_ip, port, b_ip)?;
+            }
+        }
         let claimed = format!("{c_ip}/{prefix}");
         let mut add = vec!["ip", "addr", "add", claimed.as_str(), "dev", "eth0"];
         if prefix == 128 {
@@ -472,22 +532,24 @@ fn spoofed_source_is_dropped(env: &mut Env) -> Result<Vec<String>> {
         std::thread::sleep(Duration::from_millis(300));
         a.ns.exec(&["ip", "addr", "del", claimed.as_str(), "dev", "eth0"])?;
         sent?;
-        if udp_flows_from_port(b_node, control)? == 0 {
+        if udp_flows(b_node, c_ip, control, b_ip)?.is_empty() {
             failures.push(format!(
                 "{family}: x/c's own datagrams to x/b were not tracked on x/b's node: the check observes nothing"
             ));
         }
-        let at_a = udp_flows_from_port(a_node, spoofed)?;
-        let at_b = udp_flows_from_port(b_node, spoofed)?;
-        if at_a + at_b > 0 {
+        let at_a = udp_flows(a_node, c_ip, spoofed, b_ip)?;
+        let at_b = udp_flows(b_node, c_ip, spoofed, b_ip)?;
+        if !at_a.is_empty() || !at_b.is_empty() {
             failures.push(format!(
-                "{family}: x/a's datagrams claiming x/c's address passed its node ({at_a} flows there, {at_b} on x/b's node)"
+                "{family}: x/a's datagrams claiming x/c's address passed its node ({} flows there, {} on x/b's node): {:?}",
+                at_a.len(),
+                at_b.len(),
+                at_a.iter().chain(&at_b).collect::<Vec<_>>()
             ));
         }
         for ns in [a_node, b_node] {
             for port in [spoofed, control] {
-                let p = port.to_string();
-                ns.exec_unchecked(&["conntrack", "-D", "-p", "udp", "--sport", &p])?;
+                delete_udp_flows(ns, c_ip, port, b_ip)?;
             }
         }
     }
