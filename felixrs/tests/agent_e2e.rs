@@ -121,8 +121,10 @@ fn agent_syncs_applies_recovers_relists_and_restarts_from_snapshot() {
     assert!(metrics.contains("felixrs_resyncs_total 2"), "{metrics}");
 
     // Let the debounced snapshot catch up, then kill the agent and take etcd down.
-    std::thread::sleep(Duration::from_millis(1500));
-    assert!(agent.status()["snapshot_revision"].as_i64().unwrap() >= rev);
+    let s = agent.poll_status(Duration::from_secs(15), |s| {
+        s["snapshot_revision"].as_i64().unwrap_or(-1) >= rev
+    });
+    assert!(s["snapshot_revision"].as_i64().unwrap() >= rev, "{s}");
     drop(agent);
     etcd.stop();
 
@@ -160,7 +162,9 @@ fn no_rule_is_touched_before_in_sync_and_sigterm_leaves_rules() {
     std::fs::create_dir_all(&corrupt).unwrap();
     std::fs::write(corrupt.join("datastore.snapshot"), b"FXRSNAP\n garbage").unwrap();
     let agent = Agent::start(ns.name(), "http://127.0.0.1:9", &corrupt);
-    std::thread::sleep(Duration::from_secs(3));
+    agent.poll_status(Duration::from_secs(15), |s| s["snapshot_error"].is_string());
+    // Give a misbehaving agent time to touch the kernel before looking.
+    std::thread::sleep(Duration::from_secs(1));
     let s = agent.status();
     let err = s["snapshot_error"].as_str().unwrap_or_default().to_string();
     assert!(err.contains("truncated"), "{s}");

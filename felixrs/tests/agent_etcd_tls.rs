@@ -80,22 +80,6 @@ fn poll_until<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<
     }
 }
 
-/// Polls `/status` until `done` holds or `timeout` passes; returns the last status.
-fn poll_status(
-    agent: &Agent,
-    timeout: Duration,
-    done: impl Fn(&serde_json::Value) -> bool,
-) -> serde_json::Value {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let s = agent.status();
-        if done(&s) || Instant::now() > deadline {
-            return s;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn agent_syncs_only_with_the_right_etcd_tls_material() {
     let pair = VethPair::new();
@@ -129,7 +113,7 @@ fn agent_syncs_only_with_the_right_etcd_tls_material() {
         })
         .collect();
     for (what, agent) in &agents {
-        let s = poll_status(agent, Duration::from_secs(10), |s| {
+        let s = agent.poll_status(Duration::from_secs(10), |s| {
             s["datastore_error"].is_string()
         });
         let err = s["datastore_error"].as_str().unwrap_or_default();

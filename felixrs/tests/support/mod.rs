@@ -143,6 +143,22 @@ impl Agent {
         }
     }
 
+    /// Polls `/status` until `done` holds or `timeout` passes; returns the last status.
+    pub fn poll_status(
+        &self,
+        timeout: Duration,
+        done: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let s = self.status();
+            if done(&s) || Instant::now() > deadline {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     pub fn signal(&mut self, sig: i32) {
         if let Some(c) = &self.child {
             // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
