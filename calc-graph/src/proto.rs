@@ -200,6 +200,11 @@ pub struct LocalEndpoint {
     /// Profile ids in the endpoint's order; a profile that does not exist is still listed and the
     /// graph emits a deny-all `ActiveProfile` for it (fail closed, as Felix does).
     pub profile_ids: Vec<String>,
+    /// Source prefixes the endpoint may send from besides its own addresses (WorkloadEndpoint
+    /// `allowSpoofedSourcePrefixes`, from the pod annotation `cni.projectcalico.org/allowedSourcePrefixes`),
+    /// host bits cleared, in the resource's order. The dataplane honours them only when the node
+    /// allows workload source spoofing (Felix `WorkloadSourceSpoofing=Any`).
+    pub allow_spoofed_source_prefixes: Vec<IpNet>,
 }
 
 /// One output of the calculation graph. See the module docs for batch ordering.

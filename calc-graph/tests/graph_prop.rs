@@ -154,6 +154,11 @@ fn to_update(op: &Op) -> Option<Update> {
                 &ips,
                 &l,
             );
+            // Allowed source prefixes come and go with the tier label (host bits set on purpose).
+            if tier == 2 {
+                w.spec.allow_spoofed_source_prefixes =
+                    vec![format!("10.9.{idx}.5/24").parse().unwrap()];
+            }
             if port > 0 {
                 w.spec.ports.push(calc_graph::model::EndpointPort {
                     name: "http".into(),

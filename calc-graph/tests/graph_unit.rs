@@ -736,3 +736,38 @@ fn unused_sets_linger_and_come_back_with_current_members() {
     dp.apply(&out).unwrap();
     assert_eq!((g.stats().ip_sets, g.stats().lingering_ip_sets), (0, 0));
 }
+
+#[test]
+fn allowed_source_prefixes_reach_the_local_endpoint_and_changes_update_it() {
+    let with_prefixes = |prefixes: &[&str]| {
+        let mut w = mk_wep_res("prod", "vm", NODE, &["10.0.0.1/32"], &[]);
+        w.spec.allow_spoofed_source_prefixes = prefixes.iter().map(|p| net(p)).collect();
+        upd(w)
+    };
+    let (mut g, mut dp) = synced(vec![with_prefixes(&["10.9.0.7/24", "fd00:9::/64"])]);
+    let ep = dp.endpoints.values().next().unwrap();
+    // Host bits are cleared; the order is the resource's.
+    assert_eq!(
+        ep.allow_spoofed_source_prefixes,
+        [net("10.9.0.0/24"), net("fd00:9::/64")]
+    );
+    // A change of prefixes alone re-sends the endpoint.
+    let out = run(&mut g, vec![with_prefixes(&["10.8.0.0/16"])]);
+    assert!(
+        out.iter()
+            .any(|o| matches!(o, Output::EndpointUpdated(e) if e.allow_spoofed_source_prefixes == [net("10.8.0.0/16")])),
+        "{out:?}"
+    );
+    dp.apply(&out).unwrap();
+    // The same prefixes again: nothing.
+    let out = run(&mut g, vec![with_prefixes(&["10.8.0.0/16"])]);
+    assert!(out.is_empty(), "{out:?}");
+    // A remote endpoint's prefixes are not this node's business.
+    let mut remote = mk_wep_res("prod", "far", "node2", &["10.0.5.1/32"], &[]);
+    remote.spec.allow_spoofed_source_prefixes = vec![net("10.7.0.0/16")];
+    let out = run(&mut g, vec![upd(remote)]);
+    assert!(
+        !out.iter().any(|o| matches!(o, Output::EndpointUpdated(_))),
+        "{out:?}"
+    );
+}

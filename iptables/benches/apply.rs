@@ -129,6 +129,7 @@ fn outputs() -> Vec<Output> {
                 egress_policies: pols,
             }],
             profile_ids: vec![format!("kns.ns{}", e % 10)],
+            allow_spoofed_source_prefixes: vec![],
         }));
     }
     out.push(Output::InSync);

@@ -118,6 +118,7 @@ fn endpoint(e: usize) -> LocalEndpoint {
             format!("kns.ns{}", e % 50),
             format!("ksa.ns{}.default", e % 50),
         ],
+        allow_spoofed_source_prefixes: vec![],
     }
 }
 

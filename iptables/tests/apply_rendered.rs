@@ -105,6 +105,7 @@ fn mk_outputs() -> Vec<Output> {
                 egress_policies: vec![],
             }],
             profile_ids: vec!["kns.default".into()],
+            allow_spoofed_source_prefixes: vec![],
         }),
         Output::InSync,
     ]

@@ -26,6 +26,7 @@ pub(crate) struct LocalEp {
     pub ipv4_nets: Vec<IpNet>,
     pub ipv6_nets: Vec<IpNet>,
     pub profiles: Vec<String>,
+    pub allow_spoofed_source_prefixes: Vec<IpNet>,
 }
 
 /// A policy built from its resource, before its selector is registered.
@@ -186,6 +187,12 @@ pub(crate) fn wep_item(
             .copied()
             .collect(),
         profiles: parents.clone(),
+        allow_spoofed_source_prefixes: w
+            .spec
+            .allow_spoofed_source_prefixes
+            .iter()
+            .map(|n| n.trunc())
+            .collect(),
     });
     (parents, ItemData { nets, ports }, local)
 }

@@ -709,6 +709,7 @@ impl Desired for CalcGraph {
             ipv6_nets: ep.ipv6_nets.clone(),
             tiers: resolver::resolve_tiers(refs, &self.tiers),
             profile_ids: ep.profiles.clone(),
+            allow_spoofed_source_prefixes: ep.allow_spoofed_source_prefixes.clone(),
         })
     }
 }

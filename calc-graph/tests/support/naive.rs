@@ -386,6 +386,12 @@ pub fn expected(res: &BTreeMap<ResourceKey, Resource>, node: &str) -> Dataplane 
                     .collect(),
                 tiers,
                 profile_ids: w.spec.profiles.clone(),
+                allow_spoofed_source_prefixes: w
+                    .spec
+                    .allow_spoofed_source_prefixes
+                    .iter()
+                    .map(|n| n.trunc())
+                    .collect(),
             },
         );
     }

@@ -79,6 +79,7 @@ pub fn mk_endpoint(
         ipv6_nets: vec![],
         tiers,
         profile_ids: profiles.iter().map(|s| s.to_string()).collect(),
+        allow_spoofed_source_prefixes: vec![],
     }
 }
 
