@@ -134,13 +134,27 @@ pub fn pod_to_workload_endpoint(pod: &Pod, opts: &ConvertOptions) -> Converted {
         Err((f, m)) => return fail(&f, m, Some(key)),
     };
 
-    let container_id = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get("cni.projectcalico.org/containerID"))
-        .filter(|s| !s.is_empty())
-        .cloned();
+    let annotation = |name: &str| {
+        pod.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(name))
+            .filter(|s| !s.is_empty())
+    };
+    let container_id = annotation("cni.projectcalico.org/containerID").cloned();
+    let allow_spoofed_source_prefixes = match annotation(ALLOWED_SOURCE_PREFIXES)
+        .map(|a| parse_allowed_source_prefixes(a))
+        .transpose()
+    {
+        Ok(p) => p.unwrap_or_default(),
+        Err(e) => {
+            return fail(
+                &format!("metadata.annotations[{ALLOWED_SOURCE_PREFIXES}]"),
+                e,
+                Some(key),
+            );
+        }
+    };
 
     let o = v3::Object {
         kind: "WorkloadEndpoint",
@@ -166,9 +180,29 @@ pub fn pod_to_workload_endpoint(pod: &Pod, opts: &ConvertOptions) -> Converted {
             ],
             interface_name: interface_name(&opts.interface_prefix, ns, name),
             ports,
+            allow_spoofed_source_prefixes,
         },
     };
     Converted::ok(CalicoResource::from_object(&o), Vec::new())
+}
+
+/// The pod annotation with the extra source prefixes a pod may send from (honoured only where the
+/// agent allows workload source spoofing).
+pub const ALLOWED_SOURCE_PREFIXES: &str = "cni.projectcalico.org/allowedSourcePrefixes";
+
+/// Parses the allowedSourcePrefixes annotation, as Calico does: a JSON list of CIDRs, each
+/// normalised to its network address (`10.0.0.5/24` -> `10.0.0.0/24`). A plain address is
+/// refused, as by Calico's `ParseCIDR`.
+fn parse_allowed_source_prefixes(annotation: &str) -> Result<Vec<String>, String> {
+    let list: Vec<String> = serde_json::from_str(annotation)
+        .map_err(|e| format!("{annotation:?} is not a JSON list of CIDR strings: {e}"))?;
+    list.iter()
+        .map(|p| {
+            p.parse::<ipnet::IpNet>()
+                .map(|n| n.trunc().to_string())
+                .map_err(|_| format!("{p:?} is not a CIDR (want e.g. \"10.0.0.0/24\")"))
+        })
+        .collect()
 }
 
 /// Named container ports (init containers first, as the pod spec lists them).

@@ -78,6 +78,8 @@ pub struct WorkloadEndpointSpec {
     pub interface_name: String,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<EndpointPort>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allow_spoofed_source_prefixes: Vec<String>,
 }
 
 /// A named port on a workload endpoint.
