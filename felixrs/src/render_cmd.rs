@@ -18,6 +18,7 @@ use iptables::apply::kernel::ActualTable;
 use iptables::render::{RenderConfig, Renderer};
 use policy_controller::{ConvertOptions, load_manifests};
 
+use crate::agent::WorkloadSourceSpoofing;
 use crate::agent::kernel::GraphPipeline;
 use crate::agent::state::Pipeline;
 
@@ -33,6 +34,9 @@ pub struct Args {
     /// Mark bits the agent may use (hex).
     #[arg(long, default_value = "0xffff0000", value_parser = parse_hex)]
     pub mark_mask: u32,
+    /// Whether pods may send from their `allowedSourcePrefixes` (Felix `WorkloadSourceSpoofing`).
+    #[arg(long, value_enum, ignore_case = true, default_value = "disabled")]
+    pub workload_source_spoofing: WorkloadSourceSpoofing,
 }
 
 fn parse_hex(s: &str) -> Result<u32, String> {
@@ -70,6 +74,7 @@ impl Args {
             manifests,
             node_name,
             mark_mask,
+            workload_source_spoofing,
         } = self;
         let mut out = Rendered::default();
         let set =
@@ -86,6 +91,7 @@ impl Args {
         let outputs = pipeline.flush();
         let mut renderer = Renderer::new(RenderConfig {
             mark_mask,
+            workload_source_spoofing: workload_source_spoofing.into(),
             ..RenderConfig::default()
         })
         .map_err(|e| anyhow::anyhow!("renderer: {e}"))?;

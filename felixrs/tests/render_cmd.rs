@@ -59,3 +59,56 @@ fn reports_invalid_objects_and_renders_the_rest() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("Start of tier security"), "rest not rendered");
 }
+
+/// A pod's `allowedSourcePrefixes` reach raw `cali-rpf-skip` only with `--workload-source-spoofing Any`.
+#[test]
+fn allowed_source_prefixes_follow_the_spoofing_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("vm.yaml"),
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: vm
+  namespace: shop
+  annotations: {cni.projectcalico.org/allowedSourcePrefixes: '["10.200.0.9/16"]'}
+spec: {nodeName: node-1, containers: [{name: vm, image: x}]}
+status: {phase: Running, podIP: 10.65.1.99}
+"#,
+    )
+    .unwrap();
+    let render = |flag: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_felixrs"));
+        cmd.args(["render", "--node-name", "node-1"]);
+        if let Some(f) = flag {
+            cmd.args(["--workload-source-spoofing", f]);
+        }
+        let out = cmd
+            .arg("--manifests")
+            .arg(demo())
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let on = render(Some("any"));
+    let skip: Vec<&str> = on
+        .lines()
+        .filter(|l| l.starts_with("-A cali-rpf-skip"))
+        .collect();
+    assert_eq!(skip.len(), 1, "{on}");
+    assert!(
+        skip[0].contains("-s 10.200.0.0/16 -i cali") && skip[0].ends_with("-j ACCEPT"),
+        "{skip:?}"
+    );
+    assert!(
+        on.contains("-j cali-rpf-skip"),
+        "no jump to the skip chain:\n{on}"
+    );
+    for off in [render(None), render(Some("Disabled"))] {
+        assert!(!off.contains("cali-rpf-skip"), "{off}");
+        assert!(off.contains("-m rpfilter --invert -j DROP"), "{off}");
+    }
+}

@@ -26,7 +26,7 @@ use std::time::Duration;
 use anyhow::Context;
 use calc_graph::model::CALICO_PREFIX;
 use iptables::apply::{Backend, ExecRunner};
-use iptables::render::RenderConfig;
+use iptables::render::{RenderConfig, SourceSpoofing};
 use tokio_util::sync::CancellationToken;
 
 use datastore::{EtcdDatastore, EtcdTls};
@@ -49,6 +49,24 @@ impl From<IptablesBackend> for Backend {
             IptablesBackend::Auto => Backend::Auto,
             IptablesBackend::Legacy => Backend::Legacy,
             IptablesBackend::Nft => Backend::Nft,
+        }
+    }
+}
+
+/// Felix `WorkloadSourceSpoofing`: may pods send from the `allowedSourcePrefixes` they ask for?
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WorkloadSourceSpoofing {
+    /// Every workload packet faces the strict reverse-path check; the annotation is ignored.
+    Disabled,
+    /// A pod may send from the prefixes of its `cni.projectcalico.org/allowedSourcePrefixes`.
+    Any,
+}
+
+impl From<WorkloadSourceSpoofing> for SourceSpoofing {
+    fn from(w: WorkloadSourceSpoofing) -> Self {
+        match w {
+            WorkloadSourceSpoofing::Disabled => SourceSpoofing::Disabled,
+            WorkloadSourceSpoofing::Any => SourceSpoofing::Any,
         }
     }
 }
@@ -101,6 +119,15 @@ pub struct Args {
     /// Mark bits the agent may use (hex).
     #[arg(long, env = "FELIXRS_MARK_MASK", default_value = "0xffff0000", value_parser = parse_hex_u32)]
     pub mark_mask: u32,
+    /// Whether pods may send from their `allowedSourcePrefixes` (Felix `WorkloadSourceSpoofing`).
+    #[arg(
+        long,
+        env = "FELIXRS_WORKLOAD_SOURCE_SPOOFING",
+        value_enum,
+        ignore_case = true,
+        default_value = "disabled"
+    )]
+    pub workload_source_spoofing: WorkloadSourceSpoofing,
     /// Seconds between full re-reads of the kernel (drift repair).
     #[arg(long, env = "FELIXRS_REFRESH_INTERVAL", default_value = "90", value_parser = parse_secs)]
     pub refresh_interval: Duration,
@@ -131,6 +158,7 @@ impl Args {
             health_listen,
             iptables_backend,
             mark_mask,
+            workload_source_spoofing,
             refresh_interval,
             etcd_timeout,
             etcd_ca,
@@ -144,6 +172,7 @@ impl Args {
             .init();
         let render = RenderConfig {
             mark_mask,
+            workload_source_spoofing: workload_source_spoofing.into(),
             ..RenderConfig::default()
         };
         let dataplane =

@@ -46,9 +46,11 @@
 //!   (Felix's default) unless `allow_encap_from_workloads`.
 //! * mangle is not programmed and raw holds only the anti-spoofing check (no untracked, pre-DNAT or
 //!   HEP policy). raw `cali-PREROUTING` is `-i cali+ -m rpfilter --invert -j DROP`: Felix's strict
-//!   RPF check without its mark bookkeeping and without `cali-rpf-skip` (the per-pod
-//!   `allowedSourcePrefixes` escape). Policies with `untracked`/`pre_dnat` are rendered as normal
-//!   filter policies only if an endpoint's tiers list them.
+//!   RPF check without its mark bookkeeping. With [`SourceSpoofing::Any`] a `-i cali+ -j
+//!   cali-rpf-skip` comes first, and `cali-rpf-skip` ACCEPTs (ends raw for) `-i <iface> -s <prefix>`
+//!   for each endpoint's `allowSpoofedSourcePrefixes`, as Felix does. Policies with
+//!   `untracked`/`pre_dnat` are rendered as normal filter policies only if an endpoint's tiers
+//!   list them.
 //! * nat: the hook chains and the `cali-fip-dnat`/`cali-fip-snat`/`cali-nat-outgoing` leaf chains
 //!   exist but are empty (no floating IPs, no natOutgoing pools in scope).
 //! * No policy-group chains (`cali-gi-`/`cali-go-`, §2.5): each endpoint jumps to each policy.
@@ -102,6 +104,18 @@ pub enum EndpointToHostAction {
     Return,
 }
 
+/// Whether a workload may send from the extra source prefixes its endpoint lists
+/// (`allowSpoofedSourcePrefixes`); Felix `WorkloadSourceSpoofing`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SourceSpoofing {
+    /// Endpoints' allowed prefixes are ignored: every workload packet faces the strict RPF check.
+    #[default]
+    Disabled,
+    /// A packet from a workload whose source lies in one of its endpoint's allowed prefixes skips
+    /// the RPF check (raw `cali-rpf-skip`); policy still sees it.
+    Any,
+}
+
 /// Renderer configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RenderConfig {
@@ -117,6 +131,8 @@ pub struct RenderConfig {
     pub default_endpoint_to_host_action: EndpointToHostAction,
     /// Felix `AllowVXLANPacketsFromWorkloads` / `AllowIPIPPacketsFromWorkloads`.
     pub allow_encap_from_workloads: bool,
+    /// Felix `WorkloadSourceSpoofing`: whether endpoints' `allowSpoofedSourcePrefixes` are honoured.
+    pub workload_source_spoofing: SourceSpoofing,
 }
 
 impl Default for RenderConfig {
@@ -128,6 +144,7 @@ impl Default for RenderConfig {
             log_action: LogAction::Log,
             default_endpoint_to_host_action: EndpointToHostAction::Accept,
             allow_encap_from_workloads: false,
+            workload_source_spoofing: SourceSpoofing::Disabled,
         }
     }
 }

@@ -20,7 +20,7 @@ use super::hash::escape_comment;
 use super::ir::{Rule, Target};
 use super::marks::MarkBits;
 use super::rule::{RuleCtx, render_profile_rules, render_rules};
-use super::{RenderConfig, RenderError, dispatch, endpoint, names, static_chains};
+use super::{RenderConfig, RenderError, SourceSpoofing, dispatch, endpoint, names, static_chains};
 use crate::apply::{DesiredState, IpSetSpec, TableName};
 
 /// What an endpoint's chains reference, for reference counting.
@@ -49,6 +49,8 @@ pub struct Renderer {
     dirty_profiles: HashSet<String>,
     dirty_endpoints: HashSet<EndpointId>,
     dispatch_dirty: bool,
+    /// An endpoint with allowed spoofed source prefixes changed: `cali-rpf-skip` is re-rendered.
+    rpf_skip_dirty: bool,
     waiting_policies: HashSet<PolicyId>,
     waiting_profiles: HashSet<String>,
     families: [Family; 2],
@@ -99,6 +101,7 @@ impl Renderer {
             dirty_profiles: HashSet::new(),
             dirty_endpoints: HashSet::new(),
             dispatch_dirty: true,
+            rpf_skip_dirty: false,
             waiting_policies: HashSet::new(),
             waiting_profiles: HashSet::new(),
             families: [Family::new(IpVersion::V4), Family::new(IpVersion::V6)],
@@ -246,7 +249,15 @@ impl Renderer {
             self.remove_endpoint(&ep.id);
             return Err(e);
         }
-        if let Some(old) = self.endpoints.get(&ep.id)
+        let old = self.endpoints.get(&ep.id);
+        if old.map_or(!ep.allow_spoofed_source_prefixes.is_empty(), |o| {
+            o.allow_spoofed_source_prefixes != ep.allow_spoofed_source_prefixes
+                || (o.interface_name != ep.interface_name
+                    && !ep.allow_spoofed_source_prefixes.is_empty())
+        }) {
+            self.rpf_skip_dirty = true;
+        }
+        if let Some(old) = old
             && old.interface_name != ep.interface_name
         {
             self.iface_owner.remove(&old.interface_name);
@@ -266,6 +277,7 @@ impl Renderer {
 
     fn remove_endpoint(&mut self, id: &EndpointId) {
         if let Some(old) = self.endpoints.remove(id) {
+            self.rpf_skip_dirty |= !old.allow_spoofed_source_prefixes.is_empty();
             self.iface_owner.remove(&old.interface_name);
             self.dispatch_dirty = true;
             self.dirty_endpoints.insert(id.clone());
@@ -361,6 +373,15 @@ impl Renderer {
                     fam.set_chain(TableName::Filter, name, rules);
                 }
                 fam.dispatch_names = new_names;
+            }
+        }
+
+        if std::mem::take(&mut self.rpf_skip_dirty)
+            && self.cfg.workload_source_spoofing == SourceSpoofing::Any
+        {
+            for fam in &mut self.families {
+                let rules = static_chains::rpf_skip_rules(self.endpoints.values(), fam.version);
+                fam.set_chain(TableName::Raw, static_chains::RPF_SKIP.into(), rules);
             }
         }
 

@@ -4,12 +4,13 @@
 //! `cali:` hash comment; the static chains reach workload policy only through the dispatch chains,
 //! whose defaults drop unknown `cali` interfaces. See `render/mod.rs` for what is simplified.
 
-use calc_graph::proto::{IpVersion, Protocol};
+use calc_graph::proto::{IpVersion, LocalEndpoint, Protocol};
+use ipnet::IpNet;
 
 use super::dispatch::{FROM_WL_DISPATCH, TO_WL_DISPATCH};
-use super::ir::{Match, Rule, Target};
+use super::ir::{Match, Rule, Side, Target};
 use super::marks::MarkBits;
-use super::{EndpointToHostAction, RenderConfig};
+use super::{EndpointToHostAction, RenderConfig, SourceSpoofing};
 use crate::apply::HookPosition;
 
 pub const FORWARD: &str = "cali-FORWARD";
@@ -17,6 +18,7 @@ pub const INPUT: &str = "cali-INPUT";
 pub const OUTPUT: &str = "cali-OUTPUT";
 pub const WL_TO_HOST: &str = "cali-wl-to-host";
 pub const PREROUTING: &str = "cali-PREROUTING";
+pub const RPF_SKIP: &str = "cali-rpf-skip";
 pub const POSTROUTING: &str = "cali-POSTROUTING";
 pub const FIP_DNAT: &str = "cali-fip-dnat";
 pub const FIP_SNAT: &str = "cali-fip-snat";
@@ -139,15 +141,27 @@ pub fn nat_chains() -> Vec<(String, Vec<Rule>)> {
 }
 
 /// The raw table's `cali-PREROUTING`: anti-spoofing for workloads (Felix's strict RPF check,
-/// §2.8, without the per-pod `allowedSourcePrefixes` escape). A packet from a workload interface
-/// whose source address is not routed back out of that interface claims an address that is not
-/// the pod's; dropping it in raw, before conntrack and before any policy, keeps a pod from
-/// passing source-based rules (ipBlock, pod and namespace selectors) with another pod's address.
+/// §2.8). A packet from a workload interface whose source address is not routed back out of that
+/// interface claims an address that is not the pod's; dropping it in raw, before conntrack and
+/// before any policy, keeps a pod from passing source-based rules (ipBlock, pod and namespace
+/// selectors) with another pod's address.
+///
+/// With [`SourceSpoofing::Any`], workload packets first visit `cali-rpf-skip` (empty here; its
+/// per-endpoint ACCEPTs come from [`rpf_skip_rules`]), which ends raw for a pod's allowed prefixes.
 pub fn raw_chains(cfg: &RenderConfig) -> Vec<(String, Vec<Rule>)> {
-    let rules = cfg
-        .interface_prefixes
-        .iter()
-        .map(|p| {
+    let skip = cfg.workload_source_spoofing == SourceSpoofing::Any;
+    let mut rules = Vec::new();
+    for p in &cfg.interface_prefixes {
+        if skip {
+            rules.push(
+                Rule::new(
+                    vec![Match::InIface(wildcard(p))],
+                    Target::Jump(RPF_SKIP.into()),
+                )
+                .with_comment("Accept the allowed spoofed source prefixes of workloads"),
+            );
+        }
+        rules.push(
             Rule::new(
                 vec![
                     Match::InIface(wildcard(p)),
@@ -155,10 +169,50 @@ pub fn raw_chains(cfg: &RenderConfig) -> Vec<(String, Vec<Rule>)> {
                 ],
                 Target::Drop,
             )
-            .with_comment("Drop workload packets with a spoofed source address")
-        })
+            .with_comment("Drop workload packets with a spoofed source address"),
+        );
+    }
+    let mut chains = vec![(PREROUTING.into(), rules)];
+    if skip {
+        chains.push((RPF_SKIP.into(), Vec::new()));
+    }
+    chains
+}
+
+/// `cali-rpf-skip` for one family: `-i <iface> -s <prefix> -j ACCEPT` for each endpoint's allowed
+/// source prefixes of that family, endpoints by interface name, prefixes in the endpoint's order.
+pub fn rpf_skip_rules<'a>(
+    endpoints: impl IntoIterator<Item = &'a LocalEndpoint>,
+    version: IpVersion,
+) -> Vec<Rule> {
+    let mut eps: Vec<&LocalEndpoint> = endpoints
+        .into_iter()
+        .filter(|e| !e.allow_spoofed_source_prefixes.is_empty())
         .collect();
-    vec![(PREROUTING.into(), rules)]
+    eps.sort_by(|a, b| a.interface_name.cmp(&b.interface_name));
+    let mut rules = Vec::new();
+    for ep in eps {
+        let mut seen = Vec::new();
+        for net in &ep.allow_spoofed_source_prefixes {
+            let net = net.trunc();
+            if matches!(net, IpNet::V6(_)) != (version == IpVersion::V6) || seen.contains(&net) {
+                continue;
+            }
+            seen.push(net);
+            rules.push(Rule::new(
+                vec![
+                    Match::InIface(ep.interface_name.clone()),
+                    Match::Net {
+                        side: Side::Src,
+                        net,
+                        negated: false,
+                    },
+                ],
+                Target::Accept,
+            ));
+        }
+    }
+    rules
 }
 
 /// Raw hooks: PREROUTING inserted at the top.
