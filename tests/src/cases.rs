@@ -45,6 +45,8 @@ pub struct Step {
     pub ns_labels: Vec<(&'static str, &'static str, &'static str)>,
     /// Pod label overrides: ("ns/pod", key, Some(value) to set, None to remove).
     pub pod_labels: Vec<(&'static str, &'static str, Option<&'static str>)>,
+    /// Pod annotations: ("ns/pod", key, value). They do not change what the evaluator expects.
+    pub pod_annotations: Vec<(&'static str, &'static str, &'static str)>,
     pub probes: Vec<Probe>,
     /// Narrows the all-allowed matrix to what this step expects.
     pub expect: fn(&mut Expect),
@@ -56,6 +58,7 @@ impl Step {
             policies,
             ns_labels: vec![],
             pod_labels: vec![],
+            pod_annotations: vec![],
             probes,
             expect,
         }

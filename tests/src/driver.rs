@@ -224,6 +224,10 @@ impl Agent {
             HEALTH_ADDR,
             "--refresh-interval",
             "2",
+            // As a Felix with WorkloadSourceSpoofing=Any (Felix's spelling): each pod's
+            // allowedSourcePrefixes annotation then decides what it may send from.
+            "--workload-source-spoofing",
+            "Any",
         ]
         .iter()
         .map(|s| s.to_string())

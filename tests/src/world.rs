@@ -125,11 +125,18 @@ pub fn manifests(step: &Step, pods: &[PlacedPod]) -> String {
             .iter()
             .map(|(name, port, proto)| json!({"name": name, "containerPort": port, "protocol": proto}))
             .collect();
+        let annotations: BTreeMap<&str, &str> = step
+            .pod_annotations
+            .iter()
+            .filter(|(id, _, _)| *id == pod.id())
+            .map(|(_, k, v)| (*k, *v))
+            .collect();
         docs.push(
             serde_yaml::to_string(&json!({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": pod.name, "namespace": pod.namespace,
-                             "labels": pod_labels(step, &pod.id(), &pod.name)},
+                             "labels": pod_labels(step, &pod.id(), &pod.name),
+                             "annotations": annotations},
                 "spec": {"nodeName": pod.node_name, "serviceAccountName": "default",
                          "containers": [{"name": "serve", "image": "agnhost", "ports": ports}]},
                 "status": {"phase": "Running", "podIP": pod.ip.to_string(),

@@ -495,6 +495,29 @@ fn send_udp(ns: &str, src: IpAddr, sport: u16, dst: IpAddr) -> Result<()> {
     .map_err(|_| anyhow::anyhow!("sender panicked"))?
 }
 
+/// Adds `src` to the eth0 of pod namespace `ns`, sends three UDP datagrams from `src`:`sport` to
+/// `dst`:80, waits for them to cross the cluster and removes the address again.
+fn send_from_extra_address(
+    ns: &felixrs_test_support::netns::Netns,
+    src: IpAddr,
+    sport: u16,
+    dst: IpAddr,
+) -> Result<()> {
+    let claimed = match src {
+        IpAddr::V4(_) => format!("{src}/32"),
+        IpAddr::V6(_) => format!("{src}/128"),
+    };
+    let mut add = vec!["ip", "addr", "add", claimed.as_str(), "dev", "eth0"];
+    if src.is_ipv6() {
+        add.push("nodad");
+    }
+    ns.exec(&add)?;
+    let sent = send_udp(ns.name(), src, sport, dst);
+    std::thread::sleep(Duration::from_millis(300));
+    ns.exec(&["ip", "addr", "del", claimed.as_str(), "dev", "eth0"])?;
+    sent
+}
+
 /// x/b accepts only x/c. Pod x/a takes x/c's address as its own source: the node must drop those
 /// packets before conntrack or any policy sees them (raw-table reverse-path check), so nothing of
 /// them is tracked on x/a's node nor reaches x/b's. The real x/c's datagrams are the control: they
@@ -512,26 +535,18 @@ fn spoofed_source_is_dropped(env: &mut Env) -> Result<Vec<String>> {
     let (a_node, b_node) = (&env.cluster.nodes[a.node].ns, &env.cluster.nodes[b.node].ns);
     let (spoofed, control) = (20678, 20679);
     let mut failures = Vec::new();
-    for (family, c_ip, b_ip, prefix) in [
-        ("v4", IpAddr::V4(c.ip), IpAddr::V4(b.ip), 32),
-        ("v6", IpAddr::V6(c.ip6), IpAddr::V6(b.ip6), 128),
+    for (family, c_ip, b_ip) in [
+        ("v4", IpAddr::V4(c.ip), IpAddr::V4(b.ip)),
+        ("v6", IpAddr::V6(c.ip6), IpAddr::V6(b.ip6)),
     ] {
         for ns in [a_node, b_node] {
             for port in [spoofed, control] {
                 delete_udp_flows(ns, c_ip, port, b_ip)?;
             }
         }
-        let claimed = format!("{c_ip}/{prefix}");
-        let mut add = vec!["ip", "addr", "add", claimed.as_str(), "dev", "eth0"];
-        if prefix == 128 {
-            add.push("nodad");
-        }
-        a.ns.exec(&add)?;
-        let sent = send_udp(a.ns.name(), c_ip, spoofed, b_ip)
-            .and_then(|()| send_udp(c.ns.name(), c_ip, control, b_ip));
+        send_from_extra_address(&a.ns, c_ip, spoofed, b_ip)?;
+        send_udp(c.ns.name(), c_ip, control, b_ip)?;
         std::thread::sleep(Duration::from_millis(300));
-        a.ns.exec(&["ip", "addr", "del", claimed.as_str(), "dev", "eth0"])?;
-        sent?;
         if udp_flows(b_node, c_ip, control, b_ip)?.is_empty() {
             failures.push(format!(
                 "{family}: x/c's own datagrams to x/b were not tracked on x/b's node: the check observes nothing"
@@ -550,6 +565,69 @@ fn spoofed_source_is_dropped(env: &mut Env) -> Result<Vec<String>> {
         for ns in [a_node, b_node] {
             for port in [spoofed, control] {
                 delete_udp_flows(ns, c_ip, port, b_ip)?;
+            }
+        }
+    }
+    Ok(failures)
+}
+
+/// x/a's `cni.projectcalico.org/allowedSourcePrefixes` allows it `10.78.200.0/24` and
+/// `fd78:c8::/64` (the agents run with `--workload-source-spoofing Any`): its datagrams from an
+/// address there cross both nodes, while x/c's address stays forbidden to it. Once the annotation
+/// is gone, so is the allowance.
+fn allowed_source_prefixes(env: &mut Env) -> Result<Vec<String>> {
+    const PREFIXES: &str = r#"["10.78.200.0/24", "fd78:c8::/64"]"#;
+    let annotated = Step {
+        pod_annotations: vec![(
+            "x/a",
+            "cni.projectcalico.org/allowedSourcePrefixes",
+            PREFIXES,
+        )],
+        ..Step::new(vec![], vec![T80], |_| {})
+    };
+    let plain = Step::new(vec![], vec![T80], |_| {});
+    let extra_v4: IpAddr = "10.78.200.5".parse()?;
+    let extra_v6: IpAddr = "fd78:c8::5".parse()?;
+    let mut failures = Vec::new();
+    for (annotation, port) in [(true, 20680), (false, 20681)] {
+        env.apply_step(if annotation { &annotated } else { &plain })?;
+        let (a, b, c) = (
+            env.cluster.pod("x/a"),
+            env.cluster.pod("x/b"),
+            env.cluster.pod("x/c"),
+        );
+        let (a_node, b_node) = (&env.cluster.nodes[a.node].ns, &env.cluster.nodes[b.node].ns);
+        for (family, extra, c_ip, b_ip) in [
+            ("v4", extra_v4, IpAddr::V4(c.ip), IpAddr::V4(b.ip)),
+            ("v6", extra_v6, IpAddr::V6(c.ip6), IpAddr::V6(b.ip6)),
+        ] {
+            for src in [extra, c_ip] {
+                for ns in [a_node, b_node] {
+                    delete_udp_flows(ns, src, port, b_ip)?;
+                }
+                send_from_extra_address(&a.ns, src, port, b_ip)?;
+                let at_a = udp_flows(a_node, src, port, b_ip)?;
+                let at_b = udp_flows(b_node, src, port, b_ip)?;
+                let allowed = annotation && src == extra;
+                let passed = !at_a.is_empty() && !at_b.is_empty();
+                let stopped = at_a.is_empty() && at_b.is_empty();
+                let state = if annotation { "with" } else { "without" };
+                if allowed && !passed {
+                    failures.push(format!(
+                        "{family}: {state} the annotation, x/a's datagrams from {src} did not cross both nodes ({} flows on its node, {} on x/b's)",
+                        at_a.len(),
+                        at_b.len()
+                    ));
+                }
+                if !allowed && !stopped {
+                    failures.push(format!(
+                        "{family}: {state} the annotation, x/a's datagrams from {src} passed its node: {:?}",
+                        at_a.iter().chain(&at_b).collect::<Vec<_>>()
+                    ));
+                }
+                for ns in [a_node, b_node] {
+                    delete_udp_flows(ns, src, port, b_ip)?;
+                }
             }
         }
     }
@@ -600,6 +678,11 @@ fn netpol_conformance_and_reliability() {
     let r = spoofed_source_is_dropped(&mut env);
     report(
         "reliability: a pod claiming another pod's address is dropped",
+        r,
+    );
+    let r = allowed_source_prefixes(&mut env);
+    report(
+        "reliability: a pod may send from its allowedSourcePrefixes and nothing else",
         r,
     );
 
