@@ -771,3 +771,88 @@ fn allowed_source_prefixes_reach_the_local_endpoint_and_changes_update_it() {
         "{out:?}"
     );
 }
+
+/// Covers chosen at in-sync go stale when the cluster's labels drift: here `env == 'prod'` was
+/// the rarest term of every policy at sync and later every pod carries it. Once items have
+/// changed as often as there are items (at least 1024 times), the graph re-chooses covers, and
+/// a local relabel evaluates a handful of policies again instead of all of them.
+#[test]
+fn covers_are_rechosen_when_labels_drift() {
+    let mut ups = vec![mk_ns_profile("prod", &[])];
+    for i in 0..50 {
+        ups.push(mk_gnp(
+            &format!("g{i}"),
+            &format!("app == 'a{i}' && env == 'prod'"),
+            None,
+            vec![],
+            vec![],
+        ));
+    }
+    let remote = |j: usize, env: &str, extra: &str| {
+        mk_wep(
+            "prod",
+            &format!("r{j}"),
+            "n2",
+            &format!("10.2.{}.{}/32", j / 200, j % 200),
+            &[("app", &format!("a{}", j % 50)), ("env", env), ("x", extra)],
+        )
+    };
+    ups.extend((0..400).map(|j| remote(j, "dev", "0")));
+    ups.push(mk_wep(
+        "prod",
+        "l0",
+        NODE,
+        "10.1.0.1/32",
+        &[("app", "none"), ("env", "dev")],
+    ));
+    let (mut g, mut dp) = synced(ups);
+    let after_sync = g.stats().index_reoptimizations;
+    assert_eq!(after_sync, 1, "covers are chosen once at in-sync");
+
+    // Every pod becomes env=prod: 400 changes, below the 1024 that trigger a re-choice.
+    let out = run(&mut g, (0..400).map(|j| remote(j, "prod", "0")).collect());
+    dp.apply(&out).unwrap();
+    let flip = |g: &mut CalcGraph, dp: &mut Dataplane, app: &str| {
+        let before = g.stats().selector_evaluations;
+        let out = run(
+            g,
+            vec![mk_wep(
+                "prod",
+                "l0",
+                NODE,
+                "10.1.0.1/32",
+                &[("app", app), ("env", "prod")],
+            )],
+        );
+        dp.apply(&out).unwrap();
+        g.stats().selector_evaluations - before
+    };
+    flip(&mut g, &mut dp, "a1");
+    let stale = flip(&mut g, &mut dp, "a2");
+    assert_eq!(g.stats().index_reoptimizations, after_sync);
+    assert!(
+        stale >= 40,
+        "stale covers: a relabel evaluated only {stale} policies"
+    );
+
+    // Drift on: 700 more changes (an unrelated label) cross the threshold at the next flush.
+    for round in 0..2 {
+        let out = run(
+            &mut g,
+            (0..350)
+                .map(|j| remote(j, "prod", &format!("{}", round + 1)))
+                .collect(),
+        );
+        dp.apply(&out).unwrap();
+    }
+    assert_eq!(g.stats().index_reoptimizations, after_sync + 1);
+    let fresh = flip(&mut g, &mut dp, "a3");
+    eprintln!("evaluations per relabel: stale covers {stale}, re-chosen {fresh}");
+    assert!(
+        fresh <= 4,
+        "re-chosen covers: a relabel evaluated {fresh} policies"
+    );
+    // Matches never depended on covers.
+    let active: Vec<String> = dp.policies.keys().map(|p| p.to_string()).collect();
+    assert_eq!(active, ["GlobalNetworkPolicy g3"]);
+}

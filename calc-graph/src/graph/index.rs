@@ -22,6 +22,11 @@
 //! endpoints, whose few posting lists say little about a label value none of them carries yet;
 //! it is given the cluster-wide index as a prior (see [`SelectorIndex::posting_cost`]).
 //!
+//! Covers are chosen when a selector is added, again for all selectors once the initial snapshot
+//! is in, and again whenever items have changed as often as there are items (at least
+//! [`REOPTIMIZE_MIN_CHANGES`] times) since: a long-running node whose workloads and labels drift
+//! keeps cheap covers, at an amortised constant cost per change.
+//!
 //! Invariants: `sel.matches` contains exactly the items whose labels the selector matches, and
 //! `item.matched` is exactly the sorted list of selectors that match the item. Covers may be
 //! re-chosen ([`SelectorIndex::reoptimize`]) without changing any match.
@@ -85,7 +90,13 @@ pub(crate) struct SelectorIndex {
     unindexed: Vec<SelId>,
     /// Selector evaluations performed so far (a cost counter for tests and benches).
     pub evaluations: u64,
+    /// Item label changes (creations, relabels, removals) so far: how far posting-list sizes may
+    /// have drifted from those the covers were chosen with.
+    pub changes: u64,
 }
+
+/// Item changes below which covers are never re-chosen after the initial snapshot.
+pub(crate) const REOPTIMIZE_MIN_CHANGES: u64 = 1024;
 
 /// Extra cost, in posting-list entries, of term kinds that tend to be unselective; it breaks
 /// ties while the posting lists are still empty (before the initial snapshot is loaded).
@@ -427,6 +438,7 @@ impl SelectorIndex {
             return;
         }
         self.update_postings(item, &old.labels, labels);
+        self.changes += 1;
 
         let mut candidates: Vec<SelId> = self.unindexed.clone();
         for &(k, v) in labels {
@@ -508,6 +520,7 @@ impl SelectorIndex {
             return;
         };
         self.update_postings(item, &old.labels, &[]);
+        self.changes += 1;
         for sel in old.matched {
             self.entry_mut(sel).matches.remove(&item);
             events.push(MatchEvent {

@@ -115,6 +115,8 @@ pub struct GraphStats {
     pub unindexed_selectors: (usize, usize),
     /// Selector evaluations performed so far (a cost counter).
     pub selector_evaluations: u64,
+    /// Times the selector indices re-chose their covers (once at in-sync, then as labels drift).
+    pub index_reoptimizations: u64,
 }
 
 struct PolicyState {
@@ -153,6 +155,10 @@ pub struct CalcGraph {
     ipsets: IpSets,
     seq: Sequencer,
     errors: Vec<(ResourceKey, String)>,
+    /// Item changes (both indices) when covers were last re-chosen, and how often that happened.
+    changes_at_reoptimize: u64,
+    reoptimizations: u64,
+    reoptimize_min_changes: u64,
 }
 
 impl CalcGraph {
@@ -178,6 +184,9 @@ impl CalcGraph {
             ipsets: IpSets::default(),
             seq: Sequencer::default(),
             errors: Vec::new(),
+            changes_at_reoptimize: 0,
+            reoptimizations: 0,
+            reoptimize_min_changes: index::REOPTIMIZE_MIN_CHANGES,
         }
     }
 
@@ -193,9 +202,7 @@ impl CalcGraph {
                 if !self.seq.in_sync {
                     self.seq.in_sync = true;
                     // Posting-list sizes are known now: re-choose the selector index terms.
-                    self.global.reoptimize(&mut self.interner, None);
-                    self.local
-                        .reoptimize(&mut self.interner, Some(&self.global));
+                    self.reoptimize_indices();
                 }
             }
             Update::Resource { key, value } => {
@@ -217,10 +224,33 @@ impl CalcGraph {
     /// The outputs accumulated since the last flush, ordered (see `proto` and [`sequencer`]).
     /// Empty before `InSync`.
     pub fn flush(&mut self) -> Vec<Output> {
+        if self.seq.in_sync {
+            let drift = self.global.changes + self.local.changes - self.changes_at_reoptimize;
+            if drift >= (self.store.len() as u64).max(self.reoptimize_min_changes) {
+                self.reoptimize_indices();
+            }
+        }
         let mut seq = std::mem::take(&mut self.seq);
         let out = seq.flush(&*self);
         self.seq = seq;
         out
+    }
+
+    /// Re-chooses both indices' covers from the current posting-list sizes (matches unchanged).
+    /// The policy index takes the cluster-wide one as its prior, so it goes second.
+    fn reoptimize_indices(&mut self) {
+        self.global.reoptimize(&mut self.interner, None);
+        self.local
+            .reoptimize(&mut self.interner, Some(&self.global));
+        self.changes_at_reoptimize = self.global.changes + self.local.changes;
+        self.reoptimizations += 1;
+    }
+
+    /// After the initial snapshot, covers are re-chosen once items have changed as many times as
+    /// there are items, and at least `n` times (default 1024). Matches never depend on it: this
+    /// trades a re-choice now and then against selector evaluations per change.
+    pub fn set_reoptimize_min_changes(&mut self, n: u64) {
+        self.reoptimize_min_changes = n.max(1);
     }
 
     /// Bounds how many unused IP sets (and members over them) are kept up to date after their
@@ -252,6 +282,7 @@ impl CalcGraph {
             policies: self.policies.len(),
             unindexed_selectors: (self.local.unindexed_count(), self.global.unindexed_count()),
             selector_evaluations: self.local.evaluations + self.global.evaluations,
+            index_reoptimizations: self.reoptimizations,
         }
     }
 
