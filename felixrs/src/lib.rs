@@ -4,7 +4,9 @@
 //! * [`agent`]: the `felixrs agent` daemon: etcd syncer, datastore state and snapshot, apply loop,
 //!   status/health/metrics server, and its CLI arguments.
 //! * [`render_cmd`]: `felixrs render`, manifests -> the payloads for an empty kernel.
+//! * [`dataplane_args`]: the dataplane flags both share (mark mask, interface prefixes, ...).
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod dataplane_args;
 pub mod render_cmd;

@@ -15,12 +15,12 @@ use iptables::apply::TableName;
 use iptables::apply::diff::{plan_table, render as render_ops};
 use iptables::apply::ipset::plan_updates;
 use iptables::apply::kernel::ActualTable;
-use iptables::render::{RenderConfig, Renderer};
+use iptables::render::Renderer;
 use policy_controller::{ConvertOptions, load_manifests};
 
-use crate::agent::WorkloadSourceSpoofing;
 use crate::agent::kernel::GraphPipeline;
 use crate::agent::state::Pipeline;
+use crate::dataplane_args::DataplaneArgs;
 
 /// `felixrs render`.
 #[derive(Debug, Clone, clap::Args)]
@@ -31,17 +31,8 @@ pub struct Args {
     /// The node to render for.
     #[arg(long)]
     pub node_name: String,
-    /// Mark bits the agent may use (hex).
-    #[arg(long, default_value = "0xffff0000", value_parser = parse_hex)]
-    pub mark_mask: u32,
-    /// Whether pods may send from their `allowedSourcePrefixes` (Felix `WorkloadSourceSpoofing`).
-    #[arg(long, value_enum, ignore_case = true, default_value = "disabled")]
-    pub workload_source_spoofing: WorkloadSourceSpoofing,
-}
-
-fn parse_hex(s: &str) -> Result<u32, String> {
-    let d = s.strip_prefix("0x").unwrap_or(s);
-    u32::from_str_radix(d, 16).map_err(|e| format!("invalid hex mark mask {s:?}: {e}"))
+    #[command(flatten)]
+    pub dataplane: DataplaneArgs,
 }
 
 /// What `render` found, besides the text.
@@ -73,12 +64,13 @@ impl Args {
         let Args {
             manifests,
             node_name,
-            mark_mask,
-            workload_source_spoofing,
+            dataplane,
         } = self;
         let mut out = Rendered::default();
-        let set =
-            load_manifests(&manifests, &ConvertOptions::default()).context("loading manifests")?;
+        let convert = ConvertOptions {
+            interface_prefix: dataplane.veth_prefix().to_string(),
+        };
+        let set = load_manifests(&manifests, &convert).context("loading manifests")?;
         out.problems
             .extend(set.skipped.iter().map(|s| format!("skipped {s}")));
         let mut pipeline = GraphPipeline::new(&node_name);
@@ -89,12 +81,8 @@ impl Args {
         }
         pipeline.in_sync();
         let outputs = pipeline.flush();
-        let mut renderer = Renderer::new(RenderConfig {
-            mark_mask,
-            workload_source_spoofing: workload_source_spoofing.into(),
-            ..RenderConfig::default()
-        })
-        .map_err(|e| anyhow::anyhow!("renderer: {e}"))?;
+        let mut renderer = Renderer::new(dataplane.render_config())
+            .map_err(|e| anyhow::anyhow!("renderer: {e}"))?;
         let mut errors = renderer.apply_all(outputs);
         errors.extend(renderer.flush());
         out.problems

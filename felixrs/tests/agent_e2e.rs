@@ -244,3 +244,68 @@ fn conntrack_flows_of_a_removed_endpoint_are_deleted() {
         "{metrics}"
     );
 }
+
+/// The dataplane flags reach the kernel: workloads behind another interface prefix are policed
+/// (and the default `cali` one still is), and workload-to-host traffic follows
+/// `--default-endpoint-to-host-action`.
+#[test]
+fn interface_prefix_and_endpoint_to_host_action_flags_reach_the_kernel() {
+    let ns = Netns::new();
+    let etcd = Etcd::start_in(ns.name());
+    put_default_tier(&etcd);
+    let rev = put_web_endpoint(&etcd, "tap0000000001", &[]);
+    let (_state, state_dir) = support::state_dir();
+    let agent = Agent::start_with(
+        ns.name(),
+        &etcd.client_url(),
+        &state_dir,
+        &[
+            "--interface-prefix",
+            "tap,cali",
+            "--default-endpoint-to-host-action",
+            "Drop",
+        ],
+    );
+    let s = agent.wait_applied(rev);
+    let text = save(&ns);
+    for want in [
+        "-A cali-FORWARD -i tap+ -m comment",
+        "-A cali-FORWARD -i cali+ -m comment",
+        ":cali-tw-tap0000000001",
+        ":cali-fw-tap0000000001",
+    ] {
+        assert!(text.contains(want), "missing {want:?} ({s}):\n{text}");
+    }
+    let to_host = text
+        .lines()
+        .find(|l| l.starts_with("-A cali-wl-to-host") && l.contains("DefaultEndpointToHostAction"))
+        .unwrap_or_else(|| panic!("no configured action in:\n{text}"));
+    assert!(to_host.ends_with("-j DROP"), "{to_host}");
+
+    // A prefix the kernel cannot hold is refused at start, naming it, and nothing is programmed.
+    let ns2 = Netns::new();
+    let (_state2, state_dir2) = support::state_dir();
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns2.name(),
+            env!("CARGO_BIN_EXE_felixrs"),
+            "agent",
+        ])
+        .args([
+            "--etcd-endpoints",
+            &etcd.client_url(),
+            "--node-name",
+            "node-1",
+        ])
+        .arg("--state-dir")
+        .arg(&state_dir2)
+        .args(["--interface-prefix", "bad prefix!"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("\"bad prefix!\""), "{stderr}");
+    assert!(!save(&ns2).contains("cali-"), "{}", save(&ns2));
+}

@@ -112,3 +112,54 @@ status: {phase: Running, podIP: 10.65.1.99}
         assert!(off.contains("-m rpfilter --invert -j DROP"), "{off}");
     }
 }
+
+/// `--interface-prefix` names the veths the way the controller would with the same prefix, and
+/// polices that prefix; the other dataplane flags are the agent's.
+#[test]
+fn dataplane_flags_are_the_agents() {
+    let out = Command::new(env!("CARGO_BIN_EXE_felixrs"))
+        .args([
+            "render",
+            "--node-name",
+            "node-1",
+            "--interface-prefix",
+            "tap",
+        ])
+        .args([
+            "--default-endpoint-to-host-action",
+            "return",
+            "--mark-mask",
+            "0xff00",
+        ])
+        .arg("--manifests")
+        .arg(demo())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let tw: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with(":cali-tw-"))
+        .collect();
+    assert!(
+        !tw.is_empty() && tw.iter().all(|l| l.starts_with(":cali-tw-tap")),
+        "{tw:?}"
+    );
+    assert!(text.contains("-i tap+"), "{text}");
+    assert!(
+        !text.contains("cali+"),
+        "the default prefix is replaced:\n{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.starts_with("-A cali-wl-to-host")
+            && l.contains("DefaultEndpointToHostAction")
+            && l.ends_with("-j RETURN")),
+        "{text}"
+    );
+    // The accept bit is the mask's lowest bit.
+    assert!(
+        text.contains("--mark 0x100/0x100"),
+        "mark mask not used:\n{text}"
+    );
+}

@@ -26,9 +26,9 @@ use std::time::Duration;
 use anyhow::Context;
 use calc_graph::model::CALICO_PREFIX;
 use iptables::apply::{Backend, ExecRunner};
-use iptables::render::{RenderConfig, SourceSpoofing};
 use tokio_util::sync::CancellationToken;
 
+use crate::dataplane_args::DataplaneArgs;
 use datastore::{EtcdDatastore, EtcdTls};
 use metrics::Metrics;
 use runtime::RuntimeConfig;
@@ -51,32 +51,6 @@ impl From<IptablesBackend> for Backend {
             IptablesBackend::Nft => Backend::Nft,
         }
     }
-}
-
-/// Felix `WorkloadSourceSpoofing`: may pods send from the `allowedSourcePrefixes` they ask for?
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum WorkloadSourceSpoofing {
-    /// Every workload packet faces the strict reverse-path check; the annotation is ignored.
-    Disabled,
-    /// A pod may send from the prefixes of its `cni.projectcalico.org/allowedSourcePrefixes`.
-    Any,
-}
-
-impl From<WorkloadSourceSpoofing> for SourceSpoofing {
-    fn from(w: WorkloadSourceSpoofing) -> Self {
-        match w {
-            WorkloadSourceSpoofing::Disabled => SourceSpoofing::Disabled,
-            WorkloadSourceSpoofing::Any => SourceSpoofing::Any,
-        }
-    }
-}
-
-fn parse_hex_u32(s: &str) -> Result<u32, String> {
-    let digits = s
-        .strip_prefix("0x")
-        .or_else(|| s.strip_prefix("0X"))
-        .unwrap_or(s);
-    u32::from_str_radix(digits, 16).map_err(|e| format!("invalid hex mark mask {s:?}: {e}"))
 }
 
 fn parse_secs(s: &str) -> Result<Duration, String> {
@@ -116,18 +90,8 @@ pub struct Args {
         default_value = "auto"
     )]
     pub iptables_backend: IptablesBackend,
-    /// Mark bits the agent may use (hex).
-    #[arg(long, env = "FELIXRS_MARK_MASK", default_value = "0xffff0000", value_parser = parse_hex_u32)]
-    pub mark_mask: u32,
-    /// Whether pods may send from their `allowedSourcePrefixes` (Felix `WorkloadSourceSpoofing`).
-    #[arg(
-        long,
-        env = "FELIXRS_WORKLOAD_SOURCE_SPOOFING",
-        value_enum,
-        ignore_case = true,
-        default_value = "disabled"
-    )]
-    pub workload_source_spoofing: WorkloadSourceSpoofing,
+    #[command(flatten)]
+    pub dataplane: DataplaneArgs,
     /// Seconds between full re-reads of the kernel (drift repair).
     #[arg(long, env = "FELIXRS_REFRESH_INTERVAL", default_value = "90", value_parser = parse_secs)]
     pub refresh_interval: Duration,
@@ -157,8 +121,7 @@ impl Args {
             state_dir,
             health_listen,
             iptables_backend,
-            mark_mask,
-            workload_source_spoofing,
+            dataplane: dataplane_args,
             refresh_interval,
             etcd_timeout,
             etcd_ca,
@@ -170,11 +133,7 @@ impl Args {
             .with_env_filter(tracing_subscriber::EnvFilter::try_new(&log).context("--log")?)
             .with_writer(std::io::stderr)
             .init();
-        let render = RenderConfig {
-            mark_mask,
-            workload_source_spoofing: workload_source_spoofing.into(),
-            ..RenderConfig::default()
-        };
+        let render = dataplane_args.render_config();
         let dataplane =
             kernel::KernelDataplane::new(ExecRunner::new(), iptables_backend.into(), render)?;
         let pipeline = kernel::GraphPipeline::new(&node_name);

@@ -1,0 +1,135 @@
+//! The dataplane settings `felixrs agent` and `felixrs render` share, so that `render` prints what
+//! the agent with the same flags would program.
+
+use iptables::render::{EndpointToHostAction, RenderConfig, SourceSpoofing};
+
+/// Felix `WorkloadSourceSpoofing`: may pods send from the `allowedSourcePrefixes` they ask for?
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WorkloadSourceSpoofing {
+    /// Every workload packet faces the strict reverse-path check; the annotation is ignored.
+    Disabled,
+    /// A pod may send from the prefixes of its `cni.projectcalico.org/allowedSourcePrefixes`.
+    Any,
+}
+
+/// Felix `DefaultEndpointToHostAction`: what happens to workload traffic to the host itself once
+/// the workload's egress policy allowed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EndpointToHost {
+    /// Accept it (calico.yaml's setting; kubelet probes and host services keep working).
+    Accept,
+    /// Drop it.
+    Drop,
+    /// Return to the host's own INPUT rules.
+    Return,
+}
+
+/// Dataplane flags of `agent` and `render`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DataplaneArgs {
+    /// Mark bits the agent may use (hex).
+    #[arg(long, env = "FELIXRS_MARK_MASK", default_value = "0xffff0000", value_parser = parse_hex_u32)]
+    pub mark_mask: u32,
+    /// Workload interface name prefixes, comma separated (Felix `InterfacePrefix`). The first one
+    /// must be the policy controller's `--interface-prefix`; interfaces with any of them are
+    /// policed, and an unknown one is dropped.
+    #[arg(
+        long,
+        env = "FELIXRS_INTERFACE_PREFIX",
+        value_delimiter = ',',
+        default_value = "cali"
+    )]
+    pub interface_prefix: Vec<String>,
+    /// What happens to workload traffic to this host once egress policy allowed it (Felix
+    /// `DefaultEndpointToHostAction`).
+    #[arg(
+        long,
+        env = "FELIXRS_DEFAULT_ENDPOINT_TO_HOST_ACTION",
+        value_enum,
+        ignore_case = true,
+        default_value = "accept"
+    )]
+    pub default_endpoint_to_host_action: EndpointToHost,
+    /// Whether pods may send from their `allowedSourcePrefixes` (Felix `WorkloadSourceSpoofing`).
+    #[arg(
+        long,
+        env = "FELIXRS_WORKLOAD_SOURCE_SPOOFING",
+        value_enum,
+        ignore_case = true,
+        default_value = "disabled"
+    )]
+    pub workload_source_spoofing: WorkloadSourceSpoofing,
+}
+
+impl DataplaneArgs {
+    /// The renderer configuration these flags describe (the renderer validates it).
+    pub fn render_config(&self) -> RenderConfig {
+        RenderConfig {
+            mark_mask: self.mark_mask,
+            interface_prefixes: self.interface_prefix.clone(),
+            default_endpoint_to_host_action: match self.default_endpoint_to_host_action {
+                EndpointToHost::Accept => EndpointToHostAction::Accept,
+                EndpointToHost::Drop => EndpointToHostAction::Drop,
+                EndpointToHost::Return => EndpointToHostAction::Return,
+            },
+            workload_source_spoofing: match self.workload_source_spoofing {
+                WorkloadSourceSpoofing::Disabled => SourceSpoofing::Disabled,
+                WorkloadSourceSpoofing::Any => SourceSpoofing::Any,
+            },
+            ..RenderConfig::default()
+        }
+    }
+
+    /// The prefix the controller names veths with: the first one.
+    pub fn veth_prefix(&self) -> &str {
+        self.interface_prefix.first().map_or("cali", String::as_str)
+    }
+}
+
+/// Parses a hex mark mask, with or without `0x`.
+pub fn parse_hex_u32(s: &str) -> Result<u32, String> {
+    let digits = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
+    u32::from_str_radix(digits, 16).map_err(|e| format!("invalid hex mark mask {s:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        dp: DataplaneArgs,
+    }
+
+    #[test]
+    fn defaults_are_the_renderers_and_flags_map_onto_it() {
+        let d = Cli::parse_from(["x"]).dp.render_config();
+        assert_eq!(d, RenderConfig::default());
+        let c = Cli::parse_from([
+            "x",
+            "--mark-mask",
+            "0XFF00",
+            "--interface-prefix",
+            "tap,cali",
+            "--default-endpoint-to-host-action",
+            "Drop",
+            "--workload-source-spoofing",
+            "any",
+        ]);
+        assert_eq!(c.dp.veth_prefix(), "tap");
+        let cfg = c.dp.render_config();
+        assert_eq!(cfg.mark_mask, 0xff00);
+        assert_eq!(cfg.interface_prefixes, ["tap", "cali"]);
+        assert_eq!(
+            cfg.default_endpoint_to_host_action,
+            EndpointToHostAction::Drop
+        );
+        assert_eq!(cfg.workload_source_spoofing, SourceSpoofing::Any);
+        assert!(Cli::try_parse_from(["x", "--mark-mask", "zz"]).is_err());
+    }
+}
