@@ -1,23 +1,32 @@
 //! `felixrs render` on the demo cluster and on a manifest set with a bad object.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn demo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/demo-cluster")
 }
 
-#[test]
-fn renders_the_demo_cluster_for_node_1() {
+/// `felixrs render --node-name node-1 <flags> --manifests <demo> <extra>`: it must succeed;
+/// returns (stdout, stderr).
+fn render(flags: &[&str], extra: &[&Path]) -> (String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_felixrs"))
-        .args(["render", "--node-name", "node-1", "--manifests"])
+        .args(["render", "--node-name", "node-1"])
+        .args(flags)
+        .arg("--manifests")
         .arg(demo())
+        .args(extra)
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{stderr}");
+    (String::from_utf8(out.stdout).unwrap(), stderr)
+}
+
+#[test]
+fn renders_the_demo_cluster_for_node_1() {
+    let (text, stderr) = render(&[], &[]);
     assert!(stderr.is_empty(), "demo cluster should be clean: {stderr}");
-    let text = String::from_utf8(out.stdout).unwrap();
     for want in [
         "# ipset restore (IPv4)",
         "# iptables-restore --noflush (IPv4, filter)",
@@ -46,17 +55,9 @@ fn reports_invalid_objects_and_renders_the_rest() {
         "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: broken, namespace: shop}\nspec:\n  podSelector: {}\n  ingress:\n    - ports: [{protocol: TCP, port: 70000}]\n",
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_felixrs"))
-        .args(["render", "--node-name", "node-1", "--manifests"])
-        .arg(demo())
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let (text, stderr) = render(&[], &[dir.path()]);
     assert!(stderr.contains("broken"), "object not named: {stderr}");
     assert!(stderr.contains("port"), "field not named: {stderr}");
-    let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("Start of tier security"), "rest not rendered");
 }
 
@@ -77,23 +78,8 @@ status: {phase: Running, podIP: 10.65.1.99}
 "#,
     )
     .unwrap();
-    let render = |flag: Option<&str>| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_felixrs"));
-        cmd.args(["render", "--node-name", "node-1"]);
-        if let Some(f) = flag {
-            cmd.args(["--workload-source-spoofing", f]);
-        }
-        let out = cmd
-            .arg("--manifests")
-            .arg(demo())
-            .arg(dir.path())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{stderr}");
-        String::from_utf8(out.stdout).unwrap()
-    };
-    let on = render(Some("any"));
+    let render = |flags: &[&str]| render(flags, &[dir.path()]).0;
+    let on = render(&["--workload-source-spoofing", "any"]);
     let skip: Vec<&str> = on
         .lines()
         .filter(|l| l.starts_with("-A cali-rpf-skip"))
@@ -107,7 +93,10 @@ status: {phase: Running, podIP: 10.65.1.99}
         on.contains("-j cali-rpf-skip"),
         "no jump to the skip chain:\n{on}"
     );
-    for off in [render(None), render(Some("Disabled"))] {
+    for off in [
+        render(&[]),
+        render(&["--workload-source-spoofing", "Disabled"]),
+    ] {
         assert!(!off.contains("cali-rpf-skip"), "{off}");
         assert!(off.contains("-m rpfilter --invert -j DROP"), "{off}");
     }
@@ -117,27 +106,17 @@ status: {phase: Running, podIP: 10.65.1.99}
 /// polices that prefix; the other dataplane flags are the agent's.
 #[test]
 fn dataplane_flags_are_the_agents() {
-    let out = Command::new(env!("CARGO_BIN_EXE_felixrs"))
-        .args([
-            "render",
-            "--node-name",
-            "node-1",
+    let (text, _) = render(
+        &[
             "--interface-prefix",
             "tap",
-        ])
-        .args([
             "--default-endpoint-to-host-action",
             "return",
             "--mark-mask",
             "0xff00",
-        ])
-        .arg("--manifests")
-        .arg(demo())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let text = String::from_utf8(out.stdout).unwrap();
+        ],
+        &[],
+    );
     let tw: Vec<&str> = text
         .lines()
         .filter(|l| l.starts_with(":cali-tw-"))

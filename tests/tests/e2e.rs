@@ -418,19 +418,21 @@ fn new_pod_fail_closed(env: &mut Env) -> Result<Vec<String>> {
     Ok(failures)
 }
 
-/// The conntrack flows in namespace `ns` whose original direction is UDP `src`:`sport` -> `dst`:80,
-/// one line each (empty when there are none).
-fn udp_flows(
+/// Runs `conntrack <command>` (`-L` or `-D`) in namespace `ns` on the flows whose original
+/// direction is UDP `src`:`sport` -> `dst`:80, returning the flow lines it printed.
+fn on_udp_flows(
     ns: &felixrs_test_support::netns::Netns,
+    command: &str,
     src: IpAddr,
     sport: u16,
     dst: IpAddr,
 ) -> Result<Vec<String>> {
     let (src, dst, sport) = (src.to_string(), dst.to_string(), sport.to_string());
     let family = if dst.contains(':') { "ipv6" } else { "ipv4" };
+    // Exit status 1 with "0 flow entries" is the normal answer when nothing matches.
     let out = ns.exec_unchecked(&[
         "conntrack",
-        "-L",
+        command,
         "-f",
         family,
         "-p",
@@ -451,6 +453,16 @@ fn udp_flows(
         .collect())
 }
 
+/// The conntrack flows of UDP `src`:`sport` -> `dst`:80 in `ns`, one line each.
+fn udp_flows(
+    ns: &felixrs_test_support::netns::Netns,
+    src: IpAddr,
+    sport: u16,
+    dst: IpAddr,
+) -> Result<Vec<String>> {
+    on_udp_flows(ns, "-L", src, sport, dst)
+}
+
 /// Deletes the flows [`udp_flows`] would list.
 fn delete_udp_flows(
     ns: &felixrs_test_support::netns::Netns,
@@ -458,26 +470,7 @@ fn delete_udp_flows(
     sport: u16,
     dst: IpAddr,
 ) -> Result<()> {
-    let (src, dst, sport) = (src.to_string(), dst.to_string(), sport.to_string());
-    let family = if dst.contains(':') { "ipv6" } else { "ipv4" };
-    // Exit status 1 with "0 flow entries" is the normal answer when there is nothing to delete.
-    ns.exec_unchecked(&[
-        "conntrack",
-        "-D",
-        "-f",
-        family,
-        "-p",
-        "udp",
-        "--orig-src",
-        &src,
-        "--orig-dst",
-        &dst,
-        "--sport",
-        &sport,
-        "--dport",
-        "80",
-    ])?;
-    Ok(())
+    on_udp_flows(ns, "-D", src, sport, dst).map(drop)
 }
 
 /// Sends three UDP datagrams to `dst`:80 from `src`:`sport`, inside namespace `ns`.
