@@ -1,7 +1,8 @@
-//! Property test: a small packet evaluator over the rendered chains (mark bits, addresses,
-//! protocols, ports, set membership) agrees with a direct evaluation of the `ParsedRule`
-//! semantics. This is what shows the scratch-mark OR blocks are correct for any number of blocks
-//! (Felix's TB-not-cleared bug would fail here with three or more positive blocks).
+//! Property test: the packet evaluator over the rendered chains (`iptables::render::trace`: mark
+//! bits, addresses, protocols, ports, set membership, jumps) agrees with a direct evaluation of the
+//! `ParsedRule` semantics. This is what shows the scratch-mark OR blocks are correct for any
+//! number of blocks (Felix's TB-not-cleared bug would fail here with three or more positive
+//! blocks).
 
 mod render_support;
 
@@ -11,8 +12,8 @@ use std::net::IpAddr;
 use calc_graph::proto::*;
 use ipnet::IpNet;
 use iptables::apply::{IpSetSpec, TableName};
-use iptables::render::ir::{Match, Rule, SetFlags, Side, Target};
-use iptables::render::{MarkBits, RenderConfig, Renderer};
+use iptables::render::ir::{Match, Rule, Target};
+use iptables::render::{MarkBits, RenderConfig, Renderer, trace};
 use proptest::prelude::*;
 use render_support::*;
 
@@ -150,75 +151,37 @@ fn direct_verdict(
     Verdict::NoMatch
 }
 
-// === the evaluator of rendered chains ===
+// === the evaluator of rendered chains: the library's `render::trace` ===
 
-fn kernel_in_set(spec: &IpSetSpec, a: IpAddr, proto: u8, port: u16, two: bool) -> bool {
-    spec.members.iter().any(|m| match m {
-        IpSetMember::Net(n) => !two && n.contains(&a),
-        IpSetMember::IpPort {
-            addr,
-            protocol,
-            port: p,
-        } => two && *addr == a && protocol.number() == proto && *p == port,
-    })
+/// The chain under test and the kernel's view of the sets, for the library evaluator.
+struct OneChain<'a> {
+    rules: &'a [Rule],
+    sets: &'a BTreeMap<String, IpSetSpec>,
 }
 
-fn rule_matches(m: &Match, pkt: &Packet, mark: u32, sets: &BTreeMap<String, IpSetSpec>) -> bool {
-    match m {
-        Match::Protocol { proto, negated } => (proto.number() == pkt.proto) != *negated,
-        Match::Net { side, net, negated } => {
-            let a = if *side == Side::Src { pkt.src } else { pkt.dst };
-            net.contains(&a) != *negated
-        }
-        Match::Set {
-            name,
-            flags,
-            negated,
-        } => {
-            let spec = &sets[name];
-            let hit = match flags {
-                SetFlags::Src => kernel_in_set(spec, pkt.src, pkt.proto, pkt.sport, false),
-                SetFlags::Dst => kernel_in_set(spec, pkt.dst, pkt.proto, pkt.dport, false),
-                SetFlags::SrcSrc => kernel_in_set(spec, pkt.src, pkt.proto, pkt.sport, true),
-                SetFlags::DstDst => kernel_in_set(spec, pkt.dst, pkt.proto, pkt.dport, true),
-            };
-            hit != *negated
-        }
-        Match::Ports {
-            side,
-            ports,
-            negated,
-        } => {
-            let p = if *side == Side::Src {
-                pkt.sport
-            } else {
-                pkt.dport
-            };
-            assert!(
-                ports
-                    .iter()
-                    .map(|r| if r.first == r.last { 1 } else { 2 })
-                    .sum::<usize>()
-                    <= 15
-            );
-            in_ports(p, ports) != *negated
-        }
-        Match::Icmp {
-            type_,
-            code,
-            negated,
-            ..
-        } => {
-            let hit = *type_ == pkt.icmp_type && code.is_none_or(|c| c == pkt.icmp_code);
-            hit != *negated
-        }
-        Match::Mark {
-            value,
-            mask,
-            negated,
-        } => ((mark & mask) == *value) != *negated,
-        other => panic!("unexpected match in a policy chain: {other:?}"),
+impl trace::Rules for OneChain<'_> {
+    fn chain(&self, name: &str) -> Option<&[Rule]> {
+        (name == "under-test").then_some(self.rules)
     }
+    fn set_contains(&self, name: &str, addr: IpAddr, proto: u8, port: u16) -> Option<bool> {
+        let spec = self.sets.get(name)?;
+        Some(
+            spec.members
+                .iter()
+                .any(|m| trace::member_holds(m, addr, proto, port)),
+        )
+    }
+}
+
+/// The packet as the evaluator takes it: conntrack NEW, from `eth0` out of the workload's `cali0`.
+fn traced(pkt: &Packet, mark: u32) -> trace::Packet {
+    let mut p = trace::Packet::new(pkt.src, pkt.dst, pkt.proto, pkt.sport, pkt.dport);
+    p.icmp_type = pkt.icmp_type;
+    p.icmp_code = pkt.icmp_code;
+    p.in_iface = "eth0".into();
+    p.out_iface = "cali0".into();
+    p.mark = mark;
+    p
 }
 
 fn eval_chain(
@@ -228,7 +191,6 @@ fn eval_chain(
     start_mark: u32,
     sets: &BTreeMap<String, IpSetSpec>,
 ) -> Verdict {
-    let mut mark = start_mark;
     for r in rules {
         // iptables refuses these combinations; the renderer must never produce them.
         let has_proto = r
@@ -241,24 +203,25 @@ fn eval_chain(
         {
             assert!(has_proto, "ports/icmp without -p: {r:?}");
         }
-        if !r.matches.iter().all(|m| rule_matches(m, pkt, mark, sets)) {
-            continue;
-        }
-        match &r.target {
-            Some(Target::SetMark { value, mask }) => mark = (mark & !mask) | value,
-            Some(Target::ClearMark(mask)) => mark &= !mask,
-            Some(Target::Return) => break,
-            Some(Target::Drop) => return Verdict::Deny,
-            Some(Target::Log { .. } | Target::Nflog { .. }) | None => {}
-            Some(other) => panic!("unexpected target in a policy chain: {other:?}"),
-        }
+        assert!(
+            !matches!(
+                r.target,
+                Some(Target::Accept | Target::Jump(_) | Target::Goto(_))
+            ),
+            "unexpected target in a policy chain: {r:?}"
+        );
     }
-    if mark & marks.accept != 0 {
-        Verdict::Allow
-    } else if mark & marks.pass != 0 {
-        Verdict::Pass
-    } else {
-        Verdict::NoMatch
+    let t = trace::trace(
+        &OneChain { rules, sets },
+        "under-test",
+        &traced(pkt, start_mark),
+    )
+    .expect("traceable");
+    match t.outcome {
+        trace::Outcome::Drop => Verdict::Deny,
+        _ if t.mark & marks.accept != 0 => Verdict::Allow,
+        _ if t.mark & marks.pass != 0 => Verdict::Pass,
+        _ => Verdict::NoMatch,
     }
 }
 
@@ -568,56 +531,6 @@ proptest! {
 
 // === whole endpoint chains: tiers, pass, profiles ===
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Outcome {
-    Accept,
-    Drop,
-    Return,
-}
-
-/// Runs a chain with jumps and gotos (conntrack state NEW: established/invalid never match).
-fn run_chain(
-    r: &Renderer,
-    name: &str,
-    pkt: &Packet,
-    mark: &mut u32,
-    sets: &BTreeMap<String, IpSetSpec>,
-) -> Outcome {
-    let rules = r
-        .chain(IpVersion::V4, TableName::Filter, name)
-        .unwrap_or_else(|| panic!("jump to missing chain {name}"));
-    for rule in rules {
-        // The packet leaves through the workload's interface `cali0` and arrived on `eth0`.
-        let iface_hit = |pat: &str, name: &str| match pat.strip_suffix('+') {
-            Some(prefix) => name.starts_with(prefix),
-            None => pat == name,
-        };
-        let hit = rule.matches.iter().all(|m| match m {
-            Match::Conntrack { negated, .. } => *negated,
-            Match::OutIface(i) => iface_hit(i, "cali0"),
-            Match::InIface(i) => iface_hit(i, "eth0"),
-            other => rule_matches(other, pkt, *mark, sets),
-        });
-        if !hit {
-            continue;
-        }
-        match &rule.target {
-            Some(Target::SetMark { value, mask }) => *mark = (*mark & !mask) | value,
-            Some(Target::ClearMark(mask)) => *mark &= !mask,
-            Some(Target::Return) => return Outcome::Return,
-            Some(Target::Drop) => return Outcome::Drop,
-            Some(Target::Accept) => return Outcome::Accept,
-            Some(Target::Jump(c)) => match run_chain(r, c, pkt, mark, sets) {
-                Outcome::Return => {}
-                other => return other,
-            },
-            Some(Target::Goto(c)) => return run_chain(r, c, pkt, mark, sets),
-            Some(Target::Log { .. } | Target::Nflog { .. }) | None => {}
-        }
-    }
-    Outcome::Return
-}
-
 fn arb_simple_rule() -> impl Strategy<Value = ParsedRule> {
     (
         prop::sample::select(vec![
@@ -730,19 +643,20 @@ proptest! {
         prop_assert!(r.apply_all(outputs).is_empty());
         prop_assert!(r.flush().is_empty());
         let marks = *r.marks();
-        let sets = BTreeMap::new();
         for p in &packets {
             let mut pkt = *p;
             if pkt.proto == 58 {
                 pkt.proto = 1;
             }
             // As cali-FORWARD leaves it: pass and scratch bits clear, accept arbitrary.
-            let mut mark = junk & !(marks.pass | marks.scratch0 | marks.scratch1 | marks.drop);
-            let got = match run_chain(&r, "cali-to-wl-dispatch", &pkt, &mut mark, &sets) {
-                Outcome::Drop => Verdict::Deny,
-                Outcome::Accept => Verdict::Allow,
-                Outcome::Return if mark & marks.accept != 0 => Verdict::Allow,
-                Outcome::Return => Verdict::Deny,
+            let mark = junk & !(marks.pass | marks.scratch0 | marks.scratch1 | marks.drop);
+            let rules = trace::RendererRules { renderer: &r, version: IpVersion::V4, table: TableName::Filter };
+            let t = trace::trace(&rules, "cali-to-wl-dispatch", &traced(&pkt, mark)).expect("traceable");
+            let got = match t.outcome {
+                trace::Outcome::Drop => Verdict::Deny,
+                trace::Outcome::Accept => Verdict::Allow,
+                trace::Outcome::Return if t.mark & marks.accept != 0 => Verdict::Allow,
+                trace::Outcome::Return => Verdict::Deny,
             };
             let want = direct_endpoint(&tiers, &profiles, &pkt);
             prop_assert_eq!(got, want, "packet {:?}", pkt);

@@ -88,6 +88,7 @@ pub mod names;
 pub mod rule;
 mod state;
 pub mod static_chains;
+pub mod trace;
 
 use calc_graph::proto::{EndpointId, PolicyId};
 

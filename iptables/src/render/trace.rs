@@ -1,0 +1,546 @@
+//! A packet's way through rendered chains (pure): the rules it matches, what each of them does,
+//! and where it ends. This is the evaluator behind `felixrs trace` ("which rule decides this
+//! packet?"), and the renderer's property tests check it against the policy semantics.
+//!
+//! It evaluates the renderer's own rules as the kernel would for one packet: interfaces with `+`
+//! wildcards, addresses and ports, IP set membership (`hash:net` one-dimensional, `hash:ip,port`
+//! two-dimensional), ICMP type/code, mark bits (rules may change them), conntrack state and
+//! jumps, gotos and returns. Routing is not modelled: the caller says which interfaces the packet
+//! arrives on and leaves by, and `-m rpfilter` is refused.
+
+use std::net::IpAddr;
+
+use calc_graph::proto::{IpSetMember, IpVersion};
+
+use super::Renderer;
+use super::ir::{CtStates, Match, Rule, SetFlags, Side, Target};
+use crate::apply::TableName;
+
+/// How deep jumps may nest before the trace gives up (our chains nest at most 5 deep).
+const MAX_DEPTH: usize = 32;
+
+/// The packet's conntrack state as rules see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConntrackState {
+    New,
+    Established,
+    Related,
+    Invalid,
+}
+
+/// One packet, as the filter table sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Packet {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    /// IP protocol number (6 TCP, 17 UDP, 132 SCTP, 1 ICMP, 58 ICMPv6).
+    pub proto: u8,
+    pub sport: u16,
+    pub dport: u16,
+    pub icmp_type: u8,
+    pub icmp_code: u8,
+    pub in_iface: String,
+    pub out_iface: String,
+    pub conntrack: ConntrackState,
+    /// The packet mark on entry.
+    pub mark: u32,
+}
+
+impl Packet {
+    /// A new (conntrack NEW, unmarked) packet.
+    pub fn new(src: IpAddr, dst: IpAddr, proto: u8, sport: u16, dport: u16) -> Self {
+        Packet {
+            src,
+            dst,
+            proto,
+            sport,
+            dport,
+            icmp_type: 0,
+            icmp_code: 0,
+            in_iface: String::new(),
+            out_iface: String::new(),
+            conntrack: ConntrackState::New,
+            mark: 0,
+        }
+    }
+
+    pub fn version(&self) -> IpVersion {
+        if self.src.is_ipv6() {
+            IpVersion::V6
+        } else {
+            IpVersion::V4
+        }
+    }
+}
+
+/// What a matched rule did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    Accept,
+    Drop,
+    Return,
+    Jump(String),
+    Goto(String),
+    /// The mark after the rule (`MARK --set-mark` or its clearing form).
+    Mark(u32),
+    /// `LOG`/`NFLOG`, or a rule without a target: the packet goes on.
+    Continue,
+}
+
+/// One matched rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    pub chain: String,
+    /// 1-based, as `iptables -L --line-numbers` counts.
+    pub rule: usize,
+    /// How deep in jumps the chain is (0 for the chain the trace started in).
+    pub depth: usize,
+    pub effect: Effect,
+}
+
+/// How the trace ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Accept,
+    Drop,
+    /// The starting chain returned (or ran out of rules): the caller's chain goes on.
+    Return,
+}
+
+/// A whole trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trace {
+    pub steps: Vec<Step>,
+    pub outcome: Outcome,
+    /// The mark when the trace ended.
+    pub mark: u32,
+}
+
+/// Why a packet could not be traced.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TraceError {
+    #[error("chain {chain} does not exist (reached from {from})")]
+    MissingChain { chain: String, from: String },
+    #[error("ip set {set} does not exist (used by {chain} rule {rule})")]
+    MissingSet {
+        set: String,
+        chain: String,
+        rule: usize,
+    },
+    #[error("{chain} rule {rule}: {what} cannot be evaluated without routing")]
+    Unsupported {
+        chain: String,
+        rule: usize,
+        what: &'static str,
+    },
+    #[error("jumps nest deeper than {MAX_DEPTH} at {chain}")]
+    TooDeep { chain: String },
+}
+
+/// Where the evaluator reads chains and IP set membership.
+pub trait Rules {
+    fn chain(&self, name: &str) -> Option<&[Rule]>;
+    /// Whether set `name` holds the address (one-dimensional set) or the address, protocol and
+    /// port (two-dimensional set); `None` if there is no such set.
+    fn set_contains(&self, name: &str, addr: IpAddr, proto: u8, port: u16) -> Option<bool>;
+}
+
+/// A renderer's chains of one family and table.
+pub struct RendererRules<'a> {
+    pub renderer: &'a Renderer,
+    pub version: IpVersion,
+    pub table: TableName,
+}
+
+impl Rules for RendererRules<'_> {
+    fn chain(&self, name: &str) -> Option<&[Rule]> {
+        self.renderer.chain(self.version, self.table, name)
+    }
+
+    fn set_contains(&self, name: &str, addr: IpAddr, proto: u8, port: u16) -> Option<bool> {
+        let spec = self.renderer.set_members(self.version, name)?;
+        Some(
+            spec.members
+                .iter()
+                .any(|m| member_holds(m, addr, proto, port)),
+        )
+    }
+}
+
+/// Whether one set member holds the probe (a net holds an address; an `ip,port` member holds
+/// exactly that address, protocol and port).
+pub fn member_holds(m: &IpSetMember, addr: IpAddr, proto: u8, port: u16) -> bool {
+    match m {
+        IpSetMember::Net(n) => n.contains(&addr),
+        IpSetMember::IpPort {
+            addr: a,
+            protocol,
+            port: p,
+        } => *a == addr && protocol.number() == proto && *p == port,
+    }
+}
+
+/// Traces `pkt` from chain `start`.
+pub fn trace(rules: &dyn Rules, start: &str, pkt: &Packet) -> Result<Trace, TraceError> {
+    let mut t = Tracer {
+        rules,
+        pkt,
+        mark: pkt.mark,
+        steps: Vec::new(),
+    };
+    let Some(chain) = rules.chain(start) else {
+        return Err(TraceError::MissingChain {
+            chain: start.to_string(),
+            from: "the start".into(),
+        });
+    };
+    let outcome = t.run(start, chain, 0)?;
+    Ok(Trace {
+        steps: t.steps,
+        outcome,
+        mark: t.mark,
+    })
+}
+
+struct Tracer<'a> {
+    rules: &'a dyn Rules,
+    pkt: &'a Packet,
+    mark: u32,
+    steps: Vec<Step>,
+}
+
+fn iface_matches(pattern: &str, iface: &str) -> bool {
+    match pattern.strip_suffix('+') {
+        Some(prefix) => iface.starts_with(prefix),
+        None => pattern == iface,
+    }
+}
+
+impl Tracer<'_> {
+    fn run(&mut self, name: &str, rules: &[Rule], depth: usize) -> Result<Outcome, TraceError> {
+        if depth > MAX_DEPTH {
+            return Err(TraceError::TooDeep {
+                chain: name.to_string(),
+            });
+        }
+        for (i, rule) in rules.iter().enumerate() {
+            let index = i + 1;
+            if !self.matches(name, index, rule)? {
+                continue;
+            }
+            let mut step = |effect| {
+                self.steps.push(Step {
+                    chain: name.to_string(),
+                    rule: index,
+                    depth,
+                    effect,
+                })
+            };
+            match &rule.target {
+                None | Some(Target::Log { .. } | Target::Nflog { .. }) => step(Effect::Continue),
+                Some(Target::Accept) => {
+                    step(Effect::Accept);
+                    return Ok(Outcome::Accept);
+                }
+                Some(Target::Drop) => {
+                    step(Effect::Drop);
+                    return Ok(Outcome::Drop);
+                }
+                Some(Target::Return) => {
+                    step(Effect::Return);
+                    return Ok(Outcome::Return);
+                }
+                Some(Target::SetMark { value, mask }) => {
+                    let mark = (self.mark & !mask) | value;
+                    step(Effect::Mark(mark));
+                    self.mark = mark;
+                }
+                Some(Target::ClearMark(mask)) => {
+                    let mark = self.mark & !mask;
+                    step(Effect::Mark(mark));
+                    self.mark = mark;
+                }
+                Some(Target::Jump(next)) => {
+                    step(Effect::Jump(next.clone()));
+                    match self.enter(name, next, depth + 1)? {
+                        Outcome::Return => {}
+                        end => return Ok(end),
+                    }
+                }
+                Some(Target::Goto(next)) => {
+                    step(Effect::Goto(next.clone()));
+                    return self.enter(name, next, depth + 1);
+                }
+            }
+        }
+        Ok(Outcome::Return)
+    }
+
+    fn enter(&mut self, from: &str, name: &str, depth: usize) -> Result<Outcome, TraceError> {
+        let rules = self.rules;
+        let chain = rules.chain(name).ok_or_else(|| TraceError::MissingChain {
+            chain: name.to_string(),
+            from: from.to_string(),
+        })?;
+        self.run(name, chain, depth)
+    }
+
+    fn matches(&self, chain: &str, rule: usize, r: &Rule) -> Result<bool, TraceError> {
+        for m in &r.matches {
+            if !self.match_one(chain, rule, m)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    fn match_one(&self, chain: &str, rule: usize, m: &Match) -> Result<bool, TraceError> {
+        let pkt = self.pkt;
+        Ok(match m {
+            Match::Protocol { proto, negated } => (proto.number() == pkt.proto) != *negated,
+            Match::Net { side, net, negated } => {
+                let a = if *side == Side::Src { pkt.src } else { pkt.dst };
+                net.contains(&a) != *negated
+            }
+            Match::InIface(p) => iface_matches(p, &pkt.in_iface),
+            Match::OutIface(p) => iface_matches(p, &pkt.out_iface),
+            Match::Set {
+                name,
+                flags,
+                negated,
+            } => {
+                let (addr, port) = match flags {
+                    SetFlags::Src | SetFlags::SrcSrc => (pkt.src, pkt.sport),
+                    SetFlags::Dst | SetFlags::DstDst => (pkt.dst, pkt.dport),
+                };
+                let hit = self
+                    .rules
+                    .set_contains(name, addr, pkt.proto, port)
+                    .ok_or_else(|| TraceError::MissingSet {
+                        set: name.clone(),
+                        chain: chain.to_string(),
+                        rule,
+                    })?;
+                hit != *negated
+            }
+            Match::Ports {
+                side,
+                ports,
+                negated,
+            } => {
+                let p = if *side == Side::Src {
+                    pkt.sport
+                } else {
+                    pkt.dport
+                };
+                ports.iter().any(|r| r.first <= p && p <= r.last) != *negated
+            }
+            Match::Icmp {
+                type_,
+                code,
+                negated,
+                ..
+            } => {
+                let hit = *type_ == pkt.icmp_type && code.is_none_or(|c| c == pkt.icmp_code);
+                hit != *negated
+            }
+            Match::Mark {
+                value,
+                mask,
+                negated,
+            } => ((self.mark & mask) == *value) != *negated,
+            Match::Conntrack { states, negated } => {
+                let hit = match states {
+                    CtStates::RelatedEstablished => matches!(
+                        pkt.conntrack,
+                        ConntrackState::Established | ConntrackState::Related
+                    ),
+                    CtStates::Invalid => pkt.conntrack == ConntrackState::Invalid,
+                };
+                hit != *negated
+            }
+            Match::Rpfilter { .. } => {
+                return Err(TraceError::Unsupported {
+                    chain: chain.to_string(),
+                    rule,
+                    what: "-m rpfilter",
+                });
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use calc_graph::proto::{PortRange, Protocol};
+
+    use super::*;
+
+    #[derive(Default)]
+    struct Fixed {
+        chains: BTreeMap<String, Vec<Rule>>,
+        sets: BTreeMap<String, Vec<IpSetMember>>,
+    }
+
+    impl Rules for Fixed {
+        fn chain(&self, name: &str) -> Option<&[Rule]> {
+            self.chains.get(name).map(Vec::as_slice)
+        }
+        fn set_contains(&self, name: &str, addr: IpAddr, proto: u8, port: u16) -> Option<bool> {
+            let members = self.sets.get(name)?;
+            Some(members.iter().any(|m| member_holds(m, addr, proto, port)))
+        }
+    }
+
+    fn tcp(dport: u16) -> Packet {
+        let mut p = Packet::new(
+            "10.0.0.1".parse().unwrap(),
+            "10.0.0.2".parse().unwrap(),
+            6,
+            40000,
+            dport,
+        );
+        p.in_iface = "cali1".into();
+        p.out_iface = "cali2".into();
+        p
+    }
+
+    fn ports(p: u16) -> Match {
+        Match::Ports {
+            side: Side::Dst,
+            ports: vec![PortRange { first: p, last: p }],
+            negated: false,
+        }
+    }
+
+    fn proto() -> Match {
+        Match::Protocol {
+            proto: Protocol::Tcp,
+            negated: false,
+        }
+    }
+
+    #[test]
+    fn jumps_marks_gotos_and_returns() {
+        let mut f = Fixed::default();
+        f.chains.insert(
+            "top".into(),
+            vec![
+                Rule::new(
+                    vec![Match::InIface("cali+".into())],
+                    Target::Jump("pol".into()),
+                ),
+                Rule::new(
+                    vec![Match::Mark {
+                        value: 0x10,
+                        mask: 0x10,
+                        negated: false,
+                    }],
+                    Target::Accept,
+                ),
+                Rule::new(vec![], Target::Drop),
+            ],
+        );
+        f.chains.insert(
+            "pol".into(),
+            vec![
+                Rule::new(vec![proto(), ports(80)], Target::Goto("allow".into())),
+                Rule::new(vec![], Target::Return),
+            ],
+        );
+        f.chains.insert(
+            "allow".into(),
+            vec![Rule::new(
+                vec![],
+                Target::SetMark {
+                    value: 0x10,
+                    mask: 0x10,
+                },
+            )],
+        );
+        let t = trace(&f, "top", &tcp(80)).unwrap();
+        assert_eq!(t.outcome, Outcome::Accept);
+        assert_eq!(t.mark, 0x10);
+        let path: Vec<(&str, usize, usize)> = t
+            .steps
+            .iter()
+            .map(|s| (s.chain.as_str(), s.rule, s.depth))
+            .collect();
+        assert_eq!(
+            path,
+            [("top", 1, 0), ("pol", 1, 1), ("allow", 1, 2), ("top", 2, 0)]
+        );
+        let t = trace(&f, "top", &tcp(81)).unwrap();
+        assert_eq!(t.outcome, Outcome::Drop);
+        assert_eq!(t.steps.last().unwrap().effect, Effect::Drop);
+        // Not from a workload interface: the jump is skipped.
+        let mut p = tcp(80);
+        p.in_iface = "eth0".into();
+        assert_eq!(trace(&f, "top", &p).unwrap().steps.len(), 1);
+    }
+
+    #[test]
+    fn sets_conntrack_and_errors() {
+        let mut f = Fixed::default();
+        f.sets.insert(
+            "s".into(),
+            vec![IpSetMember::Net("10.0.0.0/24".parse().unwrap())],
+        );
+        f.sets.insert(
+            "n".into(),
+            vec![IpSetMember::IpPort {
+                addr: "10.0.0.2".parse().unwrap(),
+                protocol: Protocol::Tcp,
+                port: 80,
+            }],
+        );
+        let set = |name: &str, flags| Match::Set {
+            name: name.into(),
+            flags,
+            negated: false,
+        };
+        f.chains.insert(
+            "c".into(),
+            vec![
+                Rule::new(
+                    vec![Match::Conntrack {
+                        states: CtStates::RelatedEstablished,
+                        negated: false,
+                    }],
+                    Target::Accept,
+                ),
+                Rule::new(
+                    vec![set("s", SetFlags::Src), set("n", SetFlags::DstDst)],
+                    Target::Accept,
+                ),
+                Rule::new(vec![set("missing", SetFlags::Dst)], Target::Accept),
+            ],
+        );
+        assert_eq!(trace(&f, "c", &tcp(80)).unwrap().outcome, Outcome::Accept);
+        let mut est = tcp(9);
+        est.conntrack = ConntrackState::Established;
+        assert_eq!(trace(&f, "c", &est).unwrap().steps[0].rule, 1);
+        assert_eq!(
+            trace(&f, "c", &tcp(81)),
+            Err(TraceError::MissingSet {
+                set: "missing".into(),
+                chain: "c".into(),
+                rule: 3
+            })
+        );
+        f.chains.insert(
+            "loop".into(),
+            vec![Rule::new(vec![], Target::Jump("loop".into()))],
+        );
+        assert!(matches!(
+            trace(&f, "loop", &tcp(80)),
+            Err(TraceError::TooDeep { .. })
+        ));
+        assert!(matches!(
+            trace(&f, "nope", &tcp(80)),
+            Err(TraceError::MissingChain { .. })
+        ));
+    }
+}
