@@ -24,8 +24,8 @@ pub enum EndpointToHost {
     Return,
 }
 
-/// Dataplane flags of `agent` and `render`.
-#[derive(Debug, Clone, clap::Args)]
+/// Dataplane flags of `agent`, `render` and `trace`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct DataplaneArgs {
     /// Mark bits the agent may use (hex).
     #[arg(long, env = "FELIXRS_MARK_MASK", default_value = "0xffff0000", value_parser = parse_hex_u32)]
@@ -59,6 +59,18 @@ pub struct DataplaneArgs {
         default_value = "disabled"
     )]
     pub workload_source_spoofing: WorkloadSourceSpoofing,
+}
+
+impl Default for DataplaneArgs {
+    /// The flags' defaults.
+    fn default() -> Self {
+        DataplaneArgs {
+            mark_mask: 0xffff_0000,
+            interface_prefix: vec!["cali".into()],
+            default_endpoint_to_host_action: EndpointToHost::Accept,
+            workload_source_spoofing: WorkloadSourceSpoofing::Disabled,
+        }
+    }
 }
 
 impl DataplaneArgs {
@@ -108,8 +120,9 @@ mod tests {
 
     #[test]
     fn defaults_are_the_renderers_and_flags_map_onto_it() {
-        let d = Cli::parse_from(["x"]).dp.render_config();
-        assert_eq!(d, RenderConfig::default());
+        let d = Cli::parse_from(["x"]).dp;
+        assert_eq!(d, DataplaneArgs::default());
+        assert_eq!(d.render_config(), RenderConfig::default());
         let c = Cli::parse_from([
             "x",
             "--mark-mask",

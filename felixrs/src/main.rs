@@ -24,6 +24,8 @@ enum Command {
     Agent(felixrs::agent::Args),
     /// Print what the agent would program for a node, from manifest files (no etcd, no root).
     Render(felixrs::render_cmd::Args),
+    /// Show which of a node's rules decide a packet between two pods, from manifest files.
+    Trace(felixrs::trace_cmd::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -38,5 +40,6 @@ fn main() -> std::process::ExitCode {
             }
         },
         Command::Render(args) => args.run(),
+        Command::Trace(args) => args.run(),
     }
 }

@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use calc_graph::proto::IpVersion;
+use calc_graph::proto::{IpVersion, Output};
 use iptables::apply::TableName;
 use iptables::apply::diff::{plan_table, render as render_ops};
 use iptables::apply::ipset::plan_updates;
@@ -33,6 +33,50 @@ pub struct Args {
     pub node_name: String,
     #[command(flatten)]
     pub dataplane: DataplaneArgs,
+}
+
+/// Manifests converted, run through the calculation graph for one node and rendered, as the
+/// agent would (shared by `render` and `trace`).
+pub struct NodeView {
+    pub renderer: Renderer,
+    /// Every resource the manifests converted to, by etcd key.
+    pub resources: BTreeMap<String, policy_controller::CalicoResource>,
+    /// The graph's outputs for the node, in order.
+    pub outputs: Vec<Output>,
+    /// One line per object that was skipped or rendered fail-closed.
+    pub problems: Vec<String>,
+}
+
+/// Loads `manifests` and renders them for `node_name` with the agent's dataplane flags.
+pub fn render_node(
+    manifests: &[PathBuf],
+    node_name: &str,
+    dataplane: &DataplaneArgs,
+) -> anyhow::Result<NodeView> {
+    let convert = ConvertOptions {
+        interface_prefix: dataplane.veth_prefix().to_string(),
+    };
+    let set = load_manifests(manifests, &convert).context("loading manifests")?;
+    let mut problems: Vec<String> = set.skipped.iter().map(|s| format!("skipped {s}")).collect();
+    let mut pipeline = GraphPipeline::new(node_name);
+    for (key, res) in &set.resources {
+        if let Err(e) = pipeline.update(key, Some(res.json.as_bytes())) {
+            problems.push(format!("skipped {key}: {e}"));
+        }
+    }
+    pipeline.in_sync();
+    let outputs = pipeline.flush();
+    let mut renderer =
+        Renderer::new(dataplane.render_config()).map_err(|e| anyhow::anyhow!("renderer: {e}"))?;
+    let mut errors = renderer.apply_all(outputs.clone());
+    errors.extend(renderer.flush());
+    problems.extend(errors.iter().map(|e| format!("render: {e}")));
+    Ok(NodeView {
+        renderer,
+        resources: set.resources,
+        outputs,
+        problems,
+    })
 }
 
 /// What `render` found, besides the text.
@@ -66,27 +110,12 @@ impl Args {
             node_name,
             dataplane,
         } = self;
-        let mut out = Rendered::default();
-        let convert = ConvertOptions {
-            interface_prefix: dataplane.veth_prefix().to_string(),
+        let node = render_node(&manifests, &node_name, &dataplane)?;
+        let renderer = node.renderer;
+        let mut out = Rendered {
+            problems: node.problems,
+            ..Rendered::default()
         };
-        let set = load_manifests(&manifests, &convert).context("loading manifests")?;
-        out.problems
-            .extend(set.skipped.iter().map(|s| format!("skipped {s}")));
-        let mut pipeline = GraphPipeline::new(&node_name);
-        for (key, res) in &set.resources {
-            if let Err(e) = pipeline.update(key, Some(res.json.as_bytes())) {
-                out.problems.push(format!("skipped {key}: {e}"));
-            }
-        }
-        pipeline.in_sync();
-        let outputs = pipeline.flush();
-        let mut renderer = Renderer::new(dataplane.render_config())
-            .map_err(|e| anyhow::anyhow!("renderer: {e}"))?;
-        let mut errors = renderer.apply_all(outputs);
-        errors.extend(renderer.flush());
-        out.problems
-            .extend(errors.iter().map(|e| format!("render: {e}")));
         for v in [IpVersion::V4, IpVersion::V6] {
             let desired = renderer.desired(v);
             let n = v.number();

@@ -1,0 +1,396 @@
+//! `felixrs trace`: which of a node's rules decide a packet between two pods (or addresses).
+//!
+//! The manifests are rendered for the node exactly as `felixrs render` does; the packet then runs
+//! through the filter table from `cali-FORWARD` with [`iptables::render::trace`], the evaluator the
+//! renderer's property tests check against the policy semantics. The packet arrives on the source
+//! pod's interface if that pod is on the node (else on `eth0`) and leaves by the destination pod's
+//! interface likewise; it is a new connection (conntrack NEW).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use calc_graph::model::Resource;
+use calc_graph::proto::{IpVersion, Output};
+use iptables::apply::TableName;
+use iptables::render::trace::{self, Effect, Outcome, Packet, RendererRules};
+use iptables::render::{names, static_chains};
+
+use crate::dataplane_args::DataplaneArgs;
+use crate::render_cmd::{NodeView, render_node};
+
+/// `felixrs trace`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Manifest files or directories (YAML/JSON, multi-document), as for `render`.
+    #[arg(long, required = true, num_args = 1..)]
+    pub manifests: Vec<PathBuf>,
+    /// The node whose rules to trace.
+    #[arg(long)]
+    pub node_name: String,
+    #[command(flatten)]
+    pub packet: PacketArgs,
+    #[command(flatten)]
+    pub dataplane: DataplaneArgs,
+}
+
+/// The packet to trace.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PacketArgs {
+    /// The source: a pod as `namespace/name`, or an address.
+    #[arg(long)]
+    pub from: String,
+    /// The destination: a pod as `namespace/name`, or an address.
+    #[arg(long)]
+    pub to: String,
+    /// tcp, udp, sctp, icmp (ICMPv6 over IPv6), or a protocol number.
+    #[arg(long, default_value = "tcp")]
+    pub protocol: String,
+    /// Destination port (TCP, UDP, SCTP).
+    #[arg(long, default_value_t = 80)]
+    pub port: u16,
+    /// Source port (TCP, UDP, SCTP).
+    #[arg(long, default_value_t = 40000)]
+    pub source_port: u16,
+    /// ICMP type (default: echo request, 8 or ICMPv6 128).
+    #[arg(long)]
+    pub icmp_type: Option<u8>,
+    /// ICMP code.
+    #[arg(long, default_value_t = 0)]
+    pub icmp_code: u8,
+    /// Use the pods' IPv6 addresses (with addresses, their family decides).
+    #[arg(long)]
+    pub ipv6: bool,
+}
+
+/// How a node's rules end a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Accept,
+    Drop,
+    /// `cali-FORWARD` returned without a verdict: the kernel's other FORWARD rules decide.
+    NotOurs,
+}
+
+/// A traced packet.
+pub struct Traced {
+    pub packet: Packet,
+    pub trace: trace::Trace,
+    pub verdict: Verdict,
+    from: End,
+    to: End,
+}
+
+/// A workload endpoint from the manifests.
+struct Pod {
+    id: String,
+    node: String,
+    iface: String,
+    addrs: Vec<IpAddr>,
+}
+
+/// One end of the packet.
+struct End {
+    addr: IpAddr,
+    /// The pod, if the end is one.
+    pod: Option<String>,
+    /// Its interface, if the pod is on the traced node.
+    local_iface: Option<String>,
+}
+
+impl Args {
+    pub fn run(self) -> std::process::ExitCode {
+        match self.trace() {
+            Ok((text, problems)) => {
+                for p in &problems {
+                    eprintln!("felixrs trace: {p}");
+                }
+                print!("{text}");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("felixrs trace: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        }
+    }
+
+    /// The report, and the objects that were skipped or rendered fail-closed.
+    pub fn trace(&self) -> anyhow::Result<(String, Vec<String>)> {
+        let view = render_node(&self.manifests, &self.node_name, &self.dataplane)?;
+        let traced = trace_packet(&view, &self.node_name, &self.packet)?;
+        let text = report(&view, &traced, &self.node_name);
+        Ok((text, view.problems))
+    }
+}
+
+/// Traces one packet through `view`'s rules for `node` (the view must be rendered for it).
+pub fn trace_packet(view: &NodeView, node: &str, p: &PacketArgs) -> anyhow::Result<Traced> {
+    let pods = pods(view);
+    let from = end(&pods, node, p.ipv6, &p.from, "--from")?;
+    let to = end(&pods, node, p.ipv6, &p.to, "--to")?;
+    if from.addr.is_ipv6() != to.addr.is_ipv6() {
+        bail!(
+            "--from {} and --to {} are of different families",
+            from.addr,
+            to.addr
+        );
+    }
+    let v6 = from.addr.is_ipv6();
+    let proto = protocol_number(&p.protocol, v6)?;
+    let mut pkt = Packet::new(from.addr, to.addr, proto, p.source_port, p.port);
+    pkt.icmp_type = p.icmp_type.unwrap_or(if v6 { 128 } else { 8 });
+    pkt.icmp_code = p.icmp_code;
+    pkt.in_iface = from.local_iface.clone().unwrap_or_else(|| "eth0".into());
+    pkt.out_iface = to.local_iface.clone().unwrap_or_else(|| "eth0".into());
+    let rules = RendererRules {
+        renderer: &view.renderer,
+        version: pkt.version(),
+        table: TableName::Filter,
+    };
+    let t = trace::trace(&rules, static_chains::FORWARD, &pkt)
+        .map_err(|e| anyhow::anyhow!("cannot trace: {e}"))?;
+    let accept = view.renderer.marks().accept;
+    let verdict = match t.outcome {
+        Outcome::Accept => Verdict::Accept,
+        Outcome::Drop => Verdict::Drop,
+        // FORWARD's appended hook accepts what policy accepted.
+        Outcome::Return if t.mark & accept != 0 => Verdict::Accept,
+        Outcome::Return => Verdict::NotOurs,
+    };
+    Ok(Traced {
+        packet: pkt,
+        trace: t,
+        verdict,
+        from,
+        to,
+    })
+}
+
+fn end(pods: &[Pod], node: &str, want_v6: bool, spec: &str, flag: &str) -> anyhow::Result<End> {
+    if let Ok(addr) = spec.parse::<IpAddr>() {
+        let pod = pods.iter().find(|p| p.addrs.contains(&addr));
+        return Ok(End {
+            addr,
+            pod: pod.map(|p| p.id.clone()),
+            local_iface: pod.filter(|p| p.node == node).map(|p| p.iface.clone()),
+        });
+    }
+    if !spec.contains('/') {
+        bail!("{flag} {spec:?}: want namespace/pod or an IP address");
+    }
+    let pod = pods.iter().find(|p| p.id == spec).with_context(|| {
+        format!("{flag} {spec:?}: no such pod with an address in the manifests")
+    })?;
+    let addr = *pod
+        .addrs
+        .iter()
+        .find(|a| a.is_ipv6() == want_v6)
+        .with_context(|| {
+            let family = if want_v6 { "IPv6" } else { "IPv4" };
+            format!("{flag} {spec:?}: the pod has no {family} address")
+        })?;
+    Ok(End {
+        addr,
+        pod: Some(pod.id.clone()),
+        local_iface: (pod.node == node).then(|| pod.iface.clone()),
+    })
+}
+
+/// The workload endpoints of the manifests (every node's).
+fn pods(view: &NodeView) -> Vec<Pod> {
+    let mut out = Vec::new();
+    for (key, res) in &view.resources {
+        if !key.contains("/workloadendpoints/") {
+            continue;
+        }
+        let Ok((_, Resource::WorkloadEndpoint(w))) =
+            Resource::from_etcd_validated(key, res.json.as_bytes())
+        else {
+            continue;
+        };
+        let ns = w.metadata.namespace.clone().unwrap_or_default();
+        let name = w
+            .spec
+            .pod
+            .clone()
+            .unwrap_or_else(|| w.metadata.name.clone());
+        out.push(Pod {
+            id: format!("{ns}/{name}"),
+            node: w.spec.node.clone().unwrap_or_default(),
+            iface: w.spec.interface_name.clone().unwrap_or_default(),
+            addrs: w.spec.ip_networks.iter().map(|n| n.addr()).collect(),
+        });
+    }
+    out
+}
+
+fn protocol_number(p: &str, v6: bool) -> anyhow::Result<u8> {
+    Ok(match p.to_ascii_lowercase().as_str() {
+        "tcp" => 6,
+        "udp" => 17,
+        "sctp" => 132,
+        "icmp" if v6 => 58,
+        "icmp" => 1,
+        "icmpv6" => 58,
+        other => other.parse().map_err(|_| {
+            anyhow::anyhow!("--protocol {p:?}: want tcp, udp, sctp, icmp or a number")
+        })?,
+    })
+}
+
+/// What each of our chains belongs to: endpoint, policy or profile, and direction.
+fn chain_owners(outputs: &[Output]) -> BTreeMap<String, String> {
+    let mut owners = BTreeMap::new();
+    for o in outputs {
+        for ingress in [true, false] {
+            let dir = if ingress { "ingress" } else { "egress" };
+            match o {
+                Output::PolicyUpdated(p) => {
+                    owners.insert(
+                        names::policy_chain_name(&p.id, ingress),
+                        format!("{dir} of {}", p.id),
+                    );
+                }
+                Output::ProfileUpdated(p) => {
+                    owners.insert(
+                        names::profile_chain_name(&p.id, ingress),
+                        format!("{dir} of profile {}", p.id),
+                    );
+                }
+                Output::EndpointUpdated(e) => {
+                    owners.insert(
+                        names::endpoint_chain_name(&e.interface_name, ingress),
+                        format!("{dir} of endpoint {}", e.id),
+                    );
+                }
+                _ => {}
+            }
+        }
+    }
+    owners
+}
+
+fn describe_packet(p: &Packet) -> String {
+    let name = match p.proto {
+        6 => "tcp",
+        17 => "udp",
+        132 => "sctp",
+        1 => "icmp",
+        58 => "icmpv6",
+        _ => "",
+    };
+    match p.proto {
+        6 | 17 | 132 => format!(
+            "{name} {} port {} -> {} port {}",
+            p.src, p.sport, p.dst, p.dport
+        ),
+        1 | 58 => format!(
+            "{name} type {} code {} {} -> {}",
+            p.icmp_type, p.icmp_code, p.src, p.dst
+        ),
+        n => format!("protocol {n} {} -> {}", p.src, p.dst),
+    }
+}
+
+fn describe_end(e: &End) -> String {
+    match (&e.pod, &e.local_iface) {
+        (Some(p), Some(i)) => format!("{p} (on this node, {i})"),
+        (Some(p), None) => format!("{p} (another node)"),
+        (None, _) => "no pod of the manifests".to_string(),
+    }
+}
+
+fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
+    let (pkt, from, to, t) = (&traced.packet, &traced.from, &traced.to, &traced.trace);
+    let marks = *view.renderer.marks();
+    let owners = chain_owners(&view.outputs);
+    let family = if pkt.version() == IpVersion::V6 {
+        "IPv6"
+    } else {
+        "IPv4"
+    };
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "packet: {} ({family}, new connection), on node {node}",
+        describe_packet(pkt)
+    );
+    let _ = writeln!(s, "  from {}: {}", pkt.src, describe_end(from));
+    let _ = writeln!(s, "  to   {}: {}", pkt.dst, describe_end(to));
+    let _ = writeln!(s, "  in on {}, out on {}", pkt.in_iface, pkt.out_iface);
+    let _ = writeln!(s, "rules the packet matched, in order:");
+    let mut deciders = Vec::new();
+    let mut mark = pkt.mark;
+    for step in &t.steps {
+        // As iptables-save prints it, with the `cali:` id to find it in the kernel's rules.
+        let rule = view
+            .renderer
+            .desired_ref(pkt.version())
+            .tables
+            .get(&TableName::Filter)
+            .and_then(|t| t.chains.get(&step.chain))
+            .and_then(|c| c.get(step.rule - 1));
+        let text = rule
+            .map(|r| format!("(cali:{}) {}", r.hash, r.body))
+            .unwrap_or_default();
+        let owner = owners
+            .get(&step.chain)
+            .map(|o| format!(" [{o}]"))
+            .unwrap_or_default();
+        let effect = match &step.effect {
+            Effect::Accept => "ACCEPT".to_string(),
+            Effect::Drop => "DROP".to_string(),
+            Effect::Return => "RETURN".to_string(),
+            Effect::Jump(c) => format!("jump to {c}"),
+            Effect::Goto(c) => format!("goto {c}"),
+            Effect::Mark(m) => format!("mark now {m:#x}"),
+            Effect::Continue => "continue".to_string(),
+        };
+        let indent = "  ".repeat(step.depth + 1);
+        let _ = writeln!(
+            s,
+            "{indent}{}{owner} rule {}: {text}\n{indent}  => {effect}",
+            step.chain, step.rule
+        );
+        let is_policy = owners
+            .get(&step.chain)
+            .is_some_and(|o| !o.contains("endpoint"));
+        let accepted_here = matches!(step.effect, Effect::Mark(m) if m & marks.accept != 0 && mark & marks.accept == 0);
+        if (is_policy && accepted_here) || step.effect == Effect::Drop {
+            let what = owners
+                .get(&step.chain)
+                .cloned()
+                .unwrap_or_else(|| step.chain.clone());
+            let verb = if step.effect == Effect::Drop {
+                "dropped"
+            } else {
+                "allowed"
+            };
+            deciders.push(format!(
+                "{verb} by {what} ({} rule {})",
+                step.chain, step.rule
+            ));
+        }
+        if let Effect::Mark(m) = step.effect {
+            mark = m;
+        }
+    }
+    let verdict = match traced.verdict {
+        Verdict::Accept if t.outcome == Outcome::Return => {
+            "ACCEPT (policy accepted it; FORWARD's appended felixrs rule accepts it)"
+        }
+        Verdict::Accept => "ACCEPT",
+        Verdict::Drop => "DROP",
+        Verdict::NotOurs => {
+            "NOT OURS (cali-FORWARD returned without a verdict: FORWARD's other rules and policy decide)"
+        }
+    };
+    let _ = writeln!(s, "verdict: {verdict}");
+    for d in deciders {
+        let _ = writeln!(s, "  {d}");
+    }
+    s
+}

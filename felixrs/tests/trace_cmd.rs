@@ -1,0 +1,160 @@
+//! `felixrs trace` on the demo cluster: verdicts and the policies named for them.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn trace(args: &[&str]) -> (bool, String, String) {
+    let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/demo-cluster");
+    let out = Command::new(env!("CARGO_BIN_EXE_felixrs"))
+        .args(["trace", "--node-name", "node-1", "--manifests"])
+        .arg(demo)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn verdict(text: &str) -> &str {
+    text.lines()
+        .find_map(|l| l.strip_prefix("verdict: "))
+        .unwrap_or_else(|| panic!("no verdict in:\n{text}"))
+}
+
+#[test]
+fn an_allowed_connection_names_the_policies_that_allowed_it() {
+    let (ok, text, err) = trace(&[
+        "--from",
+        "shop/web-0",
+        "--to",
+        "shop/db-0",
+        "--port",
+        "5432",
+    ]);
+    assert!(ok, "{err}");
+    assert!(verdict(&text).starts_with("ACCEPT"), "{text}");
+    for want in [
+        "allowed by egress of NetworkPolicy shop/knp.default.web",
+        "allowed by ingress of NetworkPolicy shop/knp.default.db-from-web",
+        "in on cali",
+        // Rules are shown as iptables-save prints them, with their ids.
+        "(cali:",
+        "-j MARK --set-xmark 0x10000/0x10000",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn a_denied_connection_names_the_rule_that_dropped_it() {
+    // web's egress allows only db:5432 and DNS: the end of the default tier drops it.
+    let (ok, text, err) = trace(&["--from", "shop/web-0", "--to", "shop/db-0", "--port", "22"]);
+    assert!(ok, "{err}");
+    assert_eq!(verdict(&text), "DROP", "{text}");
+    assert!(
+        text.contains("dropped by egress of endpoint shop/")
+            && text.contains("End of tier default"),
+        "{text}"
+    );
+    // An address the security tier blocks, towards web's http port.
+    let (ok, text, err) = trace(&[
+        "--from",
+        "198.51.100.7",
+        "--to",
+        "shop/web-0",
+        "--port",
+        "8080",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(verdict(&text), "DROP", "{text}");
+    assert!(
+        text.contains("dropped by ingress of GlobalNetworkPolicy security.block-bad-ranges"),
+        "{text}"
+    );
+    // The same port from elsewhere passes the security tier and web's ipBlock rule.
+    let (ok, text, err) = trace(&[
+        "--from",
+        "203.0.113.9",
+        "--to",
+        "shop/web-0",
+        "--port",
+        "8080",
+    ]);
+    assert!(ok, "{err}");
+    assert!(verdict(&text).starts_with("ACCEPT"), "{text}");
+    assert!(
+        text.contains("from 203.0.113.9: no pod of the manifests"),
+        "{text}"
+    );
+}
+
+#[test]
+fn traffic_between_other_nodes_pods_is_not_ours() {
+    let (ok, text, err) = trace(&["--from", "shop/web-1", "--to", "monitoring/prometheus-0"]);
+    assert!(ok, "{err}");
+    assert!(verdict(&text).starts_with("NOT OURS"), "{text}");
+    assert!(text.contains("(another node)"), "{text}");
+}
+
+#[test]
+fn ipv6_and_icmp() {
+    // db-0 is dual-stack; web-0 is not, so its IPv6 end is refused, naming it.
+    let (ok, _, err) = trace(&["--from", "shop/web-0", "--to", "shop/db-0", "--ipv6"]);
+    assert!(!ok);
+    assert!(
+        err.contains("--from \"shop/web-0\": the pod has no IPv6 address"),
+        "{err}"
+    );
+    // Ping to db-0 over IPv6 from outside: db's ingress policy has no ICMP rule.
+    let (ok, text, err) = trace(&[
+        "--from",
+        "2001:db8::1",
+        "--to",
+        "shop/db-0",
+        "--ipv6",
+        "--protocol",
+        "icmp",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        text.contains("icmpv6 type 128 code 0 2001:db8::1 -> fd00:65:1::11"),
+        "{text}"
+    );
+    assert_eq!(verdict(&text), "DROP", "{text}");
+}
+
+#[test]
+fn bad_arguments_are_named() {
+    for (args, want) in [
+        (
+            vec!["--from", "shop/nope", "--to", "shop/db-0"],
+            "--from \"shop/nope\": no such pod",
+        ),
+        (
+            vec!["--from", "web-0", "--to", "shop/db-0"],
+            "--from \"web-0\": want namespace/pod",
+        ),
+        (
+            vec!["--from", "10.0.0.1", "--to", "fd00::1"],
+            "different families",
+        ),
+        (
+            vec![
+                "--from",
+                "shop/web-0",
+                "--to",
+                "shop/db-0",
+                "--protocol",
+                "gre",
+            ],
+            "--protocol \"gre\"",
+        ),
+    ] {
+        let (ok, _, err) = trace(&args);
+        assert!(!ok, "{args:?} succeeded");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
