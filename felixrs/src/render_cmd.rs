@@ -1,6 +1,7 @@
 //! `felixrs render`: manifests -> the payloads the agent would apply to an empty kernel.
 //!
-//! No etcd and no root: the manifests are converted as the controller would, fed through the
+//! No etcd and no root: the manifests are converted as the controller would (or the agent's
+//! persisted snapshot of the datastore is read, with `--state-dir`), fed through the
 //! calculation graph for one node and rendered; the ipset restore script and the iptables-restore
 //! transactions (per family and table) are printed. Objects that cannot be converted, decoded or
 //! rendered are reported on stderr (object and field) and the rest is still rendered.
@@ -19,15 +20,37 @@ use iptables::render::Renderer;
 use policy_controller::{ConvertOptions, load_manifests};
 
 use crate::agent::kernel::GraphPipeline;
+use crate::agent::snapshot::SnapshotStore;
 use crate::agent::state::Pipeline;
 use crate::dataplane_args::DataplaneArgs;
+
+/// Where the cluster's objects come from: manifests, or the agent's snapshot.
+#[derive(Debug, Clone, clap::Args)]
+#[group(required = true, multiple = false)]
+pub struct SourceArgs {
+    /// Manifest files or directories (YAML/JSON, multi-document).
+    #[arg(long, num_args = 1..)]
+    pub manifests: Vec<PathBuf>,
+    /// The agent's state directory (its `--state-dir`): use the datastore snapshot it persisted,
+    /// which is what it last programmed.
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+}
+
+impl SourceArgs {
+    pub fn manifests(paths: Vec<PathBuf>) -> Self {
+        SourceArgs {
+            manifests: paths,
+            state_dir: None,
+        }
+    }
+}
 
 /// `felixrs render`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// Manifest files or directories (YAML/JSON, multi-document).
-    #[arg(long, required = true, num_args = 1..)]
-    pub manifests: Vec<PathBuf>,
+    #[command(flatten)]
+    pub source: SourceArgs,
     /// The node to render for.
     #[arg(long)]
     pub node_name: String,
@@ -35,32 +58,64 @@ pub struct Args {
     pub dataplane: DataplaneArgs,
 }
 
-/// Manifests converted, run through the calculation graph for one node and rendered, as the
+/// The cluster's objects run through the calculation graph for one node and rendered, as the
 /// agent would (shared by `render` and `trace`).
 pub struct NodeView {
     pub renderer: Renderer,
-    /// Every resource the manifests converted to, by etcd key.
-    pub resources: BTreeMap<String, policy_controller::CalicoResource>,
+    /// Every datastore value, by etcd key (as the controller would write it, or as the snapshot
+    /// holds it).
+    pub resources: BTreeMap<String, Vec<u8>>,
+    /// The snapshot's datastore revision, when read from one.
+    pub revision: Option<i64>,
     /// The graph's outputs for the node, in order.
     pub outputs: Vec<Output>,
     /// One line per object that was skipped or rendered fail-closed.
     pub problems: Vec<String>,
 }
 
-/// Loads `manifests` and renders them for `node_name` with the agent's dataplane flags.
+/// Loads the objects and renders them for `node_name` with the agent's dataplane flags.
 pub fn render_node(
-    manifests: &[PathBuf],
+    source: &SourceArgs,
     node_name: &str,
     dataplane: &DataplaneArgs,
 ) -> anyhow::Result<NodeView> {
-    let convert = ConvertOptions {
-        interface_prefix: dataplane.veth_prefix().to_string(),
+    let mut problems = Vec::new();
+    let (resources, revision): (BTreeMap<String, Vec<u8>>, Option<i64>) = match &source.state_dir {
+        Some(dir) => {
+            let store = SnapshotStore::new(dir);
+            let snap = store
+                .load()
+                .with_context(|| format!("reading {}", store.path().display()))?
+                .with_context(|| {
+                    format!(
+                        "no snapshot at {} (the agent writes it once it is in sync)",
+                        store.path().display()
+                    )
+                })?;
+            let kvs = snap
+                .kvs
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_vec()))
+                .collect();
+            (kvs, Some(snap.revision))
+        }
+        None => {
+            let convert = ConvertOptions {
+                interface_prefix: dataplane.veth_prefix().to_string(),
+            };
+            let set = load_manifests(&source.manifests, &convert).context("loading manifests")?;
+            problems.extend(set.skipped.iter().map(|s| format!("skipped {s}")));
+            let kvs = set
+                .resources
+                .into_iter()
+                .map(|(k, r)| (k, r.json.into_bytes()))
+                .collect();
+            (kvs, None)
+        }
     };
-    let set = load_manifests(manifests, &convert).context("loading manifests")?;
-    let mut problems: Vec<String> = set.skipped.iter().map(|s| format!("skipped {s}")).collect();
     let mut pipeline = GraphPipeline::new(node_name);
-    for (key, res) in &set.resources {
-        if let Err(e) = pipeline.update(key, Some(res.json.as_bytes())) {
+    for (key, value) in &resources {
+        if let Err(e) = pipeline.update(key, Some(value)) {
             problems.push(format!("skipped {key}: {e}"));
         }
     }
@@ -73,7 +128,8 @@ pub fn render_node(
     problems.extend(errors.iter().map(|e| format!("render: {e}")));
     Ok(NodeView {
         renderer,
-        resources: set.resources,
+        resources,
+        revision,
         outputs,
         problems,
     })
@@ -106,16 +162,22 @@ impl Args {
 
     pub fn render(self) -> anyhow::Result<Rendered> {
         let Args {
-            manifests,
+            source,
             node_name,
             dataplane,
         } = self;
-        let node = render_node(&manifests, &node_name, &dataplane)?;
+        let node = render_node(&source, &node_name, &dataplane)?;
         let renderer = node.renderer;
         let mut out = Rendered {
             problems: node.problems,
             ..Rendered::default()
         };
+        if let Some(rev) = node.revision {
+            let _ = writeln!(
+                out.text,
+                "# from the agent's snapshot at datastore revision {rev}"
+            );
+        }
         for v in [IpVersion::V4, IpVersion::V6] {
             let desired = renderer.desired(v);
             let n = v.number();

@@ -9,7 +9,6 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::IpAddr;
-use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use calc_graph::model::Resource;
@@ -19,14 +18,13 @@ use iptables::render::trace::{self, Effect, Outcome, Packet, RendererRules};
 use iptables::render::{names, static_chains};
 
 use crate::dataplane_args::DataplaneArgs;
-use crate::render_cmd::{NodeView, render_node};
+use crate::render_cmd::{NodeView, SourceArgs, render_node};
 
 /// `felixrs trace`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// Manifest files or directories (YAML/JSON, multi-document), as for `render`.
-    #[arg(long, required = true, num_args = 1..)]
-    pub manifests: Vec<PathBuf>,
+    #[command(flatten)]
+    pub source: SourceArgs,
     /// The node whose rules to trace.
     #[arg(long)]
     pub node_name: String,
@@ -119,7 +117,7 @@ impl Args {
 
     /// The report, and the objects that were skipped or rendered fail-closed.
     pub fn trace(&self) -> anyhow::Result<(String, Vec<String>)> {
-        let view = render_node(&self.manifests, &self.node_name, &self.dataplane)?;
+        let view = render_node(&self.source, &self.node_name, &self.dataplane)?;
         let traced = trace_packet(&view, &self.node_name, &self.packet)?;
         let text = report(&view, &traced, &self.node_name);
         Ok((text, view.problems))
@@ -206,9 +204,7 @@ fn pods(view: &NodeView) -> Vec<Pod> {
         if !key.contains("/workloadendpoints/") {
             continue;
         }
-        let Ok((_, Resource::WorkloadEndpoint(w))) =
-            Resource::from_etcd_validated(key, res.json.as_bytes())
-        else {
+        let Ok((_, Resource::WorkloadEndpoint(w))) = Resource::from_etcd_validated(key, res) else {
             continue;
         };
         let ns = w.metadata.namespace.clone().unwrap_or_default();
@@ -318,6 +314,12 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
         "packet: {} ({family}, new connection), on node {node}",
         describe_packet(pkt)
     );
+    if let Some(rev) = view.revision {
+        let _ = writeln!(
+            s,
+            "  rules as the agent's snapshot at datastore revision {rev} renders them"
+        );
+    }
     let _ = writeln!(s, "  from {}: {}", pkt.src, describe_end(from));
     let _ = writeln!(s, "  to   {}: {}", pkt.dst, describe_end(to));
     let _ = writeln!(s, "  in on {}, out on {}", pkt.in_iface, pkt.out_iface);

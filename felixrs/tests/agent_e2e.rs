@@ -125,6 +125,28 @@ fn agent_syncs_applies_recovers_relists_and_restarts_from_snapshot() {
         s["snapshot_revision"].as_i64().unwrap_or(-1) >= rev
     });
     assert!(s["snapshot_revision"].as_i64().unwrap() >= rev, "{s}");
+
+    // The operator tools read what the agent persisted: its last programmed state.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_felixrs"))
+        .args(["render", "--node-name", "node-1", "--state-dir"])
+        .arg(&state_dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.starts_with("# from the agent's snapshot at datastore revision "),
+        "{text}"
+    );
+    let ports = |p: u16| {
+        text.lines()
+            .any(|l| l.starts_with("-A cali-pi-") && l.contains(&format!("--dports {p} ")))
+    };
+    assert!(ports(7002) && ports(7003) && !ports(7001), "{text}");
     drop(agent);
     etcd.stop();
 

@@ -158,3 +158,84 @@ fn bad_arguments_are_named() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+/// With `--state-dir`, render and trace read the agent's persisted snapshot instead of manifests,
+/// and give the same answers for the same objects.
+#[test]
+fn the_agents_snapshot_is_a_source() {
+    use felixrs::agent::snapshot::{Snapshot, SnapshotStore};
+    let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/demo-cluster");
+    let set = policy_controller::load_manifests(
+        std::slice::from_ref(&demo),
+        &policy_controller::ConvertOptions::default(),
+    )
+    .unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let kvs = set
+        .resources
+        .into_iter()
+        .map(|(k, r)| (k.as_str().into(), r.json.as_bytes().into()))
+        .collect();
+    SnapshotStore::new(state.path())
+        .save(&Snapshot { revision: 42, kvs })
+        .unwrap();
+    let run = |source: &[&std::ffi::OsStr], extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_felixrs"))
+            .args(extra)
+            .args(["--node-name", "node-1"])
+            .args(source)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let snap = [
+        std::ffi::OsStr::new("--state-dir"),
+        state.path().as_os_str(),
+    ];
+    let manifests = [std::ffi::OsStr::new("--manifests"), demo.as_os_str()];
+    let trace_args = [
+        "trace",
+        "--from",
+        "shop/web-0",
+        "--to",
+        "shop/db-0",
+        "--port",
+        "5432",
+    ];
+    let from_snap = run(&snap, &trace_args);
+    assert!(
+        from_snap.contains("snapshot at datastore revision 42"),
+        "{from_snap}"
+    );
+    assert!(verdict(&from_snap).starts_with("ACCEPT"), "{from_snap}");
+    let rendered_snap = run(&snap, &["render"]);
+    let rendered_manifests = run(&manifests, &["render"]);
+    assert_eq!(
+        rendered_snap.strip_prefix("# from the agent's snapshot at datastore revision 42\n"),
+        Some(rendered_manifests.as_str())
+    );
+
+    // No snapshot yet, or both sources: refused, saying why.
+    let empty = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_felixrs"))
+        .args(["render", "--node-name", "node-1", "--state-dir"])
+        .arg(empty.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no snapshot at"));
+    let out = Command::new(env!("CARGO_BIN_EXE_felixrs"))
+        .args(["render", "--node-name", "node-1", "--state-dir"])
+        .arg(state.path())
+        .arg("--manifests")
+        .arg(&demo)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
+}

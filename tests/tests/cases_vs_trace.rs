@@ -4,7 +4,7 @@
 //! on its node); one between pods on the same node through that node's.
 
 use felixrs::dataplane_args::DataplaneArgs;
-use felixrs::render_cmd::{NodeView, render_node};
+use felixrs::render_cmd::{NodeView, SourceArgs, render_node};
 use felixrs::trace_cmd::{PacketArgs, Verdict, trace_packet};
 use felixrs_e2e::cases::{self, Case, Expect};
 use felixrs_e2e::cases_v6;
@@ -24,6 +24,7 @@ fn mismatches(cases: &[Case], family: Family) -> (Vec<String>, usize) {
             .unwrap()
     };
     let dir = tempfile::tempdir().unwrap();
+    let source = SourceArgs::manifests(vec![dir.path().to_path_buf()]);
     let mut checked = 0;
     let mut bad = Vec::new();
     for case in cases {
@@ -35,7 +36,7 @@ fn mismatches(cases: &[Case], family: Family) -> (Vec<String>, usize) {
             .unwrap();
             let views: Vec<NodeView> = NODES
                 .iter()
-                .map(|n| render_node(&[dir.path().to_path_buf()], n, &DataplaneArgs::default()))
+                .map(|n| render_node(&source, n, &DataplaneArgs::default()))
                 .collect::<Result<_, _>>()
                 .unwrap();
             let mut expect = Expect::all_allowed(&ids, &step.probes);
