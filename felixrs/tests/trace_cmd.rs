@@ -3,12 +3,13 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-fn trace(args: &[&str]) -> (bool, String, String) {
+/// Runs `felixrs trace` on the demo cluster for node-1 with `args` (split at spaces).
+fn trace(args: &str) -> (bool, String, String) {
     let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/demo-cluster");
     let out = Command::new(env!("CARGO_BIN_EXE_felixrs"))
         .args(["trace", "--node-name", "node-1", "--manifests"])
         .arg(demo)
-        .args(args)
+        .args(args.split_whitespace())
         .output()
         .unwrap();
     (
@@ -26,14 +27,7 @@ fn verdict(text: &str) -> &str {
 
 #[test]
 fn an_allowed_connection_names_the_policies_that_allowed_it() {
-    let (ok, text, err) = trace(&[
-        "--from",
-        "shop/web-0",
-        "--to",
-        "shop/db-0",
-        "--port",
-        "5432",
-    ]);
+    let (ok, text, err) = trace("--from shop/web-0 --to shop/db-0 --port 5432");
     assert!(ok, "{err}");
     assert!(verdict(&text).starts_with("ACCEPT"), "{text}");
     for want in [
@@ -51,7 +45,7 @@ fn an_allowed_connection_names_the_policies_that_allowed_it() {
 #[test]
 fn a_denied_connection_names_the_rule_that_dropped_it() {
     // web's egress allows only db:5432 and DNS: the end of the default tier drops it.
-    let (ok, text, err) = trace(&["--from", "shop/web-0", "--to", "shop/db-0", "--port", "22"]);
+    let (ok, text, err) = trace("--from shop/web-0 --to shop/db-0 --port 22");
     assert!(ok, "{err}");
     assert_eq!(verdict(&text), "DROP", "{text}");
     assert!(
@@ -60,14 +54,7 @@ fn a_denied_connection_names_the_rule_that_dropped_it() {
         "{text}"
     );
     // An address the security tier blocks, towards web's http port.
-    let (ok, text, err) = trace(&[
-        "--from",
-        "198.51.100.7",
-        "--to",
-        "shop/web-0",
-        "--port",
-        "8080",
-    ]);
+    let (ok, text, err) = trace("--from 198.51.100.7 --to shop/web-0 --port 8080");
     assert!(ok, "{err}");
     assert_eq!(verdict(&text), "DROP", "{text}");
     assert!(
@@ -75,14 +62,7 @@ fn a_denied_connection_names_the_rule_that_dropped_it() {
         "{text}"
     );
     // The same port from elsewhere passes the security tier and web's ipBlock rule.
-    let (ok, text, err) = trace(&[
-        "--from",
-        "203.0.113.9",
-        "--to",
-        "shop/web-0",
-        "--port",
-        "8080",
-    ]);
+    let (ok, text, err) = trace("--from 203.0.113.9 --to shop/web-0 --port 8080");
     assert!(ok, "{err}");
     assert!(verdict(&text).starts_with("ACCEPT"), "{text}");
     assert!(
@@ -93,7 +73,7 @@ fn a_denied_connection_names_the_rule_that_dropped_it() {
 
 #[test]
 fn traffic_between_other_nodes_pods_is_not_ours() {
-    let (ok, text, err) = trace(&["--from", "shop/web-1", "--to", "monitoring/prometheus-0"]);
+    let (ok, text, err) = trace("--from shop/web-1 --to monitoring/prometheus-0");
     assert!(ok, "{err}");
     assert!(verdict(&text).starts_with("NOT OURS"), "{text}");
     assert!(text.contains("(another node)"), "{text}");
@@ -102,22 +82,14 @@ fn traffic_between_other_nodes_pods_is_not_ours() {
 #[test]
 fn ipv6_and_icmp() {
     // db-0 is dual-stack; web-0 is not, so its IPv6 end is refused, naming it.
-    let (ok, _, err) = trace(&["--from", "shop/web-0", "--to", "shop/db-0", "--ipv6"]);
+    let (ok, _, err) = trace("--from shop/web-0 --to shop/db-0 --ipv6");
     assert!(!ok);
     assert!(
         err.contains("--from \"shop/web-0\": the pod has no IPv6 address"),
         "{err}"
     );
     // Ping to db-0 over IPv6 from outside: db's ingress policy has no ICMP rule.
-    let (ok, text, err) = trace(&[
-        "--from",
-        "2001:db8::1",
-        "--to",
-        "shop/db-0",
-        "--ipv6",
-        "--protocol",
-        "icmp",
-    ]);
+    let (ok, text, err) = trace("--from 2001:db8::1 --to shop/db-0 --ipv6 --protocol icmp");
     assert!(ok, "{err}");
     assert!(
         text.contains("icmpv6 type 128 code 0 2001:db8::1 -> fd00:65:1::11"),
@@ -130,30 +102,20 @@ fn ipv6_and_icmp() {
 fn bad_arguments_are_named() {
     for (args, want) in [
         (
-            vec!["--from", "shop/nope", "--to", "shop/db-0"],
+            "--from shop/nope --to shop/db-0",
             "--from \"shop/nope\": no such pod",
         ),
         (
-            vec!["--from", "web-0", "--to", "shop/db-0"],
+            "--from web-0 --to shop/db-0",
             "--from \"web-0\": want namespace/pod",
         ),
+        ("--from 10.0.0.1 --to fd00::1", "different families"),
         (
-            vec!["--from", "10.0.0.1", "--to", "fd00::1"],
-            "different families",
-        ),
-        (
-            vec![
-                "--from",
-                "shop/web-0",
-                "--to",
-                "shop/db-0",
-                "--protocol",
-                "gre",
-            ],
+            "--from shop/web-0 --to shop/db-0 --protocol gre",
             "--protocol \"gre\"",
         ),
     ] {
-        let (ok, _, err) = trace(&args);
+        let (ok, _, err) = trace(args);
         assert!(!ok, "{args:?} succeeded");
         assert!(err.contains(want), "{args:?}: {err}");
     }
