@@ -237,33 +237,38 @@ fn protocol_number(p: &str, v6: bool) -> anyhow::Result<u8> {
     })
 }
 
-/// What each of our chains belongs to: endpoint, policy or profile, and direction.
-fn chain_owners(outputs: &[Output]) -> BTreeMap<String, String> {
+/// What one of our chains belongs to.
+struct Owner {
+    /// A policy's or profile's chain (where verdicts come from), not an endpoint's.
+    verdicts: bool,
+    what: String,
+}
+
+/// The owner of each policy, profile and endpoint chain, with its direction.
+fn chain_owners(outputs: &[Output]) -> BTreeMap<String, Owner> {
     let mut owners = BTreeMap::new();
     for o in outputs {
         for ingress in [true, false] {
             let dir = if ingress { "ingress" } else { "egress" };
-            match o {
-                Output::PolicyUpdated(p) => {
-                    owners.insert(
-                        names::policy_chain_name(&p.id, ingress),
-                        format!("{dir} of {}", p.id),
-                    );
-                }
-                Output::ProfileUpdated(p) => {
-                    owners.insert(
-                        names::profile_chain_name(&p.id, ingress),
-                        format!("{dir} of profile {}", p.id),
-                    );
-                }
-                Output::EndpointUpdated(e) => {
-                    owners.insert(
-                        names::endpoint_chain_name(&e.interface_name, ingress),
-                        format!("{dir} of endpoint {}", e.id),
-                    );
-                }
-                _ => {}
-            }
+            let (chain, verdicts, what) = match o {
+                Output::PolicyUpdated(p) => (
+                    names::policy_chain_name(&p.id, ingress),
+                    true,
+                    format!("{dir} of {}", p.id),
+                ),
+                Output::ProfileUpdated(p) => (
+                    names::profile_chain_name(&p.id, ingress),
+                    true,
+                    format!("{dir} of profile {}", p.id),
+                ),
+                Output::EndpointUpdated(e) => (
+                    names::endpoint_chain_name(&e.interface_name, ingress),
+                    false,
+                    format!("{dir} of endpoint {}", e.id),
+                ),
+                _ => continue,
+            };
+            owners.insert(chain, Owner { verdicts, what });
         }
     }
     owners
@@ -338,10 +343,8 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
         let text = rule
             .map(|r| format!("(cali:{}) {}", r.hash, r.body))
             .unwrap_or_default();
-        let owner = owners
-            .get(&step.chain)
-            .map(|o| format!(" [{o}]"))
-            .unwrap_or_default();
+        let owner = owners.get(&step.chain);
+        let label = owner.map(|o| format!(" [{}]", o.what)).unwrap_or_default();
         let effect = match &step.effect {
             Effect::Accept => "ACCEPT".to_string(),
             Effect::Drop => "DROP".to_string(),
@@ -354,18 +357,14 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
         let indent = "  ".repeat(step.depth + 1);
         let _ = writeln!(
             s,
-            "{indent}{}{owner} rule {}: {text}\n{indent}  => {effect}",
+            "{indent}{}{label} rule {}: {text}\n{indent}  => {effect}",
             step.chain, step.rule
         );
-        let is_policy = owners
-            .get(&step.chain)
-            .is_some_and(|o| !o.contains("endpoint"));
-        let accepted_here = matches!(step.effect, Effect::Mark(m) if m & marks.accept != 0 && mark & marks.accept == 0);
-        if (is_policy && accepted_here) || step.effect == Effect::Drop {
-            let what = owners
-                .get(&step.chain)
-                .cloned()
-                .unwrap_or_else(|| step.chain.clone());
+        // A policy or profile rule that sets the accept bit allowed the packet; any DROP ends it.
+        let accepted_here = owner.is_some_and(|o| o.verdicts)
+            && matches!(step.effect, Effect::Mark(m) if m & marks.accept != 0 && mark & marks.accept == 0);
+        if accepted_here || step.effect == Effect::Drop {
+            let what = owner.map_or(step.chain.as_str(), |o| o.what.as_str());
             let verb = if step.effect == Effect::Drop {
                 "dropped"
             } else {
