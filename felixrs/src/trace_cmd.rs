@@ -1,10 +1,12 @@
 //! `felixrs trace`: which of a node's rules decide a packet between two pods (or addresses).
 //!
-//! The manifests are rendered for the node exactly as `felixrs render` does; the packet then runs
-//! through the filter table from `cali-FORWARD` with [`iptables::render::trace`], the evaluator the
-//! renderer's property tests check against the policy semantics. The packet arrives on the source
-//! pod's interface if that pod is on the node (else on `eth0`) and leaves by the destination pod's
-//! interface likewise; it is a new connection (conntrack NEW).
+//! The objects are rendered for the node exactly as `felixrs render` does; the packet then runs
+//! through the filter table with [`iptables::render::trace`], the evaluator the renderer's property
+//! tests check against the policy semantics: from `cali-FORWARD` between pods and addresses, from
+//! `cali-INPUT` to the host itself (`--to host:ADDR`), from `cali-OUTPUT` from it (`--from
+//! host:ADDR`). The packet arrives on the source pod's interface if that pod is on the node (else
+//! on `eth0`) and leaves by the destination pod's interface likewise; it is a new connection
+//! (conntrack NEW).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -37,10 +39,10 @@ pub struct Args {
 /// The packet to trace.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PacketArgs {
-    /// The source: a pod as `namespace/name`, or an address.
+    /// The source: a pod as `namespace/name`, an address, or this node as `host:ADDR`.
     #[arg(long)]
     pub from: String,
-    /// The destination: a pod as `namespace/name`, or an address.
+    /// The destination: a pod as `namespace/name`, an address, or this node as `host:ADDR`.
     #[arg(long)]
     pub to: String,
     /// tcp, udp, sctp, icmp (ICMPv6 over IPv6), or a protocol number.
@@ -68,12 +70,24 @@ pub struct PacketArgs {
 pub enum Verdict {
     Accept,
     Drop,
-    /// `cali-FORWARD` returned without a verdict: the kernel's other FORWARD rules decide.
+    /// Our chain returned without a verdict: the kernel chain's other rules decide.
     NotOurs,
+}
+
+/// Which kernel chain the packet takes on the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// Routed through the node (pod to pod, pod to elsewhere): FORWARD.
+    Forward,
+    /// To the node itself: INPUT.
+    Input,
+    /// From the node itself: OUTPUT.
+    Output,
 }
 
 /// A traced packet.
 pub struct Traced {
+    pub path: Path,
     pub packet: Packet,
     pub trace: trace::Trace,
     pub verdict: Verdict,
@@ -91,6 +105,8 @@ struct Pod {
 
 /// One end of the packet.
 struct End {
+    /// This node itself.
+    host: bool,
     addr: IpAddr,
     /// The pod, if the end is one.
     pod: Option<String>,
@@ -136,29 +152,41 @@ pub fn trace_packet(view: &NodeView, node: &str, p: &PacketArgs) -> anyhow::Resu
             to.addr
         );
     }
+    let (path, start) = match (from.host, to.host) {
+        (true, true) => bail!("--from and --to are both this host: no policy applies"),
+        (false, true) => (Path::Input, static_chains::INPUT),
+        (true, false) => (Path::Output, static_chains::OUTPUT),
+        (false, false) => (Path::Forward, static_chains::FORWARD),
+    };
     let v6 = from.addr.is_ipv6();
     let proto = protocol_number(&p.protocol, v6)?;
     let mut pkt = Packet::new(from.addr, to.addr, proto, p.source_port, p.port);
     pkt.icmp_type = p.icmp_type.unwrap_or(if v6 { 128 } else { 8 });
     pkt.icmp_code = p.icmp_code;
-    pkt.in_iface = from.local_iface.clone().unwrap_or_else(|| "eth0".into());
-    pkt.out_iface = to.local_iface.clone().unwrap_or_else(|| "eth0".into());
+    // A locally generated packet has no input interface, one for the host no output interface.
+    let iface = |e: &End| match (&e.local_iface, e.host) {
+        (Some(i), _) => i.clone(),
+        (None, true) => String::new(),
+        (None, false) => "eth0".into(),
+    };
+    pkt.in_iface = iface(&from);
+    pkt.out_iface = iface(&to);
     let rules = RendererRules {
         renderer: &view.renderer,
         version: pkt.version(),
         table: TableName::Filter,
     };
-    let t = trace::trace(&rules, static_chains::FORWARD, &pkt)
-        .map_err(|e| anyhow::anyhow!("cannot trace: {e}"))?;
+    let t = trace::trace(&rules, start, &pkt).map_err(|e| anyhow::anyhow!("cannot trace: {e}"))?;
     let accept = view.renderer.marks().accept;
     let verdict = match t.outcome {
         Outcome::Accept => Verdict::Accept,
         Outcome::Drop => Verdict::Drop,
         // FORWARD's appended hook accepts what policy accepted.
-        Outcome::Return if t.mark & accept != 0 => Verdict::Accept,
+        Outcome::Return if path == Path::Forward && t.mark & accept != 0 => Verdict::Accept,
         Outcome::Return => Verdict::NotOurs,
     };
     Ok(Traced {
+        path,
         packet: pkt,
         trace: t,
         verdict,
@@ -168,16 +196,28 @@ pub fn trace_packet(view: &NodeView, node: &str, p: &PacketArgs) -> anyhow::Resu
 }
 
 fn end(pods: &[Pod], node: &str, want_v6: bool, spec: &str, flag: &str) -> anyhow::Result<End> {
+    if let Some(a) = spec.strip_prefix("host:") {
+        let addr = a.parse::<IpAddr>().map_err(|_| {
+            anyhow::anyhow!("{flag} {spec:?}: want host:ADDR with one of this node's addresses")
+        })?;
+        return Ok(End {
+            host: true,
+            addr,
+            pod: None,
+            local_iface: None,
+        });
+    }
     if let Ok(addr) = spec.parse::<IpAddr>() {
         let pod = pods.iter().find(|p| p.addrs.contains(&addr));
         return Ok(End {
+            host: false,
             addr,
             pod: pod.map(|p| p.id.clone()),
             local_iface: pod.filter(|p| p.node == node).map(|p| p.iface.clone()),
         });
     }
     if !spec.contains('/') {
-        bail!("{flag} {spec:?}: want namespace/pod or an IP address");
+        bail!("{flag} {spec:?}: want namespace/pod, an IP address or host:ADDR");
     }
     let pod = pods.iter().find(|p| p.id == spec).with_context(|| {
         format!("{flag} {spec:?}: no such pod with an address in the manifests")
@@ -191,6 +231,7 @@ fn end(pods: &[Pod], node: &str, want_v6: bool, spec: &str, flag: &str) -> anyho
             format!("{flag} {spec:?}: the pod has no {family} address")
         })?;
     Ok(End {
+        host: false,
         addr,
         pod: Some(pod.id.clone()),
         local_iface: (pod.node == node).then(|| pod.iface.clone()),
@@ -297,6 +338,9 @@ fn describe_packet(p: &Packet) -> String {
 }
 
 fn describe_end(e: &End) -> String {
+    if e.host {
+        return "this node".to_string();
+    }
     match (&e.pod, &e.local_iface) {
         (Some(p), Some(i)) => format!("{p} (on this node, {i})"),
         (Some(p), None) => format!("{p} (another node)"),
@@ -327,7 +371,25 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
     }
     let _ = writeln!(s, "  from {}: {}", pkt.src, describe_end(from));
     let _ = writeln!(s, "  to   {}: {}", pkt.dst, describe_end(to));
-    let _ = writeln!(s, "  in on {}, out on {}", pkt.in_iface, pkt.out_iface);
+    let path = match traced.path {
+        Path::Forward => "routed through the node: FORWARD, from cali-FORWARD",
+        Path::Input => "to the node itself: INPUT, from cali-INPUT",
+        Path::Output => "from the node itself: OUTPUT, from cali-OUTPUT",
+    };
+    let _ = writeln!(s, "  {path}");
+    let iface = |i: &str| {
+        if i.is_empty() {
+            "-".to_string()
+        } else {
+            i.to_string()
+        }
+    };
+    let _ = writeln!(
+        s,
+        "  in on {}, out on {}",
+        iface(&pkt.in_iface),
+        iface(&pkt.out_iface)
+    );
     let _ = writeln!(s, "rules the packet matched, in order:");
     let mut deciders = Vec::new();
     let mut mark = pkt.mark;
@@ -379,15 +441,33 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
             mark = m;
         }
     }
+    // An ACCEPT ends the packet too (established flows, the configured action to the host).
+    if let (Outcome::Accept, Some(last)) = (t.outcome, t.steps.last()) {
+        let what = owners
+            .get(&last.chain)
+            .map_or(last.chain.as_str(), |o| o.what.as_str());
+        deciders.push(format!(
+            "accepted by {what} ({} rule {})",
+            last.chain, last.rule
+        ));
+    }
     let verdict = match traced.verdict {
         Verdict::Accept if t.outcome == Outcome::Return => {
             "ACCEPT (policy accepted it; FORWARD's appended felixrs rule accepts it)"
         }
         Verdict::Accept => "ACCEPT",
         Verdict::Drop => "DROP",
-        Verdict::NotOurs => {
-            "NOT OURS (cali-FORWARD returned without a verdict: FORWARD's other rules and policy decide)"
-        }
+        Verdict::NotOurs => match traced.path {
+            Path::Forward => {
+                "NOT OURS (cali-FORWARD returned without a verdict: FORWARD's other rules and policy decide)"
+            }
+            Path::Input => {
+                "NOT OURS (cali-INPUT returned without a verdict: INPUT's other rules and policy decide)"
+            }
+            Path::Output => {
+                "NOT OURS (cali-OUTPUT returned: felixrs does not police the host's own traffic to workloads; OUTPUT's other rules decide)"
+            }
+        },
     };
     let _ = writeln!(s, "verdict: {verdict}");
     for d in deciders {

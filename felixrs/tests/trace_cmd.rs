@@ -201,3 +201,37 @@ fn the_agents_snapshot_is_a_source() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
 }
+
+#[test]
+fn traffic_to_and_from_the_host() {
+    // To the node: the pod's egress policy applies, then DefaultEndpointToHostAction.
+    let (ok, text, err) = trace("--from shop/web-0 --to host:10.0.0.1 --port 10250");
+    assert!(ok, "{err}");
+    assert!(text.contains("to the node itself: INPUT"), "{text}");
+    assert_eq!(verdict(&text), "DROP", "{text}");
+    let (ok, text, err) = trace("--from shop/web-0 --to host:10.0.0.1 --protocol udp --port 53");
+    assert!(ok, "{err}");
+    assert_eq!(verdict(&text), "ACCEPT", "{text}");
+    assert!(
+        text.contains("allowed by egress of NetworkPolicy shop/knp.default.web")
+            && text.contains("accepted by cali-wl-to-host"),
+        "{text}"
+    );
+    let (ok, text, err) = trace(
+        "--from shop/web-0 --to host:10.0.0.1 --protocol udp --port 53 \
+         --default-endpoint-to-host-action drop",
+    );
+    assert!(ok, "{err}");
+    assert_eq!(verdict(&text), "DROP", "{text}");
+    assert!(text.contains("dropped by cali-wl-to-host"), "{text}");
+    // From the node: not policed (as Felix).
+    let (ok, text, err) = trace("--from host:10.0.0.1 --to shop/db-0 --port 5432");
+    assert!(ok, "{err}");
+    assert!(verdict(&text).starts_with("NOT OURS"), "{text}");
+    let (ok, _, err) = trace("--from host:10.0.0.1 --to host:10.0.0.2");
+    assert!(!ok);
+    assert!(err.contains("both this host"), "{err}");
+    let (ok, _, err) = trace("--from host:nope --to shop/db-0");
+    assert!(!ok);
+    assert!(err.contains("want host:ADDR"), "{err}");
+}
