@@ -627,6 +627,66 @@ fn allowed_source_prefixes(env: &mut Env) -> Result<Vec<String>> {
     Ok(failures)
 }
 
+const DENY_EGRESS_XA: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-egress-a, namespace: x}
+spec: {podSelector: {matchLabels: {pod: a}}, policyTypes: [Egress]}
+"#;
+
+/// Traffic from a pod to its own node goes through the pod's egress policy and then the agent's
+/// DefaultEndpointToHostAction (Accept), and `felixrs trace --to host:ADDR` says what the kernel
+/// does: x/a's connection to a server on node-1's own address is dropped while an egress
+/// policy isolates x/a, and accepted without it.
+fn pod_to_its_node_matches_trace(env: &mut Env) -> Result<Vec<String>> {
+    use felixrs::dataplane_args::{DataplaneArgs, WorkloadSourceSpoofing};
+    use felixrs::render_cmd::{SourceArgs, render_node};
+    use felixrs::trace_cmd::{PacketArgs, Verdict, trace_packet};
+    let a = env.cluster.pod("x/a");
+    let node = &env.cluster.nodes[a.node];
+    let (a_ns, node_ip, node_name) = (a.ns.name().to_string(), node.ip, node.name.clone());
+    // The servers bind `[::]` next to `0.0.0.0` (v6-only, as in the pod namespaces).
+    node.ns.sysctl("net.ipv6.bindv6only", "1")?;
+    let servers = Servers::start(node.ns.name())?;
+    let mut failures = Vec::new();
+    for (policies, want) in [(vec![DENY_EGRESS_XA], false), (vec![], true)] {
+        let step = Step::new(policies, vec![T80], |_| {});
+        env.apply_step(&step)?;
+        let got = probe_many(&[(a_ns.clone(), IpAddr::V4(node_ip), T80)], PROBE_TIMEOUT)?[0];
+        // The same manifests, traced as the agents run them.
+        let source = SourceArgs::manifests(vec![env.work.path().join("manifests")]);
+        let dataplane = DataplaneArgs {
+            workload_source_spoofing: WorkloadSourceSpoofing::Any,
+            ..DataplaneArgs::default()
+        };
+        let view = render_node(&source, &node_name, &dataplane)?;
+        let packet = PacketArgs {
+            from: "x/a".into(),
+            to: format!("host:{node_ip}"),
+            protocol: "tcp".into(),
+            port: 80,
+            source_port: 40000,
+            icmp_type: None,
+            icmp_code: 0,
+            ipv6: false,
+        };
+        let traced = trace_packet(&view, &node_name, &packet)?.verdict;
+        let state = if want { "without" } else { "with" };
+        if got != want {
+            failures.push(format!(
+                "{state} the egress policy, x/a -> its node {node_ip}:80 connected: {got}, expected {want}"
+            ));
+        }
+        if (traced == Verdict::Accept) != got {
+            failures.push(format!(
+                "{state} the egress policy, the kernel says connected={got} but trace says {traced:?}"
+            ));
+        }
+    }
+    drop(servers);
+    Ok(failures)
+}
+
 #[test]
 fn netpol_conformance_and_reliability() {
     require_root();
@@ -676,6 +736,11 @@ fn netpol_conformance_and_reliability() {
     let r = allowed_source_prefixes(&mut env);
     report(
         "reliability: a pod may send from its allowedSourcePrefixes and nothing else",
+        r,
+    );
+    let r = pod_to_its_node_matches_trace(&mut env);
+    report(
+        "pod to its own node: egress policy, then DefaultEndpointToHostAction (kernel and trace)",
         r,
     );
 
