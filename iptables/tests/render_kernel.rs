@@ -10,7 +10,7 @@ use calc_graph::proto::*;
 use felixrs_test_support::netns::Netns;
 use iptables::apply::IpSetKind as Kind;
 use iptables::apply::desired::member_text;
-use iptables::render::{LogAction, RenderConfig, Renderer};
+use iptables::render::{LogAction, RenderConfig, Renderer, SourceSpoofing};
 use render_support::*;
 
 /// A fresh namespace (deleted on drop, also on panic) after checking root and the tools this test drives.
@@ -30,6 +30,8 @@ fn kernel_netns() -> Netns {
 fn mk_state() -> Renderer {
     let cfg = RenderConfig {
         log_action: LogAction::Nflog { group: 3 },
+        // Renders raw cali-rpf-skip from the endpoints' allowed source prefixes.
+        workload_source_spoofing: SourceSpoofing::Any,
         ..Default::default()
     };
     let mut r = Renderer::new(cfg).unwrap();
@@ -124,16 +126,22 @@ fn mk_state() -> Renderer {
                 &["kns.prod", "ksa.prod.missing"],
             );
             ep.ipv6_nets = vec![net("fd00::5/128")];
+            ep.allow_spoofed_source_prefixes =
+                vec![net("10.9.0.7/24"), net("fd00:9::/64"), net("::/0")];
             ep
         }),
-        Output::EndpointUpdated(mk_endpoint(
-            "prod",
-            "web-1",
-            "calic440f455694",
-            &["10.65.0.6/32"],
-            vec![],
-            &["kns.prod"],
-        )),
+        Output::EndpointUpdated({
+            let mut ep = mk_endpoint(
+                "prod",
+                "web-1",
+                "calic440f455694",
+                &["10.65.0.6/32"],
+                vec![],
+                &["kns.prod"],
+            );
+            ep.allow_spoofed_source_prefixes = vec![net("0.0.0.0/0")];
+            ep
+        }),
         Output::EndpointUpdated(mk_endpoint(
             "prod",
             "db-0",

@@ -180,7 +180,8 @@ pub fn raw_chains(cfg: &RenderConfig) -> Vec<(String, Vec<Rule>)> {
 }
 
 /// `cali-rpf-skip` for one family: `-i <iface> -s <prefix> -j ACCEPT` for each endpoint's allowed
-/// source prefixes of that family, endpoints by interface name, prefixes in the endpoint's order.
+/// source prefixes of that family, endpoints by interface name, prefixes in the endpoint's order
+/// (a `/0` prefix: `-i <iface> -j ACCEPT`).
 pub fn rpf_skip_rules<'a>(
     endpoints: impl IntoIterator<Item = &'a LocalEndpoint>,
     version: IpVersion,
@@ -199,17 +200,16 @@ pub fn rpf_skip_rules<'a>(
                 continue;
             }
             seen.push(net);
-            rules.push(Rule::new(
-                vec![
-                    Match::InIface(ep.interface_name.clone()),
-                    Match::Net {
-                        side: Side::Src,
-                        net,
-                        negated: false,
-                    },
-                ],
-                Target::Accept,
-            ));
+            let mut matches = vec![Match::InIface(ep.interface_name.clone())];
+            // `-s 0.0.0.0/0` is no constraint, and the kernel does not save it.
+            if net.prefix_len() > 0 {
+                matches.push(Match::Net {
+                    side: Side::Src,
+                    net,
+                    negated: false,
+                });
+            }
+            rules.push(Rule::new(matches, Target::Accept));
         }
     }
     rules
