@@ -15,7 +15,9 @@ use std::net::IpAddr;
 use anyhow::{Context, bail};
 use calc_graph::model::Resource;
 use calc_graph::proto::{IpVersion, Output};
-use iptables::apply::TableName;
+use iptables::apply::backend::{self, Backend};
+use iptables::apply::kernel::{ActualTable, scan_save};
+use iptables::apply::{DesiredTable, ExecRunner, Runner, TableName};
 use iptables::render::trace::{self, Effect, Outcome, Packet, RendererRules};
 use iptables::render::{names, static_chains};
 
@@ -32,6 +34,11 @@ pub struct Args {
     pub node_name: String,
     #[command(flatten)]
     pub packet: PacketArgs,
+    /// Also read this host's kernel (`iptables-save`, as root, in the node's network namespace) and
+    /// check that every traced rule is there, in place, and that nothing foreign runs before our
+    /// hook. Exits 2 if the kernel differs.
+    #[arg(long)]
+    pub check_kernel: bool,
     #[command(flatten)]
     pub dataplane: DataplaneArgs,
 }
@@ -74,6 +81,18 @@ pub enum Verdict {
     NotOurs,
 }
 
+/// The kernel differs from the traced rules: the whole report, findings included.
+#[derive(Debug)]
+struct KernelDiffers(String);
+
+impl std::fmt::Display for KernelDiffers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the kernel differs from the traced rules")
+    }
+}
+
+impl std::error::Error for KernelDiffers {}
+
 /// Which kernel chain the packet takes on the node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Path {
@@ -83,6 +102,82 @@ pub enum Path {
     Input,
     /// From the node itself: OUTPUT.
     Output,
+}
+
+impl Path {
+    /// The kernel chain whose first rule is our hook.
+    pub fn kernel_chain(self) -> &'static str {
+        match self {
+            Path::Forward => "FORWARD",
+            Path::Input => "INPUT",
+            Path::Output => "OUTPUT",
+        }
+    }
+
+    fn our_chain(self) -> &'static str {
+        match self {
+            Path::Forward => static_chains::FORWARD,
+            Path::Input => static_chains::INPUT,
+            Path::Output => static_chains::OUTPUT,
+        }
+    }
+}
+
+/// How the kernel's filter table differs from the rules a trace went through: rules missing or
+/// replaced (compared by their `cali:` ids, position by position), and rules of other owners
+/// ahead of our hook in the kernel chain. Empty when the kernel holds what was traced.
+pub fn check_kernel(traced: &Traced, desired: &DesiredTable, actual: &ActualTable) -> Vec<String> {
+    let mut out = Vec::new();
+    let hook_chain = traced.path.kernel_chain();
+    let ours = traced.path.our_chain();
+    let kernel_rules = actual.chains.get(hook_chain).map_or(&[][..], Vec::as_slice);
+    match kernel_rules
+        .iter()
+        .position(|r| r.hash.is_some() && r.target.as_deref() == Some(ours))
+    {
+        None => out.push(format!(
+            "{hook_chain} has no hook to {ours}: none of our rules run"
+        )),
+        Some(i) => {
+            for (n, r) in kernel_rules[..i].iter().enumerate() {
+                out.push(format!(
+                    "{hook_chain} rule {} is not ours and runs before {ours}: -A {hook_chain} {}",
+                    n + 1,
+                    r.spec
+                ));
+            }
+        }
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for step in &traced.trace.steps {
+        if !seen.insert((step.chain.as_str(), step.rule)) {
+            continue;
+        }
+        let want = desired
+            .chains
+            .get(&step.chain)
+            .and_then(|c| c.get(step.rule - 1))
+            .map(|r| r.hash.as_str());
+        let Some(rules) = actual.chains.get(&step.chain) else {
+            out.push(format!("{} is missing", step.chain));
+            continue;
+        };
+        let got = rules.get(step.rule - 1).map(|r| r.hash.as_deref());
+        if got != Some(want) {
+            let got = match got {
+                None => "nothing".to_string(),
+                Some(None) => "a rule without our id".to_string(),
+                Some(Some(h)) => format!("cali:{h}"),
+            };
+            out.push(format!(
+                "{} rule {}: the kernel has {got} where the traced rule cali:{} should be",
+                step.chain,
+                step.rule,
+                want.unwrap_or("?")
+            ));
+        }
+    }
+    out
 }
 
 /// A traced packet.
@@ -124,6 +219,10 @@ impl Args {
                 print!("{text}");
                 std::process::ExitCode::SUCCESS
             }
+            Err(e) if e.downcast_ref::<KernelDiffers>().is_some() => {
+                print!("{}", e.downcast_ref::<KernelDiffers>().map_or("", |k| &k.0));
+                std::process::ExitCode::from(2)
+            }
             Err(e) => {
                 eprintln!("felixrs trace: {e:#}");
                 std::process::ExitCode::FAILURE
@@ -135,7 +234,50 @@ impl Args {
     pub fn trace(&self) -> anyhow::Result<(String, Vec<String>)> {
         let view = render_node(&self.source, &self.node_name, &self.dataplane)?;
         let traced = trace_packet(&view, &self.node_name, &self.packet)?;
-        let text = report(&view, &traced, &self.node_name);
+        let mut text = report(&view, &traced, &self.node_name);
+        if self.check_kernel {
+            let v = traced.packet.version();
+            let runner = ExecRunner::new();
+            let mode = backend::resolve(&runner, Backend::Auto)
+                .map_err(|e| anyhow::anyhow!("detecting the iptables backend: {e}"))?;
+            let program = mode.save_program(v);
+            let out = runner
+                .run(&program, &["-t", "filter"], None)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            if !out.status.success() {
+                bail!(
+                    "{program} -t filter failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            let actual = scan_save(&String::from_utf8_lossy(&out.stdout))
+                .remove(&TableName::Filter)
+                .unwrap_or_default();
+            let desired = view
+                .renderer
+                .desired_ref(v)
+                .tables
+                .get(&TableName::Filter)
+                .cloned()
+                .unwrap_or_default();
+            let findings = check_kernel(&traced, &desired, &actual);
+            let _ = writeln!(text, "kernel ({program} -t filter):");
+            if findings.is_empty() {
+                let _ = writeln!(
+                    text,
+                    "  every traced rule is in place, and our hook is first in {}",
+                    traced.path.kernel_chain()
+                );
+            } else {
+                for f in &findings {
+                    let _ = writeln!(text, "  differs: {f}");
+                }
+                for p in &view.problems {
+                    eprintln!("felixrs trace: {p}");
+                }
+                return Err(KernelDiffers(text).into());
+            }
+        }
         Ok((text, view.problems))
     }
 }

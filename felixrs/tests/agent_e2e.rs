@@ -331,3 +331,91 @@ fn interface_prefix_and_endpoint_to_host_action_flags_reach_the_kernel() {
     assert!(stderr.contains("\"bad prefix!\""), "{stderr}");
     assert!(!save(&ns2).contains("cali-"), "{}", save(&ns2));
 }
+
+/// On the node, `felixrs trace --state-dir … --check-kernel` traces what the agent persisted and
+/// finds every traced rule in the kernel; a flushed chain or a foreign rule ahead of our hook is
+/// reported, with exit status 2.
+#[test]
+fn trace_checks_the_kernel_it_runs_on() {
+    let ns = Netns::new();
+    let etcd = Etcd::start_in(ns.name());
+    seed(&etcd);
+    let rev = put_policy(&etcd, "p1", 7001);
+    let (_state, state_dir) = support::state_dir();
+    let agent = Agent::start(ns.name(), &etcd.client_url(), &state_dir);
+    agent.wait_applied(rev);
+    let s = agent.poll_status(Duration::from_secs(15), |s| {
+        s["snapshot_revision"].as_i64().unwrap_or(-1) >= rev
+    });
+    assert!(s["snapshot_revision"].as_i64().unwrap() >= rev, "{s}");
+    drop(agent); // its rules stay in the kernel
+    let trace = || {
+        let out = std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                ns.name(),
+                env!("CARGO_BIN_EXE_felixrs"),
+                "trace",
+            ])
+            .arg("--state-dir")
+            .arg(&state_dir)
+            .args([
+                "--node-name",
+                "node-1",
+                "--from",
+                "10.70.9.9",
+                "--to",
+                "ns1/web",
+            ])
+            .args(["--port", "7001", "--check-kernel"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (
+            out.status.code(),
+            text,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, text, err) = trace();
+    assert_eq!(code, Some(0), "{text}{err}");
+    assert!(text.contains("verdict: ACCEPT"), "{text}");
+    assert!(
+        text.contains("every traced rule is in place, and our hook is first in FORWARD"),
+        "{text}"
+    );
+
+    ns.ok(
+        "iptables-nft",
+        &[
+            "-w",
+            "-I",
+            "FORWARD",
+            "1",
+            "-s",
+            "10.70.9.9",
+            "-j",
+            "ACCEPT",
+        ],
+    );
+    ns.ok("iptables-nft", &["-w", "-F", &format!("cali-tw-{IFACE}")]);
+    let (code, text, err) = trace();
+    assert_eq!(code, Some(2), "{text}{err}");
+    for want in [
+        "differs: FORWARD rule 1 is not ours and runs before cali-FORWARD: -A FORWARD -s 10.70.9.9/32 -j ACCEPT",
+        &format!(
+            "differs: cali-tw-{IFACE} rule 3: the kernel has nothing where the traced rule cali:"
+        ),
+    ] {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+    // Our hook gone (it is second now, behind the foreign rule): nothing of ours runs.
+    ns.ok("iptables-nft", &["-w", "-D", "FORWARD", "2"]);
+    let (code, text, err) = trace();
+    assert_eq!(code, Some(2), "{text}{err}");
+    assert!(
+        text.contains("differs: FORWARD has no hook to cali-FORWARD: none of our rules run"),
+        "{text}"
+    );
+}
