@@ -101,3 +101,23 @@ fn dropping_etcd_kills_it_and_removes_the_temp_dir() {
     assert!(!dir.exists(), "{} left behind", dir.display());
     assert!(!health(&url, &[]), "etcd at {url} still answers");
 }
+
+/// A port taken between the pick and etcd's bind (the race that failed CI) is retried: etcd's first
+/// attempt finds its client port held, a later one gets it.
+#[test]
+fn a_port_taken_at_start_is_retried() {
+    let port = felixrs_test_support::free_port();
+    let held = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        drop(held);
+    });
+    let etcd = Etcd::builder().client_port(port).start();
+    release.join().unwrap();
+    assert!(
+        health(&etcd.client_url(), &[]),
+        "etcd not serving on {port}"
+    );
+    let first = std::fs::read_to_string(etcd.dir().join("etcd-1.log")).unwrap();
+    assert!(first.contains("address already in use"), "{first}");
+}

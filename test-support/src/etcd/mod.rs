@@ -99,13 +99,14 @@ impl EtcdBuilder {
             bin,
             netns: self.netns,
             host,
+            fixed_client_port: self.client_port.is_some(),
             client_port: self.client_port.unwrap_or_else(free_port),
             admin_port: free_port(),
             peer_port: free_port(),
             pki,
             starts: 0,
         };
-        etcd.launch(true);
+        etcd.launch(true, true);
         etcd
     }
 }
@@ -119,6 +120,8 @@ pub struct Etcd {
     bin: String,
     netns: Option<String>,
     host: IpAddr,
+    /// The builder fixed the client port (it is never re-picked).
+    fixed_client_port: bool,
     client_port: u16,
     admin_port: u16,
     peer_port: u16,
@@ -191,14 +194,14 @@ impl Etcd {
     /// (Re)starts etcd on the same data and ports with both URLs open.
     pub fn restart(&mut self) {
         self.stop();
-        self.launch(true);
+        self.launch(true, false);
     }
 
     /// (Re)starts etcd with only the admin URL open: the code under test sees a dead etcd while the test
     /// keeps writing.
     pub fn restart_admin_only(&mut self) {
         self.stop();
-        self.launch(false);
+        self.launch(false, false);
     }
 
     fn log_path(&self) -> PathBuf {
@@ -223,7 +226,31 @@ impl Etcd {
         }
     }
 
-    fn launch(&mut self, client_url_open: bool) {
+    /// Starts etcd and waits until it is healthy. If a port is taken after all (another program
+    /// bound it between our check and etcd's bind), it tries again after a pause, with new ports
+    /// (but a client port the builder fixed) on the first start (`repick`).
+    fn launch(&mut self, client_url_open: bool, repick: bool) {
+        const ATTEMPTS: u32 = 5;
+        for attempt in 1..=ATTEMPTS {
+            match self.try_launch(client_url_open) {
+                Ok(()) => return,
+                Err(log) if log.contains("address already in use") && attempt < ATTEMPTS => {
+                    if repick {
+                        if !self.fixed_client_port {
+                            self.client_port = free_port();
+                        }
+                        self.admin_port = free_port();
+                        self.peer_port = free_port();
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(log) => panic!("etcd exited at start:\n{log}"),
+            }
+        }
+    }
+
+    /// One start: `Err(log tail)` if etcd exited before it was healthy.
+    fn try_launch(&mut self, client_url_open: bool) -> Result<(), String> {
         assert!(self.child.is_none(), "etcd already running");
         self.starts += 1;
         let mut urls = vec![self.admin_url()];
@@ -254,10 +281,10 @@ impl Etcd {
             cmd.spawn()
                 .unwrap_or_else(|e| panic!("start {}: {e}", self.bin)),
         );
-        self.wait_healthy();
+        self.wait_healthy()
     }
 
-    fn wait_healthy(&mut self) {
+    fn wait_healthy(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             let out = self
@@ -267,13 +294,12 @@ impl Etcd {
                 .status()
                 .expect("run etcdctl");
             if out.success() {
-                return;
+                return Ok(());
             }
-            assert!(
-                self.is_running(),
-                "etcd exited at start:\n{}",
-                self.log_tail(30)
-            );
+            if !self.is_running() {
+                self.child = None;
+                return Err(self.log_tail(30));
+            }
             assert!(
                 Instant::now() < deadline,
                 "etcd at {} not healthy after {READY_TIMEOUT:?}:\n{}",
