@@ -22,9 +22,11 @@ enum Command {
     Iptables(iptables_cmd::IptablesArgs),
     /// Run the node agent: keep this node's kernel equal to what etcd says for it.
     Agent(felixrs::agent::Args),
-    /// Print what the agent would program for a node, from manifest files (no etcd, no root).
+    /// Print what the agent would program for a node, from manifest files or its snapshot (no etcd,
+    /// no root).
     Render(felixrs::render_cmd::Args),
-    /// Show which of a node's rules decide a packet between two pods, from manifest files.
+    /// Show which of a node's rules decide a packet between two pods, from manifest files or the
+    /// agent's snapshot (optionally checked against the kernel).
     Trace(felixrs::trace_cmd::Args),
 }
 
