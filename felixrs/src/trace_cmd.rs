@@ -16,8 +16,10 @@ use anyhow::{Context, bail};
 use calc_graph::model::Resource;
 use calc_graph::proto::{IpVersion, Output};
 use iptables::apply::backend::{self, Backend};
+use iptables::apply::ipset::{self, ActualSet};
 use iptables::apply::kernel::{ActualTable, scan_save};
 use iptables::apply::{DesiredTable, ExecRunner, Runner, TableName};
+use iptables::render::ir::Match;
 use iptables::render::trace::{self, Effect, Outcome, Packet, RendererRules};
 use iptables::render::{names, static_chains};
 
@@ -34,9 +36,10 @@ pub struct Args {
     pub node_name: String,
     #[command(flatten)]
     pub packet: PacketArgs,
-    /// Also read this host's kernel (`iptables-save`, as root, in the node's network namespace) and
-    /// check that every traced rule is there, in place, and that nothing foreign runs before our
-    /// hook. Exits 2 if the kernel differs.
+    /// Also read this host's kernel (`iptables-save` and `ipset save`, as root, in the node's network
+    /// namespace) and check that every chain the packet entered holds the rendered rules, that the
+    /// sets they use hold the right members, and that nothing foreign runs before our hook. Exits 2
+    /// if the kernel differs.
     #[arg(long)]
     pub check_kernel: bool,
     #[command(flatten)]
@@ -123,9 +126,28 @@ impl Path {
     }
 }
 
-/// How the kernel's filter table differs from the rules a trace went through: rules missing or
-/// replaced (compared by their `cali:` ids, position by position), and rules of other owners
-/// ahead of our hook in the kernel chain. Empty when the kernel holds what was traced.
+/// Every chain the packet entered, in order: those with a matched rule, and those jumped to
+/// (whose rules may all have missed, e.g. because a rule was gone or a set lacked a member).
+fn entered_chains(traced: &Traced) -> Vec<&str> {
+    let mut chains: Vec<&str> = Vec::new();
+    for step in &traced.trace.steps {
+        let targets = match &step.effect {
+            Effect::Jump(c) | Effect::Goto(c) => Some(c.as_str()),
+            _ => None,
+        };
+        for c in std::iter::once(step.chain.as_str()).chain(targets) {
+            if !chains.contains(&c) {
+                chains.push(c);
+            }
+        }
+    }
+    chains
+}
+
+/// How the kernel's filter table differs from the chains a trace went through: the first rule of
+/// each entered chain that is missing, extra or replaced (compared by `cali:` ids, position by
+/// position), and rules of other owners ahead of our hook in the kernel chain. Empty when the
+/// kernel holds what was traced.
 pub fn check_kernel(traced: &Traced, desired: &DesiredTable, actual: &ActualTable) -> Vec<String> {
     let mut out = Vec::new();
     let hook_chain = traced.path.kernel_chain();
@@ -148,33 +170,111 @@ pub fn check_kernel(traced: &Traced, desired: &DesiredTable, actual: &ActualTabl
             }
         }
     }
-    let mut seen = std::collections::BTreeSet::new();
-    for step in &traced.trace.steps {
-        if !seen.insert((step.chain.as_str(), step.rule)) {
-            continue;
-        }
-        let want = desired
+    for chain in entered_chains(traced) {
+        let want: Vec<&str> = desired
             .chains
-            .get(&step.chain)
-            .and_then(|c| c.get(step.rule - 1))
-            .map(|r| r.hash.as_str());
-        let Some(rules) = actual.chains.get(&step.chain) else {
-            out.push(format!("{} is missing", step.chain));
+            .get(chain)
+            .map(|c| c.iter().map(|r| r.hash.as_str()).collect())
+            .unwrap_or_default();
+        let Some(rules) = actual.chains.get(chain) else {
+            out.push(format!("{chain} is missing"));
             continue;
         };
-        let got = rules.get(step.rule - 1).map(|r| r.hash.as_deref());
-        if got != Some(want) {
-            let got = match got {
+        let got: Vec<Option<&str>> = rules.iter().map(|r| r.hash.as_deref()).collect();
+        let len = want.len().max(got.len());
+        if let Some(i) = (0..len).find(|&i| got.get(i).copied().flatten() != want.get(i).copied()) {
+            let got = match got.get(i) {
                 None => "nothing".to_string(),
                 Some(None) => "a rule without our id".to_string(),
                 Some(Some(h)) => format!("cali:{h}"),
             };
+            let want = want
+                .get(i)
+                .map_or("nothing".to_string(), |h| format!("cali:{h}"));
             out.push(format!(
-                "{} rule {}: the kernel has {got} where the traced rule cali:{} should be",
-                step.chain,
-                step.rule,
-                want.unwrap_or("?")
+                "{chain} rule {}: the kernel has {got} where the rendered rules have {want}",
+                i + 1
             ));
+        }
+    }
+    out
+}
+
+/// This host's filter table (backend detected as the agent does) and our IP sets, for family `v`.
+fn read_kernel(v: IpVersion) -> anyhow::Result<(String, ActualTable, BTreeMap<String, ActualSet>)> {
+    let runner = ExecRunner::new();
+    let run = |program: &str, args: &[&str]| -> anyhow::Result<String> {
+        let out = runner
+            .run(program, args, None)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        if !out.status.success() {
+            bail!(
+                "{program} {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let mode = backend::resolve(&runner, Backend::Auto)
+        .map_err(|e| anyhow::anyhow!("detecting the iptables backend: {e}"))?;
+    let program = mode.save_program(v);
+    let actual = scan_save(&run(&program, &["-t", "filter"])?)
+        .remove(&TableName::Filter)
+        .unwrap_or_default();
+    let sets = ipset::parse_save(v, &run("ipset", &["save"])?);
+    Ok((program, actual, sets))
+}
+
+/// How our IP sets in the kernel differ from what the rules of the traversed chains expect: sets
+/// missing, members missing or extra (a few of each named). Empty when they agree.
+pub fn check_sets(
+    view: &NodeView,
+    traced: &Traced,
+    actual: &BTreeMap<String, ActualSet>,
+) -> Vec<String> {
+    let v = traced.packet.version();
+    let mut names = std::collections::BTreeSet::new();
+    for chain in entered_chains(traced) {
+        let rules = view
+            .renderer
+            .chain(v, TableName::Filter, chain)
+            .unwrap_or_default();
+        for r in rules {
+            for m in &r.matches {
+                if let Match::Set { name, .. } = m {
+                    names.insert(name.clone());
+                }
+            }
+        }
+    }
+    let desired = &view.renderer.desired_ref(v).ip_sets;
+    let sample = |s: &std::collections::BTreeSet<&String>| {
+        let first: Vec<&str> = s.iter().take(3).map(|m| m.as_str()).collect();
+        let more = s.len().saturating_sub(3);
+        if more > 0 {
+            format!("{} and {more} more", first.join(", "))
+        } else {
+            first.join(", ")
+        }
+    };
+    let mut out = Vec::new();
+    for name in names {
+        let want: std::collections::BTreeSet<String> = desired
+            .get(&name)
+            .map(|spec| spec.members.iter().flat_map(ipset::member_texts).collect())
+            .unwrap_or_default();
+        let Some(got) = actual.get(&name) else {
+            out.push(format!("ip set {name} is missing"));
+            continue;
+        };
+        let missing: std::collections::BTreeSet<&String> = want.difference(&got.members).collect();
+        let extra: std::collections::BTreeSet<&String> = got.members.difference(&want).collect();
+        if !missing.is_empty() {
+            out.push(format!("ip set {name} lacks {}", sample(&missing)));
+        }
+        if !extra.is_empty() {
+            out.push(format!("ip set {name} also holds {}", sample(&extra)));
         }
     }
     out
@@ -237,22 +337,7 @@ impl Args {
         let mut text = report(&view, &traced, &self.node_name);
         if self.check_kernel {
             let v = traced.packet.version();
-            let runner = ExecRunner::new();
-            let mode = backend::resolve(&runner, Backend::Auto)
-                .map_err(|e| anyhow::anyhow!("detecting the iptables backend: {e}"))?;
-            let program = mode.save_program(v);
-            let out = runner
-                .run(&program, &["-t", "filter"], None)
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            if !out.status.success() {
-                bail!(
-                    "{program} -t filter failed: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                );
-            }
-            let actual = scan_save(&String::from_utf8_lossy(&out.stdout))
-                .remove(&TableName::Filter)
-                .unwrap_or_default();
+            let (program, actual, actual_sets) = read_kernel(v)?;
             let desired = view
                 .renderer
                 .desired_ref(v)
@@ -260,14 +345,16 @@ impl Args {
                 .get(&TableName::Filter)
                 .cloned()
                 .unwrap_or_default();
-            let findings = check_kernel(&traced, &desired, &actual);
-            let _ = writeln!(text, "kernel ({program} -t filter):");
+            let mut findings = check_kernel(&traced, &desired, &actual);
+            findings.extend(check_sets(&view, &traced, &actual_sets));
+            let _ = writeln!(text, "kernel ({program} -t filter, ipset save):");
             if findings.is_empty() {
                 let _ = writeln!(
                     text,
-                    "  every traced rule is in place, and our hook is first in {}",
+                    "  every chain the packet entered holds the rendered rules, and our hook is first in {}",
                     traced.path.kernel_chain()
                 );
+                let _ = writeln!(text, "  the IP sets those chains use hold what they should");
             } else {
                 for f in &findings {
                     let _ = writeln!(text, "  differs: {f}");

@@ -340,7 +340,19 @@ fn trace_checks_the_kernel_it_runs_on() {
     let ns = Netns::new();
     let etcd = Etcd::start_in(ns.name());
     seed(&etcd);
-    let rev = put_policy(&etcd, "p1", 7001);
+    put_policy(&etcd, "p1", 7001);
+    // A policy with a source selector: its chain, which the trace traverses, uses an IP set.
+    let rev = put_json(
+        &etcd,
+        "networkpolicies/ns1/from-web",
+        json!({"apiVersion":"projectcalico.org/v3","kind":"NetworkPolicy",
+               "metadata":{"name":"from-web","namespace":"ns1"},
+               "spec":{"tier":"default","order":1000,"selector":"app == 'web'",
+                       "types":["Ingress"],
+                       "ingress":[{"action":"Allow","protocol":"TCP",
+                                   "source":{"selector":"app == 'web'"},
+                                   "destination":{"ports":[7009]}}]}}),
+    );
     let (_state, state_dir) = support::state_dir();
     let agent = Agent::start(ns.name(), &etcd.client_url(), &state_dir);
     agent.wait_applied(rev);
@@ -382,9 +394,33 @@ fn trace_checks_the_kernel_it_runs_on() {
     assert_eq!(code, Some(0), "{text}{err}");
     assert!(text.contains("verdict: ACCEPT"), "{text}");
     assert!(
-        text.contains("every traced rule is in place, and our hook is first in FORWARD"),
+        text.contains("every chain the packet entered holds the rendered rules, and our hook is first in FORWARD"),
         "{text}"
     );
+    assert!(
+        text.contains("the IP sets those chains use hold what they should"),
+        "{text}"
+    );
+
+    // A member gone from the set, another added behind the agent's back.
+    let sets = ns.ok("ipset", &["list", "-n"]);
+    let set = sets
+        .lines()
+        .find(|l| l.starts_with("cali40"))
+        .unwrap_or_else(|| panic!("no set of ours: {sets}"))
+        .to_string();
+    ns.ok("ipset", &["del", &set, "10.70.0.1"]);
+    ns.ok("ipset", &["add", &set, "10.70.0.99"]);
+    let (code, text, err) = trace();
+    assert_eq!(code, Some(2), "{text}{err}");
+    for want in [
+        format!("differs: ip set {set} lacks 10.70.0.1"),
+        format!("differs: ip set {set} also holds 10.70.0.99"),
+    ] {
+        assert!(text.contains(&want), "missing {want:?} in:\n{text}");
+    }
+    ns.ok("ipset", &["add", &set, "10.70.0.1"]);
+    ns.ok("ipset", &["del", &set, "10.70.0.99"]);
 
     ns.ok(
         "iptables-nft",
@@ -405,7 +441,7 @@ fn trace_checks_the_kernel_it_runs_on() {
     for want in [
         "differs: FORWARD rule 1 is not ours and runs before cali-FORWARD: -A FORWARD -s 10.70.9.9/32 -j ACCEPT",
         &format!(
-            "differs: cali-tw-{IFACE} rule 3: the kernel has nothing where the traced rule cali:"
+            "differs: cali-tw-{IFACE} rule 1: the kernel has nothing where the rendered rules have cali:"
         ),
     ] {
         assert!(text.contains(want), "missing {want:?} in:\n{text}");
