@@ -8,7 +8,7 @@
 //! on `eth0`) and leaves by the destination pod's interface likewise; it is a new connection
 //! (conntrack NEW).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
@@ -234,7 +234,7 @@ pub fn check_sets(
     actual: &BTreeMap<String, ActualSet>,
 ) -> Vec<String> {
     let v = traced.packet.version();
-    let mut names = std::collections::BTreeSet::new();
+    let mut names = BTreeSet::new();
     for chain in entered_chains(traced) {
         let rules = view
             .renderer
@@ -249,7 +249,7 @@ pub fn check_sets(
         }
     }
     let desired = &view.renderer.desired_ref(v).ip_sets;
-    let sample = |s: &std::collections::BTreeSet<&String>| {
+    let sample = |s: &BTreeSet<&String>| {
         let first: Vec<&str> = s.iter().take(3).map(|m| m.as_str()).collect();
         let more = s.len().saturating_sub(3);
         if more > 0 {
@@ -260,7 +260,7 @@ pub fn check_sets(
     };
     let mut out = Vec::new();
     for name in names {
-        let want: std::collections::BTreeSet<String> = desired
+        let want: BTreeSet<String> = desired
             .get(&name)
             .map(|spec| spec.members.iter().flat_map(ipset::member_texts).collect())
             .unwrap_or_default();
@@ -268,8 +268,8 @@ pub fn check_sets(
             out.push(format!("ip set {name} is missing"));
             continue;
         };
-        let missing: std::collections::BTreeSet<&String> = want.difference(&got.members).collect();
-        let extra: std::collections::BTreeSet<&String> = got.members.difference(&want).collect();
+        let missing: BTreeSet<&String> = want.difference(&got.members).collect();
+        let extra: BTreeSet<&String> = got.members.difference(&want).collect();
         if !missing.is_empty() {
             out.push(format!("ip set {name} lacks {}", sample(&missing)));
         }
