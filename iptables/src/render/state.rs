@@ -250,13 +250,10 @@ impl Renderer {
             return Err(e);
         }
         let old = self.endpoints.get(&ep.id);
-        if old.map_or(!ep.allow_spoofed_source_prefixes.is_empty(), |o| {
-            o.allow_spoofed_source_prefixes != ep.allow_spoofed_source_prefixes
-                || (o.interface_name != ep.interface_name
-                    && !ep.allow_spoofed_source_prefixes.is_empty())
-        }) {
-            self.rpf_skip_dirty = true;
-        }
+        // `cali-rpf-skip` only holds endpoints with prefixes (re-rendering an unchanged chain is
+        // free: the family skips identical rules).
+        self.rpf_skip_dirty |= !ep.allow_spoofed_source_prefixes.is_empty()
+            || old.is_some_and(|o| !o.allow_spoofed_source_prefixes.is_empty());
         if let Some(old) = old
             && old.interface_name != ep.interface_name
         {
