@@ -744,6 +744,12 @@ fn netpol_conformance_and_reliability() {
         let r = env.run_case(&case, Family::V6);
         report(&format!("ipv6: {}", case.name), r);
     }
+    // Before the reliability scenarios: x/d (added by one of them) has no server afterwards.
+    let r = typo_allow_rule_fails_safe(&mut env);
+    report(
+        "strict: a typo'd Allow rule leaves the pod isolated and is reported",
+        r,
+    );
     let r = restart_under_probe(&mut env);
     report("reliability: 20 agent restarts under probe", r);
     let r = restart_with_etcd_down(&mut env);
@@ -760,11 +766,6 @@ fn netpol_conformance_and_reliability() {
     let r = allowed_source_prefixes(&mut env);
     report(
         "reliability: a pod may send from its allowedSourcePrefixes and nothing else",
-        r,
-    );
-    let r = typo_allow_rule_fails_safe(&mut env);
-    report(
-        "strict: a typo'd Allow rule leaves the pod isolated and is reported",
         r,
     );
     let r = pod_to_its_node_matches_trace(&mut env);
