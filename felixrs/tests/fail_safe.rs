@@ -25,7 +25,13 @@ const NODE: &str = "node-1";
 const PREFIX: &str = "/calico/resources/v3/projectcalico.org";
 
 /// `(name, interface or None when remote, address, labels)`.
-const PODS: &[(&str, Option<&str>, &str, &[(&str, &str)])] = &[
+type PodSpec = (
+    &'static str,
+    Option<&'static str>,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+);
+const PODS: &[PodSpec] = &[
     (
         "a",
         Some("calia0000000001"),

@@ -52,12 +52,15 @@ pub struct Rule {
     pub unknown_fields: Vec<String>,
 }
 
+/// Whether a rule sets a field.
+pub type IsSet = fn(&Rule) -> bool;
+
 /// The fields of a rule that are part of the upstream schema but that this dataplane does not
 /// enforce, each with how to tell it is set. THE one list: a rule that sets one of these (or has
 /// an unknown field) fails safe. An Allow or Pass rule is not rendered; a Deny or Log rule is
 /// rendered with its other matches, so it denies (logs) at least what was written. When a field
 /// becomes enforced (e.g. `domains` with FQDN policy), remove it here.
-pub const UNENFORCED_RULE_FIELDS: &[(&str, fn(&Rule) -> bool)] = &[
+pub const UNENFORCED_RULE_FIELDS: &[(&str, IsSet)] = &[
     // L7: enforced by Calico's Envoy/Dikastes, never by iptables.
     ("http", |r| r.http.is_some()),
     // Kubernetes Service matches: no Service data reaches the agent.
