@@ -3,7 +3,7 @@
 //! A GlobalNetworkPolicy isolates x/b with one Allow rule whose `source.selector` is misspelt
 //! `selectr`. Decoding used to drop the unknown field, leaving "allow from anywhere". Now the rule
 //! fails safe: x/b stays isolated (probed through the kernel), and the agent on x/b's node reports
-//! the rule and field in `/status` (`failed_safe_rules`) and `/metrics`
+//! the rule and field in its log, `/status` (`failed_safe_rules`) and `/metrics`
 //! (`felixrs_failed_safe_rules`). With the field spelt right, x/a (and only x/a) gets in and the
 //! report goes away.
 
@@ -49,8 +49,16 @@ pub fn fixed_step() -> Step {
 }
 
 /// What is wrong with the agent's report of the typo (empty: it names policy, rule and field).
-pub fn typo_reported(status: &Value, metrics: &str) -> Vec<String> {
+pub fn typo_reported(status: &Value, metrics: &str, log: &str) -> Vec<String> {
     let mut failures = Vec::new();
+    let logged = log.lines().any(|l| {
+        l.contains("rule fails safe")
+            && l.contains("globalnetworkpolicies/strict-typo")
+            && l.contains("spec.ingress[0].source.selectr")
+    });
+    if !logged {
+        failures.push("the agent's log has no \"rule fails safe\" line naming strict-typo spec.ingress[0].source.selectr".to_string());
+    }
     let rules = status["failed_safe_rules"]
         .as_array()
         .cloned()
@@ -76,7 +84,7 @@ pub fn typo_reported(status: &Value, metrics: &str) -> Vec<String> {
 }
 
 /// What is wrong once the policy is fixed (empty: nothing is reported any more).
-pub fn fixed_reported(status: &Value, metrics: &str) -> Vec<String> {
+pub fn fixed_reported(status: &Value, metrics: &str, _log: &str) -> Vec<String> {
     let mut failures = Vec::new();
     if status["failed_safe_rules"]
         .as_array()

@@ -697,7 +697,7 @@ fn typo_allow_rule_fails_safe(env: &mut Env) -> Result<Vec<String>> {
     for (step, reported) in [
         (
             strict::typo_step(),
-            strict::typo_reported as fn(&_, &str) -> Vec<String>,
+            strict::typo_reported as fn(&_, &str, &str) -> Vec<String>,
         ),
         (strict::fixed_step(), strict::fixed_reported),
     ] {
@@ -706,7 +706,7 @@ fn typo_allow_rule_fails_safe(env: &mut Env) -> Result<Vec<String>> {
         let agent = &env.agents[node];
         let status = agent.status().context("agent /status")?;
         let (_, metrics) = http_get(&agent.netns, HEALTH_ADDR, "/metrics")?;
-        failures.extend(reported(&status, &metrics));
+        failures.extend(reported(&status, &metrics, &agent.log_tail(5000)));
     }
     Ok(failures)
 }
