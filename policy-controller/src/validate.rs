@@ -129,3 +129,59 @@ pub fn checked(mut c: Converted) -> Converted {
     }
     c
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn gnp(spec: serde_json::Value) -> Converted {
+        checked(crate::v3_passthrough::convert_v3(&json!({
+            "apiVersion": "projectcalico.org/v3", "kind": "GlobalNetworkPolicy",
+            "metadata": {"name": "g"}, "spec": spec
+        })))
+    }
+
+    #[test]
+    fn v3_rules_with_unknown_fields_are_stored_as_written_and_reported() {
+        let c = gnp(json!({"selector": "all()", "types": ["Ingress"],
+            "ingress": [{"action": "Allow", "source": {"selectr": "a == 'b'"}},
+                        {"action": "Allow", "http": {"methods": ["GET"]}}]}));
+        let stored = c.resource.expect("stored");
+        assert!(stored.json.contains("selectr"), "{}", stored.json);
+        let fields: Vec<(&str, &str)> = c
+            .skips
+            .iter()
+            .map(|s| (s.field.as_str(), s.message.as_str()))
+            .collect();
+        assert_eq!(
+            fields,
+            vec![
+                (
+                    "spec.ingress[0].source.selectr",
+                    "unknown field; the agent does not render the rule"
+                ),
+                (
+                    "spec.ingress[1].http",
+                    "not enforced by this dataplane; the agent does not render the rule"
+                ),
+            ]
+        );
+        // Without unknown fields the canonical form is stored (selectr gone, keys ordered).
+        let c = gnp(json!({"types": ["Ingress"], "selector": "all()"}));
+        assert!(c.skips.is_empty());
+        assert!(c.resource.unwrap().json.starts_with(r#"{"apiVersion""#));
+    }
+
+    #[test]
+    fn an_unknown_field_outside_rules_skips_and_retains_the_key() {
+        let c = gnp(json!({"selectr": "all()", "ingress": [{"action": "Allow"}]}));
+        assert!(c.resource.is_none());
+        assert_eq!(
+            c.retain_key.as_deref(),
+            Some("/calico/resources/v3/projectcalico.org/globalnetworkpolicies/g")
+        );
+        assert_eq!(c.skips[0].field, "spec.selectr");
+        assert_eq!(c.skips[0].message, "spec.selectr: unknown field");
+    }
+}
