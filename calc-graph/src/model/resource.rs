@@ -131,15 +131,18 @@ fn label_of(json: &[u8], kind: Option<Kind>) -> String {
     out
 }
 
-/// `spec.ingress[3].source.selectr` -> `("ingress", 3, "source.selectr")`.
-fn rule_field(path: &str) -> Option<(&str, usize, &str)> {
-    let rest = path.strip_prefix("spec.")?;
-    let (dir, rest) = rest.split_once('[')?;
-    if dir != "ingress" && dir != "egress" {
-        return None;
+/// `spec.ingress[3].source.selectr` -> `(true, 3, "source.selectr")` (false for egress).
+fn rule_field(path: &schema::FieldPath) -> Option<(bool, usize, String)> {
+    use schema::PathSeg::{Index, Key};
+    match path.0.as_slice() {
+        [Key(spec), Key(dir), Index(i), rest @ ..]
+            if spec == "spec" && (dir == "ingress" || dir == "egress") && !rest.is_empty() =>
+        {
+            let rest = schema::FieldPath(rest.to_vec()).to_string();
+            Some((dir == "ingress", *i, rest))
+        }
+        _ => None,
     }
-    let (index, rest) = rest.split_once("].")?;
-    Some((dir, index.parse().ok()?, rest))
 }
 
 /// Decodes `json` as `T`. The fast path is plain serde_json; only when that fails is the
@@ -294,7 +297,7 @@ impl Resource {
                 Resource::StagedKubernetesNetworkPolicy(decode_as(json, l)?)
             }
         };
-        let unknown = schema::unknown_fields(schema::calico_document(kind), json);
+        let unknown = schema::unknown_field_paths(schema::calico_document(kind), json);
         if !unknown.is_empty() {
             resource.attach_unknown_fields(unknown, l)?;
         }
@@ -305,7 +308,7 @@ impl Resource {
     /// any other unknown field rejects the resource.
     fn attach_unknown_fields(
         &mut self,
-        paths: Vec<String>,
+        paths: Vec<schema::FieldPath>,
         label: &dyn Fn() -> String,
     ) -> Result<(), ModelError> {
         let (ingress, egress) = match self {
@@ -315,23 +318,23 @@ impl Resource {
             _ => {
                 return Err(ModelError::UnknownFields {
                     resource: label(),
-                    paths,
+                    paths: paths.iter().map(ToString::to_string).collect(),
                 });
             }
         };
         let mut rejected = Vec::new();
         for path in paths {
-            let in_rule = rule_field(&path).and_then(|(dir, i, rest)| {
-                let rules = if dir == "ingress" {
+            let in_rule = rule_field(&path).and_then(|(is_ingress, i, rest)| {
+                let rules = if is_ingress {
                     &mut *ingress
                 } else {
                     &mut *egress
                 };
-                rules.get_mut(i).map(|r| (r, rest.to_string()))
+                rules.get_mut(i).map(|r| (r, rest))
             });
             match in_rule {
                 Some((rule, rest)) => rule.unknown_fields.push(rest),
-                None => rejected.push(path),
+                None => rejected.push(path.to_string()),
             }
         }
         if rejected.is_empty() {
@@ -493,6 +496,14 @@ mod tests {
         assert_eq!(
             err,
             "globalnetworkpolicies/g: metadata.lables: unknown field; spec.selectr: unknown field"
+        );
+        // A spec key spelt like a rule's path is still a spec-level unknown field.
+        let mut crafted = doc.clone();
+        crafted["spec"]["ingress[0].x"] = json!(1);
+        let err = Resource::from_value(crafted).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "globalnetworkpolicies/g: spec.ingress[0].x: unknown field"
         );
         let err = Resource::from_json(
             br#"{"kind":"StagedNetworkPolicy","metadata":{"name":"s","namespace":"n"},

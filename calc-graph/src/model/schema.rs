@@ -287,6 +287,15 @@ pub static K8S_NETWORK_POLICY: Shape = Shape::Object(&[&envelope(&K8S_NETWORK_PO
 /// The JSON paths (`spec.ingress[0].source.selectr`) of every object key in `json` that `shape`
 /// does not know, in document order. Malformed JSON yields no paths: the typed decode reports it.
 pub fn unknown_fields(shape: &'static Shape, json: &[u8]) -> Vec<String> {
+    unknown_field_paths(shape, json)
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
+/// [`unknown_fields`], as structured paths (a key that itself contains `.` or `[` cannot be
+/// mistaken for a deeper path).
+pub fn unknown_field_paths(shape: &'static Shape, json: &[u8]) -> Vec<FieldPath> {
     let mut out = Vec::new();
     let mut de = serde_json::Deserializer::from_slice(json);
     let _ = Check {
@@ -307,7 +316,31 @@ pub fn unknown_fields_in_value(shape: &'static Shape, v: &serde_json::Value) -> 
         out: &mut out,
     }
     .deserialize(v);
-    out
+    out.iter().map(ToString::to_string).collect()
+}
+
+/// One step of a [`FieldPath`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathSeg {
+    Key(String),
+    Index(usize),
+}
+
+/// Where a field is in a document; displays as `spec.ingress[0].source.selectr`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldPath(pub Vec<PathSeg>);
+
+impl fmt::Display for FieldPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, seg) in self.0.iter().enumerate() {
+            match seg {
+                PathSeg::Key(k) if i == 0 => write!(f, "{k}")?,
+                PathSeg::Key(k) => write!(f, ".{k}")?,
+                PathSeg::Index(n) => write!(f, "[{n}]")?,
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A path built on the stack and formatted only when a field is unknown.
@@ -317,21 +350,32 @@ enum Seg<'a> {
     Index(&'a Seg<'a>, usize),
 }
 
-impl fmt::Display for Seg<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Seg::Root => Ok(()),
-            Seg::Key(Seg::Root, k) => write!(f, "{k}"),
-            Seg::Key(p, k) => write!(f, "{p}.{k}"),
-            Seg::Index(p, i) => write!(f, "{p}[{i}]"),
+impl Seg<'_> {
+    fn to_path(&self) -> FieldPath {
+        let mut segs = Vec::new();
+        let mut at = self;
+        loop {
+            match at {
+                Seg::Root => break,
+                Seg::Key(p, k) => {
+                    segs.push(PathSeg::Key((*k).to_string()));
+                    at = p;
+                }
+                Seg::Index(p, i) => {
+                    segs.push(PathSeg::Index(*i));
+                    at = p;
+                }
+            }
         }
+        segs.reverse();
+        FieldPath(segs)
     }
 }
 
 struct Check<'a, 'p> {
     shape: &'static Shape,
     at: &'a Seg<'p>,
-    out: &'a mut Vec<String>,
+    out: &'a mut Vec<FieldPath>,
 }
 
 impl<'de> DeserializeSeed<'de> for Check<'_, '_> {
@@ -372,7 +416,7 @@ impl<'de> Visitor<'de> for Check<'_, '_> {
                     out: self.out,
                 })?,
                 None => {
-                    self.out.push(at.to_string());
+                    self.out.push(at.to_path());
                     map.next_value::<IgnoredAny>()?;
                 }
             }
