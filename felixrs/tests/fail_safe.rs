@@ -342,6 +342,7 @@ fn no_unknown_or_unenforced_rule_field_widens_a_rule() {
             }
         }
     }
+    println!("{cases} variants judged by trace, {invalid} rejected as invalid as a whole");
     assert!(
         cases > 200 && invalid < cases / 4,
         "{cases} judged, {invalid} invalid"
