@@ -2,12 +2,12 @@
 //! NetworkPolicies (with 4 rules each), as the agent decodes them from etcd at startup.
 //!
 //! Floor: `serde_json::from_slice::<Value>` of the same bytes (parsing the JSON at all).
-//! Measured: `Resource::from_etcd` (head parse + typed decode + key check), then `validate`,
-//! and `to_json`. Run: `cargo bench -p calc-graph --bench model_decode`.
+//! Measured: `Resource::from_etcd` (head parse + typed decode + unknown-field check + key check),
+//! the unknown-field check alone (`schema_check_only`), then `validate`, and `to_json`. Run: `cargo bench -p calc-graph --bench model_decode`.
 
 use std::hint::black_box;
 
-use calc_graph::model::Resource;
+use calc_graph::model::{Resource, schema};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;
 
@@ -76,6 +76,16 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             for (k, v) in &snapshot {
                 black_box(Resource::from_etcd(k, v).unwrap());
+            }
+        })
+    });
+    g.bench_function("schema_check_only", |b| {
+        b.iter(|| {
+            for (k, v) in &snapshot {
+                let kind = calc_graph::model::ResourceKey::parse_etcd_key(k)
+                    .unwrap()
+                    .kind;
+                black_box(schema::unknown_fields(schema::calico_document(kind), v));
             }
         })
     });

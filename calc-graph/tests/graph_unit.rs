@@ -646,3 +646,80 @@ fn allowed_source_prefixes_reach_the_local_endpoint_and_changes_update_it() {
         "{out:?}"
     );
 }
+
+/// Issue 18 in the pure core: rules with an unknown or unenforced field fail safe, are kept as
+/// the policy's `FailedSafeRule`s while it stands, and are not errors.
+#[test]
+fn rules_with_unknown_or_unenforced_fields_fail_safe_and_are_tracked() {
+    let typo = Rule {
+        unknown_fields: vec!["source.selectr".into()],
+        ..Rule::new(Action::Allow)
+    };
+    let deny_domains = Rule {
+        protocol: Some(calc_graph::model::Protocol::Tcp),
+        destination: EntityRule {
+            domains: vec!["example.com".into()],
+            ..EntityRule::default()
+        },
+        ..Rule::new(Action::Deny)
+    };
+    let (mut g, dp) = synced(vec![
+        mk_wep("prod", "web", NODE, "10.0.0.1/32", &[("app", "web")]),
+        mk_gnp(
+            "g",
+            "app == 'web'",
+            None,
+            vec![typo, allow_from("role == 'x'"), deny_domains],
+            vec![],
+        ),
+    ]);
+    assert!(g.take_errors().is_empty());
+    let p = dp.policies.values().next().expect("the policy is active");
+    let actions: Vec<_> = p.inbound_rules.iter().map(|r| r.action()).collect();
+    assert_eq!(
+        actions,
+        vec![Action::Allow, Action::Deny],
+        "the typo'd Allow is gone, the Deny kept"
+    );
+    assert!(p.inbound_rules[1].dst_nets.is_empty() && p.inbound_rules[1].protocol.is_some());
+    let reports: Vec<String> = g
+        .failed_safe_rules()
+        .map(|(k, r)| format!("{k} {r}"))
+        .collect();
+    assert_eq!(
+        reports,
+        vec![
+            "globalnetworkpolicies/g spec.ingress[0]: Allow rule not rendered: unknown field source.selectr",
+            "globalnetworkpolicies/g spec.ingress[2]: Deny rule rendered with only its enforced matches: unenforced field destination.domains",
+        ]
+    );
+    // Fixed: the reports go; deleted: nothing is left either.
+    run(
+        &mut g,
+        vec![mk_gnp(
+            "g",
+            "app == 'web'",
+            None,
+            vec![allow_from("role == 'x'")],
+            vec![],
+        )],
+    );
+    assert_eq!(g.failed_safe_rules().count(), 0);
+    run(
+        &mut g,
+        vec![mk_gnp(
+            "g",
+            "app == 'web'",
+            None,
+            vec![Rule {
+                http: Some(Default::default()),
+                ..Rule::new(Action::Allow)
+            }],
+            vec![],
+        )],
+    );
+    assert_eq!(g.failed_safe_rules().count(), 1);
+    assert!(g.take_errors().is_empty());
+    run(&mut g, vec![del(Kind::GlobalNetworkPolicy, None, "g")]);
+    assert_eq!(g.failed_safe_rules().count(), 0);
+}

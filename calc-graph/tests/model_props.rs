@@ -1,7 +1,9 @@
 //! Property tests for the resource model:
 //! * generated resources survive encode -> decode and etcd key -> `from_etcd` unchanged;
 //! * hostile input (random bytes, mutated fixtures, random names) never panics: it decodes and
-//!   validates, or it is rejected with an error naming the resource.
+//!   validates, or it is rejected with an error naming the resource;
+//! * strict decoding: a key added anywhere in a valid fixture is reported at exactly its path (on
+//!   its rule, which fails safe, or as the resource's error), unless it is data (labels, ...).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -286,6 +288,105 @@ proptest! {
             Err(e) => prop_assert!(!e.to_string().is_empty()),
         }
     }
+}
+
+/// `/spec/ingress/0/source` -> `spec.ingress[0].source`.
+fn dotted(pointer: &str) -> String {
+    let mut out = String::new();
+    for seg in pointer.split('/').skip(1) {
+        if seg.parse::<usize>().is_ok() {
+            out.push_str(&format!("[{seg}]"));
+        } else {
+            if !out.is_empty() {
+                out.push('.');
+            }
+            out.push_str(seg);
+        }
+    }
+    out
+}
+
+/// Objects whose keys are data, not fields: a key added there is not unknown.
+fn is_free_form(pointer: &str) -> bool {
+    [
+        "labels",
+        "annotations",
+        "labelsToApply",
+        "matchLabels",
+        "managedFields",
+        "ownerReferences",
+        "status",
+    ]
+    .iter()
+    .any(|f| pointer.split('/').any(|seg| seg == *f))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// A key added to any object of a valid fixture is reported at exactly its path: on the rule
+    /// it sits in (which then fails safe), or as the resource's error; keys added to free-form
+    /// maps (labels, annotations, ...) are data.
+    #[test]
+    fn an_added_key_is_reported_at_its_path(
+        idx in any::<prop::sample::Index>(),
+        obj_idx in any::<prop::sample::Index>(),
+        key in "[a-z][a-zA-Z]{0,8}X",
+    ) {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/valid");
+        let mut files: Vec<_> = fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+        files.sort();
+        let mut doc: Value = serde_json::from_slice(&fs::read(idx.get(&files)).unwrap()).unwrap();
+        let mut pointers = Vec::new();
+        collect_pointers(&doc, String::new(), &mut pointers);
+        let objects: Vec<String> = pointers
+            .into_iter()
+            .filter(|p| doc.pointer(p).is_some_and(Value::is_object))
+            .collect();
+        let at = obj_idx.get(&objects).clone();
+        let obj = doc.pointer_mut(&at).unwrap().as_object_mut().unwrap();
+        obj.insert(key.clone(), Value::from("v"));
+        let path = dotted(&format!("{at}/{key}"));
+        let rule_prefix = |r: &str| path.strip_prefix(r).and_then(|rest| rest.strip_prefix('.'));
+        match Resource::from_json(doc.to_string().as_bytes()) {
+            Err(calc_graph::model::ModelError::UnknownFields { paths, .. }) => {
+                prop_assert!(!is_free_form(&at), "{at}");
+                prop_assert_eq!(paths, vec![path]);
+            }
+            Err(e) => prop_assert!(false, "{path}: {e}"),
+            Ok(r) => {
+                let rules: Vec<(String, Rule)> = match &r {
+                    Resource::NetworkPolicy(p) => rules_of(&p.spec.ingress, &p.spec.egress),
+                    Resource::GlobalNetworkPolicy(p) => rules_of(&p.spec.ingress, &p.spec.egress),
+                    Resource::Profile(p) => rules_of(&p.spec.ingress, &p.spec.egress),
+                    _ => Vec::new(),
+                };
+                let holder = rules.iter().find(|(rp, _)| rule_prefix(rp).is_some());
+                match holder {
+                    Some((rp, rule)) if !is_free_form(&at) => {
+                        prop_assert_eq!(&rule.unknown_fields, &vec![rule_prefix(rp).unwrap().to_string()]);
+                        prop_assert!(rule.fails_safe());
+                    }
+                    _ => {
+                        prop_assert!(is_free_form(&at), "{path} accepted silently");
+                        prop_assert!(rules.iter().all(|(_, r)| r.unknown_fields.is_empty()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn rules_of(ingress: &[Rule], egress: &[Rule]) -> Vec<(String, Rule)> {
+    let ing = ingress
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (format!("spec.ingress[{i}]"), r.clone()));
+    let eg = egress
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (format!("spec.egress[{i}]"), r.clone()));
+    ing.chain(eg).collect()
 }
 
 fn collect_pointers(v: &Value, at: String, out: &mut Vec<String>) {

@@ -71,6 +71,9 @@ pub struct NodeView {
     pub outputs: Vec<Output>,
     /// One line per object that was skipped or rendered fail-closed.
     pub problems: Vec<String>,
+    /// One line per rule that failed safe (`failed safe: <resource> spec.ingress[0]: ...`); also
+    /// in `problems`.
+    pub failed_safe: Vec<String>,
 }
 
 /// Loads the objects and renders them for `node_name` with the agent's dataplane flags.
@@ -120,6 +123,30 @@ pub fn render_node(
         }
     }
     pipeline.in_sync();
+    let failed_safe: Vec<String> = (pipeline.failed_safe_rules().iter().map(|r| {
+        let fields: Vec<String> = (r.unknown_fields.iter())
+            .map(|f| format!("unknown field {f}"))
+            .chain(
+                r.unenforced_fields
+                    .iter()
+                    .map(|f| format!("unenforced field {f}")),
+            )
+            .collect();
+        format!(
+            "failed safe: {} {}: {} rule {}: {}",
+            r.resource,
+            r.rule,
+            r.action,
+            if r.rendered {
+                "rendered with only its enforced matches"
+            } else {
+                "not rendered"
+            },
+            fields.join(", ")
+        )
+    }))
+    .collect();
+    problems.extend(failed_safe.iter().cloned());
     let outputs = pipeline.flush();
     let mut renderer =
         Renderer::new(dataplane.render_config()).map_err(|e| anyhow::anyhow!("renderer: {e}"))?;
@@ -132,6 +159,7 @@ pub fn render_node(
         revision,
         outputs,
         problems,
+        failed_safe,
     })
 }
 

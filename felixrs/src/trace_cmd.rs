@@ -335,6 +335,15 @@ impl Args {
         let view = render_node(&self.source, &self.node_name, &self.dataplane)?;
         let traced = trace_packet(&view, &self.node_name, &self.packet)?;
         let mut text = report(&view, &traced, &self.node_name);
+        if !view.failed_safe.is_empty() {
+            let _ = writeln!(
+                text,
+                "rules not rendered as written (a field the agent does not enforce or know; never widens a rule):"
+            );
+            for f in &view.failed_safe {
+                let _ = writeln!(text, "  {}", f.trim_start_matches("failed safe: "));
+            }
+        }
         if self.check_kernel {
             let v = traced.packet.version();
             let (program, actual, actual_sets) = read_kernel(v)?;

@@ -142,3 +142,77 @@ fn dataplane_flags_are_the_agents() {
         "mark mask not used:\n{text}"
     );
 }
+
+#[test]
+fn rules_that_fail_safe_are_reported_by_render_and_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let typo = dir.path().join("typo.yaml");
+    std::fs::write(
+        &typo,
+        r#"
+apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: strict-typo}
+spec:
+  order: 1
+  selector: projectcalico.org/namespace == 'shop'
+  types: [Ingress]
+  ingress:
+  - action: Allow
+    source: {selectr: "role == 'x'"}
+  - action: Deny
+    protocol: TCP
+    destination: {domains: [example.com]}
+"#,
+    )
+    .unwrap();
+    let (text, stderr) = render(&[], &[&typo]);
+    for want in [
+        "failed safe: globalnetworkpolicies/strict-typo spec.ingress[0]: Allow rule not rendered: unknown field spec.ingress[0].source.selectr",
+        "failed safe: globalnetworkpolicies/strict-typo spec.ingress[1]: Deny rule rendered with only its enforced matches: unenforced field spec.ingress[1].destination.domains",
+    ] {
+        assert!(stderr.contains(want), "missing {want:?} in:\n{stderr}");
+    }
+    // The Allow is gone; the Deny stays with its protocol match.
+    let chain: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("-A cali-pi-gnp/strict-typo "))
+        .collect();
+    assert!(
+        chain
+            .iter()
+            .all(|l| !l.contains("--set-xmark 0x10000/0x10000")),
+        "{chain:#?}"
+    );
+    assert!(
+        chain.iter().any(|l| l.contains("-p tcp")) && chain.iter().any(|l| l.contains("-j DROP")),
+        "{chain:#?}"
+    );
+
+    let out = Command::new(env!("CARGO_BIN_EXE_felixrs"))
+        .args(["trace", "--node-name", "node-1", "--manifests"])
+        .arg(demo())
+        .arg(&typo)
+        .args([
+            "--from",
+            "shop/web-0",
+            "--to",
+            "shop/db-0",
+            "--port",
+            "5432",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("rules not rendered as written")
+            && text.contains("globalnetworkpolicies/strict-typo spec.ingress[0]: Allow rule not rendered: unknown field spec.ingress[0].source.selectr"),
+        "{text}"
+    );
+    assert!(text.contains("verdict: DROP"), "{text}");
+}

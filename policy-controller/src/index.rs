@@ -15,6 +15,7 @@ use kube::ResourceExt;
 
 use crate::convert::{self, ConvertOptions, Converted, ObjectRef, SkipReport};
 use crate::manifests::ManifestSet;
+use crate::strict_k8s::StrictNetworkPolicy;
 use crate::validate::checked;
 use crate::writer::Desired;
 
@@ -51,6 +52,14 @@ impl SourceKind for NetworkPolicy {
     const KIND: &'static str = "NetworkPolicy";
     fn convert(&self, opts: &ConvertOptions) -> Converted {
         convert::network_policy_to_calico(self, opts)
+    }
+}
+
+/// What the watchers read: NetworkPolicy checked against the known schema.
+impl SourceKind for StrictNetworkPolicy {
+    const KIND: &'static str = "NetworkPolicy";
+    fn convert(&self, opts: &ConvertOptions) -> Converted {
+        StrictNetworkPolicy::convert(self, opts)
     }
 }
 

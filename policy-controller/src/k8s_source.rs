@@ -8,9 +8,9 @@
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 
+use crate::strict_k8s::StrictNetworkPolicy;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
@@ -33,7 +33,7 @@ pub fn spawn_all(client: Client, index: SharedIndex, changed: Arc<Notify>) -> Ve
         spawn::<Namespace>(client.clone(), index.clone(), changed.clone()),
         spawn::<ServiceAccount>(client.clone(), index.clone(), changed.clone()),
         spawn::<Pod>(client.clone(), index.clone(), changed.clone()),
-        spawn::<NetworkPolicy>(client, index, changed),
+        spawn::<StrictNetworkPolicy>(client, index, changed),
     ]
 }
 
@@ -108,7 +108,7 @@ pub async fn list_once(client: Client, index: &SharedIndex) -> Result<(), kube::
     list_kind::<Namespace>(&client, index).await?;
     list_kind::<ServiceAccount>(&client, index).await?;
     list_kind::<Pod>(&client, index).await?;
-    list_kind::<NetworkPolicy>(&client, index).await
+    list_kind::<StrictNetworkPolicy>(&client, index).await
 }
 
 async fn list_kind<K>(client: &Client, index: &SharedIndex) -> Result<(), kube::Error>

@@ -28,6 +28,7 @@ pub mod index;
 pub mod k8s_source;
 pub mod manifests;
 pub mod metrics;
+pub mod strict_k8s;
 pub mod v3_passthrough;
 pub mod validate;
 pub mod writer;

@@ -10,8 +10,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use crate::strict_k8s::StrictNetworkPolicy;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::Value;
 
 use crate::convert::{self, CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport};
@@ -238,10 +238,15 @@ pub fn convert_value(v: &Value, opts: &ConvertOptions) -> Converted {
             Ok(o) => convert::pod_to_workload_endpoint(&o, opts),
             Err(r) => Converted::skipped(r, None),
         },
-        ("networking.k8s.io/v1", "NetworkPolicy") => match parse::<NetworkPolicy>(v, &obj) {
-            Ok(o) => convert::network_policy_to_calico(&o, opts),
-            Err(r) => Converted::skipped(r, None),
-        },
+        ("networking.k8s.io/v1", "NetworkPolicy") => {
+            match StrictNetworkPolicy::from_value(v.clone()) {
+                Ok(o) => o.convert(opts),
+                Err(e) => Converted::skipped(
+                    SkipReport::new(&obj, "", format!("cannot decode: {e}")),
+                    None,
+                ),
+            }
+        }
         (convert::v3::API_VERSION, _) => crate::v3_passthrough::convert_v3(v),
         _ => Converted::skipped(
             SkipReport::new(

@@ -5,7 +5,7 @@
 //! `Resource::to_json`, the canonical form the agent reads back. So nothing reaches etcd that the
 //! agent's model would reject, and what is stored is byte-identical however it was produced.
 
-use calc_graph::model::{ModelError, Resource};
+use calc_graph::model::{Action, ModelError, Resource, Rule};
 
 use crate::convert::{CalicoResource, Converted, ObjectRef, SkipReport};
 
@@ -13,20 +13,99 @@ use crate::convert::{CalicoResource, Converted, ObjectRef, SkipReport};
 pub type FieldError = (String, String);
 
 /// Decodes, validates and canonicalises one resource.
+///
+/// Decoding is strict (the model's schema): an unknown field outside a rule fails the resource.
+/// A rule with an unknown field is kept as written (the canonical form could not carry the
+/// field), so the agent sees it and fails that rule safe; see [`failed_safe_reports`].
 pub fn canonical(r: &CalicoResource) -> Result<CalicoResource, FieldError> {
-    let res = Resource::from_json(r.json.as_bytes()).map_err(|e| match e {
-        ModelError::Decode { path, message, .. } => (path, message),
-        other => (String::new(), other.to_string()),
-    })?;
-    if let Err(errs) = res.validate() {
-        let field = errs.first().map(|e| e.path.clone()).unwrap_or_default();
-        let message = errs
-            .iter()
-            .map(|e| format!("{}: {}", e.path, e.message))
-            .collect::<Vec<_>>()
-            .join("; ");
-        return Err((field, message));
+    let res = decode(r)?;
+    let keep_as_written = rules_of(&res).any(|(_, rule)| !rule.unknown_fields.is_empty());
+    if keep_as_written {
+        res.validate().map_err(first_and_all)?;
+        return Ok(r.clone());
     }
+    canonical_of(r, res)
+}
+
+fn decode(r: &CalicoResource) -> Result<Resource, FieldError> {
+    Resource::from_json(r.json.as_bytes()).map_err(|e| match e {
+        ModelError::Decode { path, message, .. } => (path, message),
+        ModelError::UnknownFields { paths, .. } => {
+            let all = paths
+                .iter()
+                .map(|p| format!("{p}: unknown field"))
+                .collect::<Vec<_>>()
+                .join("; ");
+            (paths.first().cloned().unwrap_or_default(), all)
+        }
+        other => (String::new(), other.to_string()),
+    })
+}
+
+fn first_and_all(errs: Vec<calc_graph::model::ValidationError>) -> FieldError {
+    let field = errs.first().map(|e| e.path.clone()).unwrap_or_default();
+    let message = errs
+        .iter()
+        .map(|e| format!("{}: {}", e.path, e.message))
+        .collect::<Vec<_>>()
+        .join("; ");
+    (field, message)
+}
+
+/// `(spec.ingress[i], rule)` for every rule of a policy or profile.
+fn rules_of(res: &Resource) -> impl Iterator<Item = (String, &Rule)> {
+    let (ingress, egress): (&[Rule], &[Rule]) = match res {
+        Resource::NetworkPolicy(p) => (&p.spec.ingress, &p.spec.egress),
+        Resource::GlobalNetworkPolicy(p) => (&p.spec.ingress, &p.spec.egress),
+        Resource::Profile(p) => (&p.spec.ingress, &p.spec.egress),
+        _ => (&[], &[]),
+    };
+    let ing = ingress
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (format!("spec.ingress[{i}]"), r));
+    let eg = egress
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (format!("spec.egress[{i}]"), r));
+    ing.chain(eg)
+}
+
+/// One report per rule field the agent will not enforce (unknown, or known but unenforced):
+/// the resource is stored, and the agent fails that rule safe.
+pub fn failed_safe_reports(r: &CalicoResource) -> Vec<SkipReport> {
+    let Ok(res) = Resource::from_json(r.json.as_bytes()) else {
+        return Vec::new();
+    };
+    let obj = ObjectRef::new(&r.kind, r.namespace.as_deref(), &r.name);
+    let mut out = Vec::new();
+    for (at, rule) in rules_of(&res) {
+        let effect = match rule.action {
+            Action::Deny | Action::Log => {
+                "the agent renders the rule with only its enforced matches"
+            }
+            Action::Allow | Action::Pass => "the agent does not render the rule",
+        };
+        for f in &rule.unknown_fields {
+            out.push(SkipReport::new(
+                &obj,
+                format!("{at}.{f}"),
+                format!("unknown field; {effect}"),
+            ));
+        }
+        for f in rule.unenforced_fields() {
+            out.push(SkipReport::new(
+                &obj,
+                format!("{at}.{f}"),
+                format!("not enforced by this dataplane; {effect}"),
+            ));
+        }
+    }
+    out
+}
+
+fn canonical_of(r: &CalicoResource, res: Resource) -> Result<CalicoResource, FieldError> {
+    res.validate().map_err(first_and_all)?;
     Ok(CalicoResource {
         json: res.to_json(),
         ..r.clone()
@@ -37,7 +116,10 @@ pub fn canonical(r: &CalicoResource) -> Result<CalicoResource, FieldError> {
 pub fn checked(mut c: Converted) -> Converted {
     if let Some(r) = c.resource.take() {
         match canonical(&r) {
-            Ok(r) => c.resource = Some(r),
+            Ok(r) => {
+                c.skips.extend(failed_safe_reports(&r));
+                c.resource = Some(r);
+            }
             Err((field, msg)) => {
                 let obj = ObjectRef::new(&r.kind, r.namespace.as_deref(), &r.name);
                 c.skips.push(SkipReport::new(&obj, field, msg));
@@ -46,4 +128,60 @@ pub fn checked(mut c: Converted) -> Converted {
         }
     }
     c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn gnp(spec: serde_json::Value) -> Converted {
+        checked(crate::v3_passthrough::convert_v3(&json!({
+            "apiVersion": "projectcalico.org/v3", "kind": "GlobalNetworkPolicy",
+            "metadata": {"name": "g"}, "spec": spec
+        })))
+    }
+
+    #[test]
+    fn v3_rules_with_unknown_fields_are_stored_as_written_and_reported() {
+        let c = gnp(json!({"selector": "all()", "types": ["Ingress"],
+            "ingress": [{"action": "Allow", "source": {"selectr": "a == 'b'"}},
+                        {"action": "Allow", "http": {"methods": ["GET"]}}]}));
+        let stored = c.resource.expect("stored");
+        assert!(stored.json.contains("selectr"), "{}", stored.json);
+        let fields: Vec<(&str, &str)> = c
+            .skips
+            .iter()
+            .map(|s| (s.field.as_str(), s.message.as_str()))
+            .collect();
+        assert_eq!(
+            fields,
+            vec![
+                (
+                    "spec.ingress[0].source.selectr",
+                    "unknown field; the agent does not render the rule"
+                ),
+                (
+                    "spec.ingress[1].http",
+                    "not enforced by this dataplane; the agent does not render the rule"
+                ),
+            ]
+        );
+        // Without unknown fields the canonical form is stored (selectr gone, keys ordered).
+        let c = gnp(json!({"types": ["Ingress"], "selector": "all()"}));
+        assert!(c.skips.is_empty());
+        assert!(c.resource.unwrap().json.starts_with(r#"{"apiVersion""#));
+    }
+
+    #[test]
+    fn an_unknown_field_outside_rules_skips_and_retains_the_key() {
+        let c = gnp(json!({"selectr": "all()", "ingress": [{"action": "Allow"}]}));
+        assert!(c.resource.is_none());
+        assert_eq!(
+            c.retain_key.as_deref(),
+            Some("/calico/resources/v3/projectcalico.org/globalnetworkpolicies/g")
+        );
+        assert_eq!(c.skips[0].field, "spec.selectr");
+        assert_eq!(c.skips[0].message, "spec.selectr: unknown field");
+    }
 }

@@ -180,3 +180,57 @@ async fn watch_relist_after_gone_applies_missed_deletion() {
         t.abort();
     }
 }
+
+/// A NetworkPolicy from the API with an unknown field (k8s-openapi would drop it silently) is
+/// reported with its path and its last good version stays in etcd.
+#[tokio::test]
+async fn unknown_field_from_the_api_keeps_the_last_good_version() {
+    let etcd = Etcd::start();
+    let mut c = etcd.client().await;
+    let api = FakeApiServer::start().await;
+    api.apply(mk_namespace("prod"));
+    api.apply(mk_sa("prod", "default"));
+    api.apply(mk_np("prod", "allow-web"));
+    let index = Arc::new(Mutex::new(Index::new(
+        ConvertOptions::default(),
+        &KINDS,
+        ManifestSet::default(),
+    )));
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let tasks = k8s_source::spawn_all(api.client(), index.clone(), changed.clone());
+    let mut writer = Writer::new(c.clone());
+    wait_until("the initial lists", || index.lock().unwrap().is_ready()).await;
+    sync(&index, &mut writer).await;
+    let key = format!("{RESOURCE_PREFIX}networkpolicies/prod/knp.default.allow-web");
+    let good = c.get(key.as_str(), None).await.unwrap().kvs()[0]
+        .value()
+        .to_vec();
+    assert!(String::from_utf8_lossy(&good).contains("80"));
+
+    // The update moves the port and misspells `from`'s podSelector: as written, the rule would
+    // allow every source on port 81.
+    let mut typo = mk_np("prod", "allow-web");
+    typo["spec"]["ingress"][0] = json!({"ports": [{"port": 81}], "from": [{"podSelectr": {}}]});
+    api.apply(typo);
+    let field = "spec.ingress[0].from[0].podSelectr";
+    wait_until("the typo reported", || {
+        index
+            .lock()
+            .unwrap()
+            .desired()
+            .is_some_and(|s| s.skips.iter().any(|r| r.field == field))
+    })
+    .await;
+    sync(&index, &mut writer).await;
+    let now = c.get(key.as_str(), None).await.unwrap().kvs()[0]
+        .value()
+        .to_vec();
+    assert_eq!(
+        String::from_utf8_lossy(&now),
+        String::from_utf8_lossy(&good),
+        "the last good version is kept"
+    );
+    for t in tasks {
+        t.abort();
+    }
+}

@@ -8,5 +8,6 @@ pub mod cases_v6;
 pub mod cluster;
 pub mod driver;
 pub mod evaluator;
+pub mod strict;
 pub mod traffic;
 pub mod world;

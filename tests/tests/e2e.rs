@@ -687,6 +687,30 @@ fn pod_to_its_node_matches_trace(env: &mut Env) -> Result<Vec<String>> {
     Ok(failures)
 }
 
+/// Issue 18: a typo'd Allow rule from manifests leaves x/b isolated and is reported by its agent;
+/// spelt right, it lets x/a in (see `felixrs_e2e::strict`).
+fn typo_allow_rule_fails_safe(env: &mut Env) -> Result<Vec<String>> {
+    use felixrs_e2e::driver::{HEALTH_ADDR, http_get};
+    use felixrs_e2e::strict;
+    let node = node_of(env, "x/b");
+    let mut failures = Vec::new();
+    for (step, reported) in [
+        (
+            strict::typo_step(),
+            strict::typo_reported as fn(&_, &str, &str) -> Vec<String>,
+        ),
+        (strict::fixed_step(), strict::fixed_reported),
+    ] {
+        env.apply_step(&step)?;
+        failures.extend(env.check(&expect_of(env, &step))?);
+        let agent = &env.agents[node];
+        let status = agent.status().context("agent /status")?;
+        let (_, metrics) = http_get(&agent.netns, HEALTH_ADDR, "/metrics")?;
+        failures.extend(reported(&status, &metrics, &agent.log_tail(5000)));
+    }
+    Ok(failures)
+}
+
 #[test]
 fn netpol_conformance_and_reliability() {
     require_root();
@@ -720,6 +744,12 @@ fn netpol_conformance_and_reliability() {
         let r = env.run_case(&case, Family::V6);
         report(&format!("ipv6: {}", case.name), r);
     }
+    // Before the reliability scenarios: x/d (added by one of them) has no server afterwards.
+    let r = typo_allow_rule_fails_safe(&mut env);
+    report(
+        "strict: a typo'd Allow rule leaves the pod isolated and is reported",
+        r,
+    );
     let r = restart_under_probe(&mut env);
     report("reliability: 20 agent restarts under probe", r);
     let r = restart_with_etcd_down(&mut env);

@@ -15,8 +15,8 @@ use crate::proto::{EndpointId, PolicyId, PolicyKind};
 
 use super::labels::{ItemData, NamedPort};
 use super::rules::{
-    self, LABEL_NAMESPACE, LABEL_ORCHESTRATOR, LABEL_SERVICE_ACCOUNT, NS_PREFIX, SA_PREFIX,
-    ScannedRules,
+    self, FailedSafeRule, LABEL_NAMESPACE, LABEL_ORCHESTRATOR, LABEL_SERVICE_ACCOUNT, NS_PREFIX,
+    SA_PREFIX, ScannedRules,
 };
 
 /// A workload endpoint on this node.
@@ -68,14 +68,14 @@ fn has_type(types: &[PolicyType], t: PolicyType) -> bool {
 pub(crate) fn build_policy(
     key: &ResourceKey,
     r: Resource,
-) -> Result<(PolicyDraft, Vec<String>), String> {
+) -> Result<(PolicyDraft, Vec<FailedSafeRule>), String> {
     let (draft, warnings) = match r {
         Resource::NetworkPolicy(NetworkPolicy { spec, .. }) => {
             let ns = key.namespace.clone().unwrap_or_default();
             let selector = rules::network_policy_selector(&spec, &ns)?;
             let scanned = rules::scan_rules(&spec.ingress, &spec.egress, Some(&ns))?;
             let types = spec.effective_types();
-            let warnings = scanned.warnings.clone();
+            let warnings = scanned.failed_safe.clone();
             (
                 PolicyDraft {
                     id: PolicyId {
@@ -101,7 +101,7 @@ pub(crate) fn build_policy(
             let selector = rules::global_policy_selector(&spec)?;
             let scanned = rules::scan_rules(&spec.ingress, &spec.egress, None)?;
             let types = spec.effective_types();
-            let warnings = scanned.warnings.clone();
+            let warnings = scanned.failed_safe.clone();
             (
                 PolicyDraft {
                     id: PolicyId {

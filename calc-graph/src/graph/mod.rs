@@ -40,8 +40,11 @@
 //!   `preDNAT` policies (host-endpoint only) may be active and emitted but never appear in a
 //!   workload endpoint's tiers.
 //! * Staged policies are ignored; other kinds are ignored.
-//! * Rules with `services` matches: an allow/pass/log rule is dropped (nothing is opened), a deny
-//!   rule is kept without the services match (it denies more); both are reported as errors.
+//! * A field the agent does not enforce never widens a rule: a rule with a field of
+//!   [`crate::model::UNENFORCED_RULE_FIELDS`] (`http`, `services`, `domains`) or an unknown
+//!   field fails safe: an Allow/Pass rule is not rendered (nothing is opened), a Deny/Log rule is
+//!   rendered with only its enforced matches (it denies more). Each is kept as a
+//!   [`FailedSafeRule`] for [`CalcGraph::failed_safe_rules`] while the policy stands.
 //! * Before `InSync`, `flush` returns nothing (as Felix's PolicyResolver); the first flush after
 //!   it returns the complete state followed by `Output::InSync`.
 
@@ -75,7 +78,7 @@ use resolver::{PolicyRef, Tiers};
 use rules::{LABEL_NAMESPACE, ScannedRules};
 use sequencer::{Desired, Sequencer};
 
-pub use rules::named_port_set_id;
+pub use rules::{FailedSafeRule, named_port_set_id};
 
 /// One input of the graph.
 // The agent's API is fixed (`value: Option<Resource>`); `InSync` is rare, so its size is moot.
@@ -155,6 +158,8 @@ pub struct CalcGraph {
     ipsets: IpSets,
     seq: Sequencer,
     errors: Vec<(ResourceKey, String)>,
+    /// Rules that failed safe, per policy/profile (current state, not events).
+    failed_safe: BTreeMap<ResourceKey, Vec<FailedSafeRule>>,
     /// Item changes (both indices) when covers were last re-chosen, and how often that happened.
     changes_at_reoptimize: u64,
     reoptimizations: u64,
@@ -184,6 +189,7 @@ impl CalcGraph {
             ipsets: IpSets::default(),
             seq: Sequencer::default(),
             errors: Vec::new(),
+            failed_safe: BTreeMap::new(),
             changes_at_reoptimize: 0,
             reoptimizations: 0,
             reoptimize_min_changes: index::REOPTIMIZE_MIN_CHANGES,
@@ -270,6 +276,27 @@ impl CalcGraph {
         std::mem::take(&mut self.errors)
     }
 
+    /// Every policy or profile (of the whole cluster, active or not) with rules that failed safe
+    /// because of a field the dataplane does not enforce or know, in key order.
+    pub fn failed_safe_rules(&self) -> impl Iterator<Item = (&ResourceKey, &FailedSafeRule)> {
+        self.failed_safe
+            .iter()
+            .flat_map(|(k, rules)| rules.iter().map(move |r| (k, r)))
+    }
+
+    /// The failed-safe rules of one policy or profile.
+    pub fn failed_safe_rules_of(&self, key: &ResourceKey) -> &[FailedSafeRule] {
+        self.failed_safe.get(key).map_or(&[], Vec::as_slice)
+    }
+
+    fn set_failed_safe(&mut self, key: &ResourceKey, rules: Vec<FailedSafeRule>) {
+        if rules.is_empty() {
+            self.failed_safe.remove(key);
+        } else {
+            self.failed_safe.insert(key.clone(), rules);
+        }
+    }
+
     pub fn stats(&self) -> GraphStats {
         GraphStats {
             local_endpoints: self.local_eps.len(),
@@ -342,9 +369,8 @@ impl CalcGraph {
             }
             Kind::NetworkPolicy | Kind::GlobalNetworkPolicy => {
                 let draft = value.and_then(|r| match build_policy(key, r) {
-                    Ok((draft, warnings)) => {
-                        self.errors
-                            .extend(warnings.into_iter().map(|w| (key.clone(), w)));
+                    Ok((draft, failed_safe)) => {
+                        self.set_failed_safe(key, failed_safe);
                         Some(draft)
                     }
                     Err(e) => {
@@ -352,6 +378,9 @@ impl CalcGraph {
                         None
                     }
                 });
+                if draft.is_none() {
+                    self.set_failed_safe(key, Vec::new());
+                }
                 self.apply_policy(key, draft);
             }
             Kind::Tier => {
@@ -507,8 +536,7 @@ impl CalcGraph {
         let rules = match p {
             Some(p) => match rules::scan_rules(&p.spec.ingress, &p.spec.egress, None) {
                 Ok(r) => {
-                    self.errors
-                        .extend(r.warnings.iter().map(|w| (key.clone(), w.clone())));
+                    self.set_failed_safe(key, r.failed_safe.clone());
                     labels = p.spec.labels_to_apply;
                     Some(Arc::new(r))
                 }
@@ -519,6 +547,9 @@ impl CalcGraph {
             },
             None => None,
         };
+        if rules.is_none() {
+            self.set_failed_safe(key, Vec::new());
+        }
         match rules {
             Some(r) => self.profiles.insert(name.clone(), r),
             None => self.profiles.remove(&name),

@@ -86,8 +86,61 @@ pub(crate) struct ScannedRules {
     pub outbound: Vec<ParsedRule>,
     /// Every IP set the rules reference, without duplicates.
     pub sets: Vec<IpSetSpec>,
-    /// Problems that did not invalidate the whole object (a rule was dropped or widened).
-    pub warnings: Vec<String>,
+    /// Rules with a field the agent does not enforce (or does not know), and what was done.
+    pub failed_safe: Vec<FailedSafeRule>,
+}
+
+/// A rule that was not rendered as written because it has a field the dataplane does not
+/// enforce (one of [`crate::model::UNENFORCED_RULE_FIELDS`]) or does not know: an Allow or Pass
+/// rule is not rendered at all, a Deny or Log rule is rendered with its other matches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedSafeRule {
+    /// `spec.ingress[0]`.
+    pub rule: String,
+    pub action: Action,
+    /// Unknown fields, relative to the rule (`source.selectr`).
+    pub unknown: Vec<String>,
+    /// Known but unenforced fields, relative to the rule (`http`).
+    pub unenforced: Vec<&'static str>,
+}
+
+impl FailedSafeRule {
+    /// Whether the rule is rendered (without the fields): Deny and Log are, Allow and Pass not.
+    pub fn rendered(&self) -> bool {
+        matches!(self.action, Action::Deny | Action::Log)
+    }
+
+    /// Every offending field with the rule's path: `spec.ingress[0].source.selectr`.
+    pub fn fields(&self) -> impl Iterator<Item = String> + '_ {
+        self.unknown
+            .iter()
+            .map(String::as_str)
+            .chain(self.unenforced.iter().copied())
+            .map(|f| format!("{}.{f}", self.rule))
+    }
+}
+
+impl fmt::Display for FailedSafeRule {
+    /// `spec.ingress[0]: Allow rule not rendered: unknown field source.selectr`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let action = format!("{:?}", self.action);
+        let effect = if self.rendered() {
+            "rendered with only its enforced matches"
+        } else {
+            "not rendered"
+        };
+        write!(f, "{}: {action} rule {effect}:", self.rule)?;
+        let mut sep = " ";
+        for u in &self.unknown {
+            write!(f, "{sep}unknown field {u}")?;
+            sep = ", ";
+        }
+        for u in &self.unenforced {
+            write!(f, "{sep}unenforced field {u}")?;
+            sep = ", ";
+        }
+        Ok(())
+    }
 }
 
 /// A field path for error messages (`spec.ingress[2].source.selector`), formatted only when an
@@ -436,20 +489,20 @@ pub(crate) fn scan_rules(
     ] {
         for (i, rule) in rules.iter().enumerate() {
             let field = RuleField(dir, i);
-            let uses_services =
-                rule.source.services.is_some() || rule.destination.services.is_some();
-            if uses_services {
-                if rule.action == Action::Deny {
-                    // Dropping the services match only widens a deny: fail closed.
-                    out.warnings.push(format!(
-                        "{field}: services matches are not supported; the deny rule applies without them"
-                    ));
-                } else {
-                    out.warnings.push(format!(
-                        "{field}: services matches are not supported; the rule is dropped"
-                    ));
+            if rule.fails_safe() {
+                let note = FailedSafeRule {
+                    rule: field.to_string(),
+                    action: rule.action,
+                    unknown: rule.unknown_fields.clone(),
+                    unenforced: rule.unenforced_fields(),
+                };
+                let rendered = note.rendered();
+                out.failed_safe.push(note);
+                if !rendered {
                     continue;
                 }
+                // Deny and Log keep their known matches: they deny (log) at least what was
+                // written; scan_rule reads no unenforced field.
             }
             parsed.push(scan_rule(rule, ns, &field, &mut out.sets)?);
         }
@@ -467,6 +520,6 @@ pub(crate) fn deny_all() -> ScannedRules {
         inbound: vec![deny.clone()],
         outbound: vec![deny],
         sets: Vec::new(),
-        warnings: Vec::new(),
+        failed_safe: Vec::new(),
     }
 }

@@ -29,6 +29,13 @@ pub enum ModelError {
         path: String,
         message: String,
     },
+    /// The document has fields the upstream schema does not know, outside any rule (inside a
+    /// rule, an unknown field makes that rule fail safe instead).
+    #[error("{resource}: {}", .paths.iter().map(|p| format!("{p}: unknown field")).collect::<Vec<_>>().join("; "))]
+    UnknownFields {
+        resource: String,
+        paths: Vec<String>,
+    },
     /// The etcd key and the resource body disagree on kind, namespace or name.
     #[error("{resource}: {field} in the body is {body:?} but the etcd key says {key:?}")]
     KeyMismatch {

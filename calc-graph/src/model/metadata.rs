@@ -3,8 +3,8 @@
 //!
 //! Serde conventions of the model, matching Go's `omitempty`: empty strings, lists and maps and
 //! `false` flags are omitted on output; an empty string on input is read as absent, so a
-//! round trip gives Calico's canonical form. Unknown fields are ignored on input (and so dropped
-//! on output).
+//! round trip gives Calico's canonical form. serde ignores unknown fields here; `Resource`'s decoding
+//! checks them against `schema` (see the module docs) and never lets one pass silently.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

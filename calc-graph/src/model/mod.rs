@@ -10,7 +10,11 @@
 //!   `spec` in that order, maps sorted, empty fields omitted as Go's `omitempty` does, CIDRs as
 //!   `addr/len` (a bare address in `nets` decodes as a host network and re-encodes with its
 //!   prefix length; host bits are kept as written, the graph masks them).
-//! * Unknown JSON fields are ignored, so newer Calico data decodes; they are not preserved.
+//! * Strict: every field of a document is checked against the upstream schema ([`schema`]). An
+//!   unknown field inside a policy's or profile's rule (`spec.ingress[0].source.selectr`) is kept
+//!   on that [`Rule`] (`unknown_fields`) and the rule fails safe, like a rule with a field of
+//!   [`UNENFORCED_RULE_FIELDS`]; an unknown field anywhere else rejects the resource
+//!   ([`ModelError::UnknownFields`], naming every path). Unknown fields are never preserved.
 //! * `Resource` also implements serde's `Serialize`/`Deserialize` with the same canonical form
 //!   and kind dispatch, so `serde_yaml::from_str::<Resource>` reads a Calico manifest.
 //! * Decode-time vs validation-time: a malformed CIDR, port, protocol, action or type fails the
@@ -30,6 +34,7 @@ pub mod primitives;
 pub mod profile;
 mod resource;
 pub mod rule;
+pub mod schema;
 pub mod tier;
 mod validate;
 
@@ -56,5 +61,6 @@ pub use profile::{DEFAULT_ALLOW_PROFILE, Profile, ProfileSpec};
 pub use resource::Resource;
 pub use rule::{
     EntityRule, HttpMatch, HttpPath, Rule, RuleMetadata, ServiceAccountMatch, ServiceMatch,
+    UNENFORCED_RULE_FIELDS,
 };
 pub use tier::{DEFAULT_TIER, KUBE_ADMIN_TIER, KUBE_BASELINE_TIER, Tier, TierSpec};

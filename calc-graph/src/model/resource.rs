@@ -13,6 +13,7 @@ use super::policy::{
     StagedNetworkPolicy,
 };
 use super::profile::Profile;
+use super::schema;
 use super::tier::Tier;
 use super::{ModelError, ValidationError};
 
@@ -128,6 +129,20 @@ fn label_of(json: &[u8], kind: Option<Kind>) -> String {
     }
     let _ = write_segment(&mut out, &name);
     out
+}
+
+/// `spec.ingress[3].source.selectr` -> `(true, 3, "source.selectr")` (false for egress).
+fn rule_field(path: &schema::FieldPath) -> Option<(bool, usize, String)> {
+    use schema::PathSeg::{Index, Key};
+    match path.0.as_slice() {
+        [Key(spec), Key(dir), Index(i), rest @ ..]
+            if spec == "spec" && (dir == "ingress" || dir == "egress") && !rest.is_empty() =>
+        {
+            let rest = schema::FieldPath(rest.to_vec()).to_string();
+            Some((dir == "ingress", *i, rest))
+        }
+        _ => None,
+    }
 }
 
 /// Decodes `json` as `T`. The fast path is plain serde_json; only when that fails is the
@@ -265,7 +280,7 @@ impl Resource {
             });
         }
         let l: &dyn Fn() -> String = &label;
-        Ok(match kind {
+        let mut resource = match kind {
             Kind::NetworkPolicy => Resource::NetworkPolicy(decode_as(json, l)?),
             Kind::GlobalNetworkPolicy => Resource::GlobalNetworkPolicy(decode_as(json, l)?),
             Kind::Tier => Resource::Tier(decode_as(json, l)?),
@@ -281,7 +296,55 @@ impl Resource {
             Kind::StagedKubernetesNetworkPolicy => {
                 Resource::StagedKubernetesNetworkPolicy(decode_as(json, l)?)
             }
-        })
+        };
+        let unknown = schema::unknown_field_paths(schema::calico_document(kind), json);
+        if !unknown.is_empty() {
+            resource.attach_unknown_fields(unknown, l)?;
+        }
+        Ok(resource)
+    }
+
+    /// Gives each unknown field inside an enforced rule to that rule (which then fails safe);
+    /// any other unknown field rejects the resource.
+    fn attach_unknown_fields(
+        &mut self,
+        paths: Vec<schema::FieldPath>,
+        label: &dyn Fn() -> String,
+    ) -> Result<(), ModelError> {
+        let (ingress, egress) = match self {
+            Resource::NetworkPolicy(p) => (&mut p.spec.ingress, &mut p.spec.egress),
+            Resource::GlobalNetworkPolicy(p) => (&mut p.spec.ingress, &mut p.spec.egress),
+            Resource::Profile(p) => (&mut p.spec.ingress, &mut p.spec.egress),
+            _ => {
+                return Err(ModelError::UnknownFields {
+                    resource: label(),
+                    paths: paths.iter().map(ToString::to_string).collect(),
+                });
+            }
+        };
+        let mut rejected = Vec::new();
+        for path in paths {
+            let in_rule = rule_field(&path).and_then(|(is_ingress, i, rest)| {
+                let rules = if is_ingress {
+                    &mut *ingress
+                } else {
+                    &mut *egress
+                };
+                rules.get_mut(i).map(|r| (r, rest))
+            });
+            match in_rule {
+                Some((rule, rest)) => rule.unknown_fields.push(rest),
+                None => rejected.push(path.to_string()),
+            }
+        }
+        if rejected.is_empty() {
+            Ok(())
+        } else {
+            Err(ModelError::UnknownFields {
+                resource: label(),
+                paths: rejected,
+            })
+        }
     }
 
     /// The canonical JSON: what the controller writes to etcd.
@@ -402,6 +465,64 @@ mod tests {
             err.contains("unsupported apiVersion \"crd.projectcalico.org/v1\""),
             "{err}"
         );
+    }
+
+    #[test]
+    fn unknown_fields_fail_the_rule_inside_rules_and_the_resource_elsewhere() {
+        let doc = json!({
+            "apiVersion": "projectcalico.org/v3", "kind": "GlobalNetworkPolicy",
+            "metadata": {"name": "g"},
+            "spec": {"ingress": [{"action": "Allow", "source": {"selectr": "x == 'y'"}},
+                                 {"action": "Deny", "http": {"methods": ["GET"]}}],
+                     "egress": [{"action": "Allow", "destination": {"domains": ["example.com"]}}]}
+        });
+        let r = Resource::from_value(doc.clone()).unwrap();
+        let Resource::GlobalNetworkPolicy(p) = &r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(p.spec.ingress[0].unknown_fields, vec!["source.selectr"]);
+        assert!(p.spec.ingress[0].fails_safe());
+        assert!(p.spec.ingress[1].unknown_fields.is_empty());
+        assert_eq!(p.spec.ingress[1].unenforced_fields(), vec!["http"]);
+        assert_eq!(
+            p.spec.egress[0].unenforced_fields(),
+            vec!["destination.domains"]
+        );
+
+        let mut bad = doc.clone();
+        bad["spec"]["selectr"] = json!("all()");
+        bad["metadata"]["lables"] = json!({});
+        let err = Resource::from_value(bad).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "globalnetworkpolicies/g: metadata.lables: unknown field; spec.selectr: unknown field"
+        );
+        // A spec key spelt like a rule's path is still a spec-level unknown field.
+        let mut crafted = doc.clone();
+        crafted["spec"]["ingress[0].x"] = json!(1);
+        let err = Resource::from_value(crafted).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "globalnetworkpolicies/g: spec.ingress[0].x: unknown field"
+        );
+        let err = Resource::from_json(
+            br#"{"kind":"StagedNetworkPolicy","metadata":{"name":"s","namespace":"n"},
+                 "spec":{"stagedAction":"Set","ingress":[{"action":"Allow","sourc":{}}]}}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            err,
+            "stagednetworkpolicies/n/s: spec.ingress[0].sourc: unknown field"
+        );
+        let err = Resource::from_etcd(
+            "/calico/resources/v3/projectcalico.org/workloadendpoints/n/w",
+            br#"{"kind":"WorkloadEndpoint","metadata":{"name":"w","namespace":"n"},
+                 "spec":{"interfaceName":"cali1","ipNetwork":["10.0.0.1/32"]}}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(err, "workloadendpoints/n/w: spec.ipNetwork: unknown field");
     }
 
     #[test]

@@ -45,7 +45,31 @@ pub struct Rule {
     /// `metadata.annotations`, rendered as rule comments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<RuleMetadata>,
+    /// Paths (relative to the rule, `source.selectr`) of fields the document had and the schema
+    /// does not know; filled by [`crate::model::Resource`]'s decoding, never serialised. A rule
+    /// with one fails safe, as a rule with an unenforced field does.
+    #[serde(skip)]
+    pub unknown_fields: Vec<String>,
 }
+
+/// Whether a rule sets a field.
+pub type IsSet = fn(&Rule) -> bool;
+
+/// The fields of a rule that are part of the upstream schema but that this dataplane does not
+/// enforce, each with how to tell it is set. THE one list: a rule that sets one of these (or has
+/// an unknown field) fails safe. An Allow or Pass rule is not rendered; a Deny or Log rule is
+/// rendered with its other matches, so it denies (logs) at least what was written. When a field
+/// becomes enforced (e.g. `domains` with FQDN policy), remove it here.
+pub const UNENFORCED_RULE_FIELDS: &[(&str, IsSet)] = &[
+    // L7: enforced by Calico's Envoy/Dikastes, never by iptables.
+    ("http", |r| r.http.is_some()),
+    // Kubernetes Service matches: no Service data reaches the agent.
+    ("source.services", |r| r.source.services.is_some()),
+    ("destination.services", |r| r.destination.services.is_some()),
+    // DNS (FQDN) policy, Calico Enterprise's `domains`.
+    ("source.domains", |r| !r.source.domains.is_empty()),
+    ("destination.domains", |r| !r.destination.domains.is_empty()),
+];
 
 impl Rule {
     /// A rule with only an action (`{action: Allow}` is "allow everything").
@@ -61,7 +85,23 @@ impl Rule {
             destination: EntityRule::default(),
             http: None,
             metadata: None,
+            unknown_fields: Vec::new(),
         }
+    }
+
+    /// The fields of this rule that are set but not enforced ([`UNENFORCED_RULE_FIELDS`]), as
+    /// paths relative to the rule.
+    pub fn unenforced_fields(&self) -> Vec<&'static str> {
+        UNENFORCED_RULE_FIELDS
+            .iter()
+            .filter(|(_, is_set)| is_set(self))
+            .map(|(name, _)| *name)
+            .collect()
+    }
+
+    /// Whether the rule must fail safe: it has an unknown or an unenforced field.
+    pub fn fails_safe(&self) -> bool {
+        !self.unknown_fields.is_empty() || UNENFORCED_RULE_FIELDS.iter().any(|(_, s)| s(self))
     }
 
     /// The rule's annotations (empty when it has no metadata).
@@ -113,6 +153,13 @@ pub struct EntityRule {
     pub service_accounts: Option<ServiceAccountMatch>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub services: Option<ServiceMatch>,
+    /// DNS names (Calico Enterprise); known so that a rule using it fails safe.
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub domains: Vec<String>,
 }
 
 impl EntityRule {

@@ -23,6 +23,7 @@ use iptables::render::{RenderConfig, Renderer};
 
 use super::apply_loop::{ApplyReport, Dataplane};
 use super::state::Pipeline;
+use super::status::FailedSafeRuleStatus;
 
 /// The calculation graph fed with raw etcd keys and values.
 pub struct GraphPipeline {
@@ -60,7 +61,22 @@ impl Pipeline for GraphPipeline {
                 None,
             ),
         };
-        self.graph.apply(Update::Resource { key: rk, value });
+        let present = value.is_some();
+        self.graph.apply(Update::Resource {
+            key: rk.clone(),
+            value,
+        });
+        if present {
+            for r in self.graph.failed_safe_rules_of(&rk) {
+                tracing::warn!(
+                    resource = %rk,
+                    rule = %r.rule,
+                    action = ?r.action,
+                    fields = %r.fields().collect::<Vec<_>>().join(", "),
+                    "rule fails safe: {r}"
+                );
+            }
+        }
         let errors = self.graph.take_errors();
         if errors.is_empty() {
             Ok(())
@@ -79,6 +95,28 @@ impl Pipeline for GraphPipeline {
 
     fn flush(&mut self) -> Vec<Output> {
         self.graph.flush()
+    }
+
+    fn failed_safe_rules(&self) -> Vec<FailedSafeRuleStatus> {
+        self.graph
+            .failed_safe_rules()
+            .map(|(key, r)| FailedSafeRuleStatus {
+                resource: key.to_string(),
+                rule: r.rule.clone(),
+                action: format!("{:?}", r.action),
+                unknown_fields: r
+                    .unknown
+                    .iter()
+                    .map(|f| format!("{}.{f}", r.rule))
+                    .collect(),
+                unenforced_fields: r
+                    .unenforced
+                    .iter()
+                    .map(|f| format!("{}.{f}", r.rule))
+                    .collect(),
+                rendered: r.rendered(),
+            })
+            .collect()
     }
 }
 

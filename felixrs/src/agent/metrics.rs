@@ -28,6 +28,7 @@ pub struct Metrics {
     pub datastore_updates: Counter,
     pub datastore_disconnects: Counter,
     pub malformed_values: Counter,
+    pub failed_safe_rules: Gauge,
     pub snapshot_writes: Counter,
     pub snapshot_write_errors: Counter,
     pub snapshot_write_seconds: Histogram,
@@ -60,6 +61,7 @@ impl Metrics {
             datastore_updates: Counter::default(),
             datastore_disconnects: Counter::default(),
             malformed_values: Counter::default(),
+            failed_safe_rules: Gauge::default(),
             snapshot_writes: Counter::default(),
             snapshot_write_errors: Counter::default(),
             snapshot_write_seconds: secs(),
@@ -133,6 +135,11 @@ impl Metrics {
             "malformed_values",
             "Datastore values that failed to parse and were skipped",
             m.malformed_values.clone(),
+        );
+        r.register(
+            "failed_safe_rules",
+            "Rules not rendered as written because of a field the agent does not enforce or know",
+            m.failed_safe_rules.clone(),
         );
         r.register(
             "snapshot_writes",

@@ -16,7 +16,7 @@ use calc_graph::proto::Output;
 
 use super::apply_loop::Batch;
 use super::snapshot::{KvMap, Snapshot};
-use super::status::{Source, Status, StatusHub};
+use super::status::{FailedSafeRuleStatus, Source, Status, StatusHub};
 use super::syncer::SyncEvent;
 
 /// Datastore keys in, graph outputs out (the calculation graph behind a small seam).
@@ -28,6 +28,11 @@ pub trait Pipeline: 'static {
     fn in_sync(&mut self);
     /// Everything the graph has to say since the last flush, in dependency order.
     fn flush(&mut self) -> Vec<Output>;
+    /// The rules (cluster-wide) that currently fail safe because of a field the agent does not
+    /// enforce or know.
+    fn failed_safe_rules(&self) -> Vec<FailedSafeRuleStatus> {
+        Vec::new()
+    }
 }
 
 /// Owned by the agent's main task.
@@ -224,6 +229,12 @@ impl<P: Pipeline> AgentState<P> {
             return;
         }
         let outputs = if self.dirty {
+            let failed_safe = self.pipeline.failed_safe_rules();
+            self.hub
+                .metrics
+                .failed_safe_rules
+                .set(failed_safe.len() as i64);
+            self.hub.update(|s| s.failed_safe_rules = failed_safe);
             self.pipeline.flush()
         } else {
             Vec::new()

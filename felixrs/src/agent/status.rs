@@ -54,8 +54,28 @@ pub struct Status {
     pub last_apply_duration_ms: Option<f64>,
     pub last_apply_error: Option<String>,
     pub malformed_values: u64,
+    /// Rules not rendered as written because they have a field the agent does not enforce or
+    /// know (cluster-wide, current): an Allow/Pass rule is left out, a Deny/Log rule keeps only
+    /// its enforced matches. Never widens what a rule allows.
+    #[serde(default)]
+    pub failed_safe_rules: Vec<FailedSafeRuleStatus>,
     pub snapshot_revision: Option<i64>,
     pub snapshot_error: Option<String>,
+}
+
+/// One entry of `/status`'s `failed_safe_rules`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailedSafeRuleStatus {
+    /// The policy or profile, as `globalnetworkpolicies/<name>` or `networkpolicies/<ns>/<name>`.
+    pub resource: String,
+    /// `spec.ingress[0]`.
+    pub rule: String,
+    pub action: String,
+    /// `unknown` or `unenforced` field paths, with the rule's: `spec.ingress[0].source.selectr`.
+    pub unknown_fields: Vec<String>,
+    pub unenforced_fields: Vec<String>,
+    /// Whether the rule is rendered at all (Deny/Log, with only its enforced matches).
+    pub rendered: bool,
 }
 
 /// State shared by the agent's tasks and the HTTP handlers.
