@@ -175,8 +175,9 @@ fn port_matches(p: &NetworkPolicyPort, dst: &PodInfo, probe: Probe) -> bool {
     let probe_proto = match probe.proto {
         Proto::Tcp => "TCP",
         Proto::Udp => "UDP",
-        // NetworkPolicy ports cannot name ICMP: only a rule without ports admits it.
-        Proto::Icmp => return false,
+        // NetworkPolicy ports cannot name ICMP or another IP protocol: only a rule without ports
+        // admits them.
+        Proto::Icmp | Proto::Ip => return false,
     };
     if proto != probe_proto {
         return false;

@@ -4,9 +4,11 @@
 //! `felixrs-test-support`.
 
 pub mod cases;
+pub mod cases_icmp;
 pub mod cases_v6;
 pub mod cluster;
 pub mod driver;
 pub mod evaluator;
+pub mod harness;
 pub mod traffic;
 pub mod world;
