@@ -695,7 +695,8 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
         // A policy or profile rule that sets the accept bit allowed the packet, one that sets the
         // pass bit sent it on to the next tier; any DROP ends it.
         let verdicts = owner.is_some_and(|o| o.verdicts);
-        let newly = |bit: u32| matches!(step.effect, Effect::Mark(m) if m & bit != 0 && mark & bit == 0);
+        let newly =
+            |bit: u32| matches!(step.effect, Effect::Mark(m) if m & bit != 0 && mark & bit == 0);
         let verb = if step.effect == Effect::Drop {
             Some("dropped")
         } else if verdicts && newly(marks.accept) {
@@ -707,12 +708,7 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
         };
         if let Some(verb) = verb {
             let what = owner.map_or(step.chain.as_str(), |o| o.what.as_str());
-            let why = decision(
-                verb,
-                owner.and_then(|o| o.tier.as_deref()),
-                verdicts,
-                &text,
-            );
+            let why = decision(verb, owner.and_then(|o| o.tier.as_deref()), verdicts, &text);
             deciders.push(format!(
                 "{verb} by {what} ({} rule {}){why}",
                 step.chain, step.rule

@@ -181,13 +181,9 @@ fn cases() -> Vec<Case> {
         },
         Case {
             name: "a TCP-port policy admits no ICMP and no other IP protocol",
-            steps: vec![Step::new(
-                vec![ALLOW_XA_TCP_80_ONLY],
-                EVERY.to_vec(),
-                |e| {
-                    e.set("*/*", "x/a", &[U80, PING, RAW], false);
-                },
-            )],
+            steps: vec![Step::new(vec![ALLOW_XA_TCP_80_ONLY], EVERY.to_vec(), |e| {
+                e.set("*/*", "x/a", &[U80, PING, RAW], false);
+            })],
         },
         Case {
             name: "calico: health monitoring, only ICMP in and nothing out",

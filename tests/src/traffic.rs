@@ -108,35 +108,38 @@ impl Servers {
         // Bind on a thread inside the namespace; the sockets stay in it wherever they are used later.
         let (tcp, udp, raw) = {
             let ns = netns.to_string();
-            std::thread::spawn(move || -> Result<(Vec<TcpListener>, Vec<UdpSocket>, Vec<RawSocket>)> {
-                enter(&ns)?;
-                let mut tcp = Vec::new();
-                let mut udp = Vec::new();
-                let any = [
-                    IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-                    IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-                ];
-                for (ip, port) in any.into_iter().flat_map(|ip| [(ip, 80u16), (ip, 81)]) {
-                    let l = TcpListener::bind((ip, port))
-                        .with_context(|| format!("binding tcp [{ip}]:{port} in netns {ns}"))?;
-                    l.set_nonblocking(true)?;
-                    tcp.push(l);
-                    let u = UdpSocket::bind((ip, port))
-                        .with_context(|| format!("binding udp [{ip}]:{port} in netns {ns}"))?;
-                    u.set_read_timeout(Some(Duration::from_millis(100)))?;
-                    udp.push(u);
-                }
-                let raw = [libc::AF_INET, libc::AF_INET6]
-                    .into_iter()
-                    .map(|af| {
-                        let s = RawSocket::open(af, RAW_PROTO)
-                            .with_context(|| format!("raw socket for protocol {RAW_PROTO} in netns {ns}"))?;
-                        s.set_timeout(Duration::from_millis(100));
-                        Ok(s)
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                Ok((tcp, udp, raw))
-            })
+            std::thread::spawn(
+                move || -> Result<(Vec<TcpListener>, Vec<UdpSocket>, Vec<RawSocket>)> {
+                    enter(&ns)?;
+                    let mut tcp = Vec::new();
+                    let mut udp = Vec::new();
+                    let any = [
+                        IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                        IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+                    ];
+                    for (ip, port) in any.into_iter().flat_map(|ip| [(ip, 80u16), (ip, 81)]) {
+                        let l = TcpListener::bind((ip, port))
+                            .with_context(|| format!("binding tcp [{ip}]:{port} in netns {ns}"))?;
+                        l.set_nonblocking(true)?;
+                        tcp.push(l);
+                        let u = UdpSocket::bind((ip, port))
+                            .with_context(|| format!("binding udp [{ip}]:{port} in netns {ns}"))?;
+                        u.set_read_timeout(Some(Duration::from_millis(100)))?;
+                        udp.push(u);
+                    }
+                    let raw = [libc::AF_INET, libc::AF_INET6]
+                        .into_iter()
+                        .map(|af| {
+                            let s = RawSocket::open(af, RAW_PROTO).with_context(|| {
+                                format!("raw socket for protocol {RAW_PROTO} in netns {ns}")
+                            })?;
+                            s.set_timeout(Duration::from_millis(100));
+                            Ok(s)
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    Ok((tcp, udp, raw))
+                },
+            )
             .join()
             .map_err(|_| anyhow::anyhow!("server setup thread panicked"))??
         };

@@ -117,4 +117,3 @@ fn icmp_and_l3_default_deny() {
     assert!(passed >= cases.len(), "only {passed} cases ran");
     assert_eq!(failed, 0, "{failed} ICMP / L3 cases failed");
 }
-
