@@ -3,6 +3,7 @@
 //! the real binaries (etcd, `policy-controller`, `felixrs agent`). Namespaces, etcd and HTTP come from
 //! `felixrs-test-support`.
 
+pub mod calico_eval;
 pub mod cases;
 pub mod cases_icmp;
 pub mod cases_v6;

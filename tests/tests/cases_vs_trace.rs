@@ -109,3 +109,20 @@ fn trace_agrees_with_every_ipv6_case() {
     );
     assert!(checked > 500, "only {checked} cells checked");
 }
+
+#[test]
+fn trace_agrees_with_every_icmp_and_l3_case() {
+    use felixrs_e2e::cases_icmp;
+    let mut checked = 0;
+    for family in [Family::V4, Family::V6] {
+        let (bad, n) = mismatches(&cases_icmp::of(family), family);
+        assert!(
+            bad.is_empty(),
+            "{family:?}: {} of {n}:\n{}",
+            bad.len(),
+            bad.join("\n")
+        );
+        checked += n;
+    }
+    assert!(checked > 2000, "only {checked} cells checked");
+}
