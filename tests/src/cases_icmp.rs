@@ -27,6 +27,12 @@ pub const RAW: Probe = Probe {
     proto: Proto::Ip,
 };
 
+/// One datagram of IP protocol 99.
+pub const RAW99: Probe = Probe {
+    port: 99,
+    proto: Proto::Ip,
+};
+
 /// Every protocol the cases probe.
 pub const EVERY: [Probe; 4] = [T80, U80, PING, RAW];
 
@@ -147,6 +153,54 @@ spec:
     protocol: 253
 "#;
 
+const GNP_PROTOCOL_99_INTO_Z: &str = r#"
+apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: protocol-99-z}
+spec:
+  order: 10
+  selector: projectcalico.org/namespace == 'z'
+  types: [Ingress]
+  ingress:
+  - action: Allow
+    protocol: 99
+"#;
+
+const TIER_MONITORING: &str = r#"
+apiVersion: projectcalico.org/v3
+kind: Tier
+metadata: {name: monitoring}
+spec: {order: 100}
+"#;
+
+/// In tier monitoring (default action Deny): ICMP from x is denied, other ICMP allowed, and every
+/// other packet passed on to the default tier.
+const GNP_MONITORING_ICMP_INTO_Z: &str = r#"
+apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: monitoring.icmp-into-z}
+spec:
+  tier: monitoring
+  order: 10
+  selector: projectcalico.org/namespace == 'z'
+  types: [Ingress]
+  ingress:
+  - {action: Deny, protocol: ICMP, source: {namespaceSelector: ns == 'x'}}
+  - {action: Deny, protocol: ICMPv6, source: {namespaceSelector: ns == 'x'}}
+  - {action: Allow, protocol: ICMP}
+  - {action: Allow, protocol: ICMPv6}
+  - {action: Pass}
+"#;
+
+const NP_Z_FROM_Y: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: from-y, namespace: z}
+spec:
+  podSelector: {}
+  ingress: [{from: [{namespaceSelector: {matchLabels: {ns: y}}}]}]
+"#;
+
 const GNP_DENY_ICMP_FROM_X_INTO_Z: &str = r#"
 apiVersion: projectcalico.org/v3
 kind: GlobalNetworkPolicy
@@ -234,11 +288,27 @@ fn cases() -> Vec<Case> {
         },
         Case {
             name: "calico: a protocol by number admits only that protocol",
+            steps: vec![
+                Step::new(
+                    vec![GNP_PROTOCOL_253_INTO_Z],
+                    vec![T80, U80, PING, RAW, RAW99],
+                    |e| {
+                        e.set("*/*", "z/*", &[T80, U80, PING, RAW99], false);
+                    },
+                ),
+                Step::new(vec![GNP_PROTOCOL_99_INTO_Z], vec![T80, RAW, RAW99], |e| {
+                    e.set("*/*", "z/*", &[T80, RAW], false);
+                }),
+            ],
+        },
+        Case {
+            name: "calico: a tier denies ICMP from one namespace, allows the rest, passes the others to NetworkPolicy",
             steps: vec![Step::new(
-                vec![GNP_PROTOCOL_253_INTO_Z],
-                EVERY.to_vec(),
+                vec![TIER_MONITORING, GNP_MONITORING_ICMP_INTO_Z, NP_Z_FROM_Y],
+                vec![T80, PING, RAW],
                 |e| {
-                    e.set("*/*", "z/*", &[T80, U80, PING], false);
+                    e.deny("x/*", "z/*");
+                    e.set("z/*", "z/*", &[T80, RAW], false);
                 },
             )],
         },

@@ -27,8 +27,8 @@ pub enum Proto {
     /// ICMP echo, or ICMPv6 echo to an IPv6 address: the kernel answers, no server needed. The
     /// probe's `port` is the echo request's ICMP code (0 for a normal ping; the kernel answers any).
     Icmp,
-    /// One datagram of the bare IP protocol numbered by the probe's `port` (only [`RAW_PROTO`] is
-    /// served), echoed back by the pod's raw-socket server. Conntrack tracks such a protocol by
+    /// One datagram of the bare IP protocol numbered by the probe's `port` (one of [`RAW_PROTOS`]),
+    /// echoed back by the pod's raw-socket server. Conntrack tracks such a protocol by
     /// addresses alone: see [`Probe::is_raw`].
     Ip,
 }
@@ -65,6 +65,10 @@ impl std::fmt::Display for Probe {
 /// The bare IP protocol every pod serves (RFC 3692's "use for experimentation and testing"): no
 /// kernel module claims it, so only policy decides whether it passes.
 pub const RAW_PROTO: u8 = 253;
+
+/// Every bare IP protocol the pods serve: [`RAW_PROTO`] and 99 ("any private encryption scheme",
+/// which has no name in /etc/protocols either).
+pub const RAW_PROTOS: [u8; 2] = [RAW_PROTO, 99];
 
 impl Probe {
     /// Whether this probe's flows are tracked by addresses and protocol only (conntrack's generic
@@ -129,9 +133,10 @@ impl Servers {
                     }
                     let raw = [libc::AF_INET, libc::AF_INET6]
                         .into_iter()
-                        .map(|af| {
-                            let s = RawSocket::open(af, RAW_PROTO).with_context(|| {
-                                format!("raw socket for protocol {RAW_PROTO} in netns {ns}")
+                        .flat_map(|af| RAW_PROTOS.map(|p| (af, p)))
+                        .map(|(af, proto)| {
+                            let s = RawSocket::open(af, proto).with_context(|| {
+                                format!("raw socket for protocol {proto} in netns {ns}")
                             })?;
                             s.set_timeout(Duration::from_millis(100));
                             Ok(s)
