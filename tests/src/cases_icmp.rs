@@ -59,21 +59,18 @@ spec:
   ingress: [{ports: [{port: 80, protocol: TCP}]}]
 "#;
 
-/// The user story: pods in namespace y answer health checks (any ICMP/ICMPv6) and nothing else,
-/// in or out.
-const GNP_HEALTH_ICMP_ONLY_Y: &str = r#"
+/// The user story: pods in namespace y answer health checks (ICMP and ICMPv6 echo, any code) and
+/// nothing else, in or out. README.md shows this very policy (a test keeps them equal).
+pub const GNP_HEALTH_ICMP_ONLY_Y: &str = r#"
 apiVersion: projectcalico.org/v3
 kind: GlobalNetworkPolicy
 metadata: {name: health-icmp-only}
 spec:
-  order: 10
   selector: projectcalico.org/namespace == 'y'
-  types: [Ingress, Egress]
+  types: [Ingress, Egress]          # no egress rules: nothing out (replies ride on conntrack)
   ingress:
-  - action: Allow
-    protocol: ICMP
-  - action: Allow
-    protocol: ICMPv6
+  - {action: Allow, protocol: ICMP, icmp: {type: 8}}      # echo request, IPv4
+  - {action: Allow, protocol: ICMPv6, icmp: {type: 128}}  # echo request, IPv6
 "#;
 
 const GNP_ECHO_CODE0_INTO_Z: &str = r#"

@@ -151,3 +151,22 @@ fn the_evaluator_tells_icmp_types_codes_and_protocols_apart() {
     assert!(!w.allowed(pod("x/a"), pod("z/b"), RAW));
     assert!(w.allowed(pod("z/b"), pod("x/a"), RAW), "only z is selected");
 }
+
+#[test]
+fn the_readme_shows_the_health_check_policy_the_datapath_proves() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("README.md");
+    let section = readme
+        .split("## ICMP and other protocols")
+        .nth(1)
+        .expect("README has the ICMP section");
+    let yaml = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .expect("a yaml block in the ICMP section");
+    let shown: serde_yaml::Value = serde_yaml::from_str(yaml).expect("README yaml");
+    let proven: serde_yaml::Value =
+        serde_yaml::from_str(felixrs_e2e::cases_icmp::GNP_HEALTH_ICMP_ONLY_Y).unwrap();
+    assert_eq!(shown, proven);
+}
