@@ -409,3 +409,82 @@ impl Gnp {
             .map(|r| r.action)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn selectors_of_the_subset() {
+        let l = labels(&[("pod", "a"), ("ns", "x")]);
+        for (sel, want) in [
+            ("all()", true),
+            ("pod == 'a'", true),
+            ("pod == \"a\" && ns != 'y'", true),
+            ("pod == 'a' && ns == 'y'", false),
+            ("has(pod)", true),
+            ("has(team)", false),
+        ] {
+            assert_eq!(Selector::parse(sel).unwrap().matches(&l), want, "{sel}");
+        }
+        assert!(Selector::parse("pod in {'a'}").is_err());
+        assert!(Selector::parse("pod == a").is_err());
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_not_ignored() {
+        let doc = "apiVersion: projectcalico.org/v3\nkind: GlobalNetworkPolicy\nmetadata: {name: p}\nspec:\n  ingress: [{action: Allow, http: {methods: [GET]}}]\n";
+        assert!(parse(doc).is_err());
+        let doc = "apiVersion: projectcalico.org/v3\nkind: GlobalNetworkPolicy\nmetadata: {name: p}\nspec: {doNotTrack: true}\n";
+        assert!(parse(doc).is_err());
+    }
+
+    #[test]
+    fn icmp_type_code_and_protocol_numbers() {
+        let doc = "apiVersion: projectcalico.org/v3\nkind: GlobalNetworkPolicy\nmetadata: {name: p}\nspec:\n  ingress:\n  - {action: Deny, protocol: ICMPv6, notICMP: {type: 128, code: 3}}\n  - {action: Pass, protocol: 253}\n";
+        let Ok(Doc::Gnp(g)) = parse(doc) else {
+            panic!("parses")
+        };
+        let (l, n) = (labels(&[]), labels(&[]));
+        let ep = Endpoint {
+            namespace: "x",
+            labels: &l,
+            ns_labels: &n,
+            ip: "fd00::1".parse().unwrap(),
+        };
+        let ping = |code| {
+            Packet::of(
+                Probe {
+                    port: code,
+                    proto: Proto::Icmp,
+                },
+                true,
+            )
+        };
+        assert_eq!(g.verdict(true, &ep, &ep, &ping(0)), Some(Act::Deny));
+        assert_eq!(g.verdict(true, &ep, &ep, &ping(3)), None);
+        let raw = Packet::of(
+            Probe {
+                port: 253,
+                proto: Proto::Ip,
+            },
+            true,
+        );
+        assert_eq!(g.verdict(true, &ep, &ep, &raw), Some(Act::Pass));
+        let v4 = Packet::of(
+            Probe {
+                port: 0,
+                proto: Proto::Icmp,
+            },
+            false,
+        );
+        assert_eq!(g.verdict(true, &ep, &ep, &v4), None, "ICMPv6 is not ICMP");
+    }
+}
