@@ -581,6 +581,10 @@ fn describe_packet(p: &Packet) -> String {
 /// Why a policy, profile or endpoint rule decided: the action and the tier of a policy's rule,
 /// or the tier whose end dropped the packet (read from the rule's comment, as `render` prints it).
 fn decision(verb: &str, tier: Option<&str>, verdicts: bool, rule_text: &str) -> String {
+    if rule_text.contains("dropping all traffic") {
+        return ": its chain drops everything (unknown, or could not be rendered: fail closed)"
+            .to_string();
+    }
     if let Some(tier) = tier {
         return match verb {
             "allowed" => format!(": an Allow rule of tier {tier}"),
@@ -751,4 +755,33 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
         let _ = writeln!(s, "  {d}");
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decision;
+
+    #[test]
+    fn decisions_name_action_tier_and_tier_ends() {
+        assert_eq!(
+            decision("passed", Some("adminnetworkpolicy"), true, ""),
+            ": a Pass rule of tier adminnetworkpolicy, on to the next tier"
+        );
+        assert_eq!(
+            decision(
+                "dropped",
+                Some("t"),
+                true,
+                "-m mark --mark 0x40000/0x40000 -j DROP"
+            ),
+            ": a Deny rule of tier t"
+        );
+        let end = r#"-m comment --comment "End of tier kube-baseline. Drop if no policies passed packet" -m mark --mark 0x0/0x20000 -j DROP"#;
+        assert!(
+            decision("dropped", None, false, end).starts_with(": the end of tier kube-baseline,")
+        );
+        let failed = r#"-m comment --comment "Policy x" -m comment --comment "Failed to render: dropping all traffic" -j DROP"#;
+        assert!(decision("dropped", Some("t"), true, failed).contains("fail closed"));
+        assert_eq!(decision("dropped", None, false, "-j DROP"), "");
+    }
 }
