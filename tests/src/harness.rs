@@ -143,7 +143,7 @@ impl Harness {
         };
         let mut results = vec![false; cells.len()];
         let plain: Vec<usize> = (0..cells.len()).filter(|&i| !cells[i].2.is_raw()).collect();
-        let raw_probes: Vec<Probe> = cells.iter().map(|c| c.2).collect();
+        let probes: Vec<Probe> = cells.iter().map(|c| c.2).collect();
         // Raw pairs one way, then the other, each round after the flows are gone.
         let forward: Vec<usize> = (0..cells.len())
             .filter(|&i| cells[i].2.is_raw() && cells[i].0 < cells[i].1)
@@ -156,7 +156,7 @@ impl Harness {
                 continue;
             }
             if k > 0 {
-                self.forget_raw_flows(&raw_probes)?;
+                self.forget_raw_flows(&probes)?;
             }
             let jobs: Vec<_> = round.iter().map(|&i| job(&cells[i])).collect();
             for (i, r) in round.iter().zip(probe_many(&jobs, PROBE_TIMEOUT)?) {
