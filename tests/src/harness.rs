@@ -112,7 +112,7 @@ impl Harness {
     }
 
     /// Deletes every node's conntrack flows of the bare IP protocols in `probes` (for both families).
-    fn forget_raw_flows(&self, probes: &[Probe]) -> Result<()> {
+    pub fn forget_raw_flows(&self, probes: &[Probe]) -> Result<()> {
         let mut protos: Vec<String> = probes
             .iter()
             .filter(|p| p.is_raw())

@@ -1,17 +1,18 @@
 //! Issue 11's datapath proof, on its own cluster (the real binaries, a real etcd, the real kernel in
 //! network namespaces): L3 default deny and Calico ICMP rules over IPv4 and IPv6
-//! ([`felixrs_e2e::cases_icmp`]), and IPv6 neighbour discovery surviving a pod's deny-all policy,
-//! towards its gateway `fe80::1` and from the node. Prints a PASS/FAIL line per case.
+//! ([`felixrs_e2e::cases_icmp`]), IPv6 neighbour discovery surviving a pod's deny-all policy,
+//! towards its gateway `fe80::1` and from the node, and a pod's packets of every protocol to its own
+//! node (kernel and `felixrs trace` agree). Prints a PASS/FAIL line per case.
 
 use std::net::IpAddr;
 
 use anyhow::Result;
 use felixrs_e2e::cases::{Step, T80};
-use felixrs_e2e::cases_icmp::{self, PING};
+use felixrs_e2e::cases_icmp::{self, PING, RAW};
 use felixrs_e2e::cluster::GATEWAY6;
 use felixrs_e2e::driver::binary;
 use felixrs_e2e::harness::{Harness, PROBE_TIMEOUT};
-use felixrs_e2e::traffic::probe_many;
+use felixrs_e2e::traffic::{Probe, Proto, Servers, probe_many};
 use felixrs_e2e::world::Family;
 use felixrs_test_support::require_root;
 
@@ -70,6 +71,76 @@ fn neighbour_discovery_survives_deny_all(h: &mut Harness) -> Result<Vec<String>>
     Ok(failures)
 }
 
+const DENY_EGRESS_XA: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-egress-a, namespace: x}
+spec: {podSelector: {matchLabels: {pod: a}}, policyTypes: [Egress]}
+"#;
+
+/// A pod's packets to its own node go through its egress policy (then the agent's
+/// DefaultEndpointToHostAction, Accept) for every protocol: x/a's TCP, echo and bare-IP-protocol
+/// packets to node-1's IPv4 and IPv6 addresses are dropped while an egress policy isolates x/a,
+/// and reach the node without it. `felixrs trace --to host:ADDR` says the same for each.
+fn pod_to_its_node_every_protocol(h: &mut Harness) -> Result<Vec<String>> {
+    use felixrs::dataplane_args::{DataplaneArgs, WorkloadSourceSpoofing};
+    use felixrs::render_cmd::{SourceArgs, render_node};
+    use felixrs::trace_cmd::{PacketArgs, Verdict, trace_packet};
+    let xa = h.cluster.pod("x/a");
+    let node = &h.cluster.nodes[xa.node];
+    let (xa_ns, node_name) = (xa.ns.name().to_string(), node.name.clone());
+    let addrs = [IpAddr::V4(node.ip), IpAddr::V6(node.ip6)];
+    // The servers bind `[::]` next to `0.0.0.0` (v6-only, as in the pod namespaces).
+    node.ns.sysctl("net.ipv6.bindv6only", "1")?;
+    let servers = Servers::start(node.ns.name())?;
+    let probes: [Probe; 3] = [T80, PING, RAW];
+    let mut failures = Vec::new();
+    for (policies, want) in [(vec![DENY_EGRESS_XA], false), (vec![], true)] {
+        h.apply_step(&Step::new(policies, vec![], |_| {}))?;
+        h.forget_raw_flows(&probes)?;
+        let source = SourceArgs::manifests(vec![h.manifests_dir()]);
+        let dataplane = DataplaneArgs {
+            workload_source_spoofing: WorkloadSourceSpoofing::Any,
+            ..DataplaneArgs::default()
+        };
+        let view = render_node(&source, &node_name, &dataplane)?;
+        for addr in addrs {
+            let jobs: Vec<_> = probes.iter().map(|p| (xa_ns.clone(), addr, *p)).collect();
+            let got = probe_many(&jobs, PROBE_TIMEOUT)?;
+            for (probe, got) in probes.iter().zip(got) {
+                let state = if want { "without" } else { "with" };
+                if got != want {
+                    failures.push(format!(
+                        "{state} the egress policy, x/a -> its node {addr} {probe}: got {got}, expected {want}"
+                    ));
+                }
+                let packet = PacketArgs {
+                    from: "x/a".into(),
+                    to: format!("host:{addr}"),
+                    protocol: match probe.proto {
+                        Proto::Icmp => "icmp".into(),
+                        Proto::Ip => probe.port.to_string(),
+                        p => p.as_str().to_string(),
+                    },
+                    port: probe.port,
+                    source_port: 40000,
+                    icmp_type: None,
+                    icmp_code: 0,
+                    ipv6: addr.is_ipv6(),
+                };
+                let traced = trace_packet(&view, &node_name, &packet)?.verdict;
+                if (traced == Verdict::Accept) != got {
+                    failures.push(format!(
+                        "{state} the egress policy, x/a -> its node {addr} {probe}: the kernel says {got}, trace says {traced:?}"
+                    ));
+                }
+            }
+        }
+    }
+    drop(servers);
+    Ok(failures)
+}
+
 #[test]
 fn icmp_and_l3_default_deny() {
     require_root();
@@ -106,6 +177,11 @@ fn icmp_and_l3_default_deny() {
     let r = neighbour_discovery_survives_deny_all(&mut h);
     report(
         "ipv6: neighbour discovery survives deny-all (gateway and node)",
+        r,
+    );
+    let r = pod_to_its_node_every_protocol(&mut h);
+    report(
+        "pod to its own node, every protocol, both families: egress policy, then DefaultEndpointToHostAction (kernel and trace)",
         r,
     );
     println!("{passed} passed, {failed} failed");
