@@ -13,8 +13,9 @@
 //! * the first matching rule of a policy that is not Log decides: Allow and Deny for good, Pass
 //!   skips the rest of the tier; a policy without a match hands on to the next policy;
 //! * a tier where nothing decided drops, unless its default action is Pass;
-//! * then the profile's first matching rule that is not Log: Allow accepts; Deny, Pass (which skips
-//!   the rest of the profile) and no match drop (the endpoint has one profile).
+//! * then the profiles in order: the first matching rule that is not Log decides (Allow or Deny),
+//!   a Pass skips the rest of that profile; a profile that does not exist denies everything; past
+//!   the last profile, drop.
 //!
 //! (`render_eval.rs` checks the same chains from proto inputs, with IP sets and OR blocks; this one
 //! adds the graph's selection, tier/policy ordering and types, and both directions and families.)
@@ -103,8 +104,9 @@ struct WorldG {
     policies: Vec<PolicyG>,
     label_a: Option<u8>,
     label_b: Option<u8>,
-    profile_in: Vec<RuleG>,
-    profile_out: Vec<RuleG>,
+    /// The endpoint's profiles in order: `Some((ingress, egress))` rules, or `None` for a profile
+    /// the endpoint names but that does not exist (which denies everything).
+    profiles: Vec<Option<(Vec<RuleG>, Vec<RuleG>)>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -178,24 +180,22 @@ fn arb_world() -> impl Strategy<Value = WorldG> {
                 egress,
             });
         let label = prop::option::of(1u8..3);
+        let rules = || prop::collection::vec(arb_rule(), 0..3);
+        let profile = prop::option::weighted(0.9, (rules(), rules()));
         (
             Just(tiers),
             prop::collection::vec(policy, 0..7),
             label.clone(),
             label,
-            prop::collection::vec(arb_rule(), 0..3),
-            prop::collection::vec(arb_rule(), 0..3),
+            prop::collection::vec(profile, 1..3),
         )
-            .prop_map(
-                |(tiers, policies, label_a, label_b, profile_in, profile_out)| WorldG {
-                    tiers,
-                    policies,
-                    label_a,
-                    label_b,
-                    profile_in,
-                    profile_out,
-                },
-            )
+            .prop_map(|(tiers, policies, label_a, label_b, profiles)| WorldG {
+                tiers,
+                policies,
+                label_a,
+                label_b,
+                profiles,
+            })
     })
 }
 
@@ -308,14 +308,18 @@ fn documents(w: &WorldG) -> Vec<Value> {
             "metadata": {"name": policy_name(w, i)}, "spec": spec,
         }));
     }
-    docs.push(json!({
-        "apiVersion": "projectcalico.org/v3", "kind": "Profile",
-        "metadata": {"name": "kns.ns"},
-        "spec": {
-            "ingress": w.profile_in.iter().map(|r| rule_json(r, true)).collect::<Vec<_>>(),
-            "egress": w.profile_out.iter().map(|r| rule_json(r, false)).collect::<Vec<_>>(),
-        },
-    }));
+    for (i, p) in w.profiles.iter().enumerate() {
+        let Some((ingress, egress)) = p else { continue };
+        docs.push(json!({
+            "apiVersion": "projectcalico.org/v3", "kind": "Profile",
+            "metadata": {"name": format!("prof{i}")},
+            "spec": {
+                "ingress": ingress.iter().map(|r| rule_json(r, true)).collect::<Vec<_>>(),
+                "egress": egress.iter().map(|r| rule_json(r, false)).collect::<Vec<_>>(),
+            },
+        }));
+    }
+    let profiles: Vec<String> = (0..w.profiles.len()).map(|i| format!("prof{i}")).collect();
     let mut labels =
         json!({"projectcalico.org/namespace": "ns", "projectcalico.org/orchestrator": "k8s"});
     if let Some(a) = w.label_a {
@@ -329,7 +333,7 @@ fn documents(w: &WorldG) -> Vec<Value> {
         "metadata": {"name": "node--1-k8s-pod-eth0", "namespace": "ns", "labels": labels},
         "spec": {
             "orchestrator": "k8s", "node": NODE, "pod": "pod", "endpoint": "eth0",
-            "interfaceName": IFACE, "profiles": ["kns.ns"],
+            "interfaceName": IFACE, "profiles": profiles,
             "ipNetworks": [format!("{EP_V4}/32"), format!("{EP_V6}/128")],
         },
     }));
@@ -407,14 +411,19 @@ fn reference(w: &WorldG, pkt: &PacketG) -> bool {
             return false;
         }
     }
-    let profile = if pkt.ingress {
-        &w.profile_in
-    } else {
-        &w.profile_out
-    };
-    // A Pass in a profile skips the rest of that profile (as a Pass skips the rest of a tier);
-    // with nothing after the endpoint's one profile, that drops.
-    first_match(profile, pkt) == Some(Act::Allow)
+    // The profiles in order: the first matching rule that is not Log decides (Allow or Deny); a
+    // Pass skips the rest of that profile. A missing profile denies everything. None decided: drop.
+    for p in &w.profiles {
+        let Some((ingress, egress)) = p else {
+            return false;
+        };
+        match first_match(if pkt.ingress { ingress } else { egress }, pkt) {
+            Some(Act::Allow) => return true,
+            Some(Act::Deny) => return false,
+            _ => {}
+        }
+    }
+    false
 }
 
 // === the pipeline under test ===
@@ -568,11 +577,13 @@ fn the_reference_follows_tiers_pass_and_defaults() {
         ],
         label_a: None,
         label_b: None,
-        profile_in: vec![],
-        profile_out: vec![RuleG {
-            action: Act::Deny,
-            ..allow(17)
-        }],
+        profiles: vec![Some((
+            vec![],
+            vec![RuleG {
+                action: Act::Deny,
+                ..allow(17)
+            }],
+        ))],
     };
     let pkt = |ingress, proto| PacketG {
         ingress,
