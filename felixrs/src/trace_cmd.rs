@@ -521,6 +521,8 @@ struct Owner {
     /// A policy's or profile's chain (where verdicts come from), not an endpoint's.
     verdicts: bool,
     what: String,
+    /// The tier of a policy's chain.
+    tier: Option<String>,
 }
 
 /// The owner of each policy, profile and endpoint chain, with its direction.
@@ -529,25 +531,35 @@ fn chain_owners(outputs: &[Output]) -> BTreeMap<String, Owner> {
     for o in outputs {
         for ingress in [true, false] {
             let dir = if ingress { "ingress" } else { "egress" };
-            let (chain, verdicts, what) = match o {
+            let (chain, verdicts, what, tier) = match o {
                 Output::PolicyUpdated(p) => (
                     names::policy_chain_name(&p.id, ingress),
                     true,
                     format!("{dir} of {}", p.id),
+                    Some(p.id.tier.clone()),
                 ),
                 Output::ProfileUpdated(p) => (
                     names::profile_chain_name(&p.id, ingress),
                     true,
                     format!("{dir} of profile {}", p.id),
+                    None,
                 ),
                 Output::EndpointUpdated(e) => (
                     names::endpoint_chain_name(&e.interface_name, ingress),
                     false,
                     format!("{dir} of endpoint {}", e.id),
+                    None,
                 ),
                 _ => continue,
             };
-            owners.insert(chain, Owner { verdicts, what });
+            owners.insert(
+                chain,
+                Owner {
+                    verdicts,
+                    what,
+                    tier,
+                },
+            );
         }
     }
     owners
@@ -573,6 +585,39 @@ fn describe_packet(p: &Packet) -> String {
         ),
         n => format!("protocol {n} {} -> {}", p.src, p.dst),
     }
+}
+
+/// Why a policy, profile or endpoint rule decided: the action and the tier of a policy's rule,
+/// or the tier whose end dropped the packet (read from the rule's comment, as `render` prints it).
+fn decision(verb: &str, tier: Option<&str>, verdicts: bool, rule_text: &str) -> String {
+    if rule_text.contains("dropping all traffic") {
+        return ": its chain drops everything (unknown, or could not be rendered: fail closed)"
+            .to_string();
+    }
+    if let Some(tier) = tier {
+        return match verb {
+            "allowed" => format!(": an Allow rule of tier {tier}"),
+            "passed" => format!(": a Pass rule of tier {tier}, on to the next tier"),
+            _ => format!(": a Deny rule of tier {tier}"),
+        };
+    }
+    if verdicts {
+        return match verb {
+            "allowed" => ": an Allow rule of the profile".to_string(),
+            "passed" => ": a Pass rule of the profile".to_string(),
+            _ => ": a Deny rule of the profile".to_string(),
+        };
+    }
+    if let Some(rest) = rule_text.split("End of tier ").nth(1) {
+        let tier = rest.split(". Drop").next().unwrap_or(rest);
+        return format!(
+            ": the end of tier {tier}, whose policies select the endpoint but none allowed, denied or passed the packet"
+        );
+    }
+    if rule_text.contains("Drop if no profiles matched") {
+        return ": no tier decided and no profile allowed the packet".to_string();
+    }
+    String::new()
 }
 
 fn describe_end(e: &End) -> String {
@@ -660,18 +705,25 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
             "{indent}{}{label} rule {}: {text}\n{indent}  => {effect}",
             step.chain, step.rule
         );
-        // A policy or profile rule that sets the accept bit allowed the packet; any DROP ends it.
-        let accepted_here = owner.is_some_and(|o| o.verdicts)
-            && matches!(step.effect, Effect::Mark(m) if m & marks.accept != 0 && mark & marks.accept == 0);
-        if accepted_here || step.effect == Effect::Drop {
+        // A policy or profile rule that sets the accept bit allowed the packet, one that sets the
+        // pass bit sent it on to the next tier; any DROP ends it.
+        let verdicts = owner.is_some_and(|o| o.verdicts);
+        let newly =
+            |bit: u32| matches!(step.effect, Effect::Mark(m) if m & bit != 0 && mark & bit == 0);
+        let verb = if step.effect == Effect::Drop {
+            Some("dropped")
+        } else if verdicts && newly(marks.accept) {
+            Some("allowed")
+        } else if verdicts && newly(marks.pass) {
+            Some("passed")
+        } else {
+            None
+        };
+        if let Some(verb) = verb {
             let what = owner.map_or(step.chain.as_str(), |o| o.what.as_str());
-            let verb = if step.effect == Effect::Drop {
-                "dropped"
-            } else {
-                "allowed"
-            };
+            let why = decision(verb, owner.and_then(|o| o.tier.as_deref()), verdicts, &text);
             deciders.push(format!(
-                "{verb} by {what} ({} rule {})",
+                "{verb} by {what} ({} rule {}){why}",
                 step.chain, step.rule
             ));
         }
@@ -712,4 +764,33 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
         let _ = writeln!(s, "  {d}");
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decision;
+
+    #[test]
+    fn decisions_name_action_tier_and_tier_ends() {
+        assert_eq!(
+            decision("passed", Some("adminnetworkpolicy"), true, ""),
+            ": a Pass rule of tier adminnetworkpolicy, on to the next tier"
+        );
+        assert_eq!(
+            decision(
+                "dropped",
+                Some("t"),
+                true,
+                "-m mark --mark 0x40000/0x40000 -j DROP"
+            ),
+            ": a Deny rule of tier t"
+        );
+        let end = r#"-m comment --comment "End of tier kube-baseline. Drop if no policies passed packet" -m mark --mark 0x0/0x20000 -j DROP"#;
+        assert!(
+            decision("dropped", None, false, end).starts_with(": the end of tier kube-baseline,")
+        );
+        let failed = r#"-m comment --comment "Policy x" -m comment --comment "Failed to render: dropping all traffic" -j DROP"#;
+        assert!(decision("dropped", Some("t"), true, failed).contains("fail closed"));
+        assert_eq!(decision("dropped", None, false, "-j DROP"), "");
+    }
 }

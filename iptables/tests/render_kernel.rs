@@ -66,6 +66,49 @@ fn mk_state() -> Renderer {
             }),
             ..mk_allow()
         },
+        // notICMP, ICMP codes, and protocols by number (issue 11), in both families.
+        ParsedRule {
+            protocol: Some(Protocol::Icmp),
+            not_icmp: Some(IcmpFields {
+                type_: Some(8),
+                code: Some(3),
+            }),
+            ..mk_allow()
+        },
+        ParsedRule {
+            protocol: Some(Protocol::IcmpV6),
+            icmp: Some(IcmpFields {
+                type_: Some(128),
+                code: Some(0),
+            }),
+            ..mk_allow()
+        },
+        ParsedRule {
+            action: Some(Action::Deny),
+            protocol: Some(Protocol::Number(58)),
+            not_icmp: Some(IcmpFields {
+                type_: Some(1),
+                code: None,
+            }),
+            ..Default::default()
+        },
+        ParsedRule {
+            protocol: Some(Protocol::Number(253)),
+            ..mk_allow()
+        },
+        ParsedRule {
+            protocol: Some(Protocol::Number(99)),
+            ..mk_allow()
+        },
+        ParsedRule {
+            protocol: Some(Protocol::Number(132)),
+            ..mk_allow()
+        },
+        ParsedRule {
+            action: Some(Action::Deny),
+            not_protocol: Some(Protocol::Icmp),
+            ..Default::default()
+        },
         ParsedRule {
             action: Some(Action::Pass),
             not_protocol: Some(Protocol::Udp),

@@ -8,6 +8,13 @@
 //!
 //! A pod is isolated for a direction when a policy in its namespace selects it and lists that direction in
 //! `policyTypes` (which defaults to Ingress, plus Egress when the policy has egress rules).
+//!
+//! Calico Tiers and GlobalNetworkPolicies ([`crate::calico_eval`]) join by Calico's tier semantics: per
+//! direction, the tiers (by order, then name) with at least one policy selecting the pod are walked in
+//! order, and in each its selecting policies (by order, none last, then name; a NetworkPolicy is a
+//! policy of tier `default` with order 1000 whose rules all Allow). The first rule that matches
+//! decides: Allow and Deny for good, Pass on to the next tier. A tier where nothing matched drops,
+//! unless its default action is Pass. Past the last tier the namespace's profile allows.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -17,6 +24,7 @@ use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, Network
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use crate::calico_eval::{self, Act, Endpoint, Gnp, Tier};
 use crate::traffic::{Probe, Proto};
 
 /// What the evaluator knows of a pod.
@@ -37,6 +45,9 @@ pub struct World {
     pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
     pub pods: Vec<PodInfo>,
     pub policies: Vec<NetworkPolicy>,
+    /// Calico Tiers (the `default` tier need not be listed).
+    pub tiers: Vec<Tier>,
+    pub global_policies: Vec<Gnp>,
 }
 
 /// A rule's peers (`from`/`to`) and ports, whichever direction it is for.
@@ -66,58 +77,133 @@ impl World {
         peer: &PodInfo,
         probe: Probe,
     ) -> bool {
+        // Every policy selecting the subject in this direction: (tier, order, name, its verdict).
+        let mut applicable: Vec<(String, Option<f64>, String, Option<Act>)> = Vec::new();
+        for np in &self.policies {
+            if let Some(allowed) = self.k8s_policy_allows(np, dir, subject, peer, probe) {
+                let name = format!("knp.default.{}", np.metadata.name.as_deref().unwrap_or(""));
+                let verdict = allowed.then_some(Act::Allow);
+                applicable.push(("default".into(), Some(1000.0), name, verdict));
+            }
+        }
+        let empty = BTreeMap::new();
+        fn endpoint<'a>(
+            p: &'a PodInfo,
+            namespaces: &'a BTreeMap<String, BTreeMap<String, String>>,
+            empty: &'a BTreeMap<String, String>,
+        ) -> Endpoint<'a> {
+            Endpoint {
+                namespace: &p.namespace,
+                labels: &p.labels,
+                ns_labels: namespaces.get(&p.namespace).unwrap_or(empty),
+                ip: p.ip,
+            }
+        }
+        let ep = |p| endpoint(p, &self.namespaces, &empty);
+        let ingress = dir == Direction::Ingress;
+        let (src, dst) = if ingress {
+            (ep(peer), ep(subject))
+        } else {
+            (ep(subject), ep(peer))
+        };
+        let pkt = calico_eval::Packet::of(probe, subject.ip.is_ipv6());
+        for g in &self.global_policies {
+            if g.selects(&ep(subject), ingress) {
+                let v = g.verdict(ingress, &src, &dst, &pkt);
+                applicable.push((g.tier.clone(), g.order, g.name.clone(), v));
+            }
+        }
+        let tier_of = |name: &str| {
+            self.tiers
+                .iter()
+                .find(|t| t.name == name)
+                .cloned()
+                .unwrap_or(Tier {
+                    name: name.to_string(),
+                    order: if name == "default" {
+                        1_000_000.0
+                    } else {
+                        f64::INFINITY
+                    },
+                    pass_default: false,
+                })
+        };
+        let mut tiers: Vec<Tier> = applicable.iter().map(|a| tier_of(&a.0)).collect();
+        tiers.sort_by(|a, b| a.order.total_cmp(&b.order).then(a.name.cmp(&b.name)));
+        tiers.dedup_by(|a, b| a.name == b.name);
+        applicable.sort_by(|a, b| {
+            let (oa, ob) = (a.1.unwrap_or(f64::INFINITY), b.1.unwrap_or(f64::INFINITY));
+            oa.total_cmp(&ob).then(a.2.cmp(&b.2))
+        });
+        'tiers: for t in &tiers {
+            for (_, _, _, verdict) in applicable.iter().filter(|a| a.0 == t.name) {
+                match verdict {
+                    Some(Act::Allow) => return true,
+                    Some(Act::Deny) => return false,
+                    Some(Act::Pass) => continue 'tiers,
+                    Some(Act::Log) | None => {}
+                }
+            }
+            if !t.pass_default {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// `None` when the NetworkPolicy does not select `subject` for `dir`; otherwise whether one of
+    /// its rules allows the packet.
+    fn k8s_policy_allows(
+        &self,
+        np: &NetworkPolicy,
+        dir: Direction,
+        subject: &PodInfo,
+        peer: &PodInfo,
+        probe: Probe,
+    ) -> Option<bool> {
         let dst = if dir == Direction::Ingress {
             subject
         } else {
             peer
         };
-        let mut isolated = false;
-        for np in &self.policies {
-            let ns = np.metadata.namespace.as_deref().unwrap_or("default");
-            let Some(spec) = &np.spec else { continue };
-            if ns != subject.namespace
-                || !spec
-                    .pod_selector
-                    .as_ref()
-                    .is_none_or(|s| selector_matches(s, &subject.labels))
-            {
-                continue;
-            }
-            if !policy_types(np).contains(&dir) {
-                continue;
-            }
-            isolated = true;
-            let rules: Vec<RuleView<'_>> = match dir {
-                Direction::Ingress => spec
-                    .ingress
-                    .iter()
-                    .flatten()
-                    .map(|r| (r.from.as_ref(), r.ports.as_ref()))
-                    .collect(),
-                Direction::Egress => spec
-                    .egress
-                    .iter()
-                    .flatten()
-                    .map(|r| (r.to.as_ref(), r.ports.as_ref()))
-                    .collect(),
-            };
-            for (peers, ports) in rules {
-                let peer_ok = match peers {
-                    None => true,
-                    Some(list) if list.is_empty() => true,
-                    Some(list) => list.iter().any(|p| self.peer_matches(ns, p, peer)),
-                };
-                let port_ok = match ports {
-                    None => true,
-                    Some(list) if list.is_empty() => true,
-                    Some(list) => list.iter().any(|p| port_matches(p, dst, probe)),
-                };
-                if peer_ok && port_ok {
-                    return true;
-                }
-            }
+        let ns = np.metadata.namespace.as_deref().unwrap_or("default");
+        let spec = np.spec.as_ref()?;
+        if ns != subject.namespace
+            || !spec
+                .pod_selector
+                .as_ref()
+                .is_none_or(|s| selector_matches(s, &subject.labels))
+            || !policy_types(np).contains(&dir)
+        {
+            return None;
         }
-        !isolated
+        let rules: Vec<RuleView<'_>> = match dir {
+            Direction::Ingress => spec
+                .ingress
+                .iter()
+                .flatten()
+                .map(|r| (r.from.as_ref(), r.ports.as_ref()))
+                .collect(),
+            Direction::Egress => spec
+                .egress
+                .iter()
+                .flatten()
+                .map(|r| (r.to.as_ref(), r.ports.as_ref()))
+                .collect(),
+        };
+        Some(rules.into_iter().any(|(peers, ports)| {
+            let peer_ok = match peers {
+                None => true,
+                Some(list) if list.is_empty() => true,
+                Some(list) => list.iter().any(|p| self.peer_matches(ns, p, peer)),
+            };
+            let port_ok = match ports {
+                None => true,
+                Some(list) if list.is_empty() => true,
+                Some(list) => list.iter().any(|p| port_matches(p, dst, probe)),
+            };
+            peer_ok && port_ok
+        }))
     }
 
     fn peer_matches(&self, policy_ns: &str, peer: &NetworkPolicyPeer, pod: &PodInfo) -> bool {
@@ -175,8 +261,9 @@ fn port_matches(p: &NetworkPolicyPort, dst: &PodInfo, probe: Probe) -> bool {
     let probe_proto = match probe.proto {
         Proto::Tcp => "TCP",
         Proto::Udp => "UDP",
-        // NetworkPolicy ports cannot name ICMP: only a rule without ports admits it.
-        Proto::Icmp => return false,
+        // NetworkPolicy ports cannot name ICMP or another IP protocol: only a rule without ports
+        // admits them.
+        Proto::Icmp | Proto::Ip => return false,
     };
     if proto != probe_proto {
         return false;

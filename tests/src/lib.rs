@@ -3,11 +3,14 @@
 //! the real binaries (etcd, `policy-controller`, `felixrs agent`). Namespaces, etcd and HTTP come from
 //! `felixrs-test-support`.
 
+pub mod calico_eval;
 pub mod cases;
+pub mod cases_icmp;
 pub mod cases_v6;
 pub mod cluster;
 pub mod driver;
 pub mod evaluator;
+pub mod harness;
 pub mod strict;
 pub mod traffic;
 pub mod world;

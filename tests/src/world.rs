@@ -8,6 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::json;
 
+use crate::calico_eval;
 use crate::cases::Step;
 use crate::evaluator::{PodInfo, World};
 
@@ -156,8 +157,8 @@ pub fn manifests(step: &Step, pods: &[PlacedPod]) -> String {
 }
 
 /// The evaluator's view of the step for probes over `family` (pods are known by their address of that
-/// family), or `None` when the step uses Calico-native policy that the Kubernetes evaluator does not
-/// model (those cases rely on their hand-written expectations).
+/// family), or `None` when the step uses Calico-native policy beyond what [`calico_eval`] models
+/// (those cases rely on their hand-written expectations).
 pub fn world(step: &Step, pods: &[PlacedPod], family: Family) -> Option<World> {
     let mut w = World::default();
     for ns in namespaces(pods) {
@@ -178,7 +179,12 @@ pub fn world(step: &Step, pods: &[PlacedPod], family: Family) -> Option<World> {
     for doc in &step.policies {
         let doc = instantiate(doc, pods);
         if doc.contains("projectcalico.org/v3") {
-            return None;
+            match calico_eval::parse(&doc) {
+                Ok(calico_eval::Doc::Tier(t)) => w.tiers.push(t),
+                Ok(calico_eval::Doc::Gnp(g)) => w.global_policies.push(g),
+                Err(_) => return None,
+            }
+            continue;
         }
         let np: NetworkPolicy = serde_yaml::from_str(&doc).expect("case policy is valid YAML");
         w.policies.push(np);

@@ -47,12 +47,18 @@ fn mismatches(cases: &[Case], family: Family) -> (Vec<String>, usize) {
                     to: to.clone(),
                     protocol: match probe.proto {
                         Proto::Icmp => "icmp".into(),
+                        Proto::Ip => probe.port.to_string(),
                         p => p.as_str().to_string(),
                     },
                     port: probe.port,
                     source_port: 40000,
                     icmp_type: None,
-                    icmp_code: 0,
+                    // An ICMP probe's port is its echo request's code.
+                    icmp_code: if probe.proto == Proto::Icmp {
+                        probe.port as u8
+                    } else {
+                        0
+                    },
                     ipv6: family == Family::V6,
                 };
                 let mut nodes = vec![node_of(from), node_of(to)];
@@ -102,4 +108,21 @@ fn trace_agrees_with_every_ipv6_case() {
         bad.join("\n")
     );
     assert!(checked > 500, "only {checked} cells checked");
+}
+
+#[test]
+fn trace_agrees_with_every_icmp_and_l3_case() {
+    use felixrs_e2e::cases_icmp;
+    let mut checked = 0;
+    for family in [Family::V4, Family::V6] {
+        let (bad, n) = mismatches(&cases_icmp::of(family), family);
+        assert!(
+            bad.is_empty(),
+            "{family:?}: {} of {n}:\n{}",
+            bad.len(),
+            bad.join("\n")
+        );
+        checked += n;
+    }
+    assert!(checked > 2000, "only {checked} cells checked");
 }
