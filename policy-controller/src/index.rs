@@ -151,6 +151,7 @@ impl Index {
         for (k, r) in &self.manifests.resources {
             state.desired.resources.insert(k.clone(), r.json.clone());
         }
+        convert::admin::add_admin_tiers(&mut state.desired.resources, |t| t.json);
         state
             .desired
             .retain

@@ -4,7 +4,8 @@
 //! Files are multi-document YAML (or JSON). A directory is read recursively, taking `*.yaml`, `*.yml`
 //! and `*.json` in name order. Each document is parsed on its own (files are split at `---` lines), so a
 //! broken document is reported and every other document is still converted. Accepted kinds: v1
-//! `Namespace`, `Pod`, `ServiceAccount`, `networking.k8s.io/v1` `NetworkPolicy`, `v1` `List`, and
+//! `Namespace`, `Pod`, `ServiceAccount`, `networking.k8s.io/v1` `NetworkPolicy`, `policy.networking.k8s.io` `AdminNetworkPolicy`,
+//! `BaselineAdminNetworkPolicy` (v1alpha1) and `ClusterNetworkPolicy` (v1alpha2), `v1` `List`, and
 //! `projectcalico.org/v3` resources, which are stored as written (after validation).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -81,6 +82,7 @@ pub fn load_manifests(
             load_document(&f, i, doc, opts, &mut set);
         }
     }
+    convert::admin::add_admin_tiers(&mut set.resources, |t| t);
     Ok(set)
 }
 
@@ -242,6 +244,24 @@ pub fn convert_value(v: &Value, opts: &ConvertOptions) -> Converted {
             Ok(o) => convert::network_policy_to_calico(&o, opts),
             Err(r) => Converted::skipped(r, None),
         },
+        ("policy.networking.k8s.io/v1alpha1", "AdminNetworkPolicy") => {
+            match parse::<convert::admin::AdminNetworkPolicy>(v, &obj) {
+                Ok(o) => convert::admin_network_policy_to_calico(&o, opts),
+                Err(r) => Converted::skipped(r, None),
+            }
+        }
+        ("policy.networking.k8s.io/v1alpha1", "BaselineAdminNetworkPolicy") => {
+            match parse::<convert::admin::BaselineAdminNetworkPolicy>(v, &obj) {
+                Ok(o) => convert::baseline_admin_network_policy_to_calico(&o, opts),
+                Err(r) => Converted::skipped(r, None),
+            }
+        }
+        ("policy.networking.k8s.io/v1alpha2", "ClusterNetworkPolicy") => {
+            match parse::<convert::admin::ClusterNetworkPolicy>(v, &obj) {
+                Ok(o) => convert::cluster_network_policy_to_calico(&o, opts),
+                Err(r) => Converted::skipped(r, None),
+            }
+        }
         (convert::v3::API_VERSION, _) => crate::v3_passthrough::convert_v3(v),
         _ => Converted::skipped(
             SkipReport::new(

@@ -10,6 +10,7 @@
 //! * a NetworkPolicy rule that cannot be converted is dropped with a report and the rest of the policy
 //!   is kept, as Calico does. k8s rules only ever allow, so dropping one never opens traffic.
 
+pub mod admin;
 mod labels;
 mod namespace;
 mod networkpolicy;
@@ -18,6 +19,10 @@ pub mod v3;
 
 use std::fmt;
 
+pub use admin::{
+    admin_network_policy_to_calico, baseline_admin_network_policy_to_calico,
+    cluster_network_policy_to_calico,
+};
 pub use labels::{
     selector_from_label_selector, validate_dns_label, validate_dns_subdomain, validate_labels,
 };
