@@ -45,8 +45,8 @@ type RuleView<'a> = (
     Option<&'a Vec<NetworkPolicyPort>>,
 );
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Direction {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
     Ingress,
     Egress,
 }
@@ -66,6 +66,18 @@ impl World {
         peer: &PodInfo,
         probe: Probe,
     ) -> bool {
+        self.verdict(dir, subject, peer, probe).unwrap_or(true)
+    }
+
+    /// The NetworkPolicies' verdict for one direction of `subject`'s traffic, or `None` when no policy
+    /// isolates `subject` in that direction (then the NetworkPolicies have nothing to say).
+    pub fn verdict(
+        &self,
+        dir: Direction,
+        subject: &PodInfo,
+        peer: &PodInfo,
+        probe: Probe,
+    ) -> Option<bool> {
         let dst = if dir == Direction::Ingress {
             subject
         } else {
@@ -113,11 +125,11 @@ impl World {
                     Some(list) => list.iter().any(|p| port_matches(p, dst, probe)),
                 };
                 if peer_ok && port_ok {
-                    return true;
+                    return Some(true);
                 }
             }
         }
-        !isolated
+        if isolated { Some(false) } else { None }
     }
 
     fn peer_matches(&self, policy_ns: &str, peer: &NetworkPolicyPeer, pod: &PodInfo) -> bool {

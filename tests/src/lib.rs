@@ -3,6 +3,8 @@
 //! the real binaries (etcd, `policy-controller`, `felixrs agent`). Namespaces, etcd and HTTP come from
 //! `felixrs-test-support`.
 
+pub mod admin_cases;
+pub mod admin_evaluator;
 pub mod cases;
 pub mod cases_v6;
 pub mod cluster;
