@@ -9,6 +9,7 @@ pub mod cases;
 pub mod cases_v6;
 pub mod cluster;
 pub mod driver;
+pub mod env;
 pub mod evaluator;
 pub mod traffic;
 pub mod world;
