@@ -54,6 +54,27 @@ impl SourceKind for NetworkPolicy {
     }
 }
 
+impl SourceKind for convert::admin::AdminNetworkPolicy {
+    const KIND: &'static str = "AdminNetworkPolicy";
+    fn convert(&self, opts: &ConvertOptions) -> Converted {
+        convert::admin_network_policy_to_calico(self, opts)
+    }
+}
+
+impl SourceKind for convert::admin::BaselineAdminNetworkPolicy {
+    const KIND: &'static str = "BaselineAdminNetworkPolicy";
+    fn convert(&self, opts: &ConvertOptions) -> Converted {
+        convert::baseline_admin_network_policy_to_calico(self, opts)
+    }
+}
+
+impl SourceKind for convert::admin::ClusterNetworkPolicy {
+    const KIND: &'static str = "ClusterNetworkPolicy";
+    fn convert(&self, opts: &ConvertOptions) -> Converted {
+        convert::cluster_network_policy_to_calico(self, opts)
+    }
+}
+
 /// What the desired state was built from, for logs and metrics.
 #[derive(Debug, Clone, Default)]
 pub struct DesiredState {
@@ -106,6 +127,16 @@ impl Index {
             self.apply(o);
         }
         self.waiting_for.remove(K::KIND);
+    }
+
+    /// Whether a kind has been listed at least once.
+    pub fn is_listed(&self, kind: &str) -> bool {
+        !self.waiting_for.contains(kind)
+    }
+
+    /// Number of objects held of one kind.
+    pub fn count(&self, kind: &str) -> usize {
+        self.objects.keys().filter(|r| r.kind == kind).count()
     }
 
     /// Whether every awaited kind has been listed.

@@ -1,9 +1,13 @@
-//! kube-rs watchers for Namespace, ServiceAccount, Pod and NetworkPolicy, feeding the [`Index`].
+//! kube-rs watchers for Namespace, ServiceAccount, Pod, NetworkPolicy and the `policy.networking.k8s.io`
+//! kinds (AdminNetworkPolicy, BaselineAdminNetworkPolicy, ClusterNetworkPolicy), feeding the [`Index`].
 //!
 //! One task per kind. Watcher events map onto the index exactly like kubert's `index::namespaced`:
 //! `Apply` → `apply`, `Delete` → `delete`, and `Init`/`InitApply`/`InitDone` (every relist, including the
 //! one forced by a `410 Gone`) → one `reset` with the complete listing. After each change the writer is
 //! notified. Watch errors are logged and retried with kube's default backoff; the stream never ends.
+//! The admin kinds are CRDs a cluster may not have installed: a `404 Not Found` for one of them counts
+//! as an empty listing (so the controller does not wait for it forever), and the watcher keeps retrying,
+//! so objects appear once the CRD is installed.
 
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
@@ -19,10 +23,19 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+use crate::convert::admin::{AdminNetworkPolicy, BaselineAdminNetworkPolicy, ClusterNetworkPolicy};
 use crate::index::{Index, SourceKind};
 
 /// The kinds [`spawn_all`] watches, for [`Index::new`]'s `waiting_for`.
-pub const KINDS: [&str; 4] = ["Namespace", "ServiceAccount", "Pod", "NetworkPolicy"];
+pub const KINDS: [&str; 7] = [
+    "Namespace",
+    "ServiceAccount",
+    "Pod",
+    "NetworkPolicy",
+    "AdminNetworkPolicy",
+    "BaselineAdminNetworkPolicy",
+    "ClusterNetworkPolicy",
+];
 
 /// Shared index handle.
 pub type SharedIndex = Arc<Mutex<Index>>;
@@ -33,7 +46,10 @@ pub fn spawn_all(client: Client, index: SharedIndex, changed: Arc<Notify>) -> Ve
         spawn::<Namespace>(client.clone(), index.clone(), changed.clone()),
         spawn::<ServiceAccount>(client.clone(), index.clone(), changed.clone()),
         spawn::<Pod>(client.clone(), index.clone(), changed.clone()),
-        spawn::<NetworkPolicy>(client, index, changed),
+        spawn::<NetworkPolicy>(client.clone(), index.clone(), changed.clone()),
+        spawn::<AdminNetworkPolicy>(client.clone(), index.clone(), changed.clone()),
+        spawn::<BaselineAdminNetworkPolicy>(client.clone(), index.clone(), changed.clone()),
+        spawn::<ClusterNetworkPolicy>(client, index, changed),
     ]
 }
 
@@ -66,6 +82,22 @@ where
     while let Some(ev) = events.next().await {
         let ev = match ev {
             Ok(ev) => ev,
+            Err(watcher::Error::InitialListFailed(e)) if is_not_found(&e) => {
+                // The CRD is not installed: nothing of this kind exists. Keep retrying.
+                let first = {
+                    let mut idx = index.lock().expect("index lock poisoned");
+                    let had = !idx.is_listed(K::KIND) || idx.count(K::KIND) > 0;
+                    if had {
+                        idx.reset::<K>(&[]);
+                    }
+                    had
+                };
+                if first {
+                    tracing::info!("kind not served (CRD not installed?): treated as empty");
+                    changed.notify_one();
+                }
+                continue;
+            }
             Err(error) => {
                 tracing::warn!(%error, "watch failed, retrying");
                 continue;
@@ -108,7 +140,15 @@ pub async fn list_once(client: Client, index: &SharedIndex) -> Result<(), kube::
     list_kind::<Namespace>(&client, index).await?;
     list_kind::<ServiceAccount>(&client, index).await?;
     list_kind::<Pod>(&client, index).await?;
-    list_kind::<NetworkPolicy>(&client, index).await
+    list_kind::<NetworkPolicy>(&client, index).await?;
+    list_kind::<AdminNetworkPolicy>(&client, index).await?;
+    list_kind::<BaselineAdminNetworkPolicy>(&client, index).await?;
+    list_kind::<ClusterNetworkPolicy>(&client, index).await
+}
+
+/// Whether a request failed because the API server does not serve the resource.
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.is_not_found())
 }
 
 async fn list_kind<K>(client: &Client, index: &SharedIndex) -> Result<(), kube::Error>
@@ -119,7 +159,17 @@ where
     let mut items = Vec::new();
     let mut params = kube::api::ListParams::default().limit(500);
     loop {
-        let page = api.list(&params).await?;
+        let page = match api.list(&params).await {
+            Ok(p) => p,
+            Err(e) if is_not_found(&e) && items.is_empty() => {
+                tracing::info!(
+                    kind = K::KIND,
+                    "kind not served (CRD not installed?): treated as empty"
+                );
+                break;
+            }
+            Err(e) => return Err(e),
+        };
         items.extend(page.items);
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),
