@@ -185,7 +185,10 @@ impl AdminWorld {
         }
         let p = Policy {
             name: doc["metadata"]["name"].as_str().unwrap_or("").to_string(),
-            priority: spec["priority"].as_i64().unwrap_or(0),
+            // The BaselineAdminNetworkPolicy has no priority. Next to Baseline-tier
+            // ClusterNetworkPolicies (upstream does not define their mix) it counts as 1000, the
+            // highest priority value: our documented choice.
+            priority: spec["priority"].as_i64().unwrap_or(1000),
             subject: peer(&spec["subject"]),
             ingress: rules(spec, "ingress", v2),
             egress: rules(spec, "egress", v2),
