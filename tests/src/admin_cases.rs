@@ -215,6 +215,28 @@ spec:
   - {name: deny-to-node-1-pods, action: Deny, to: [{networks: [10.78.1.0/24, "fd00::/8"]}]}
 "#;
 
+/// The same over IPv6 (node-1's pods are fd78:1::/64); the IPv4 network in it matches no IPv6 packet.
+const ANP_X_EGRESS_CIDR6: &str = r#"
+apiVersion: policy.networking.k8s.io/v1alpha1
+kind: AdminNetworkPolicy
+metadata: {name: inline-cidr-as-peers}
+spec:
+  priority: 85
+  subject: {namespaces: {matchLabels: {ns: x}}}
+  egress:
+  - {name: allow-to-x-b, action: Allow, to: [{networks: ["__XB6__/128"]}]}
+  - {name: deny-to-node-1-pods, action: Deny, to: [{networks: ["fd78:1::/64", 10.78.2.0/24]}]}
+"#;
+
+const BANP_X_EGRESS_CIDR6: &str = r#"
+apiVersion: policy.networking.k8s.io/v1alpha1
+kind: BaselineAdminNetworkPolicy
+metadata: {name: default}
+spec:
+  subject: {namespaces: {matchLabels: {ns: x}}}
+  egress: [{name: deny-to-node-2-pods, action: Deny, to: [{networks: ["fd78:2::/64"]}]}]
+"#;
+
 const BANP_X_EGRESS_CIDR: &str = r#"
 apiVersion: policy.networking.k8s.io/v1alpha1
 kind: BaselineAdminNetworkPolicy
@@ -429,11 +451,46 @@ pub fn all() -> Vec<Case> {
     ]
 }
 
+/// The name of the case whose CIDRs are IPv4 only.
+const V4_CIDR_CASE: &str = "admin and baseline egress to networks (CIDR peers)";
+
+/// The IPv6 pass: every case whose verdicts do not depend on the family, and the CIDR case with IPv6
+/// networks.
+pub fn all_v6() -> Vec<Case> {
+    let p3 = || vec![T80, T81, U80];
+    let mut v: Vec<Case> = all()
+        .into_iter()
+        .filter(|c| c.name != V4_CIDR_CASE)
+        .collect();
+    v.push(Case {
+        name: "admin and baseline egress to IPv6 networks (CIDR peers)",
+        steps: vec![
+            Step::new(vec![ANP_X_EGRESS_CIDR6], p3(), |e| {
+                for to in ["x/a", "x/c", "y/b", "z/a", "z/c"] {
+                    e.deny("x/*", to);
+                }
+            }),
+            Step::new(vec![BANP_X_EGRESS_CIDR6], p3(), |e| {
+                for to in ["x/b", "y/a", "y/c", "z/b"] {
+                    e.deny("x/*", to);
+                }
+            }),
+            Step::new(vec![BANP_X_EGRESS_CIDR6, ANP_X_EGRESS_ALLOW_Y], p3(), |e| {
+                for to in ["x/b", "z/b"] {
+                    e.deny("x/*", to);
+                }
+            }),
+        ],
+    });
+    v
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn every_case_has_steps_and_probes() {
-        for c in super::all() {
+        assert_eq!(super::all_v6().len(), super::all().len());
+        for c in super::all().into_iter().chain(super::all_v6()) {
             assert!(!c.steps.is_empty(), "{}", c.name);
             assert!(c.steps.iter().all(|s| !s.probes.is_empty()), "{}", c.name);
         }

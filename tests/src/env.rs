@@ -141,6 +141,16 @@ impl Env {
             .collect())
     }
 
+    /// Empties every pod's and node's IPv6 neighbour cache, so each probe needs neighbour discovery
+    /// between pod and node to succeed under the policy in force (NDP must survive policy, as in Felix).
+    pub fn forget_neighbours(&self) -> Result<()> {
+        let pods = self.cluster.pods.iter().map(|p| &p.ns);
+        for ns in pods.chain(self.cluster.nodes.iter().map(|n| &n.ns)) {
+            ns.exec(&["ip", "-6", "neigh", "flush", "all"])?;
+        }
+        Ok(())
+    }
+
     /// Applies and probes every step of a case over `family`; returns the failures.
     pub fn run_case(&mut self, case: &Case, family: Family) -> Result<Vec<String>> {
         let ids: Vec<String> = self.placed().iter().map(PlacedPod::id).collect();
@@ -150,6 +160,9 @@ impl Env {
                 .with_context(|| format!("step {}", i + 1))?;
             let mut expect = Expect::all_allowed(&ids, &step.probes);
             (step.expect)(&mut expect);
+            if family == Family::V6 {
+                self.forget_neighbours()?;
+            }
             for f in self.check_over(&expect, family)? {
                 failures.push(format!("step {}: {f}", i + 1));
             }

@@ -8,21 +8,21 @@ use felixrs::render_cmd::{NodeView, SourceArgs, render_node};
 use felixrs::trace_cmd::{PacketArgs, Verdict, trace_packet};
 use felixrs_e2e::admin_cases;
 use felixrs_e2e::admin_evaluator::admin_world;
-use felixrs_e2e::cases::{self, Expect, Step, T80, U81};
+use felixrs_e2e::cases::{self, Case, Expect, Step, T80, U81};
 use felixrs_e2e::traffic::Proto;
 use felixrs_e2e::world::{self, Family, PlacedPod};
 
 const NODES: [&str; 2] = ["node-1", "node-2"];
 
-#[test]
-fn admin_expectations_match_the_evaluator() {
+/// The cells of `cases` whose expectation disagrees with the evaluator over `family`, and the count.
+fn evaluator_mismatches(cases: &[Case], family: Family) -> (Vec<String>, usize) {
     let pods = cases::standard_layout();
     let ids: Vec<String> = pods.iter().map(PlacedPod::id).collect();
     let mut bad = Vec::new();
     let mut checked = 0;
-    for case in admin_cases::all() {
+    for case in cases {
         for (i, step) in case.steps.iter().enumerate() {
-            let w = admin_world(step, &pods, Family::V4);
+            let w = admin_world(step, &pods, family);
             let mut expect = Expect::all_allowed(&ids, &step.probes);
             (step.expect)(&mut expect);
             for (from, to, probe, allowed) in &expect.cells {
@@ -39,8 +39,28 @@ fn admin_expectations_match_the_evaluator() {
             }
         }
     }
+    (bad, checked)
+}
+
+#[test]
+fn admin_expectations_match_the_evaluator() {
+    let (bad, checked) = evaluator_mismatches(&admin_cases::all(), Family::V4);
     assert!(bad.is_empty(), "{}", bad.join("\n"));
     assert!(checked > 3000, "only {checked} cells checked");
+}
+
+#[test]
+fn ipv6_admin_expectations_match_the_evaluator_over_ipv6() {
+    let (bad, checked) = evaluator_mismatches(&admin_cases::all_v6(), Family::V6);
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+    assert!(checked > 3000, "only {checked} cells checked");
+    // The IPv6 CIDR case judged over IPv4 must be wrong, or it would not test IPv6 matching.
+    let v6_cidr: Vec<Case> = admin_cases::all_v6()
+        .into_iter()
+        .filter(|c| c.name.contains("IPv6 networks"))
+        .collect();
+    assert_eq!(v6_cidr.len(), 1);
+    assert!(!evaluator_mismatches(&v6_cidr, Family::V4).0.is_empty());
 }
 
 #[test]
@@ -66,7 +86,11 @@ fn admin_expectations_are_not_all_allow() {
 
 /// The cells of `steps` where the trace (both nodes' rendered rules) disagrees with the expectation
 /// (or, with `expect_from_evaluator`, with the evaluator), and how many cells were checked.
-fn trace_mismatches(steps: &[(&str, &Step)], from_evaluator: bool) -> (Vec<String>, usize) {
+fn trace_mismatches(
+    steps: &[(&str, &Step)],
+    from_evaluator: bool,
+    family: Family,
+) -> (Vec<String>, usize) {
     let pods = cases::standard_layout();
     let ids: Vec<String> = pods.iter().map(PlacedPod::id).collect();
     let node_of = |id: &str| {
@@ -92,7 +116,7 @@ fn trace_mismatches(steps: &[(&str, &Step)], from_evaluator: bool) -> (Vec<Strin
             .unwrap();
         let mut expect = Expect::all_allowed(&ids, &step.probes);
         if from_evaluator {
-            let w = admin_world(step, &pods, Family::V4);
+            let w = admin_world(step, &pods, family);
             for c in &mut expect.cells {
                 let f = &w.base.pods[ids.iter().position(|x| *x == c.0).unwrap()];
                 let t = &w.base.pods[ids.iter().position(|x| *x == c.1).unwrap()];
@@ -113,7 +137,7 @@ fn trace_mismatches(steps: &[(&str, &Step)], from_evaluator: bool) -> (Vec<Strin
                 source_port: 40000,
                 icmp_type: None,
                 icmp_code: 0,
-                ipv6: false,
+                ipv6: family == Family::V6,
             };
             let mut nodes = vec![node_of(from), node_of(to)];
             nodes.dedup();
@@ -136,9 +160,7 @@ fn trace_mismatches(steps: &[(&str, &Step)], from_evaluator: bool) -> (Vec<Strin
     (bad, checked)
 }
 
-#[test]
-fn trace_agrees_with_every_admin_case() {
-    let cases = admin_cases::all();
+fn trace_cases(cases: &[Case], family: Family) -> (Vec<String>, usize) {
     let names: Vec<String> = cases
         .iter()
         .flat_map(|c| (1..=c.steps.len()).map(move |i| format!("{} step {i}", c.name)))
@@ -148,7 +170,24 @@ fn trace_agrees_with_every_admin_case() {
         .map(String::as_str)
         .zip(cases.iter().flat_map(|c| c.steps.iter()))
         .collect();
-    let (bad, checked) = trace_mismatches(&steps, false);
+    trace_mismatches(&steps, false, family)
+}
+
+#[test]
+fn trace_agrees_with_every_admin_case() {
+    let (bad, checked) = trace_cases(&admin_cases::all(), Family::V4);
+    assert!(
+        bad.is_empty(),
+        "{} of {checked}:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+    assert!(checked > 3000, "only {checked} cells checked");
+}
+
+#[test]
+fn trace_agrees_with_every_ipv6_admin_case() {
+    let (bad, checked) = trace_cases(&admin_cases::all_v6(), Family::V6);
     assert!(
         bad.is_empty(),
         "{} of {checked}:\n{}",
@@ -349,7 +388,7 @@ mod random {
             let policies: Vec<&'static str> =
                 docs.iter().map(|d| &*Box::leak(d.clone().into_boxed_str())).collect();
             let step = Step::new(policies, vec![T80, U81], |_| {});
-            let (bad, checked) = trace_mismatches(&[("random", &step)], true);
+            let (bad, checked) = trace_mismatches(&[("random", &step)], true, Family::V4);
             prop_assert!(checked > 100);
             prop_assert!(bad.is_empty(), "{} of {checked} for\n{}\n{}", bad.len(), docs.join("---\n"), bad.join("\n"));
         }

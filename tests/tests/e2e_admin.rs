@@ -1,7 +1,8 @@
 //! Admin policy on the kernel datapath: the real `policy-controller` converts AdminNetworkPolicy,
 //! BaselineAdminNetworkPolicy and ClusterNetworkPolicy manifests into tiered GlobalNetworkPolicies in
 //! etcd, the real agents program them, and every case of [`admin_cases`] is probed pod to pod (every
-//! ordered pair, every probe of the step) on one two-node netns cluster. The same expectations are
+//! ordered pair, every probe of the step) on one two-node netns cluster, over IPv4, then over IPv6
+//! ([`admin_cases::all_v6`], with IPv6 CIDR peers and neighbour discovery under policy). The same expectations are
 //! checked against the independent evaluator and `felixrs trace` in `tests/admin_cases.rs`.
 //!
 //! Also checks that the kernel's filter table reads like Calico's: the tier chains and comments.
@@ -93,6 +94,10 @@ fn admin_policy_conformance_on_the_kernel() {
     for case in admin_cases::all() {
         let r = env.run_case(&case, Family::V4);
         report(case.name, r);
+    }
+    for case in admin_cases::all_v6() {
+        let r = env.run_case(&case, Family::V6);
+        report(&format!("ipv6: {}", case.name), r);
     }
     let r = kernel_reads_like_calico(&mut env);
     report("the kernel's tier chains read like Calico's", r);
