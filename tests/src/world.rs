@@ -156,8 +156,8 @@ pub fn manifests(step: &Step, pods: &[PlacedPod]) -> String {
 }
 
 /// The evaluator's view of the step for probes over `family` (pods are known by their address of that
-/// family), or `None` when the step uses Calico-native policy that the Kubernetes evaluator does not
-/// model (those cases rely on their hand-written expectations).
+/// family), or `None` when the step uses Calico-native or admin policy that the Kubernetes evaluator
+/// does not model (those cases rely on their hand-written expectations, or on the admin evaluator).
 pub fn world(step: &Step, pods: &[PlacedPod], family: Family) -> Option<World> {
     let mut w = World::default();
     for ns in namespaces(pods) {
@@ -177,7 +177,8 @@ pub fn world(step: &Step, pods: &[PlacedPod], family: Family) -> Option<World> {
     }
     for doc in &step.policies {
         let doc = instantiate(doc, pods);
-        if doc.contains("projectcalico.org/v3") {
+        // Admin policy (policy.networking.k8s.io) has its own evaluator: `admin_evaluator::admin_world`.
+        if doc.contains("projectcalico.org/v3") || doc.contains("policy.networking.k8s.io/") {
             return None;
         }
         let np: NetworkPolicy = serde_yaml::from_str(&doc).expect("case policy is valid YAML");
