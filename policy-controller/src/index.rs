@@ -22,6 +22,8 @@ use crate::writer::Desired;
 pub trait SourceKind: kube::Resource + ResourceExt {
     /// The kind's name, as in `ObjectRef::kind`.
     const KIND: &'static str;
+    /// A CRD kind the cluster may not serve: `404 Not Found` then means "no objects".
+    const OPTIONAL: bool = false;
     /// Converts one object.
     fn convert(&self, opts: &ConvertOptions) -> Converted;
 }
@@ -56,6 +58,7 @@ impl SourceKind for NetworkPolicy {
 
 impl SourceKind for convert::admin::AdminNetworkPolicy {
     const KIND: &'static str = "AdminNetworkPolicy";
+    const OPTIONAL: bool = true;
     fn convert(&self, opts: &ConvertOptions) -> Converted {
         convert::admin_network_policy_to_calico(self, opts)
     }
@@ -63,6 +66,7 @@ impl SourceKind for convert::admin::AdminNetworkPolicy {
 
 impl SourceKind for convert::admin::BaselineAdminNetworkPolicy {
     const KIND: &'static str = "BaselineAdminNetworkPolicy";
+    const OPTIONAL: bool = true;
     fn convert(&self, opts: &ConvertOptions) -> Converted {
         convert::baseline_admin_network_policy_to_calico(self, opts)
     }
@@ -70,6 +74,7 @@ impl SourceKind for convert::admin::BaselineAdminNetworkPolicy {
 
 impl SourceKind for convert::admin::ClusterNetworkPolicy {
     const KIND: &'static str = "ClusterNetworkPolicy";
+    const OPTIONAL: bool = true;
     fn convert(&self, opts: &ConvertOptions) -> Converted {
         convert::cluster_network_policy_to_calico(self, opts)
     }

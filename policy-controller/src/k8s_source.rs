@@ -5,7 +5,8 @@
 //! `Apply` → `apply`, `Delete` → `delete`, and `Init`/`InitApply`/`InitDone` (every relist, including the
 //! one forced by a `410 Gone`) → one `reset` with the complete listing. After each change the writer is
 //! notified. Watch errors are logged and retried with kube's default backoff; the stream never ends.
-//! The admin kinds are CRDs a cluster may not have installed: a `404 Not Found` for one of them counts
+//! The admin kinds are CRDs a cluster may not have installed (`SourceKind::OPTIONAL`): a `404 Not Found`
+//! for one of them counts
 //! as an empty listing (so the controller does not wait for it forever), and the watcher keeps retrying,
 //! so objects appear once the CRD is installed.
 
@@ -82,9 +83,9 @@ where
     while let Some(ev) = events.next().await {
         let ev = match ev {
             Ok(ev) => ev,
-            Err(watcher::Error::InitialListFailed(e)) if is_not_found(&e) => {
+            Err(watcher::Error::InitialListFailed(e)) if K::OPTIONAL && is_not_found(&e) => {
                 // The CRD is not installed: nothing of this kind exists. Keep retrying.
-                let first = {
+                let emptied = {
                     let mut idx = index.lock().expect("index lock poisoned");
                     let had = !idx.is_listed(K::KIND) || idx.count(K::KIND) > 0;
                     if had {
@@ -92,7 +93,7 @@ where
                     }
                     had
                 };
-                if first {
+                if emptied {
                     tracing::info!("kind not served (CRD not installed?): treated as empty");
                     changed.notify_one();
                 }
@@ -161,7 +162,7 @@ where
     loop {
         let page = match api.list(&params).await {
             Ok(p) => p,
-            Err(e) if is_not_found(&e) && items.is_empty() => {
+            Err(e) if K::OPTIONAL && is_not_found(&e) && items.is_empty() => {
                 tracing::info!(
                     kind = K::KIND,
                     "kind not served (CRD not installed?): treated as empty"
