@@ -256,6 +256,47 @@ spec:
   egress: [{action: Allow, to: [{namespaces: {matchLabels: {ns: y}}}]}]
 "#;
 
+/// upstream standard-egress-inline-cidr-rules, verbatim in shape: pods first, then the whole internet
+/// (both families) denied, which includes every other pod.
+const ANP_X_EGRESS_INTERNET: &str = r#"
+apiVersion: policy.networking.k8s.io/v1alpha1
+kind: AdminNetworkPolicy
+metadata: {name: inline-cidr-internet}
+spec:
+  priority: 85
+  subject:
+    pods:
+      namespaceSelector: {matchLabels: {ns: x}}
+      podSelector: {}
+  egress:
+  - name: allow-egress-to-y
+    action: Allow
+    to: [{pods: {namespaceSelector: {matchLabels: {ns: y}}, podSelector: {}}}]
+  - {name: deny-egress-to-internet, action: Deny, to: [{networks: [0.0.0.0/0, "::/0"]}]}
+"#;
+
+/// Baseline rules in order: Allow y first, then Deny everyone.
+const BANP_X_ALLOW_Y_DENY_ALL: &str = r#"
+apiVersion: policy.networking.k8s.io/v1alpha1
+kind: BaselineAdminNetworkPolicy
+metadata: {name: default}
+spec:
+  subject: {namespaces: {matchLabels: {ns: x}}}
+  ingress:
+  - {name: allow-y, action: Allow, from: [{namespaces: {matchLabels: {ns: y}}}]}
+  - {name: deny-all, action: Deny, from: [{namespaces: {}}]}
+"#;
+
+const NP_X_INGRESS_FROM_Z: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: ingress-from-z, namespace: x}
+spec:
+  podSelector: {}
+  policyTypes: [Ingress]
+  ingress: [{from: [{namespaceSelector: {matchLabels: {ns: z}}}]}]
+"#;
+
 const ANP_X_DENY_FROM_ZC: &str = r#"
 apiVersion: policy.networking.k8s.io/v1alpha1
 kind: AdminNetworkPolicy
@@ -427,6 +468,30 @@ pub fn all() -> Vec<Case> {
                         e.deny("x/*", to);
                     }
                 }),
+            ],
+        },
+        Case {
+            name: "admin egress: a namespace's pods allowed, the internet (0.0.0.0/0 and ::/0) denied",
+            steps: vec![Step::new(vec![ANP_X_EGRESS_INTERNET], p3(), |e| {
+                e.deny("x/*", "*/*");
+                e.allow("x/*", "y/*");
+            })],
+        },
+        Case {
+            name: "baseline: rules decide in order; a NetworkPolicy overrides the baseline",
+            steps: vec![
+                Step::new(vec![BANP_X_ALLOW_Y_DENY_ALL], p3(), |e| {
+                    e.deny("*/*", "x/*");
+                    e.allow("y/*", "x/*");
+                }),
+                Step::new(
+                    vec![BANP_X_ALLOW_Y_DENY_ALL, NP_X_INGRESS_FROM_Z],
+                    p3(),
+                    |e| {
+                        e.deny("*/*", "x/*");
+                        e.allow("z/*", "x/*");
+                    },
+                ),
             ],
         },
         Case {
