@@ -8,7 +8,7 @@
 //!
 //! Node-1 holds x/a, x/c, y/b, z/a, z/c (10.78.1.0/24); node-2 holds x/b, y/a, y/c, z/b (10.78.2.0/24).
 
-use crate::cases::{Case, Step, T80, T81, U80, U81};
+use crate::cases::{Case, PING, Step, T80, T81, U80, U81};
 
 const NP_X_INGRESS_FROM_Y: &str = r#"
 apiVersion: networking.k8s.io/v1
@@ -348,6 +348,8 @@ spec:
 
 pub fn all() -> Vec<Case> {
     let p3 = || vec![T80, T81, U80];
+    // A rule without ports matches every protocol: ICMP (ICMPv6 over IPv6) echo as well.
+    let pings = || vec![T80, U80, PING];
     let p4 = || vec![T80, T81, U80, U81];
     vec![
         Case {
@@ -366,15 +368,19 @@ pub fn all() -> Vec<Case> {
             ],
         },
         Case {
-            name: "admin over NetworkPolicy: Allow beats a NetworkPolicy deny, Deny beats an allow",
+            name: "admin over NetworkPolicy: Allow beats a NetworkPolicy deny, Deny beats an allow (ICMP too)",
             steps: vec![
-                Step::new(vec![NP_X_DENY_INGRESS, ANP_X_ALLOW_FROM_Y], p3(), |e| {
+                Step::new(vec![NP_X_DENY_INGRESS, ANP_X_ALLOW_FROM_Y], pings(), |e| {
                     e.deny("*/*", "x/*");
                     e.allow("y/*", "x/*");
                 }),
-                Step::new(vec![NP_X_ALLOW_ALL_INGRESS, ANP_X_DENY_FROM_Y], p3(), |e| {
-                    e.deny("y/*", "x/*");
-                }),
+                Step::new(
+                    vec![NP_X_ALLOW_ALL_INGRESS, ANP_X_DENY_FROM_Y],
+                    pings(),
+                    |e| {
+                        e.deny("y/*", "x/*");
+                    },
+                ),
             ],
         },
         Case {
