@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
 
@@ -53,6 +53,13 @@ impl SourceKind for NetworkPolicy {
     const KIND: &'static str = "NetworkPolicy";
     fn convert(&self, opts: &ConvertOptions) -> Converted {
         convert::network_policy_to_calico(self, opts)
+    }
+}
+
+impl SourceKind for Node {
+    const KIND: &'static str = "Node";
+    fn convert(&self, opts: &ConvertOptions) -> Converted {
+        convert::node_to_network_set(self, opts)
     }
 }
 
@@ -187,7 +194,7 @@ impl Index {
         for (k, r) in &self.manifests.resources {
             state.desired.resources.insert(k.clone(), r.json.clone());
         }
-        convert::admin::add_admin_tiers(&mut state.desired.resources, |t| t.json);
+        convert::admin::add_admin_tiers(&mut state.desired.resources, String::as_str, |t| t.json);
         state
             .desired
             .retain

@@ -1,4 +1,4 @@
-//! kube-rs watchers for Namespace, ServiceAccount, Pod, NetworkPolicy and the `policy.networking.k8s.io`
+//! kube-rs watchers for Namespace, ServiceAccount, Node, Pod, NetworkPolicy and the `policy.networking.k8s.io`
 //! kinds (AdminNetworkPolicy, BaselineAdminNetworkPolicy, ClusterNetworkPolicy), feeding the [`Index`].
 //!
 //! One task per kind. Watcher events map onto the index exactly like kubert's `index::namespaced`:
@@ -14,7 +14,7 @@ use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -28,8 +28,9 @@ use crate::convert::admin::{AdminNetworkPolicy, BaselineAdminNetworkPolicy, Clus
 use crate::index::{Index, SourceKind};
 
 /// The kinds [`spawn_all`] watches, for [`Index::new`]'s `waiting_for`.
-pub const KINDS: [&str; 7] = [
+pub const KINDS: [&str; 8] = [
     "Namespace",
+    "Node",
     "ServiceAccount",
     "Pod",
     "NetworkPolicy",
@@ -46,6 +47,7 @@ pub fn spawn_all(client: Client, index: SharedIndex, changed: Arc<Notify>) -> Ve
     vec![
         spawn::<Namespace>(client.clone(), index.clone(), changed.clone()),
         spawn::<ServiceAccount>(client.clone(), index.clone(), changed.clone()),
+        spawn::<Node>(client.clone(), index.clone(), changed.clone()),
         spawn::<Pod>(client.clone(), index.clone(), changed.clone()),
         spawn::<NetworkPolicy>(client.clone(), index.clone(), changed.clone()),
         spawn::<AdminNetworkPolicy>(client.clone(), index.clone(), changed.clone()),
@@ -140,6 +142,7 @@ where
 pub async fn list_once(client: Client, index: &SharedIndex) -> Result<(), kube::Error> {
     list_kind::<Namespace>(&client, index).await?;
     list_kind::<ServiceAccount>(&client, index).await?;
+    list_kind::<Node>(&client, index).await?;
     list_kind::<Pod>(&client, index).await?;
     list_kind::<NetworkPolicy>(&client, index).await?;
     list_kind::<AdminNetworkPolicy>(&client, index).await?;

@@ -4,14 +4,14 @@
 //! Files are multi-document YAML (or JSON). A directory is read recursively, taking `*.yaml`, `*.yml`
 //! and `*.json` in name order. Each document is parsed on its own (files are split at `---` lines), so a
 //! broken document is reported and every other document is still converted. Accepted kinds: v1
-//! `Namespace`, `Pod`, `ServiceAccount`, `networking.k8s.io/v1` `NetworkPolicy`, `policy.networking.k8s.io` `AdminNetworkPolicy`,
+//! `Namespace`, `Node`, `Pod`, `ServiceAccount`, `networking.k8s.io/v1` `NetworkPolicy`, `policy.networking.k8s.io` `AdminNetworkPolicy`,
 //! `BaselineAdminNetworkPolicy` (v1alpha1) and `ClusterNetworkPolicy` (v1alpha2), `v1` `List`, and
 //! `projectcalico.org/v3` resources, which are stored as written (after validation).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::Value;
 
@@ -82,7 +82,7 @@ pub fn load_manifests(
             load_document(&f, i, doc, opts, &mut set);
         }
     }
-    convert::admin::add_admin_tiers(&mut set.resources, |t| t);
+    convert::admin::add_admin_tiers(&mut set.resources, |r| r.json.as_str(), |t| t);
     Ok(set)
 }
 
@@ -238,6 +238,10 @@ pub fn convert_value(v: &Value, opts: &ConvertOptions) -> Converted {
         },
         ("v1", "Pod") => match parse::<Pod>(v, &obj) {
             Ok(o) => convert::pod_to_workload_endpoint(&o, opts),
+            Err(r) => Converted::skipped(r, None),
+        },
+        ("v1", "Node") => match parse::<Node>(v, &obj) {
+            Ok(o) => convert::node_to_network_set(&o, opts),
             Err(r) => Converted::skipped(r, None),
         },
         ("networking.k8s.io/v1", "NetworkPolicy") => match parse::<NetworkPolicy>(v, &obj) {

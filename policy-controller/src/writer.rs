@@ -5,7 +5,8 @@
 //! * by name pattern, the resources it derives from Kubernetes objects:
 //!   `networkpolicies/<ns>/knp.default.*`, `profiles/kns.*`, `profiles/ksa.*`, `workloadendpoints/*` and
 //!   the admin policies' `globalnetworkpolicies/{kanp.adminnetworkpolicy.,kbanp.baselineadminnetworkpolicy.,kcnp.}*`
-//!   (their Tier resources are owned by marker, like manifest resources);
+//!   (their Tier resources are owned by marker, like manifest resources), and the nodes' network sets
+//!   `globalnetworksets/knode.*`;
 //! * by marker, the `projectcalico.org/v3` resources it wrote from manifests: for each such key it keeps
 //!   `/felixrs/policy-controller/owned<key>` (outside Calico's prefix, so Calico tooling ignores it).
 //!   A v3 resource that someone else created and that a manifest later also defines is taken over.
@@ -89,6 +90,7 @@ pub fn owned_by_pattern(key: &str) -> bool {
         ["networkpolicies", _ns, name] => name.starts_with("knp.default."),
         ["profiles", name] => name.starts_with("kns.") || name.starts_with("ksa."),
         ["globalnetworkpolicies", _name] => crate::convert::admin::is_admin_policy_key(key),
+        ["globalnetworksets", name] => name.starts_with(crate::convert::KNODE_PREFIX),
         ["workloadendpoints", _ns, _name] => true,
         _ => false,
     }

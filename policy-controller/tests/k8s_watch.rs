@@ -264,6 +264,44 @@ async fn admin_policies_watch_and_relist_after_gone() {
     let tier = etcd_value(&mut c, "tiers/kube-admin").await.unwrap();
     assert_eq!(tier["spec"]["defaultAction"], "Pass");
 
+    // Nodes: watched, but their network sets are stored only once a policy has a nodes peer.
+    api.apply(json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"zone": "a"}},
+        "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.1"}]},
+    }));
+    let n1 = ObjectRef::new("Node", None, "n1");
+    wait_until("the node from the watch", || {
+        index.lock().unwrap().contains(&n1)
+    })
+    .await;
+    sync(&index, &mut writer).await;
+    assert!(
+        etcd_value(&mut c, "globalnetworksets/knode.n1")
+            .await
+            .is_none()
+    );
+    api.apply(json!({
+        "apiVersion": "policy.networking.k8s.io/v1alpha1", "kind": "AdminNetworkPolicy",
+        "metadata": {"name": "to-zone-a"},
+        "spec": {"priority": 50, "subject": {"namespaces": {}},
+                 "egress": [{"action": "Deny", "to": [{"nodes": {"matchLabels": {"zone": "a"}}}]}]},
+    }));
+    let to_zone_a = ObjectRef::new("AdminNetworkPolicy", None, "to-zone-a");
+    wait_until("the nodes policy from the watch", || {
+        index.lock().unwrap().contains(&to_zone_a)
+    })
+    .await;
+    sync(&index, &mut writer).await;
+    let set = etcd_value(&mut c, "globalnetworksets/knode.n1")
+        .await
+        .expect("the node's set once a nodes peer uses it");
+    assert_eq!(set["spec"]["nets"], json!(["192.0.2.1/32"]));
+    api.delete(
+        json!({"apiVersion": "policy.networking.k8s.io/v1alpha1", "kind": "AdminNetworkPolicy",
+                      "metadata": {"name": "to-zone-a"}}),
+    );
+    api.delete(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+
     // Live: an update, and an invalid object (unknown field) that is skipped, not fatal.
     api.apply(mk_anp("first", 5, "Allow"));
     let mut bad = mk_anp("bad", 1, "Deny");

@@ -14,6 +14,7 @@ pub mod admin;
 mod labels;
 mod namespace;
 mod networkpolicy;
+mod node;
 mod pod;
 pub mod v3;
 
@@ -28,6 +29,7 @@ pub use labels::{
 };
 pub use namespace::{namespace_to_profile, service_account_to_profile};
 pub use networkpolicy::network_policy_to_calico;
+pub use node::{KNODE_PREFIX, NODE_MARKER_LABEL, node_to_network_set};
 pub use pod::{interface_name, pod_to_workload_endpoint, workload_endpoint_name};
 
 /// The etcd prefix under which Calico v3 resources live.

@@ -55,6 +55,7 @@ type Shared = (Arc<Mutex<Inner>>, broadcast::Sender<Msg>);
 fn resource_of(obj: &Value) -> String {
     match obj["kind"].as_str().unwrap_or("") {
         "Namespace" => "namespaces",
+        "Node" => "nodes",
         "Pod" => "pods",
         "ServiceAccount" => "serviceaccounts",
         "NetworkPolicy" => "networkpolicies",
@@ -69,6 +70,7 @@ fn resource_of(obj: &Value) -> String {
 fn list_kind(res: &str) -> (&'static str, &'static str) {
     match res {
         "namespaces" => ("NamespaceList", "v1"),
+        "nodes" => ("NodeList", "v1"),
         "pods" => ("PodList", "v1"),
         "serviceaccounts" => ("ServiceAccountList", "v1"),
         "adminnetworkpolicies" => (

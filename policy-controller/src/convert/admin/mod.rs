@@ -24,7 +24,9 @@
 //!   port of any protocol, so it joins the TCP, UDP and SCTP rules (Calico up to v3.31 ignored it and
 //!   matched every port: we do not copy that);
 //! * `types` lists only the directions that have rules;
-//! * a rule that cannot be converted (an unsupported peer such as `nodes` or `domainNames`, a bad CIDR,
+//! * `nodes` peers (egress) select the nodes' network sets `knode.<node>` (the addresses in each Node's
+//!   status, see [`super::node_to_network_set`]), which are stored only while some policy uses them;
+//! * a rule that cannot be converted (`domainNames`, which the iptables dataplane cannot match, a bad CIDR,
 //!   port or selector) fails closed, as the API asks: a Deny or Pass rule becomes "Deny everything", an
 //!   Allow/Accept rule is dropped; each is reported with its field;
 //! * an invalid policy-level field (subject, priority, name) skips the object, keeping any stored
@@ -170,12 +172,24 @@ pub fn is_admin_policy_key(key: &str) -> bool {
         })
 }
 
-/// Adds the admin Tier resources to a key → value map when it holds an admin policy and does not
-/// define the tier itself (a tier from a manifest wins).
+/// Completes a desired key → value map for the admin policies in it: adds the admin Tier resources
+/// when it holds an admin policy and does not define the tier itself (a tier from a manifest wins), and
+/// keeps the nodes' network sets only while an admin policy has a `nodes` peer (otherwise node
+/// addresses would become members of every `all()`-like rule selector of other Calico policies).
 pub fn add_admin_tiers<V>(
     resources: &mut BTreeMap<String, V>,
+    json: impl Fn(&V) -> &str,
     value: impl Fn(CalicoResource) -> V,
 ) {
+    let node_sets_used = resources
+        .iter()
+        .any(|(k, v)| is_admin_policy_key(k) && uses_node_sets(json(v)));
+    if !node_sets_used {
+        resources.retain(|k, _| {
+            !k.rsplit_once("/globalnetworksets/")
+                .is_some_and(|(_, n)| n.starts_with(super::KNODE_PREFIX))
+        });
+    }
     if !resources.keys().any(|k| is_admin_policy_key(k)) {
         return;
     }
@@ -601,15 +615,45 @@ fn peer_to_entities(
                 })
                 .collect())
         }
-        "nodes" => Err((
-            ".nodes".into(),
-            "nodes peers are not supported (no Node addresses are modelled)".into(),
-        )),
+        "nodes" => {
+            if has_named {
+                return Err((
+                    ".nodes".into(),
+                    "a nodes peer cannot be used with named ports".into(),
+                ));
+            }
+            let sel = peer.nodes.as_ref().expect("checked").to_k8s();
+            let labels = selector_from_label_selector(Some(&sel), false)
+                .map_err(|(f, m)| (format!(".nodes.{f}"), m))?;
+            Ok(vec![EntityRule {
+                selector: node_selector(&labels),
+                ..EntityRule::default()
+            }])
+        }
         _ => Err((
             ".domainNames".into(),
             "domainNames peers are not supported by the iptables dataplane".into(),
         )),
     }
+}
+
+/// The selector of a `nodes` peer: the nodes' network sets (see [`super::node_to_network_set`]) whose
+/// labels match, and never an endpoint or a namespaced set, whatever labels those carry.
+fn node_selector(labels: &str) -> String {
+    let base = format!(
+        "has({}) && !has(projectcalico.org/orchestrator) && !has(projectcalico.org/namespace)",
+        super::NODE_MARKER_LABEL
+    );
+    if labels == "all()" {
+        base
+    } else {
+        format!("{base} && {labels}")
+    }
+}
+
+/// Whether a converted admin policy (its stored JSON) has a `nodes` peer.
+fn uses_node_sets(json: &str) -> bool {
+    json.contains(&format!("has({})", super::NODE_MARKER_LABEL))
 }
 
 fn source_rule_to_calico(r: &SourceRule<'_>, ingress: bool) -> Result<Vec<Rule>, FieldError> {
