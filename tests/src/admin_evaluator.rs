@@ -14,7 +14,8 @@
 //! 4. otherwise the connection is admitted.
 //!
 //! A rule matches when one of its peers matches the other pod (namespaces: the namespace's labels;
-//! pods: namespace and pod labels; networks: the pod's address) and, if it lists ports, one of them
+//! pods: namespace and pod labels; networks: the pod's address; nodes: the pod's address is in the status
+//! of a node the selector matches) and, if it lists ports, one of them
 //! matches the destination port (numbers and ranges with their protocol, default TCP; a named port
 //! matches a container port of the destination pod with that name, number and protocol).
 
@@ -39,6 +40,8 @@ enum Peer {
     Namespaces(LabelSelector),
     Pods(LabelSelector, LabelSelector),
     Networks(Vec<IpNet>),
+    /// Nodes by label: the addresses in their status.
+    Nodes(LabelSelector),
 }
 
 #[derive(Debug, Clone)]
@@ -71,6 +74,8 @@ pub struct AdminWorld {
     pub base: World,
     admin: Vec<Policy>,
     baseline: Vec<Policy>,
+    /// Nodes: labels and the addresses in their status.
+    nodes: Vec<(BTreeMap<String, String>, Vec<std::net::IpAddr>)>,
 }
 
 fn selector(v: &Value) -> LabelSelector {
@@ -85,6 +90,8 @@ fn peer(v: &Value) -> Peer {
             selector(&p["namespaceSelector"]),
             selector(&p["podSelector"]),
         )
+    } else if let Some(n) = v.get("nodes") {
+        Peer::Nodes(selector(n))
     } else if let Some(n) = v.get("networks") {
         Peer::Networks(
             n.as_array()
@@ -172,9 +179,22 @@ fn rules(spec: &Value, dir: &str, v2: bool) -> Vec<Rule> {
 }
 
 impl AdminWorld {
-    /// Adds one admin policy document; returns `false` when the document is not one.
+    /// Adds one admin policy or Node document; returns `false` when the document is neither.
     pub fn add(&mut self, doc: &Value) -> bool {
         let kind = doc["kind"].as_str().unwrap_or("");
+        if kind == "Node" {
+            let labels =
+                serde_json::from_value(doc["metadata"]["labels"].clone()).unwrap_or_default();
+            let addresses = doc["status"]["addresses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|a| matches!(a["type"].as_str(), Some("InternalIP" | "ExternalIP")))
+                .filter_map(|a| a["address"].as_str()?.parse().ok())
+                .collect();
+            self.nodes.push((labels, addresses));
+            return true;
+        }
         let spec = &doc["spec"];
         let v2 = kind == "ClusterNetworkPolicy";
         if !matches!(
@@ -272,6 +292,10 @@ impl AdminWorld {
                 selector_matches(ns, ns_labels) && selector_matches(p, &pod.labels)
             }
             Peer::Networks(nets) => nets.iter().any(|n| n.contains(&pod.ip)),
+            Peer::Nodes(sel) => self
+                .nodes
+                .iter()
+                .any(|(labels, addrs)| selector_matches(sel, labels) && addrs.contains(&pod.ip)),
         }
     }
 }

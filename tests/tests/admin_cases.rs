@@ -237,7 +237,12 @@ mod random {
                 "10.78.1.12/32",
             ])
             .prop_map(|c| json!({"networks": [c]}));
-            prop_oneof![ns, pods, nets].boxed()
+            let nodes = prop_oneof![
+                Just(json!({"nodes": {}})),
+                prop::sample::select(vec!["node-a", "node-b"])
+                    .prop_map(|n| json!({"nodes": {"matchLabels": {"kubernetes.io/hostname": n}}})),
+            ];
+            prop_oneof![ns, pods, nets, nodes].boxed()
         } else {
             prop_oneof![ns, pods].boxed()
         }
@@ -285,7 +290,9 @@ mod random {
             ports(v2, false),
         )
             .prop_map(move |(action, peers, named_ports, plain_ports)| {
-                let has_networks = peers.iter().any(|p| p.get("networks").is_some());
+                let has_networks = peers
+                    .iter()
+                    .any(|p| p.get("networks").is_some() || p.get("nodes").is_some());
                 let ports = if has_networks {
                     plain_ports
                 } else {
@@ -344,6 +351,13 @@ mod random {
             .boxed()
     }
 
+    /// Two "nodes" whose status addresses are pod addresses (x/b's and y/b's), as host-networked pods
+    /// share their node's: nodes peers must match exactly those, and no pod by its labels.
+    const NODES: [&str; 2] = [
+        "apiVersion: v1\nkind: Node\nmetadata: {name: node-a, labels: {kubernetes.io/hostname: node-a}}\nstatus: {addresses: [{type: InternalIP, address: 10.78.2.10}]}\n",
+        "apiVersion: v1\nkind: Node\nmetadata: {name: node-b, labels: {kubernetes.io/hostname: node-b, pod: a}}\nstatus: {addresses: [{type: ExternalIP, address: 10.78.1.12}, {type: Hostname, address: node-b}]}\n",
+    ];
+
     const NPS: [&str; 2] = [
         "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny, namespace: x}\nspec: {podSelector: {matchLabels: {pod: a}}, policyTypes: [Ingress, Egress]}\n",
         "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: from-y, namespace: y}\nspec: {podSelector: {}, ingress: [{from: [{namespaceSelector: {matchLabels: {ns: x}}}]}]}\n",
@@ -373,6 +387,7 @@ mod random {
                     .map(|p| serde_yaml::to_string(p).unwrap())
                     .collect();
                 docs.extend(nps.iter().map(|i| NPS[*i].to_string()));
+                docs.extend(NODES.iter().map(|n| n.to_string()));
                 docs
             })
     }

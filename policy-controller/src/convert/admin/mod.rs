@@ -16,7 +16,8 @@
 //!
 //! Semantics:
 //! * subject `namespaces` → `namespaceSelector` + the orchestrator clause as `selector`; `pods` → both
-//!   selectors;
+//!   selectors; the same for `namespaces` and `pods` peers (a `namespaces` peer also gets the orchestrator
+//!   clause, unlike Calico's conversion, so it never matches anything but pods);
 //! * rules keep their order; each expands into one Calico rule per (protocol × peer), protocols sorted,
 //!   peers in order (a `networks` peer gives one rule per address family); the rule's `name` becomes the
 //!   annotation `name`;
@@ -564,7 +565,11 @@ fn peer_to_entities(
             let sel = peer.namespaces.as_ref().expect("checked").to_k8s();
             let nss = selector_from_label_selector(Some(&sel), false)
                 .map_err(|(f, m)| (format!(".namespaces.{f}"), m))?;
+            // The orchestrator clause keeps the peer to pods: a negative namespace selector
+            // (`NotIn`, `DoesNotExist`) alone would also match host endpoints and global network
+            // sets, which have no namespace labels (Calico's conversion leaves that gap open).
             Ok(vec![EntityRule {
+                selector: ORCHESTRATOR_CLAUSE.to_string(),
                 namespace_selector: nss,
                 ..EntityRule::default()
             }])
