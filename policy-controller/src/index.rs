@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
 
@@ -23,6 +23,8 @@ use crate::writer::Desired;
 pub trait SourceKind: kube::Resource + ResourceExt {
     /// The kind's name, as in `ObjectRef::kind`.
     const KIND: &'static str;
+    /// A CRD kind the cluster may not serve: `404 Not Found` then means "no objects".
+    const OPTIONAL: bool = false;
     /// Converts one object.
     fn convert(&self, opts: &ConvertOptions) -> Converted;
 }
@@ -60,6 +62,37 @@ impl SourceKind for StrictNetworkPolicy {
     const KIND: &'static str = "NetworkPolicy";
     fn convert(&self, opts: &ConvertOptions) -> Converted {
         StrictNetworkPolicy::convert(self, opts)
+    }
+}
+
+impl SourceKind for Node {
+    const KIND: &'static str = "Node";
+    fn convert(&self, opts: &ConvertOptions) -> Converted {
+        convert::node_to_network_set(self, opts)
+    }
+}
+
+impl SourceKind for convert::admin::AdminNetworkPolicy {
+    const KIND: &'static str = "AdminNetworkPolicy";
+    const OPTIONAL: bool = true;
+    fn convert(&self, opts: &ConvertOptions) -> Converted {
+        convert::admin_network_policy_to_calico(self, opts)
+    }
+}
+
+impl SourceKind for convert::admin::BaselineAdminNetworkPolicy {
+    const KIND: &'static str = "BaselineAdminNetworkPolicy";
+    const OPTIONAL: bool = true;
+    fn convert(&self, opts: &ConvertOptions) -> Converted {
+        convert::baseline_admin_network_policy_to_calico(self, opts)
+    }
+}
+
+impl SourceKind for convert::admin::ClusterNetworkPolicy {
+    const KIND: &'static str = "ClusterNetworkPolicy";
+    const OPTIONAL: bool = true;
+    fn convert(&self, opts: &ConvertOptions) -> Converted {
+        convert::cluster_network_policy_to_calico(self, opts)
     }
 }
 
@@ -117,6 +150,16 @@ impl Index {
         self.waiting_for.remove(K::KIND);
     }
 
+    /// Whether a kind has been listed at least once.
+    pub fn is_listed(&self, kind: &str) -> bool {
+        !self.waiting_for.contains(kind)
+    }
+
+    /// Number of objects held of one kind.
+    pub fn count(&self, kind: &str) -> usize {
+        self.objects.keys().filter(|r| r.kind == kind).count()
+    }
+
     /// Whether every awaited kind has been listed.
     pub fn is_ready(&self) -> bool {
         self.waiting_for.is_empty()
@@ -160,6 +203,7 @@ impl Index {
         for (k, r) in &self.manifests.resources {
             state.desired.resources.insert(k.clone(), r.json.clone());
         }
+        convert::admin::add_admin_tiers(&mut state.desired.resources, String::as_str, |t| t.json);
         state
             .desired
             .retain

@@ -1,16 +1,21 @@
-//! kube-rs watchers for Namespace, ServiceAccount, Pod and NetworkPolicy, feeding the [`Index`].
+//! kube-rs watchers for Namespace, ServiceAccount, Node, Pod, NetworkPolicy and the `policy.networking.k8s.io`
+//! kinds (AdminNetworkPolicy, BaselineAdminNetworkPolicy, ClusterNetworkPolicy), feeding the [`Index`].
 //!
 //! One task per kind. Watcher events map onto the index exactly like kubert's `index::namespaced`:
 //! `Apply` → `apply`, `Delete` → `delete`, and `Init`/`InitApply`/`InitDone` (every relist, including the
 //! one forced by a `410 Gone`) → one `reset` with the complete listing. After each change the writer is
 //! notified. Watch errors are logged and retried with kube's default backoff; the stream never ends.
+//! The admin kinds are CRDs a cluster may not have installed (`SourceKind::OPTIONAL`): a `404 Not Found`
+//! for one of them counts
+//! as an empty listing (so the controller does not wait for it forever), and the watcher keeps retrying,
+//! so objects appear once the CRD is installed.
 
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 
 use crate::strict_k8s::StrictNetworkPolicy;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
@@ -19,10 +24,20 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+use crate::convert::admin::{AdminNetworkPolicy, BaselineAdminNetworkPolicy, ClusterNetworkPolicy};
 use crate::index::{Index, SourceKind};
 
 /// The kinds [`spawn_all`] watches, for [`Index::new`]'s `waiting_for`.
-pub const KINDS: [&str; 4] = ["Namespace", "ServiceAccount", "Pod", "NetworkPolicy"];
+pub const KINDS: [&str; 8] = [
+    "Namespace",
+    "Node",
+    "ServiceAccount",
+    "Pod",
+    "NetworkPolicy",
+    "AdminNetworkPolicy",
+    "BaselineAdminNetworkPolicy",
+    "ClusterNetworkPolicy",
+];
 
 /// Shared index handle.
 pub type SharedIndex = Arc<Mutex<Index>>;
@@ -32,8 +47,12 @@ pub fn spawn_all(client: Client, index: SharedIndex, changed: Arc<Notify>) -> Ve
     vec![
         spawn::<Namespace>(client.clone(), index.clone(), changed.clone()),
         spawn::<ServiceAccount>(client.clone(), index.clone(), changed.clone()),
+        spawn::<Node>(client.clone(), index.clone(), changed.clone()),
         spawn::<Pod>(client.clone(), index.clone(), changed.clone()),
-        spawn::<StrictNetworkPolicy>(client, index, changed),
+        spawn::<StrictNetworkPolicy>(client.clone(), index.clone(), changed.clone()),
+        spawn::<AdminNetworkPolicy>(client.clone(), index.clone(), changed.clone()),
+        spawn::<BaselineAdminNetworkPolicy>(client.clone(), index.clone(), changed.clone()),
+        spawn::<ClusterNetworkPolicy>(client, index, changed),
     ]
 }
 
@@ -66,6 +85,22 @@ where
     while let Some(ev) = events.next().await {
         let ev = match ev {
             Ok(ev) => ev,
+            Err(watcher::Error::InitialListFailed(e)) if K::OPTIONAL && is_not_found(&e) => {
+                // The CRD is not installed: nothing of this kind exists. Keep retrying.
+                let emptied = {
+                    let mut idx = index.lock().expect("index lock poisoned");
+                    let had = !idx.is_listed(K::KIND) || idx.count(K::KIND) > 0;
+                    if had {
+                        idx.reset::<K>(&[]);
+                    }
+                    had
+                };
+                if emptied {
+                    tracing::info!("kind not served (CRD not installed?): treated as empty");
+                    changed.notify_one();
+                }
+                continue;
+            }
             Err(error) => {
                 tracing::warn!(%error, "watch failed, retrying");
                 continue;
@@ -107,8 +142,17 @@ where
 pub async fn list_once(client: Client, index: &SharedIndex) -> Result<(), kube::Error> {
     list_kind::<Namespace>(&client, index).await?;
     list_kind::<ServiceAccount>(&client, index).await?;
+    list_kind::<Node>(&client, index).await?;
     list_kind::<Pod>(&client, index).await?;
-    list_kind::<StrictNetworkPolicy>(&client, index).await
+    list_kind::<StrictNetworkPolicy>(&client, index).await?;
+    list_kind::<AdminNetworkPolicy>(&client, index).await?;
+    list_kind::<BaselineAdminNetworkPolicy>(&client, index).await?;
+    list_kind::<ClusterNetworkPolicy>(&client, index).await
+}
+
+/// Whether a request failed because the API server does not serve the resource.
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.is_not_found())
 }
 
 async fn list_kind<K>(client: &Client, index: &SharedIndex) -> Result<(), kube::Error>
@@ -119,7 +163,17 @@ where
     let mut items = Vec::new();
     let mut params = kube::api::ListParams::default().limit(500);
     loop {
-        let page = api.list(&params).await?;
+        let page = match api.list(&params).await {
+            Ok(p) => p,
+            Err(e) if K::OPTIONAL && is_not_found(&e) && items.is_empty() => {
+                tracing::info!(
+                    kind = K::KIND,
+                    "kind not served (CRD not installed?): treated as empty"
+                );
+                break;
+            }
+            Err(e) => return Err(e),
+        };
         items.extend(page.items);
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),

@@ -4,14 +4,15 @@
 //! Files are multi-document YAML (or JSON). A directory is read recursively, taking `*.yaml`, `*.yml`
 //! and `*.json` in name order. Each document is parsed on its own (files are split at `---` lines), so a
 //! broken document is reported and every other document is still converted. Accepted kinds: v1
-//! `Namespace`, `Pod`, `ServiceAccount`, `networking.k8s.io/v1` `NetworkPolicy`, `v1` `List`, and
+//! `Namespace`, `Node`, `Pod`, `ServiceAccount`, `networking.k8s.io/v1` `NetworkPolicy`, `policy.networking.k8s.io` `AdminNetworkPolicy`,
+//! `BaselineAdminNetworkPolicy` (v1alpha1) and `ClusterNetworkPolicy` (v1alpha2), `v1` `List`, and
 //! `projectcalico.org/v3` resources, which are stored as written (after validation).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use crate::strict_k8s::StrictNetworkPolicy;
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use serde_json::Value;
 
 use crate::convert::{self, CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport};
@@ -81,6 +82,7 @@ pub fn load_manifests(
             load_document(&f, i, doc, opts, &mut set);
         }
     }
+    convert::admin::add_admin_tiers(&mut set.resources, |r| r.json.as_str(), |t| t);
     Ok(set)
 }
 
@@ -238,6 +240,10 @@ pub fn convert_value(v: &Value, opts: &ConvertOptions) -> Converted {
             Ok(o) => convert::pod_to_workload_endpoint(&o, opts),
             Err(r) => Converted::skipped(r, None),
         },
+        ("v1", "Node") => match parse::<Node>(v, &obj) {
+            Ok(o) => convert::node_to_network_set(&o, opts),
+            Err(r) => Converted::skipped(r, None),
+        },
         ("networking.k8s.io/v1", "NetworkPolicy") => {
             match StrictNetworkPolicy::from_value(v.clone()) {
                 Ok(o) => o.convert(opts),
@@ -245,6 +251,24 @@ pub fn convert_value(v: &Value, opts: &ConvertOptions) -> Converted {
                     SkipReport::new(&obj, "", format!("cannot decode: {e}")),
                     None,
                 ),
+            }
+        }
+        ("policy.networking.k8s.io/v1alpha1", "AdminNetworkPolicy") => {
+            match parse::<convert::admin::AdminNetworkPolicy>(v, &obj) {
+                Ok(o) => convert::admin_network_policy_to_calico(&o, opts),
+                Err(r) => Converted::skipped(r, None),
+            }
+        }
+        ("policy.networking.k8s.io/v1alpha1", "BaselineAdminNetworkPolicy") => {
+            match parse::<convert::admin::BaselineAdminNetworkPolicy>(v, &obj) {
+                Ok(o) => convert::baseline_admin_network_policy_to_calico(&o, opts),
+                Err(r) => Converted::skipped(r, None),
+            }
+        }
+        ("policy.networking.k8s.io/v1alpha2", "ClusterNetworkPolicy") => {
+            match parse::<convert::admin::ClusterNetworkPolicy>(v, &obj) {
+                Ok(o) => convert::cluster_network_policy_to_calico(&o, opts),
+                Err(r) => Converted::skipped(r, None),
             }
         }
         (convert::v3::API_VERSION, _) => crate::v3_passthrough::convert_v3(v),

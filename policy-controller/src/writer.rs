@@ -3,7 +3,10 @@
 //! # Ownership
 //! The controller only ever creates, updates or deletes keys it owns:
 //! * by name pattern, the resources it derives from Kubernetes objects:
-//!   `networkpolicies/<ns>/knp.default.*`, `profiles/kns.*`, `profiles/ksa.*` and `workloadendpoints/*`;
+//!   `networkpolicies/<ns>/knp.default.*`, `profiles/kns.*`, `profiles/ksa.*`, `workloadendpoints/*` and
+//!   the admin policies' `globalnetworkpolicies/{kanp.adminnetworkpolicy.,kbanp.baselineadminnetworkpolicy.,kcnp.}*`
+//!   (their Tier resources are owned by marker, like manifest resources), and the nodes' network sets
+//!   `globalnetworksets/knode.*`;
 //! * by marker, the `projectcalico.org/v3` resources it wrote from manifests: for each such key it keeps
 //!   `/felixrs/policy-controller/owned<key>` (outside Calico's prefix, so Calico tooling ignores it).
 //!   A v3 resource that someone else created and that a manifest later also defines is taken over.
@@ -86,6 +89,8 @@ pub fn owned_by_pattern(key: &str) -> bool {
     match parts.as_slice() {
         ["networkpolicies", _ns, name] => name.starts_with("knp.default."),
         ["profiles", name] => name.starts_with("kns.") || name.starts_with("ksa."),
+        ["globalnetworkpolicies", _name] => crate::convert::admin::is_admin_policy_key(key),
+        ["globalnetworksets", name] => name.starts_with(crate::convert::KNODE_PREFIX),
         ["workloadendpoints", _ns, _name] => true,
         _ => false,
     }
@@ -423,6 +428,12 @@ mod tests {
             "{p}workloadendpoints/prod/n-k8s-p-eth0"
         )));
         assert!(!owned_by_pattern(&format!("{p}globalnetworkpolicies/x")));
+        assert!(owned_by_pattern(&format!(
+            "{p}globalnetworkpolicies/kanp.adminnetworkpolicy.x"
+        )));
+        assert!(owned_by_pattern(&format!(
+            "{p}globalnetworkpolicies/kcnp.x"
+        )));
         assert!(!owned_by_pattern("/other/profiles/kns.prod"));
     }
 

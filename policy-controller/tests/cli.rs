@@ -562,3 +562,76 @@ async fn sigterm_hands_leadership_over_without_waiting_for_the_lease() {
     assert!(took < Duration::from_secs(5), "handover took {took:?}");
     drop(a);
 }
+
+/// `sync --once` lists the admin-policy kinds; a cluster without their CRDs (404) still syncs.
+#[tokio::test]
+async fn sync_once_lists_admin_policies_and_survives_missing_crds() {
+    let etcd = Etcd::start();
+    let mut c = etcd.client().await;
+    let api = support::fake_apiserver::FakeApiServer::start().await;
+    api.apply(
+        serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}),
+    );
+    api.apply(serde_json::json!({
+        "apiVersion": "policy.networking.k8s.io/v1alpha1", "kind": "AdminNetworkPolicy",
+        "metadata": {"name": "deny-sandbox"},
+        "spec": {"priority": 1, "subject": {"namespaces": {}},
+                 "ingress": [{"action": "Deny", "from": [{"namespaces": {"matchLabels": {"team": "dev"}}}]}]},
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{}\"}}}}]\n\
+             users: [{{name: u, user: {{}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u}}}}]\n\
+             current-context: c\n",
+            api.url
+        ),
+    )
+    .unwrap();
+    let sync = || {
+        tokio::process::Command::new(BIN)
+            .args([
+                "sync",
+                "--once",
+                "--etcd-endpoints",
+                &etcd.client_url(),
+                "--kubeconfig",
+            ])
+            .arg(&kubeconfig)
+            .output()
+    };
+    let out = sync().await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p = RESOURCE_PREFIX;
+    let k = keys(&mut c).await;
+    for want in [
+        format!("{p}globalnetworkpolicies/kanp.adminnetworkpolicy.deny-sandbox"),
+        format!("{p}tiers/kube-admin"),
+        format!("{p}profiles/kns.shop"),
+    ] {
+        assert!(k.contains(&want), "missing {want} in {k:?}");
+    }
+
+    // The CRDs go away (and with them every object of their kinds).
+    api.set_crds_installed(false);
+    let out = sync().await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(api.not_found() >= 3);
+    let k = keys(&mut c).await;
+    assert!(
+        !k.iter()
+            .any(|k| k.contains("globalnetworkpolicies/") || k.contains("tiers/")),
+        "{k:?}"
+    );
+    assert!(k.contains(&format!("{p}profiles/kns.shop")));
+}

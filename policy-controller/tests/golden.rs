@@ -92,3 +92,13 @@ fn stored_values_are_model_canonical() {
         assert_eq!(res.to_json(), r.json, "{key} is not canonical");
     }
 }
+
+#[test]
+fn admin_policies_every_field() {
+    check("admin");
+}
+
+#[test]
+fn invalid_admin_policies_name_the_field_and_fail_closed() {
+    check("admin_invalid");
+}

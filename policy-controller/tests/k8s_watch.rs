@@ -234,3 +234,245 @@ async fn unknown_field_from_the_api_keeps_the_last_good_version() {
         t.abort();
     }
 }
+
+fn mk_anp(name: &str, priority: i64, action: &str) -> Value {
+    json!({
+        "apiVersion": "policy.networking.k8s.io/v1alpha1", "kind": "AdminNetworkPolicy",
+        "metadata": {"name": name},
+        "spec": {"priority": priority, "subject": {"namespaces": {"matchLabels": {"team": "ops"}}},
+                 "ingress": [{"action": action, "from": [{"namespaces": {}}]}]},
+    })
+}
+
+fn mk_banp() -> Value {
+    json!({
+        "apiVersion": "policy.networking.k8s.io/v1alpha1", "kind": "BaselineAdminNetworkPolicy",
+        "metadata": {"name": "default"},
+        "spec": {"subject": {"namespaces": {}},
+                 "egress": [{"action": "Deny", "to": [{"networks": ["10.0.0.0/8"]}]}]},
+    })
+}
+
+fn mk_cnp(name: &str) -> Value {
+    json!({
+        "apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy",
+        "metadata": {"name": name},
+        "spec": {"tier": "Baseline", "priority": 3, "subject": {"namespaces": {}},
+                 "ingress": [{"action": "Accept", "from": [{"namespaces": {}}],
+                              "protocols": [{"tcp": {"destinationPort": {"number": 80}}}]}]},
+    })
+}
+
+async fn etcd_value(c: &mut etcd_client::Client, key: &str) -> Option<Value> {
+    let r = c
+        .get(format!("{RESOURCE_PREFIX}{key}"), None)
+        .await
+        .unwrap();
+    r.kvs()
+        .first()
+        .map(|kv| serde_json::from_slice(kv.value()).unwrap())
+}
+
+/// The admin-policy kinds through the CRD group/version paths: list, live events, an invalid object
+/// skipped while the others apply, and a relist after `410 Gone` that applies a missed deletion.
+#[tokio::test]
+async fn admin_policies_watch_and_relist_after_gone() {
+    let etcd = Etcd::start();
+    let mut c = etcd.client().await;
+    let api = FakeApiServer::start().await;
+    api.apply(mk_namespace("prod"));
+    api.apply(mk_anp("first", 10, "Deny"));
+    api.apply(mk_anp("second", 20, "Pass"));
+    api.apply(mk_banp());
+    api.apply(mk_cnp("web"));
+    let index = Arc::new(Mutex::new(Index::new(
+        ConvertOptions::default(),
+        &KINDS,
+        ManifestSet::default(),
+    )));
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let tasks = k8s_source::spawn_all(api.client(), index.clone(), changed.clone());
+    let mut writer = Writer::new(c.clone());
+    wait_until("the initial lists", || index.lock().unwrap().is_ready()).await;
+    sync(&index, &mut writer).await;
+    let keys = etcd_keys(&mut c).await;
+    for k in [
+        "globalnetworkpolicies/kanp.adminnetworkpolicy.first",
+        "globalnetworkpolicies/kanp.adminnetworkpolicy.second",
+        "globalnetworkpolicies/kbanp.baselineadminnetworkpolicy.default",
+        "globalnetworkpolicies/kcnp.web",
+        "tiers/kube-admin",
+        "tiers/kube-baseline",
+    ] {
+        assert!(keys.contains(&k.to_string()), "{k} missing from {keys:?}");
+    }
+    let first = etcd_value(
+        &mut c,
+        "globalnetworkpolicies/kanp.adminnetworkpolicy.first",
+    )
+    .await
+    .unwrap();
+    assert_eq!(first["spec"]["tier"], "kube-admin");
+    assert_eq!(first["spec"]["order"], 10);
+    assert_eq!(first["spec"]["ingress"][0]["action"], "Deny");
+    let tier = etcd_value(&mut c, "tiers/kube-admin").await.unwrap();
+    assert_eq!(tier["spec"]["defaultAction"], "Pass");
+
+    // Nodes: watched, but their network sets are stored only once a policy has a nodes peer.
+    api.apply(json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"zone": "a"}},
+        "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.1"}]},
+    }));
+    let n1 = ObjectRef::new("Node", None, "n1");
+    wait_until("the node from the watch", || {
+        index.lock().unwrap().contains(&n1)
+    })
+    .await;
+    sync(&index, &mut writer).await;
+    assert!(
+        etcd_value(&mut c, "globalnetworksets/knode.n1")
+            .await
+            .is_none()
+    );
+    api.apply(json!({
+        "apiVersion": "policy.networking.k8s.io/v1alpha1", "kind": "AdminNetworkPolicy",
+        "metadata": {"name": "to-zone-a"},
+        "spec": {"priority": 50, "subject": {"namespaces": {}},
+                 "egress": [{"action": "Deny", "to": [{"nodes": {"matchLabels": {"zone": "a"}}}]}]},
+    }));
+    let to_zone_a = ObjectRef::new("AdminNetworkPolicy", None, "to-zone-a");
+    wait_until("the nodes policy from the watch", || {
+        index.lock().unwrap().contains(&to_zone_a)
+    })
+    .await;
+    sync(&index, &mut writer).await;
+    let set = etcd_value(&mut c, "globalnetworksets/knode.n1")
+        .await
+        .expect("the node's set once a nodes peer uses it");
+    assert_eq!(set["spec"]["nets"], json!(["192.0.2.1/32"]));
+    api.delete(
+        json!({"apiVersion": "policy.networking.k8s.io/v1alpha1", "kind": "AdminNetworkPolicy",
+                      "metadata": {"name": "to-zone-a"}}),
+    );
+    api.delete(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+
+    // Live: an update, and an invalid object (unknown field) that is skipped, not fatal.
+    api.apply(mk_anp("first", 5, "Allow"));
+    let mut bad = mk_anp("bad", 1, "Deny");
+    bad["spec"]["ingress"][0]["prots"] = json!([]);
+    api.apply(bad);
+    let bad_ref = ObjectRef::new("AdminNetworkPolicy", None, "bad");
+    wait_until("the invalid policy from the watch", || {
+        index.lock().unwrap().contains(&bad_ref)
+    })
+    .await;
+    wait_until("the update from the watch", || {
+        let s = index.lock().unwrap().desired().unwrap();
+        s.desired
+            .resources
+            .iter()
+            .any(|(k, v)| k.ends_with("kanp.adminnetworkpolicy.first") && v.contains("Allow"))
+    })
+    .await;
+    let state = index.lock().unwrap().desired().unwrap();
+    let skip = state
+        .skips
+        .iter()
+        .find(|s| s.name == "bad")
+        .expect("the invalid policy is reported");
+    assert_eq!(skip.kind, "AdminNetworkPolicy");
+    assert_eq!(skip.field, "spec.ingress[0].prots");
+    sync(&index, &mut writer).await;
+    let first = etcd_value(
+        &mut c,
+        "globalnetworkpolicies/kanp.adminnetworkpolicy.first",
+    )
+    .await
+    .unwrap();
+    assert_eq!(first["spec"]["order"], 5);
+    assert!(
+        !etcd_keys(&mut c).await.iter().any(|k| k.contains(".bad")),
+        "the invalid policy is not written"
+    );
+
+    // Missed deletion across a 410 Gone.
+    let second = ObjectRef::new("AdminNetworkPolicy", None, "second");
+    api.disconnect_and_delete(mk_anp("second", 20, "Pass"));
+    wait_until("the relist to drop the second policy", || {
+        !index.lock().unwrap().contains(&second)
+    })
+    .await;
+    let (lists, gone, _) = api.stats();
+    assert!(gone >= 1, "the reconnecting watch got 410 Gone");
+    assert!(lists["adminnetworkpolicies"] >= 2, "relisted: {lists:?}");
+    sync(&index, &mut writer).await;
+    let keys = etcd_keys(&mut c).await;
+    assert!(!keys.iter().any(|k| k.contains("adminnetworkpolicy.second")));
+    assert!(keys.iter().any(|k| k.contains("adminnetworkpolicy.first")));
+
+    // All admin policies deleted: their tiers go too.
+    api.delete(mk_anp("first", 5, "Allow"));
+    api.delete(mk_banp());
+    api.delete(mk_cnp("web"));
+    api.delete(mk_anp("bad", 1, "Deny"));
+    wait_until("the deletions", || {
+        index.lock().unwrap().count("AdminNetworkPolicy") == 0
+            && index.lock().unwrap().count("ClusterNetworkPolicy") == 0
+            && index.lock().unwrap().count("BaselineAdminNetworkPolicy") == 0
+    })
+    .await;
+    sync(&index, &mut writer).await;
+    let keys = etcd_keys(&mut c).await;
+    assert!(
+        !keys
+            .iter()
+            .any(|k| k.starts_with("tiers/") || k.starts_with("globalnetworkpolicies/")),
+        "{keys:?}"
+    );
+    for t in tasks {
+        t.abort();
+    }
+}
+
+/// A cluster without the network-policy-api CRDs: the controller does not wait for them forever, and
+/// picks the objects up once the CRDs are installed.
+#[tokio::test]
+async fn missing_admin_crds_count_as_empty_until_installed() {
+    let etcd = Etcd::start();
+    let mut c = etcd.client().await;
+    let api = FakeApiServer::start().await;
+    api.set_crds_installed(false);
+    api.apply(mk_namespace("prod"));
+    let index = Arc::new(Mutex::new(Index::new(
+        ConvertOptions::default(),
+        &KINDS,
+        ManifestSet::default(),
+    )));
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let tasks = k8s_source::spawn_all(api.client(), index.clone(), changed.clone());
+    let mut writer = Writer::new(c.clone());
+    wait_until("ready without the CRDs", || {
+        index.lock().unwrap().is_ready()
+    })
+    .await;
+    assert!(api.not_found() >= 3, "the CRD paths answered 404");
+    sync(&index, &mut writer).await;
+    assert_eq!(etcd_keys(&mut c).await, vec!["profiles/kns.prod"]);
+
+    api.set_crds_installed(true);
+    api.apply(mk_anp("late", 1, "Deny"));
+    let late = ObjectRef::new("AdminNetworkPolicy", None, "late");
+    wait_until("the policy once the CRD is served", || {
+        index.lock().unwrap().contains(&late)
+    })
+    .await;
+    sync(&index, &mut writer).await;
+    assert!(
+        etcd_keys(&mut c)
+            .await
+            .contains(&"globalnetworkpolicies/kanp.adminnetworkpolicy.late".to_string())
+    );
+    for t in tasks {
+        t.abort();
+    }
+}

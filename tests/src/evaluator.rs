@@ -56,8 +56,8 @@ type RuleView<'a> = (
     Option<&'a Vec<NetworkPolicyPort>>,
 );
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Direction {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
     Ingress,
     Egress,
 }
@@ -149,6 +149,26 @@ impl World {
             }
         }
         true
+    }
+
+    /// The NetworkPolicies' verdict for one direction of `subject`'s traffic, or `None` when no policy
+    /// isolates `subject` in that direction (then the NetworkPolicies have nothing to say).
+    pub fn verdict(
+        &self,
+        dir: Direction,
+        subject: &PodInfo,
+        peer: &PodInfo,
+        probe: Probe,
+    ) -> Option<bool> {
+        let mut verdict = None;
+        for np in &self.policies {
+            match self.k8s_policy_allows(np, dir, subject, peer, probe) {
+                Some(true) => return Some(true),
+                Some(false) => verdict = Some(false),
+                None => {}
+            }
+        }
+        verdict
     }
 
     /// `None` when the NetworkPolicy does not select `subject` for `dir`; otherwise whether one of

@@ -3,12 +3,15 @@
 //! the real binaries (etcd, `policy-controller`, `felixrs agent`). Namespaces, etcd and HTTP come from
 //! `felixrs-test-support`.
 
+pub mod admin_cases;
+pub mod admin_evaluator;
 pub mod calico_eval;
 pub mod cases;
 pub mod cases_icmp;
 pub mod cases_v6;
 pub mod cluster;
 pub mod driver;
+pub mod env;
 pub mod evaluator;
 pub mod harness;
 pub mod strict;

@@ -157,8 +157,8 @@ pub fn manifests(step: &Step, pods: &[PlacedPod]) -> String {
 }
 
 /// The evaluator's view of the step for probes over `family` (pods are known by their address of that
-/// family), or `None` when the step uses Calico-native policy beyond what [`calico_eval`] models
-/// (those cases rely on their hand-written expectations).
+/// family), or `None` when the step uses Calico-native policy beyond what [`calico_eval`] models, or
+/// admin policy (those cases rely on their hand-written expectations, or on the admin evaluator).
 pub fn world(step: &Step, pods: &[PlacedPod], family: Family) -> Option<World> {
     let mut w = World::default();
     for ns in namespaces(pods) {
@@ -178,6 +178,10 @@ pub fn world(step: &Step, pods: &[PlacedPod], family: Family) -> Option<World> {
     }
     for doc in &step.policies {
         let doc = instantiate(doc, pods);
+        // Admin policy (policy.networking.k8s.io) has its own evaluator: `admin_evaluator::admin_world`.
+        if doc.contains("policy.networking.k8s.io/") {
+            return None;
+        }
         if doc.contains("projectcalico.org/v3") {
             match calico_eval::parse(&doc) {
                 Ok(calico_eval::Doc::Tier(t)) => w.tiers.push(t),

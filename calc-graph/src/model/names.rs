@@ -169,11 +169,30 @@ pub fn validate_network_policy_name(s: &str) -> Result<(), String> {
     )
 }
 
+/// Name prefixes of GlobalNetworkPolicies converted from the Kubernetes cluster-scoped policy kinds
+/// (AdminNetworkPolicy, BaselineAdminNetworkPolicy, ClusterNetworkPolicy); what follows is the
+/// Kubernetes object's name, a DNS subdomain (as `knp.default.` for NetworkPolicies).
+pub const K8S_ADMIN_POLICY_PREFIXES: [&str; 3] = [
+    "kanp.adminnetworkpolicy.",
+    "kbanp.baselineadminnetworkpolicy.",
+    "kcnp.",
+];
+
 /// A GlobalNetworkPolicy (or StagedGlobalNetworkPolicy) name: a DNS label, optionally with one
-/// `.`-separated prefix.
+/// `.`-separated prefix, or one of [`K8S_ADMIN_POLICY_PREFIXES`] and a DNS subdomain.
 pub fn validate_global_network_policy_name(s: &str) -> Result<(), String> {
     validate_name(s)?;
-    policy_labels(s, "a DNS label with at most one '.' (tier.name)")
+    if let Some(rest) = K8S_ADMIN_POLICY_PREFIXES
+        .iter()
+        .find_map(|p| s.strip_prefix(p))
+    {
+        return dns_subdomain(rest, "name");
+    }
+    policy_labels(
+        s,
+        "a DNS label with at most one '.' (tier.name), or kanp.adminnetworkpolicy.<name>, \
+         kbanp.baselineadminnetworkpolicy.<name> or kcnp.<name>",
+    )
 }
 
 fn policy_labels(s: &str, want: &str) -> Result<(), String> {
@@ -469,6 +488,11 @@ mod tests {
             assert!(validate_network_policy_name(bad).is_err(), "{bad:?}");
         }
         validate_global_network_policy_name("security.allow-dns").unwrap();
+        validate_global_network_policy_name("kanp.adminnetworkpolicy.a.b").unwrap();
+        validate_global_network_policy_name("kbanp.baselineadminnetworkpolicy.default").unwrap();
+        validate_global_network_policy_name("kcnp.x").unwrap();
+        assert!(validate_global_network_policy_name("kcnp.").is_err());
+        assert!(validate_global_network_policy_name("kanp.other.x").is_err());
         assert!(
             validate_global_network_policy_name("knp.default.x")
                 .unwrap_err()

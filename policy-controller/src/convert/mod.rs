@@ -10,19 +10,26 @@
 //! * a NetworkPolicy rule that cannot be converted is dropped with a report and the rest of the policy
 //!   is kept, as Calico does. k8s rules only ever allow, so dropping one never opens traffic.
 
+pub mod admin;
 mod labels;
 mod namespace;
 mod networkpolicy;
+mod node;
 mod pod;
 pub mod v3;
 
 use std::fmt;
 
+pub use admin::{
+    admin_network_policy_to_calico, baseline_admin_network_policy_to_calico,
+    cluster_network_policy_to_calico,
+};
 pub use labels::{
     selector_from_label_selector, validate_dns_label, validate_dns_subdomain, validate_labels,
 };
 pub use namespace::{namespace_to_profile, service_account_to_profile};
 pub use networkpolicy::network_policy_to_calico;
+pub use node::{KNODE_PREFIX, NODE_MARKER_LABEL, node_to_network_set};
 pub use pod::{interface_name, pod_to_workload_endpoint, workload_endpoint_name};
 
 /// The etcd prefix under which Calico v3 resources live.

@@ -157,6 +157,7 @@ fn rule_to_calico(
                 protocol: protocol.clone(),
                 source: EntityRule::default(),
                 destination: EntityRule::default(),
+                metadata: None,
             };
             if ingress {
                 rule.source = peer.clone();

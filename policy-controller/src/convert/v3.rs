@@ -107,18 +107,59 @@ pub struct Rule {
     pub protocol: Option<String>,
     pub source: EntityRule,
     pub destination: EntityRule,
+    /// `metadata.annotations` (rendered as rule comments); omitted when empty.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<RuleMetadata>,
 }
 
 impl Rule {
     /// `{action: Allow}` with no match criteria.
     pub fn allow_all() -> Self {
+        Rule::matching_all("Allow")
+    }
+
+    /// `{action: <action>}` with no match criteria.
+    pub fn matching_all(action: &'static str) -> Self {
         Rule {
-            action: "Allow",
+            action,
             protocol: None,
             source: EntityRule::default(),
             destination: EntityRule::default(),
+            metadata: None,
         }
     }
+}
+
+/// A rule's `metadata`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RuleMetadata {
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// `GlobalNetworkPolicySpec` (Go field order: tier, order, ingress, egress, selector, types, ...,
+/// namespaceSelector).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GlobalNetworkPolicySpec {
+    pub tier: &'static str,
+    pub order: f64,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ingress: Vec<Rule>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<Rule>,
+    pub selector: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub types: Vec<&'static str>,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub namespace_selector: String,
+}
+
+/// `TierSpec`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TierSpec {
+    pub order: f64,
+    pub default_action: &'static str,
 }
 
 /// One side of a rule (Go field order: nets, selector, namespaceSelector, ports, notNets).

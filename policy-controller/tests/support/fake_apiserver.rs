@@ -1,7 +1,9 @@
 //! A fake Kubernetes API server speaking real HTTP on 127.0.0.1, for the kube-rs watch path.
 //!
-//! Serves list and watch for namespaces, pods, serviceaccounts (`/api/v1/<res>`) and networkpolicies
-//! (`/apis/networking.k8s.io/v1/networkpolicies`), cluster-wide. Objects carry resourceVersions from
+//! Serves list and watch for namespaces, pods, serviceaccounts (`/api/v1/<res>`), networkpolicies
+//! (`/apis/networking.k8s.io/v1/networkpolicies`) and the admin-policy CRDs
+//! (`/apis/policy.networking.k8s.io/{v1alpha1,v1alpha2}/<res>`, or 404 when "not installed"),
+//! cluster-wide. Objects carry resourceVersions from
 //! one counter; a watch replays logged events newer than its resourceVersion, sends a BOOKMARK, then
 //! streams live events. [`FakeApiServer::disconnect_and`] ends every open watch, applies a change
 //! without telling anyone and compacts the event log, so a reconnecting watcher gets the in-stream
@@ -35,6 +37,10 @@ pub struct Inner {
     pub gone: usize,
     /// Count of bookmarks sent.
     pub bookmarks: usize,
+    /// The admin-policy CRDs are "not installed": their paths answer 404.
+    crds_missing: bool,
+    /// Count of 404 answers.
+    not_found: usize,
 }
 
 pub struct FakeApiServer {
@@ -49,9 +55,13 @@ type Shared = (Arc<Mutex<Inner>>, broadcast::Sender<Msg>);
 fn resource_of(obj: &Value) -> String {
     match obj["kind"].as_str().unwrap_or("") {
         "Namespace" => "namespaces",
+        "Node" => "nodes",
         "Pod" => "pods",
         "ServiceAccount" => "serviceaccounts",
         "NetworkPolicy" => "networkpolicies",
+        "AdminNetworkPolicy" => "adminnetworkpolicies",
+        "BaselineAdminNetworkPolicy" => "baselineadminnetworkpolicies",
+        "ClusterNetworkPolicy" => "clusternetworkpolicies",
         k => panic!("fake API server does not serve kind {k}"),
     }
     .to_string()
@@ -60,8 +70,21 @@ fn resource_of(obj: &Value) -> String {
 fn list_kind(res: &str) -> (&'static str, &'static str) {
     match res {
         "namespaces" => ("NamespaceList", "v1"),
+        "nodes" => ("NodeList", "v1"),
         "pods" => ("PodList", "v1"),
         "serviceaccounts" => ("ServiceAccountList", "v1"),
+        "adminnetworkpolicies" => (
+            "AdminNetworkPolicyList",
+            "policy.networking.k8s.io/v1alpha1",
+        ),
+        "baselineadminnetworkpolicies" => (
+            "BaselineAdminNetworkPolicyList",
+            "policy.networking.k8s.io/v1alpha1",
+        ),
+        "clusternetworkpolicies" => (
+            "ClusterNetworkPolicyList",
+            "policy.networking.k8s.io/v1alpha2",
+        ),
         _ => ("NetworkPolicyList", "networking.k8s.io/v1"),
     }
 }
@@ -99,6 +122,10 @@ impl FakeApiServer {
             .route(
                 "/apis/networking.k8s.io/v1/{res}",
                 axum::routing::get(handle),
+            )
+            .route(
+                "/apis/policy.networking.k8s.io/{version}/{res}",
+                axum::routing::get(handle_crd),
             )
             .with_state(state);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -153,6 +180,16 @@ impl FakeApiServer {
         g.log.clear();
     }
 
+    /// Whether the admin-policy CRDs are served (they are by default).
+    pub fn set_crds_installed(&self, installed: bool) {
+        self.inner.lock().unwrap().crds_missing = !installed;
+    }
+
+    /// How many requests got 404 Not Found.
+    pub fn not_found(&self) -> usize {
+        self.inner.lock().unwrap().not_found
+    }
+
     pub fn stats(&self) -> (HashMap<String, usize>, usize, usize) {
         let g = self.inner.lock().unwrap();
         (g.lists.clone(), g.gone, g.bookmarks)
@@ -163,6 +200,35 @@ impl Drop for FakeApiServer {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// The `policy.networking.k8s.io` CRDs: 404 while "not installed" (see
+/// [`FakeApiServer::set_crds_installed`]), or for a version that does not serve the resource.
+async fn handle_crd(
+    state: State<Shared>,
+    Path((version, res)): Path<(String, String)>,
+    query: Query<HashMap<String, String>>,
+) -> Response {
+    let served = match res.as_str() {
+        "adminnetworkpolicies" | "baselineadminnetworkpolicies" => version == "v1alpha1",
+        "clusternetworkpolicies" => version == "v1alpha2",
+        _ => false,
+    };
+    let installed = !state.0.0.lock().unwrap().crds_missing;
+    if !served || !installed {
+        state.0.0.lock().unwrap().not_found += 1;
+        let body = json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "the server could not find the requested resource",
+            "reason": "NotFound", "code": 404,
+        });
+        return Response::builder()
+            .status(404)
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap();
+    }
+    handle(state, Path(res), query).await
 }
 
 async fn handle(

@@ -1,0 +1,716 @@
+//! Cluster-scoped admin policy (kubernetes-sigs/network-policy-api v0.2.0) → Calico
+//! GlobalNetworkPolicies in the built-in admin tiers, as Calico maps it
+//! (libcalico-go `K8sAdminNetworkPolicyToCalico`, `K8sBaselineAdminNetworkPolicyToCalico`,
+//! `K8sClusterNetworkPolicyToCalico`):
+//!
+//! | source | GlobalNetworkPolicy | tier (order, default action) | order |
+//! |---|---|---|---|
+//! | AdminNetworkPolicy `x` | `kanp.adminnetworkpolicy.x` | `kube-admin` (1 000, Pass) | `spec.priority` |
+//! | ClusterNetworkPolicy `x`, tier Admin | `kcnp.x` | `kube-admin` | `spec.priority` |
+//! | BaselineAdminNetworkPolicy `default` | `kbanp.baselineadminnetworkpolicy.default` | `kube-baseline` (10 000 000, Pass) | 1000 |
+//! | ClusterNetworkPolicy `x`, tier Baseline | `kcnp.x` | `kube-baseline` | `spec.priority` |
+//!
+//! Kubernetes NetworkPolicies sit between them in `default` (1 000 000, Deny). Both admin tiers default
+//! to Pass, so a policy that selects a pod but matches none of its rules leaves the decision to the next
+//! tier, and a Pass rule skips the rest of its tier.
+//!
+//! Semantics:
+//! * subject `namespaces` → `namespaceSelector` + the orchestrator clause as `selector`; `pods` → both
+//!   selectors; the same for `namespaces` and `pods` peers (a `namespaces` peer also gets the orchestrator
+//!   clause, unlike Calico's conversion, so it never matches anything but pods);
+//! * rules keep their order; each expands into one Calico rule per (protocol × peer), protocols sorted,
+//!   peers in order (a `networks` peer gives one rule per address family); the rule's `name` becomes the
+//!   annotation `name`;
+//! * ports: `portNumber`/`portRange` (protocol default TCP), and `namedPort`, which names a container
+//!   port of any protocol, so it joins the TCP, UDP and SCTP rules (Calico up to v3.31 ignored it and
+//!   matched every port: we do not copy that);
+//! * `types` lists only the directions that have rules;
+//! * `nodes` peers (egress) select the nodes' network sets `knode.<node>` (the addresses in each Node's
+//!   status, see [`super::node_to_network_set`]), which are stored only while some policy uses them;
+//! * a rule that cannot be converted (`domainNames`, which the iptables dataplane cannot match, a bad CIDR,
+//!   port or selector) fails closed, as the API asks: a Deny or Pass rule becomes "Deny everything", an
+//!   Allow/Accept rule is dropped; each is reported with its field;
+//! * an invalid policy-level field (subject, priority, name) skips the object, keeping any stored
+//!   version (fail closed).
+
+mod ports;
+mod types;
+
+use std::collections::BTreeMap;
+
+use ipnet::IpNet;
+use serde::de::DeserializeOwned;
+
+use ports::{ProtoPorts, anp_ports, cnp_ports};
+pub use types::{
+    AdminNetworkPolicy, BaselineAdminNetworkPolicy, ClusterNetworkPolicy, GROUP, LabelSelector,
+};
+use types::{AnpRule, AnpSpec, CnpRule, CnpSpec, Peer, Subject};
+
+use super::labels::{ORCHESTRATOR_CLAUSE, selector_from_label_selector};
+use super::networkpolicy::simplify_ports;
+use super::v3::{self, EntityRule, PortSpec, Rule};
+use super::{
+    CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, timestamp,
+};
+use calc_graph::model::{K8S_ADMIN_POLICY_PREFIXES, KUBE_ADMIN_TIER, KUBE_BASELINE_TIER};
+
+/// GlobalNetworkPolicy name prefix of a converted AdminNetworkPolicy (Calico's
+/// `K8sAdminNetworkPolicyNamePrefix`).
+pub const ANP_PREFIX: &str = K8S_ADMIN_POLICY_PREFIXES[0];
+/// GlobalNetworkPolicy name prefix of a converted BaselineAdminNetworkPolicy.
+pub const BANP_PREFIX: &str = K8S_ADMIN_POLICY_PREFIXES[1];
+/// GlobalNetworkPolicy name prefix of a converted ClusterNetworkPolicy (Felix's `kcnp.` legacy key).
+pub const CNP_PREFIX: &str = K8S_ADMIN_POLICY_PREFIXES[2];
+/// Order of the `kube-admin` tier (Calico `KubeAdminTierOrder`).
+pub const KUBE_ADMIN_TIER_ORDER: f64 = 1_000.0;
+/// Order of the `kube-baseline` tier (Calico `KubeBaselineTierOrder`).
+pub const KUBE_BASELINE_TIER_ORDER: f64 = 10_000_000.0;
+/// The order of the BaselineAdminNetworkPolicy in its tier (Calico's fixed 1000).
+pub const BANP_ORDER: f64 = 1000.0;
+/// The only name a BaselineAdminNetworkPolicy may have.
+pub const BANP_NAME: &str = "default";
+/// Rule annotation carrying the source rule's `name` (Calico's `AdminPolicyRuleNameLabel`).
+pub const RULE_NAME_ANNOTATION: &str = "name";
+
+type FieldError = (String, String);
+
+/// The three source kinds, as named in reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Anp,
+    Banp,
+    Cnp,
+}
+
+impl Source {
+    fn kind(self) -> &'static str {
+        match self {
+            Source::Anp => "AdminNetworkPolicy",
+            Source::Banp => "BaselineAdminNetworkPolicy",
+            Source::Cnp => "ClusterNetworkPolicy",
+        }
+    }
+
+    /// The Calico action of a source action, or why not.
+    fn action(self, a: &str) -> Result<&'static str, String> {
+        match (self, a) {
+            (Source::Anp | Source::Banp, "Allow") | (Source::Cnp, "Accept") => Ok("Allow"),
+            (_, "Deny") => Ok("Deny"),
+            (Source::Anp | Source::Cnp, "Pass") => Ok("Pass"),
+            _ => Err(format!(
+                "unsupported action {a:?}: want {}",
+                match self {
+                    Source::Anp => "Allow, Deny or Pass",
+                    Source::Banp => "Allow or Deny",
+                    Source::Cnp => "Accept, Deny or Pass",
+                }
+            )),
+        }
+    }
+
+    fn max_rules(self) -> usize {
+        match self {
+            Source::Anp | Source::Banp => 100,
+            Source::Cnp => 25,
+        }
+    }
+}
+
+/// Converts an AdminNetworkPolicy into `kanp.adminnetworkpolicy.<name>` in tier `kube-admin`.
+pub fn admin_network_policy_to_calico(o: &AdminNetworkPolicy, _opts: &ConvertOptions) -> Converted {
+    convert(Source::Anp, &o.metadata, &o.spec)
+}
+
+/// Converts the BaselineAdminNetworkPolicy into `kbanp.baselineadminnetworkpolicy.default` in tier
+/// `kube-baseline`.
+pub fn baseline_admin_network_policy_to_calico(
+    o: &BaselineAdminNetworkPolicy,
+    _opts: &ConvertOptions,
+) -> Converted {
+    convert(Source::Banp, &o.metadata, &o.spec)
+}
+
+/// Converts a ClusterNetworkPolicy into `kcnp.<name>` in tier `kube-admin` or `kube-baseline`.
+pub fn cluster_network_policy_to_calico(
+    o: &ClusterNetworkPolicy,
+    _opts: &ConvertOptions,
+) -> Converted {
+    convert(Source::Cnp, &o.metadata, &o.spec)
+}
+
+/// The built-in Tier resources the admin policies live in (written with them).
+pub fn admin_tiers() -> Vec<CalicoResource> {
+    [
+        (KUBE_ADMIN_TIER, KUBE_ADMIN_TIER_ORDER),
+        (KUBE_BASELINE_TIER, KUBE_BASELINE_TIER_ORDER),
+    ]
+    .into_iter()
+    .map(|(name, order)| {
+        CalicoResource::from_object(&v3::Object {
+            kind: "Tier",
+            api_version: v3::API_VERSION,
+            metadata: v3::Meta {
+                name: name.to_string(),
+                ..v3::Meta::default()
+            },
+            spec: v3::TierSpec {
+                order,
+                default_action: "Pass",
+            },
+        })
+    })
+    .collect()
+}
+
+/// Whether an etcd key is that of a converted admin policy (which needs [`admin_tiers`]).
+pub fn is_admin_policy_key(key: &str) -> bool {
+    key.rsplit_once("/globalnetworkpolicies/")
+        .is_some_and(|(_, name)| {
+            K8S_ADMIN_POLICY_PREFIXES
+                .iter()
+                .any(|p| name.starts_with(p))
+        })
+}
+
+/// Completes a desired key → value map for the admin policies in it: adds the admin Tier resources
+/// when it holds an admin policy and does not define the tier itself (a tier from a manifest wins), and
+/// keeps the nodes' network sets only while an admin policy has a `nodes` peer (otherwise node
+/// addresses would become members of every `all()`-like rule selector of other Calico policies).
+pub fn add_admin_tiers<V>(
+    resources: &mut BTreeMap<String, V>,
+    json: impl Fn(&V) -> &str,
+    value: impl Fn(CalicoResource) -> V,
+) {
+    let node_sets_used = resources
+        .iter()
+        .any(|(k, v)| is_admin_policy_key(k) && uses_node_sets(json(v)));
+    if !node_sets_used {
+        resources.retain(|k, _| {
+            !k.rsplit_once("/globalnetworksets/")
+                .is_some_and(|(_, n)| n.starts_with(super::KNODE_PREFIX))
+        });
+    }
+    if !resources.keys().any(|k| is_admin_policy_key(k)) {
+        return;
+    }
+    for t in admin_tiers() {
+        let t = match crate::validate::canonical(&t) {
+            Ok(t) => t,
+            Err((f, m)) => unreachable!("built-in tier {} is invalid: {f}: {m}", t.name),
+        };
+        if let Ok(k) = t.etcd_key() {
+            resources.entry(k).or_insert_with(|| value(t));
+        }
+    }
+}
+
+/// Strict decode of a spec; the error path is relative to `spec`.
+fn decode<T: DeserializeOwned>(spec: &serde_json::Value) -> Result<T, FieldError> {
+    let e = match serde_path_to_error::deserialize::<_, T>(spec) {
+        Ok(v) => return Ok(v),
+        Err(e) => e,
+    };
+    let path = e.path().to_string();
+    let field = if path == "." {
+        "spec".to_string()
+    } else {
+        format!("spec.{path}")
+    };
+    Err((field, format!("cannot decode: {}", e.into_inner())))
+}
+
+/// A rule of any kind, normalised: action checked, peers and ports still to convert.
+struct SourceRule<'a> {
+    field: String,
+    name: Option<&'a str>,
+    action: Result<&'static str, String>,
+    /// The raw action, for the fail-closed choice when the action itself is bad.
+    peers: &'a [Peer],
+    peer_field: &'static str,
+    ports: Result<ProtoPorts, FieldError>,
+}
+
+fn convert(
+    src: Source,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    spec: &serde_json::Value,
+) -> Converted {
+    let name = meta.name.as_deref().unwrap_or("");
+    let obj = ObjectRef::new(src.kind(), None, name);
+    let anp_spec;
+    let cnp_spec;
+    let prefix = match src {
+        Source::Anp => ANP_PREFIX,
+        Source::Banp => BANP_PREFIX,
+        Source::Cnp => CNP_PREFIX,
+    };
+    let calico_name = format!("{prefix}{name}");
+    let key = match etcd_key("GlobalNetworkPolicy", None, &calico_name) {
+        Ok(k) => k,
+        Err(e) => return Converted::skipped(SkipReport::new(&obj, "metadata.name", e), None),
+    };
+    let skip = |(field, msg): FieldError| {
+        Converted::skipped(SkipReport::new(&obj, field, msg), Some(key.clone()))
+    };
+    if src == Source::Banp && name != BANP_NAME {
+        return Converted::skipped(
+            SkipReport::new(
+                &obj,
+                "metadata.name",
+                format!("a BaselineAdminNetworkPolicy must be named {BANP_NAME:?}"),
+            ),
+            None,
+        );
+    }
+    let (tier, order, subject, ingress, egress): (
+        _,
+        _,
+        &Subject,
+        Vec<SourceRule<'_>>,
+        Vec<SourceRule<'_>>,
+    ) = match src {
+        Source::Anp | Source::Banp => {
+            anp_spec = match decode::<AnpSpec>(spec) {
+                Ok(s) => s,
+                Err(e) => return skip(e),
+            };
+            let order = match (src, anp_spec.priority) {
+                (Source::Banp, None) => BANP_ORDER,
+                (Source::Banp, Some(_)) => {
+                    return skip((
+                        "spec.priority".into(),
+                        "cannot decode: unknown field `priority`".into(),
+                    ));
+                }
+                (_, None) => return skip(("spec.priority".into(), "priority is required".into())),
+                (_, Some(p)) => match priority(p) {
+                    Ok(o) => o,
+                    Err(e) => return skip(e),
+                },
+            };
+            let tier = if src == Source::Anp {
+                KUBE_ADMIN_TIER
+            } else {
+                KUBE_BASELINE_TIER
+            };
+            (
+                tier,
+                order,
+                &anp_spec.subject,
+                anp_rules(src, anp_spec.ingress.as_deref(), true),
+                anp_rules(src, anp_spec.egress.as_deref(), false),
+            )
+        }
+        Source::Cnp => {
+            cnp_spec = match decode::<CnpSpec>(spec) {
+                Ok(s) => s,
+                Err(e) => return skip(e),
+            };
+            let tier = match cnp_spec.tier.as_str() {
+                "Admin" => KUBE_ADMIN_TIER,
+                "Baseline" => KUBE_BASELINE_TIER,
+                other => {
+                    return skip((
+                        "spec.tier".into(),
+                        format!("unknown tier {other:?}: want Admin or Baseline"),
+                    ));
+                }
+            };
+            let order = match priority(cnp_spec.priority) {
+                Ok(o) => o,
+                Err(e) => return skip(e),
+            };
+            (
+                tier,
+                order,
+                &cnp_spec.subject,
+                cnp_rules(cnp_spec.ingress.as_deref(), true),
+                cnp_rules(cnp_spec.egress.as_deref(), false),
+            )
+        }
+    };
+    for (dir, list) in [("ingress", &ingress), ("egress", &egress)] {
+        if list.len() > src.max_rules() {
+            return skip((
+                format!("spec.{dir}"),
+                format!(
+                    "{} rules, more than the API's {}",
+                    list.len(),
+                    src.max_rules()
+                ),
+            ));
+        }
+    }
+    let (namespace_selector, selector) = match subject_selectors(subject) {
+        Ok(s) => s,
+        Err(e) => return skip(e),
+    };
+
+    let mut skips = Vec::new();
+    let mut convert_all = |list: Vec<SourceRule<'_>>, ingress: bool| -> Vec<Rule> {
+        let mut out = Vec::new();
+        for r in list {
+            match source_rule_to_calico(&r, ingress) {
+                Ok(rules) => out.extend(rules),
+                Err((field, msg)) => {
+                    // Fail closed (network-policy-api: "treat the rule as matching no traffic" for
+                    // Allow, "as a Deny all rule" for Deny and Pass).
+                    let deny = matches!(r.action, Ok("Deny" | "Pass"));
+                    let what = if deny {
+                        "rule replaced by one that denies everything"
+                    } else {
+                        "rule dropped"
+                    };
+                    skips.push(SkipReport::new(&obj, field, format!("{msg} ({what})")));
+                    if deny {
+                        out.push(Rule::matching_all("Deny"));
+                    }
+                }
+            }
+        }
+        out
+    };
+    let ingress = convert_all(ingress, true);
+    let egress = convert_all(egress, false);
+    let mut types = Vec::new();
+    if !ingress.is_empty() {
+        types.push("Ingress");
+    }
+    if !egress.is_empty() {
+        types.push("Egress");
+    }
+    let gnp = v3::Object {
+        kind: "GlobalNetworkPolicy",
+        api_version: v3::API_VERSION,
+        metadata: v3::Meta {
+            name: calico_name,
+            namespace: None,
+            uid: meta.uid.clone(),
+            creation_timestamp: timestamp(&meta.creation_timestamp),
+            labels: BTreeMap::new(),
+        },
+        spec: v3::GlobalNetworkPolicySpec {
+            tier,
+            order,
+            ingress,
+            egress,
+            selector,
+            types,
+            namespace_selector,
+        },
+    };
+    Converted::ok(CalicoResource::from_object(&gnp), skips)
+}
+
+fn priority(p: i64) -> Result<f64, FieldError> {
+    if (0..=1000).contains(&p) {
+        Ok(p as f64)
+    } else {
+        Err((
+            "spec.priority".into(),
+            format!("priority {p} is out of range 0-1000"),
+        ))
+    }
+}
+
+/// `(namespaceSelector, selector)` of the subject.
+fn subject_selectors(s: &Subject) -> Result<(String, String), FieldError> {
+    match (&s.namespaces, &s.pods) {
+        (Some(ns), None) => {
+            let nss = selector_from_label_selector(Some(&ns.to_k8s()), false)
+                .map_err(|(f, m)| (format!("spec.subject.namespaces.{f}"), m))?;
+            Ok((nss, ORCHESTRATOR_CLAUSE.to_string()))
+        }
+        (None, Some(p)) => {
+            let nss = selector_from_label_selector(Some(&p.namespace_selector.to_k8s()), false)
+                .map_err(|(f, m)| (format!("spec.subject.pods.namespaceSelector.{f}"), m))?;
+            let ps = selector_from_label_selector(Some(&p.pod_selector.to_k8s()), true)
+                .map_err(|(f, m)| (format!("spec.subject.pods.podSelector.{f}"), m))?;
+            Ok((nss, ps))
+        }
+        _ => Err((
+            "spec.subject".into(),
+            "exactly one of namespaces and pods must be set".into(),
+        )),
+    }
+}
+
+fn rule_name_check(name: Option<&str>, field: &str) -> Result<(), FieldError> {
+    match name {
+        Some(n) if n.chars().count() > 100 => Err((
+            format!("{field}.name"),
+            "rule name is longer than 100 characters".into(),
+        )),
+        Some(n) if n.chars().any(char::is_control) => Err((
+            format!("{field}.name"),
+            "rule name contains control characters".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn dir_name(ingress: bool) -> &'static str {
+    if ingress { "ingress" } else { "egress" }
+}
+
+fn anp_rules(src: Source, list: Option<&[AnpRule]>, ingress: bool) -> Vec<SourceRule<'_>> {
+    let dir = dir_name(ingress);
+    list.unwrap_or_default()
+        .iter()
+        .enumerate()
+        .map(|(i, r)| anp_rule(src, r, &format!("spec.{dir}[{i}]"), ingress))
+        .collect()
+}
+
+fn cnp_rules(list: Option<&[CnpRule]>, ingress: bool) -> Vec<SourceRule<'_>> {
+    let dir = dir_name(ingress);
+    list.unwrap_or_default()
+        .iter()
+        .enumerate()
+        .map(|(i, r)| cnp_rule(r, &format!("spec.{dir}[{i}]"), ingress))
+        .collect()
+}
+
+fn anp_rule<'a>(src: Source, r: &'a AnpRule, field: &str, ingress: bool) -> SourceRule<'a> {
+    let (peers, peer_field, wrong) = if ingress {
+        (r.from.as_deref(), "from", r.to.as_ref().map(|_| "to"))
+    } else {
+        (r.to.as_deref(), "to", r.from.as_ref().map(|_| "from"))
+    };
+    let ports = match wrong {
+        Some(w) => Err((
+            format!("{field}.{w}"),
+            format!(
+                "an {} rule has no {w:?}",
+                if ingress { "ingress" } else { "egress" }
+            ),
+        )),
+        None => anp_ports(r.ports.as_deref(), field),
+    };
+    SourceRule {
+        field: field.to_string(),
+        name: r.name.as_deref(),
+        action: src.action(&r.action),
+        peers: peers.unwrap_or_default(),
+        peer_field,
+        ports,
+    }
+}
+
+fn cnp_rule<'a>(r: &'a CnpRule, field: &str, ingress: bool) -> SourceRule<'a> {
+    let (peers, peer_field, wrong) = if ingress {
+        (r.from.as_deref(), "from", r.to.as_ref().map(|_| "to"))
+    } else {
+        (r.to.as_deref(), "to", r.from.as_ref().map(|_| "from"))
+    };
+    let ports = match wrong {
+        Some(w) => Err((
+            format!("{field}.{w}"),
+            format!(
+                "an {} rule has no {w:?}",
+                if ingress { "ingress" } else { "egress" }
+            ),
+        )),
+        None => cnp_ports(r.protocols.as_deref(), field),
+    };
+    SourceRule {
+        field: field.to_string(),
+        name: r.name.as_deref(),
+        action: Source::Cnp.action(&r.action),
+        peers: peers.unwrap_or_default(),
+        peer_field,
+        ports,
+    }
+}
+
+/// One peer → the Calico entity rules it matches (OR). `networks` splits by address family,
+/// because one Calico rule cannot mix them.
+fn peer_to_entities(
+    peer: &Peer,
+    ingress: bool,
+    has_named: bool,
+) -> Result<Vec<EntityRule>, FieldError> {
+    let set: Vec<&str> = [
+        ("namespaces", peer.namespaces.is_some()),
+        ("pods", peer.pods.is_some()),
+        ("nodes", peer.nodes.is_some()),
+        ("networks", peer.networks.is_some()),
+        ("domainNames", peer.domain_names.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(n, s)| s.then_some(n))
+    .collect();
+    let [which] = set.as_slice() else {
+        return Err((
+            String::new(),
+            format!(
+                "exactly one of namespaces, pods{} must be set",
+                if ingress {
+                    ""
+                } else {
+                    ", nodes, networks and domainNames"
+                }
+            ),
+        ));
+    };
+    if ingress && !matches!(*which, "namespaces" | "pods") {
+        return Err((
+            format!(".{which}"),
+            format!("{which} is not an ingress peer: want namespaces or pods"),
+        ));
+    }
+    match *which {
+        "namespaces" => {
+            let sel = peer.namespaces.as_ref().expect("checked").to_k8s();
+            let nss = selector_from_label_selector(Some(&sel), false)
+                .map_err(|(f, m)| (format!(".namespaces.{f}"), m))?;
+            // The orchestrator clause keeps the peer to pods: a negative namespace selector
+            // (`NotIn`, `DoesNotExist`) alone would also match host endpoints and global network
+            // sets, which have no namespace labels (Calico's conversion leaves that gap open).
+            Ok(vec![EntityRule {
+                selector: ORCHESTRATOR_CLAUSE.to_string(),
+                namespace_selector: nss,
+                ..EntityRule::default()
+            }])
+        }
+        "pods" => {
+            let p = peer.pods.as_ref().expect("checked");
+            let nss = selector_from_label_selector(Some(&p.namespace_selector.to_k8s()), false)
+                .map_err(|(f, m)| (format!(".pods.namespaceSelector.{f}"), m))?;
+            let ps = selector_from_label_selector(Some(&p.pod_selector.to_k8s()), true)
+                .map_err(|(f, m)| (format!(".pods.podSelector.{f}"), m))?;
+            Ok(vec![EntityRule {
+                selector: ps,
+                namespace_selector: nss,
+                ..EntityRule::default()
+            }])
+        }
+        "networks" => {
+            if has_named {
+                return Err((
+                    ".networks".into(),
+                    "a networks peer cannot be used with named ports".into(),
+                ));
+            }
+            let nets = peer.networks.as_deref().expect("checked");
+            if nets.is_empty() || nets.len() > 25 {
+                return Err((
+                    ".networks".into(),
+                    format!("{} networks: want 1-25", nets.len()),
+                ));
+            }
+            let (mut v4, mut v6) = (Vec::new(), Vec::new());
+            for (k, n) in nets.iter().enumerate() {
+                let net: IpNet = n
+                    .parse()
+                    .map_err(|_| (format!(".networks[{k}]"), format!("invalid CIDR {n:?}")))?;
+                let s = net.trunc().to_string();
+                match net {
+                    IpNet::V4(_) => v4.push(s),
+                    IpNet::V6(_) => v6.push(s),
+                }
+            }
+            Ok([v4, v6]
+                .into_iter()
+                .filter(|n| !n.is_empty())
+                .map(|nets| EntityRule {
+                    nets,
+                    ..EntityRule::default()
+                })
+                .collect())
+        }
+        "nodes" => {
+            if has_named {
+                return Err((
+                    ".nodes".into(),
+                    "a nodes peer cannot be used with named ports".into(),
+                ));
+            }
+            let sel = peer.nodes.as_ref().expect("checked").to_k8s();
+            let labels = selector_from_label_selector(Some(&sel), false)
+                .map_err(|(f, m)| (format!(".nodes.{f}"), m))?;
+            Ok(vec![EntityRule {
+                selector: node_selector(&labels),
+                ..EntityRule::default()
+            }])
+        }
+        _ => Err((
+            ".domainNames".into(),
+            "domainNames peers are not supported by the iptables dataplane".into(),
+        )),
+    }
+}
+
+/// The selector of a `nodes` peer: the nodes' network sets (see [`super::node_to_network_set`]) whose
+/// labels match, and never an endpoint or a namespaced set, whatever labels those carry.
+fn node_selector(labels: &str) -> String {
+    let base = format!(
+        "has({}) && !has(projectcalico.org/orchestrator) && !has(projectcalico.org/namespace)",
+        super::NODE_MARKER_LABEL
+    );
+    if labels == "all()" {
+        base
+    } else {
+        format!("{base} && {labels}")
+    }
+}
+
+/// Whether a converted admin policy (its stored JSON) has a `nodes` peer.
+fn uses_node_sets(json: &str) -> bool {
+    json.contains(&format!("has({})", super::NODE_MARKER_LABEL))
+}
+
+fn source_rule_to_calico(r: &SourceRule<'_>, ingress: bool) -> Result<Vec<Rule>, FieldError> {
+    let action = r
+        .action
+        .clone()
+        .map_err(|m| (format!("{}.action", r.field), m))?;
+    rule_name_check(r.name, &r.field)?;
+    let ports = r.ports.clone()?;
+    let has_named = ports
+        .values()
+        .flatten()
+        .flatten()
+        .any(|p| matches!(p, PortSpec::Named(_)));
+    if r.peers.is_empty() || r.peers.len() > 100 {
+        return Err((
+            format!("{}.{}", r.field, r.peer_field),
+            format!("{} peers: want 1-100", r.peers.len()),
+        ));
+    }
+    let mut peers = Vec::new();
+    for (j, p) in r.peers.iter().enumerate() {
+        let entities = peer_to_entities(p, ingress, has_named)
+            .map_err(|(f, m)| (format!("{}.{}[{j}]{f}", r.field, r.peer_field), m))?;
+        peers.extend(entities);
+    }
+    let metadata = r.name.filter(|n| !n.is_empty()).map(|n| v3::RuleMetadata {
+        annotations: BTreeMap::from([(RULE_NAME_ANNOTATION.to_string(), n.to_string())]),
+    });
+    let mut rules = Vec::new();
+    for (proto, ports) in ports {
+        let ports = simplify_ports(ports.unwrap_or_default());
+        let protocol = (!proto.is_empty()).then_some(proto);
+        for peer in &peers {
+            let mut rule = Rule {
+                action,
+                protocol: protocol.clone(),
+                source: EntityRule::default(),
+                destination: EntityRule::default(),
+                metadata: metadata.clone(),
+            };
+            if ingress {
+                rule.source = peer.clone();
+                rule.destination.ports = ports.clone();
+            } else {
+                rule.destination = EntityRule {
+                    ports: ports.clone(),
+                    ..peer.clone()
+                };
+            }
+            rules.push(rule);
+        }
+    }
+    Ok(rules)
+}

@@ -1,0 +1,91 @@
+//! v1 Node → GlobalNetworkSet `knode.<node>`: the node's addresses (`status.addresses` of type
+//! InternalIP and ExternalIP, as host networks), labelled with the node's labels plus
+//! [`NODE_MARKER_LABEL`]` = <node>`. The admin policies' `nodes` peers select these sets
+//! (`has(felixrs.io/node) && <node selector>`), so a node peer matches exactly the addresses the
+//! network-policy-api names: those in the node's status.
+//!
+//! Calico has no `nodes` peer; a network set per node is how it maps onto Calico resources.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::Node;
+use serde::Serialize;
+
+use super::labels::validate_labels;
+use super::v3;
+use super::{
+    CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, timestamp,
+};
+
+/// Name prefix of the per-node network sets.
+pub const KNODE_PREFIX: &str = "knode.";
+/// The label every node network set carries (its value: the node's name).
+pub const NODE_MARKER_LABEL: &str = "felixrs.io/node";
+
+/// `GlobalNetworkSetSpec`.
+#[derive(Debug, Clone, Serialize)]
+struct NetworkSetSpec {
+    nets: Vec<String>,
+}
+
+/// Converts a Node into its network set. A node whose labels are invalid is skipped (its previous
+/// set is kept); addresses that do not parse are left out and reported.
+pub fn node_to_network_set(node: &Node, _opts: &ConvertOptions) -> Converted {
+    let name = node.metadata.name.as_deref().unwrap_or("");
+    let obj = ObjectRef::new("Node", None, name);
+    let set_name = format!("{KNODE_PREFIX}{name}");
+    let key = match etcd_key("GlobalNetworkSet", None, &set_name) {
+        Ok(k) => k,
+        Err(e) => return Converted::skipped(SkipReport::new(&obj, "metadata.name", e), None),
+    };
+    let mut labels = node.metadata.labels.clone().unwrap_or_default();
+    labels.insert(NODE_MARKER_LABEL.to_string(), name.to_string());
+    if let Err((k, e)) = validate_labels(&labels) {
+        return Converted::skipped(
+            SkipReport::new(&obj, format!("metadata.labels.{k}"), e),
+            Some(key),
+        );
+    }
+    let mut skips = Vec::new();
+    let mut nets: Vec<String> = Vec::new();
+    let addresses = node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.clone())
+        .unwrap_or_default();
+    for (i, a) in addresses.iter().enumerate() {
+        if !matches!(a.type_.as_str(), "InternalIP" | "ExternalIP") {
+            continue;
+        }
+        match a.address.parse::<IpAddr>() {
+            Ok(ip) => {
+                let net = match ip {
+                    IpAddr::V4(_) => format!("{ip}/32"),
+                    IpAddr::V6(_) => format!("{ip}/128"),
+                };
+                if !nets.contains(&net) {
+                    nets.push(net);
+                }
+            }
+            Err(_) => skips.push(SkipReport::new(
+                &obj,
+                format!("status.addresses[{i}].address"),
+                format!("{:?} is not an IP address (left out)", a.address),
+            )),
+        }
+    }
+    let o = v3::Object {
+        kind: "GlobalNetworkSet",
+        api_version: v3::API_VERSION,
+        metadata: v3::Meta {
+            name: set_name,
+            uid: node.metadata.uid.clone(),
+            creation_timestamp: timestamp(&node.metadata.creation_timestamp),
+            labels: labels.into_iter().collect::<BTreeMap<_, _>>(),
+            ..v3::Meta::default()
+        },
+        spec: NetworkSetSpec { nets },
+    };
+    Converted::ok(CalicoResource::from_object(&o), skips)
+}

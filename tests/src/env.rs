@@ -1,0 +1,172 @@
+//! A running end-to-end environment: the two-node netns cluster of the standard layout, a server in
+//! every pod, a real etcd and one real `felixrs agent` per node, with the real `policy-controller`
+//! syncing each step's manifests. Used by the admin-policy phase (`tests/e2e_admin.rs`); the main
+//! NetworkPolicy run (`tests/e2e.rs`) keeps its own copy for now.
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use crate::cases::{self, Case, Expect, Step};
+use crate::cluster::Cluster;
+use crate::driver::{Agent, Etcd, controller_sync, start_etcd};
+use crate::traffic::{Probe, Servers, probe_many};
+use crate::world::{self, Family, PlacedPod};
+
+const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
+const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct Env {
+    pub cluster: Cluster,
+    _servers: Vec<Servers>,
+    pub agents: Vec<Agent>,
+    pub etcd: Etcd,
+    pub work: tempfile::TempDir,
+    pub latencies: Vec<Duration>,
+}
+
+impl Env {
+    /// Builds the cluster of [`cases::standard_layout`] and starts etcd, servers and agents.
+    pub fn start() -> Result<Env> {
+        let work = tempfile::Builder::new().prefix("felixrs-e2e").tempdir()?;
+        let mut cluster = Cluster::new(2)?;
+        let layout = cases::standard_layout();
+        for p in &layout {
+            let node = cluster
+                .nodes
+                .iter()
+                .position(|n| n.name == p.node_name)
+                .context("layout names a known node")?;
+            cluster.add_pod(&p.namespace, &p.name, node)?;
+        }
+        let placed: Vec<_> = cluster
+            .placed_pods()
+            .iter()
+            .map(|p| (p.id(), p.ip, p.ip6))
+            .collect();
+        let want: Vec<_> = layout.iter().map(|p| (p.id(), p.ip, p.ip6)).collect();
+        anyhow::ensure!(
+            placed == want,
+            "cluster addresses differ from the evaluator's layout"
+        );
+        let servers = cluster
+            .pods
+            .iter()
+            .map(|p| Servers::start(p.ns.name()))
+            .collect::<Result<Vec<_>>>()?;
+        let etcd = start_etcd(&cluster.infra, "10.77.0.1", work.path());
+        let mut agents = Vec::new();
+        for n in &cluster.nodes {
+            agents.push(Agent::start(
+                &n.ns,
+                &n.name,
+                &etcd.client_url(),
+                work.path(),
+            )?);
+        }
+        Ok(Env {
+            cluster,
+            _servers: servers,
+            agents,
+            etcd,
+            work,
+            latencies: Vec::new(),
+        })
+    }
+
+    pub fn placed(&self) -> Vec<PlacedPod> {
+        self.cluster.placed_pods()
+    }
+
+    /// Writes the step's manifests, runs the controller, and waits for every agent to apply them.
+    pub fn apply_step(&mut self, step: &Step) -> Result<i64> {
+        let dir = self.work.path().join("manifests");
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(
+            dir.join("cluster.yaml"),
+            world::manifests(step, &self.placed()),
+        )?;
+        let rev = controller_sync(&self.cluster.infra, &self.etcd.client_url(), &dir)?;
+        let start = Instant::now();
+        for a in &mut self.agents {
+            a.wait_applied(rev, APPLY_TIMEOUT)?;
+        }
+        self.latencies.push(start.elapsed());
+        Ok(rev)
+    }
+
+    /// Probes every cell of `expect` to the destinations' `family` addresses; cells that disagree are
+    /// probed twice more before they count. Returns the disagreements.
+    pub fn check_over(&self, expect: &Expect, family: Family) -> Result<Vec<String>> {
+        let ns_of = |id: &str| self.cluster.pod(id).ns.name().to_string();
+        let ip_of = |id: &str| {
+            let p = self.cluster.pod(id);
+            match family {
+                Family::V4 => IpAddr::V4(p.ip),
+                Family::V6 => IpAddr::V6(p.ip6),
+            }
+        };
+        let jobs: Vec<(String, IpAddr, Probe)> = expect
+            .cells
+            .iter()
+            .map(|(f, t, p, _)| (ns_of(f), ip_of(t), *p))
+            .collect();
+        let mut results = probe_many(&jobs, PROBE_TIMEOUT)?;
+        for _ in 0..2 {
+            let bad: Vec<usize> = (0..jobs.len())
+                .filter(|&i| results[i] != expect.cells[i].3)
+                .collect();
+            if bad.is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+            let again: Vec<_> = bad.iter().map(|&i| jobs[i].clone()).collect();
+            for (k, r) in probe_many(&again, PROBE_TIMEOUT)?.into_iter().enumerate() {
+                results[bad[k]] = r;
+            }
+        }
+        Ok(expect
+            .cells
+            .iter()
+            .zip(&results)
+            .filter(|(c, got)| c.3 != **got)
+            .map(|((f, t, p, want), _)| {
+                format!(
+                    "{f} -> {t} {p}: expected {}, got {}",
+                    if *want { "allow" } else { "deny" },
+                    if *want { "deny" } else { "allow" }
+                )
+            })
+            .collect())
+    }
+
+    /// Empties every pod's and node's IPv6 neighbour cache, so each probe needs neighbour discovery
+    /// between pod and node to succeed under the policy in force (NDP must survive policy, as in Felix).
+    pub fn forget_neighbours(&self) -> Result<()> {
+        let pods = self.cluster.pods.iter().map(|p| &p.ns);
+        for ns in pods.chain(self.cluster.nodes.iter().map(|n| &n.ns)) {
+            ns.exec(&["ip", "-6", "neigh", "flush", "all"])?;
+        }
+        Ok(())
+    }
+
+    /// Applies and probes every step of a case over `family`; returns the failures.
+    pub fn run_case(&mut self, case: &Case, family: Family) -> Result<Vec<String>> {
+        let ids: Vec<String> = self.placed().iter().map(PlacedPod::id).collect();
+        let mut failures = Vec::new();
+        for (i, step) in case.steps.iter().enumerate() {
+            self.apply_step(step)
+                .with_context(|| format!("step {}", i + 1))?;
+            let mut expect = Expect::all_allowed(&ids, &step.probes);
+            (step.expect)(&mut expect);
+            if family == Family::V6 {
+                self.forget_neighbours()?;
+            }
+            for f in self.check_over(&expect, family)? {
+                failures.push(format!("step {}: {f}", i + 1));
+            }
+        }
+        Ok(failures)
+    }
+}
