@@ -51,8 +51,9 @@
 //!   for each endpoint's `allowSpoofedSourcePrefixes`, as Felix does. Policies with
 //!   `untracked`/`pre_dnat` are rendered as normal filter policies only if an endpoint's tiers
 //!   list them.
-//! * nat: the hook chains and the `cali-fip-dnat`/`cali-fip-snat`/`cali-nat-outgoing` leaf chains
-//!   exist but are empty (no floating IPs, no natOutgoing pools in scope).
+//! * nat: the hook chains, `cali-nat-outgoing` from the IP pools ([`nat`]: masquerade from
+//!   natOutgoing pools to destinations outside every pool), and the empty `cali-fip-dnat`/
+//!   `cali-fip-snat` (no floating IPs); no tunnel-device MASQUERADE rules (no IPIP/VXLAN/WireGuard).
 //! * No policy-group chains (`cali-gi-`/`cali-go-`, §2.5): each endpoint jumps to each policy.
 //! * No staged policies, no QoS, no flow logs (the NFLOG rules of §4.3 with flow logs on).
 //! * IPv6 neighbour discovery (ICMPv6 130-133, 135, 136) is accepted where Felix accepts it: at the
@@ -85,6 +86,7 @@ pub mod hash;
 pub mod ir;
 pub mod marks;
 pub mod names;
+pub mod nat;
 pub mod rule;
 mod state;
 pub mod static_chains;
@@ -134,6 +136,10 @@ pub struct RenderConfig {
     pub allow_encap_from_workloads: bool,
     /// Felix `WorkloadSourceSpoofing`: whether endpoints' `allowSpoofedSourcePrefixes` are honoured.
     pub workload_source_spoofing: SourceSpoofing,
+    /// `MASQUERADE --random-fully` in `cali-nat-outgoing`: Felix adds it when iptables >= 1.6.2
+    /// and the kernel >= 3.14 support it (its `MASQFullyRandom` feature), true on every system
+    /// felixrs supports (iptables 1.8).
+    pub masquerade_random_fully: bool,
 }
 
 impl Default for RenderConfig {
@@ -146,6 +152,7 @@ impl Default for RenderConfig {
             default_endpoint_to_host_action: EndpointToHostAction::Accept,
             allow_encap_from_workloads: false,
             workload_source_spoofing: SourceSpoofing::Disabled,
+            masquerade_random_fully: true,
         }
     }
 }
