@@ -56,11 +56,11 @@ fn no_pools_no_nat_and_no_pool_sets() {
         assert!(r.desired(v).ip_sets.is_empty());
     }
     // cali-POSTROUTING still jumps to the (empty) chain, as Felix's does.
-    let post: Vec<String> = r.desired(IpVersion::V4).tables[&TableName::Nat].chains
-        ["cali-POSTROUTING"]
-        .iter()
-        .map(|d| d.body.clone())
-        .collect();
+    let post: Vec<String> =
+        r.desired(IpVersion::V4).tables[&TableName::Nat].chains["cali-POSTROUTING"]
+            .iter()
+            .map(|d| d.body.clone())
+            .collect();
     assert_eq!(post, ["-j cali-fip-snat", "-j cali-nat-outgoing"]);
 }
 
@@ -75,7 +75,9 @@ fn masquerade_from_nat_pools_to_outside_all_pools_per_family() {
     assert_eq!(bodies(&r, IpVersion::V4), [V4_RULE]);
     assert_eq!(
         bodies(&r, IpVersion::V6),
-        ["-m set --match-set cali60masq-ipam-pools src -m set ! --match-set cali60all-ipam-pools dst -j MASQUERADE --random-fully"]
+        [
+            "-m set --match-set cali60masq-ipam-pools src -m set ! --match-set cali60all-ipam-pools dst -j MASQUERADE --random-fully"
+        ]
     );
     let v4 = IpVersion::V4;
     assert_eq!(
@@ -109,11 +111,18 @@ fn masquerade_from_nat_pools_to_outside_all_pools_per_family() {
     r.flush();
     let d = r.take_delta(v4);
     assert!(d.chains.is_empty(), "{:?}", d.chains);
-    assert_eq!(members(&r, v4, "cali40all-ipam-pools").unwrap(), ["10.78.2.0/24"]);
-    assert_eq!(members(&r, v4, "cali40masq-ipam-pools").unwrap(), ["10.78.2.0/24"]);
+    assert_eq!(
+        members(&r, v4, "cali40all-ipam-pools").unwrap(),
+        ["10.78.2.0/24"]
+    );
+    assert_eq!(
+        members(&r, v4, "cali40masq-ipam-pools").unwrap(),
+        ["10.78.2.0/24"]
+    );
 
     // The last masquerading v4 pool goes: the rule goes, then the unreferenced sets.
-    r.apply(pool("plain", "10.78.2.0/24", false, false)).unwrap();
+    r.apply(pool("plain", "10.78.2.0/24", false, false))
+        .unwrap();
     r.flush();
     let d = r.take_delta(v4);
     assert_eq!(d.chains.len(), 1);
@@ -140,7 +149,9 @@ fn random_fully_follows_the_config_and_updates_are_idempotent() {
     r.flush();
     assert_eq!(
         bodies(&r, IpVersion::V4),
-        ["-m set --match-set cali40masq-ipam-pools src -m set ! --match-set cali40all-ipam-pools dst -j MASQUERADE"]
+        [
+            "-m set --match-set cali40masq-ipam-pools src -m set ! --match-set cali40all-ipam-pools dst -j MASQUERADE"
+        ]
     );
     r.take_delta(IpVersion::V4);
     r.apply(pool("nat", "10.78.1.0/24", true, false)).unwrap();

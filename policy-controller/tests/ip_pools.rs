@@ -89,11 +89,15 @@ spec: {cidr: 10.92.0.0/16, natOutgoin: true}
         .collect();
     assert_eq!(skips.len(), 2, "{skips:?}");
     assert!(
-        skips.iter().any(|s| s.contains("broken") && s.contains("spec.cidr")),
+        skips
+            .iter()
+            .any(|s| s.contains("broken") && s.contains("spec.cidr")),
         "{skips:?}"
     );
     assert!(
-        skips.iter().any(|s| s.contains("typo") && s.contains("natOutgoin")),
+        skips
+            .iter()
+            .any(|s| s.contains("typo") && s.contains("natOutgoin")),
         "{skips:?}"
     );
     let edge = pool(&mut c, "edge").await.unwrap();
@@ -103,7 +107,11 @@ spec: {cidr: 10.92.0.0/16, natOutgoin: true}
     assert_eq!(v4["spec"]["cidr"], "10.244.0.0/16");
     assert_eq!(v4["spec"]["natOutgoing"], true, "Calico's default for IPv4");
     let v6 = pool(&mut c, "default-ipv6-ippool").await.unwrap();
-    assert_eq!(v6["spec"].get("natOutgoing"), None, "Calico's default for IPv6");
+    assert_eq!(
+        v6["spec"].get("natOutgoing"),
+        None,
+        "Calico's default for IPv6"
+    );
 
     // A manifest pool of the default pool's name wins; without the flags the v6 pool goes.
     std::fs::write(
@@ -116,7 +124,11 @@ spec: {cidr: 10.92.0.0/16, natOutgoin: true}
         dir.path(),
         &["--default-ipv4-pool-cidr", "10.244.0.0/16"],
     ));
-    assert_eq!((r["updated"].as_u64(), r["deleted"].as_u64()), (Some(1), Some(1)), "{r}");
+    assert_eq!(
+        (r["updated"].as_u64(), r["deleted"].as_u64()),
+        (Some(1), Some(1)),
+        "{r}"
+    );
     let v4 = pool(&mut c, "default-ipv4-ippool").await.unwrap();
     assert_eq!(v4["spec"].get("natOutgoing"), None);
     assert!(pool(&mut c, "default-ipv6-ippool").await.is_none());

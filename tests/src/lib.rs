@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod driver;
 pub mod evaluator;
 pub mod harness;
+pub mod nat;
 pub mod strict;
 pub mod traffic;
 pub mod world;

@@ -130,7 +130,9 @@ pub enum Target {
         prefix: String,
     },
     /// `MASQUERADE [--random-fully]` (nat table; Felix's `MasqAction`).
-    Masquerade { random_fully: bool },
+    Masquerade {
+        random_fully: bool,
+    },
 }
 
 impl Target {

@@ -457,18 +457,17 @@ impl Renderer {
     /// masquerading in a family only changes set members: the chain is identical, so not rewritten.
     fn render_pools(&mut self) {
         let (all, masq) = nat::pool_sets(self.pools.values());
-        for (id, members) in [
-            (nat::ALL_POOLS_SET_ID, all),
-            (nat::MASQ_POOLS_SET_ID, masq),
-        ] {
+        for (id, members) in [(nat::ALL_POOLS_SET_ID, all), (nat::MASQ_POOLS_SET_ID, masq)] {
             for v in [IpVersion::V4, IpVersion::V6] {
-                self.set_ids.insert(names::ipset_name(v, id), id.to_string());
+                self.set_ids
+                    .insert(names::ipset_name(v, id), id.to_string());
             }
             let changed: Vec<IpSetMember> = match self.ip_sets.get(id) {
                 Some((_, old)) => old.symmetric_difference(&members).cloned().collect(),
                 None => members.iter().cloned().collect(),
             };
-            self.ip_sets.insert(id.to_string(), (IpSetKind::Net, members));
+            self.ip_sets
+                .insert(id.to_string(), (IpSetKind::Net, members));
             self.mark_set_changed_in(id, families_of(&changed));
         }
         for fam in &mut self.families {
