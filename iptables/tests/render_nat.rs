@@ -162,3 +162,119 @@ fn random_fully_follows_the_config_and_updates_are_idempotent() {
     r.flush();
     assert!(r.take_delta(IpVersion::V4).is_empty());
 }
+
+mod props {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::net::IpAddr;
+
+    use proptest::prelude::*;
+
+    const CIDRS: [&str; 6] = [
+        "10.0.0.0/16",
+        "10.0.0.0/24",
+        "10.1.0.0/16",
+        "10.1.128.0/17",
+        "fd00::/64",
+        "fd00:1::/64",
+    ];
+    const ADDRS: [&str; 7] = [
+        "10.0.0.5",
+        "10.0.1.5",
+        "10.1.0.5",
+        "10.1.200.5",
+        "10.2.0.5",
+        "fd00::5",
+        "fd00:2::5",
+    ];
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Update(usize, usize, bool, bool),
+        Remove(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (0..4usize, 0..CIDRS.len(), any::<bool>(), prop::bool::weighted(0.2))
+                .prop_map(|(n, c, m, lb)| Op::Update(n, c, m, lb)),
+            1 => (0..4usize).prop_map(Op::Remove),
+        ]
+    }
+
+    fn mk(name: usize, cidr: usize, masq: bool, lb: bool) -> IpPool {
+        IpPool {
+            name: format!("p{name}"),
+            cidr: net(CIDRS[cidr]),
+            masquerade: masq,
+            load_balancer_only: lb,
+        }
+    }
+
+    /// Whether the rendered state of `r` masquerades a new connection `src -> dst`.
+    fn masquerades(r: &Renderer, src: IpAddr, dst: IpAddr) -> bool {
+        let v = if src.is_ipv6() {
+            IpVersion::V6
+        } else {
+            IpVersion::V4
+        };
+        let d = r.desired(v);
+        let n = if v == IpVersion::V6 { "6" } else { "4" };
+        let has_rule = !d.tables[&TableName::Nat].chains["cali-nat-outgoing"].is_empty();
+        let in_set = |set: &str, a: IpAddr| {
+            d.ip_sets.get(&format!("cali{n}0{set}")).is_some_and(|s| {
+                s.members
+                    .iter()
+                    .any(|m| matches!(m, IpSetMember::Net(net) if net.contains(&a)))
+            })
+        };
+        has_rule && in_set("masq-ipam-pools", src) && !in_set("all-ipam-pools", dst)
+    }
+
+    proptest! {
+        /// Incremental rendering of any pool history equals rendering the final pools from
+        /// scratch, and masquerades exactly traffic from a natOutgoing pool to outside every
+        /// (non-LoadBalancer) pool of the same family.
+        #[test]
+        fn pools_incremental_equals_scratch_and_masquerade_semantics(
+            ops in prop::collection::vec(op(), 1..25),
+        ) {
+            let mut r = Renderer::new(RenderConfig::default()).unwrap();
+            r.apply(Output::InSync).unwrap();
+            let mut model: BTreeMap<String, IpPool> = BTreeMap::new();
+            for o in ops {
+                match o {
+                    Op::Update(n, c, m, lb) => {
+                        let p = mk(n, c, m, lb);
+                        model.insert(p.name.clone(), p.clone());
+                        r.apply(Output::IpPoolUpdated(p)).unwrap();
+                    }
+                    Op::Remove(n) => {
+                        model.remove(&format!("p{n}"));
+                        r.apply(Output::IpPoolRemoved(format!("p{n}"))).unwrap();
+                    }
+                }
+                r.flush();
+            }
+            let mut scratch = Renderer::new(RenderConfig::default()).unwrap();
+            let mut outs: Vec<Output> = model.values().cloned().map(Output::IpPoolUpdated).collect();
+            outs.push(Output::InSync);
+            prop_assert!(scratch.apply_all(outs).is_empty());
+            scratch.flush();
+            for v in [IpVersion::V4, IpVersion::V6] {
+                prop_assert_eq!(r.desired(v), scratch.desired(v));
+            }
+            for s in ADDRS {
+                for d in ADDRS {
+                    let (src, dst): (IpAddr, IpAddr) = (s.parse().unwrap(), d.parse().unwrap());
+                    if src.is_ipv6() != dst.is_ipv6() {
+                        continue;
+                    }
+                    let want = model.values().any(|p| p.masquerade && p.cidr.contains(&src))
+                        && !model.values().any(|p| !p.load_balancer_only && p.cidr.contains(&dst));
+                    prop_assert_eq!(masquerades(&r, src, dst), want, "{} -> {}", src, dst);
+                }
+            }
+        }
+    }
+}
