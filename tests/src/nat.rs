@@ -4,15 +4,18 @@
 //! namespace, `dnsmasq` in a pod, a minimal DNS client, and the manifests of the test's world.
 //!
 //! ```text
-//!   internet netns: eth0 198.51.100.10/24, routes 10.77.0.0/24 and 10.78.0.0/16 via 198.51.100.1
-//!      └── veth ── infra netns: inet0 198.51.100.1/24, ip_forward, 10.78.<n>.0/24 via node n
+//!   internet netns: eth0 198.51.100.10/24 + 2001:db8:100::10/64, routes to the nodes' and pods'
+//!      │            ranges (10.77.0.0/24, 10.78.0.0/16, fd77::/64, fd78::/16) via the infra side
+//!      └── veth ── infra netns: inet0 198.51.100.1/24 + 2001:db8:100::1/64, br0 also fd77::1/64,
+//!                  forwarding, 10.78.<n>.0/24 and fd78:<n>::/64 via node n
+//!   nodes: IPv6 default route via fd77::1 (IPv4 already via 10.77.0.1)
 //! ```
 //! The internet host routes the pod range back (as a cluster whose pools are advertised would), so
 //! an un-masqueraded pod reaches it with its own address: what it sees is the test's observable.
 //! Only addresses assigned inside the test's namespaces are used; nothing leaves the machine.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,7 +32,11 @@ use crate::driver::Proc;
 
 /// The internet host's address (TEST-NET-2).
 pub const INTERNET_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+/// The internet host's IPv6 address (documentation prefix).
+pub const INTERNET_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, 0, 0, 0x10);
 const INFRA_INET_IP: &str = "198.51.100.1";
+const INFRA_INET_IP6: &str = "2001:db8:100::1";
+const INFRA_BR_IP6: &str = "fd77::1";
 /// The port of every who-am-I server.
 pub const WHOAMI_PORT: u16 = 8080;
 
@@ -58,8 +65,29 @@ pub fn attach_internet(cluster: &Cluster) -> Result<Netns> {
         "dev",
         "inet0",
     ])?;
+    infra.exec(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        &format!("{INFRA_INET_IP6}/64"),
+        "dev",
+        "inet0",
+        "nodad",
+    ])?;
+    infra.exec(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        &format!("{INFRA_BR_IP6}/64"),
+        "dev",
+        "br0",
+        "nodad",
+    ])?;
     infra.exec(&["ip", "link", "set", "inet0", "up"])?;
     infra.sysctl("net.ipv4.ip_forward", "1")?;
+    infra.sysctl("net.ipv6.conf.all.forwarding", "1")?;
     infra.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
     infra.sysctl("net.ipv4.conf.default.rp_filter", "0")?;
     for (i, n) in cluster.nodes.iter().enumerate() {
@@ -71,6 +99,21 @@ pub fn attach_internet(cluster: &Cluster) -> Result<Netns> {
             "via",
             &n.ip.to_string(),
         ])?;
+        infra.exec(&[
+            "ip",
+            "-6",
+            "route",
+            "add",
+            &format!("fd78:{}::/64", i + 1),
+            "via",
+            &n.ip6.to_string(),
+        ])?;
+        n.ns.exec(&["ip", "-6", "route", "add", "default", "via", INFRA_BR_IP6])?;
+    }
+    // Servers bind IPv4 and IPv6 separately (v6-only), so IPv4 peers are not seen as ::ffff:a.b.c.d.
+    inet.sysctl("net.ipv6.bindv6only", "1")?;
+    for scope in ["all", "default"] {
+        inet.sysctl(&format!("net.ipv6.conf.{scope}.accept_dad"), "0")?;
     }
     inet.exec(&[
         "ip",
@@ -81,58 +124,79 @@ pub fn attach_internet(cluster: &Cluster) -> Result<Netns> {
         "eth0",
     ])?;
     inet.exec(&["ip", "link", "set", "eth0", "up"])?;
+    inet.exec(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        &format!("{INTERNET_IP6}/64"),
+        "dev",
+        "eth0",
+        "nodad",
+    ])?;
     for dst in ["10.77.0.0/24", "10.78.0.0/16"] {
         inet.exec(&["ip", "route", "add", dst, "via", INFRA_INET_IP])?;
+    }
+    for dst in ["fd77::/64", "fd78::/16"] {
+        inet.exec(&["ip", "-6", "route", "add", dst, "via", INFRA_INET_IP6])?;
     }
     Ok(inet)
 }
 
-/// A TCP server in a namespace that writes the peer's address (`a.b.c.d\n`) and closes; stopped on
-/// drop.
+/// A TCP server in a namespace (IPv4 and IPv6; the namespace must have `bindv6only`) that writes
+/// the peer's address (`a.b.c.d\n`, `fd78:1::a\n`) and closes; stopped on drop.
 pub struct WhoAmI {
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl WhoAmI {
     pub fn start(netns: &str) -> Result<WhoAmI> {
         let ns = netns.to_string();
-        let listener = std::thread::spawn(move || -> Result<TcpListener> {
+        let listeners = std::thread::spawn(move || -> Result<Vec<TcpListener>> {
             enter(&ns)?;
-            let l = TcpListener::bind((Ipv4Addr::UNSPECIFIED, WHOAMI_PORT))
-                .with_context(|| format!("binding who-am-I :{WHOAMI_PORT} in {ns}"))?;
-            l.set_nonblocking(true)?;
-            Ok(l)
+            let any: [IpAddr; 2] = [Ipv4Addr::UNSPECIFIED.into(), Ipv6Addr::UNSPECIFIED.into()];
+            any.into_iter()
+                .map(|ip| {
+                    let l = TcpListener::bind((ip, WHOAMI_PORT)).with_context(|| {
+                        format!("binding who-am-I [{ip}]:{WHOAMI_PORT} in {ns}")
+                    })?;
+                    l.set_nonblocking(true)?;
+                    Ok(l)
+                })
+                .collect()
         })
         .join()
         .map_err(|_| anyhow::anyhow!("who-am-I setup panicked"))??;
         let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::spawn(move || {
-            while !s.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((mut c, peer)) => {
-                        let _ = c.set_nonblocking(false);
-                        let _ = writeln!(c, "{}", peer.ip());
+        let threads = listeners
+            .into_iter()
+            .map(|listener| {
+                let s = stop.clone();
+                std::thread::spawn(move || {
+                    while !s.load(Ordering::Relaxed) {
+                        match listener.accept() {
+                            Ok((mut c, peer)) => {
+                                let _ = c.set_nonblocking(false);
+                                let _ = writeln!(c, "{}", peer.ip());
+                            }
+                            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                                std::thread::sleep(Duration::from_millis(10))
+                            }
+                            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                        }
                     }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_millis(10))
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
-                }
-            }
-        });
-        Ok(WhoAmI {
-            stop,
-            thread: Some(thread),
-        })
+                })
+            })
+            .collect();
+        Ok(WhoAmI { stop, threads })
     }
 }
 
 impl Drop for WhoAmI {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
@@ -140,7 +204,13 @@ impl Drop for WhoAmI {
 
 /// Connects from `netns` to a who-am-I server at `dst:port` and returns the address it saw, or
 /// `None` when the connection fails (blocked, timed out).
-pub fn seen_as(netns: &str, dst: Ipv4Addr, port: u16, timeout: Duration) -> Result<Option<String>> {
+pub fn seen_as(
+    netns: &str,
+    dst: impl Into<IpAddr>,
+    port: u16,
+    timeout: Duration,
+) -> Result<Option<String>> {
+    let dst = dst.into();
     let ns = netns.to_string();
     std::thread::spawn(move || -> Result<Option<String>> {
         enter(&ns)?;
@@ -421,13 +491,14 @@ fn yaml(v: &serde_json::Value) -> String {
     serde_yaml::to_string(v).expect("yaml")
 }
 
-/// An IPPool document.
+/// An IPPool document (block size /32 or /128, so that small pools are valid).
 pub fn ip_pool(name: &str, cidr: &str, nat_outgoing: bool, disabled: bool) -> String {
+    let block = if cidr.contains(':') { 128 } else { 32 };
     yaml(&json!({
         "apiVersion": "projectcalico.org/v3", "kind": "IPPool",
         "metadata": {"name": name},
         "spec": {"cidr": cidr, "natOutgoing": nat_outgoing, "disabled": disabled,
-                 "blockSize": 32, "nodeSelector": "all()"},
+                 "blockSize": block, "nodeSelector": "all()"},
     }))
 }
 

@@ -10,18 +10,19 @@
 //! * `pool-node1` 10.78.1.0/24 natOutgoing: `nat/out` .10, `svc/client` .11, `dnsc/isolated` .12
 //! * `pool-plain` 10.78.2.8/30 no NAT: `nat/peer` .10, `nat/plain` .11
 //! * `pool-old` 10.78.2.12/30 natOutgoing, disabled: `nat/old` .12, `svc/backend` .13, `dns/dns` .14
+//! * IPv6: `pool-node1-v6` fd78:1::/64 natOutgoing, `pool-node2-v6` fd78:2::/64 no NAT
 //!
 //! Prints a PASS/FAIL line per check and `N passed, M failed`.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use felixrs_e2e::cluster::Cluster;
 use felixrs_e2e::driver::{Agent, Etcd, Proc, binary, controller_sync, start_etcd, wait_for};
 use felixrs_e2e::nat::{
-    self, INTERNET_IP, PodSpec, ServicePort, WHOAMI_PORT, WhoAmI, foreign_nat_lines, ip_pool,
-    resolve_a, seen_as,
+    self, INTERNET_IP, INTERNET_IP6, PodSpec, ServicePort, WHOAMI_PORT, WhoAmI, foreign_nat_lines,
+    ip_pool, resolve_a, seen_as,
 };
 use felixrs_e2e::traffic::{Probe, Proto, Servers, probe_once};
 use felixrs_test_support::{require_root, require_tools};
@@ -108,6 +109,8 @@ fn extra(plain_nat: bool, node1_pool: bool, backend_from: &str) -> Vec<String> {
         docs.push(ip_pool("pool-node1", "10.78.1.0/24", true, false));
     }
     docs.push(ip_pool("pool-plain", "10.78.2.8/30", plain_nat, false));
+    docs.push(ip_pool("pool-node1-v6", "fd78:1::/64", true, false));
+    docs.push(ip_pool("pool-node2-v6", "fd78:2::/64", false, false));
     docs.push(ip_pool("pool-old", "10.78.2.12/30", true, true));
     docs.push(format!(
         "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: backend, namespace: svc}}\n\
@@ -146,7 +149,8 @@ impl Env {
 
     /// Polls until `from` reaches the who-am-I server at `dst` and is seen as `want` (`None`: must
     /// not connect at all).
-    fn expect_seen(&self, from: &str, dst: Ipv4Addr, want: Option<&str>) -> Result<()> {
+    fn expect_seen(&self, from: &str, dst: impl Into<IpAddr>, want: Option<&str>) -> Result<()> {
+        let dst: IpAddr = dst.into();
         let ns = self.pod_ns(from);
         let mut last = None;
         let ok = wait_for(SETTLE, || {
@@ -319,6 +323,11 @@ fn nat_outgoing(env: &mut Env) -> Result<Vec<String>> {
     // Pod to pod inside one pool and across pools on one node: never masqueraded.
     env.expect_seen("nat/plain", peer, Some("10.78.2.11"))?;
     env.expect_seen("nat/old", peer, Some("10.78.2.12"))?;
+    // IPv6 the same way, with the v6 pools and the cali60 sets.
+    env.expect_seen("nat/out", INTERNET_IP6, Some("fd77::11"))?;
+    env.expect_seen("nat/plain", INTERNET_IP6, Some("fd78:2::b"))?;
+    let peer6 = env.cluster.pod("nat/peer").ip6;
+    env.expect_seen("nat/out", peer6, Some("fd78:1::a"))?;
     env.foreign_intact()
 }
 
@@ -436,7 +445,7 @@ fn nat_outgoing_services_and_dns() {
     };
     let r = nat_outgoing(&mut env);
     report(
-        "nat-outgoing: internet sees the node, pods see the pod; plain pool unmasqueraded; disabled pool keeps NAT",
+        "nat-outgoing (IPv4 and IPv6): internet sees the node, pods see the pod; plain pool unmasqueraded; disabled pool keeps NAT",
         r,
     );
     let r = pool_change_and_delete(&mut env);
