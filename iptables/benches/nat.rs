@@ -105,7 +105,11 @@ fn main() {
             let out = runner
                 .run("ipset", &["restore"], Some(p.as_bytes()))
                 .unwrap();
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         let b = t.elapsed() / 2;
         // Leave the kernel where the applier believes it is.

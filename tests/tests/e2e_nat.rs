@@ -56,6 +56,8 @@ struct Env {
     _dnsmasq: Proc,
     /// Each node's foreign nat lines as written before the agents started.
     foreign: Vec<Vec<String>>,
+    /// The datastore revision of the last sync.
+    rev: i64,
 }
 
 fn services() -> Vec<ServicePort> {
@@ -136,6 +138,7 @@ impl Env {
         for a in &mut self.agents {
             a.wait_applied(rev, APPLY_TIMEOUT)?;
         }
+        self.rev = rev;
         Ok(())
     }
 
@@ -292,6 +295,7 @@ fn start_env() -> Result<Env> {
         _whoami: whoami,
         _dnsmasq: dnsmasq,
         foreign,
+        rev: 0,
     };
     env.sync(&extra(false, true, "client"))?;
     for n in &env.cluster.nodes {
@@ -310,6 +314,7 @@ fn start_env() -> Result<Env> {
     for a in &mut env.agents {
         a.wait_applied(rev, APPLY_TIMEOUT)?;
     }
+    env.rev = rev;
     Ok(env)
 }
 
@@ -416,6 +421,30 @@ fn dns_for_isolated_pod(env: &mut Env) -> Result<Vec<String>> {
     env.foreign_intact()
 }
 
+fn restart_keeps_nat(env: &mut Env) -> Result<Vec<String>> {
+    let mut failures = Vec::new();
+    env.expect_seen("nat/out", INTERNET_IP, Some(NODE1_IP))?;
+    let node1 = &env.cluster.nodes[0].ns;
+    let before =
+        masq_rule(node1)?.ok_or_else(|| anyhow::anyhow!("no MASQUERADE rule on node-1"))?;
+    env.agents[0].kill();
+    // The kernel keeps NAT while no agent runs.
+    env.expect_seen("nat/out", INTERNET_IP, Some(NODE1_IP))?;
+    let node1 = &env.cluster.nodes[0].ns;
+    env.agents[0].restart(node1)?;
+    env.agents[0].wait_applied(env.rev, APPLY_TIMEOUT)?;
+    env.expect_seen("nat/out", INTERNET_IP, Some(NODE1_IP))?;
+    let node1 = &env.cluster.nodes[0].ns;
+    let after = masq_rule(node1)?.ok_or_else(|| anyhow::anyhow!("MASQUERADE rule gone"))?;
+    if after.1 != before.1 || after.0 <= before.0 {
+        failures.push(format!(
+            "restart rewrote cali-nat-outgoing: before {before:?}, after {after:?}"
+        ));
+    }
+    failures.extend(env.foreign_intact()?);
+    Ok(failures)
+}
+
 #[test]
 fn nat_outgoing_services_and_dns() {
     require_root();
@@ -461,6 +490,11 @@ fn nat_outgoing_services_and_dns() {
     let r = dns_for_isolated_pod(&mut env);
     report(
         "DNS through a service VIP (dnsmasq) for an ingress-isolated pod",
+        r,
+    );
+    let r = restart_keeps_nat(&mut env);
+    report(
+        "agent restart: NAT kept throughout, nat rules not rewritten",
         r,
     );
     println!(
