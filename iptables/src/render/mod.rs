@@ -137,8 +137,8 @@ pub struct RenderConfig {
     /// Felix `WorkloadSourceSpoofing`: whether endpoints' `allowSpoofedSourcePrefixes` are honoured.
     pub workload_source_spoofing: SourceSpoofing,
     /// `MASQUERADE --random-fully` in `cali-nat-outgoing`: Felix adds it when iptables >= 1.6.2
-    /// and the kernel >= 3.14 support it (its `MASQFullyRandom` feature), true on every system
-    /// felixrs supports (iptables 1.8).
+    /// and the kernel >= 3.14 support it (its `MASQFullyRandom` feature); the agent detects it
+    /// (`apply::detect_masquerade_fully_random`), the default (and `felixrs render`) assumes it.
     pub masquerade_random_fully: bool,
 }
 
