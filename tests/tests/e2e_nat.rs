@@ -139,6 +139,11 @@ impl Env {
             a.wait_applied(rev, APPLY_TIMEOUT)?;
         }
         self.rev = rev;
+        // Every apply leaves kube-proxy's and Docker's nat rules exactly as they were.
+        let broken = self.foreign_intact()?;
+        if !broken.is_empty() {
+            bail!("after applying revision {rev}: {}", broken.join("\n"));
+        }
         Ok(())
     }
 
