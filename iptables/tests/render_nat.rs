@@ -93,6 +93,18 @@ fn masquerade_from_nat_pools_to_outside_all_pools_per_family() {
         members(&r, IpVersion::V6, "cali60all-ipam-pools").unwrap(),
         ["fd78:1::/64"]
     );
+    // The rule id is hashed over Felix's own text of the rule (match_builder.go SourceIPSet /
+    // NotDestIPSet, actions.go MasqAction with MASQFullyRandom).
+    let felix: Vec<String> = r
+        .chain(v4, TableName::Nat, "cali-nat-outgoing")
+        .unwrap()
+        .iter()
+        .map(|rule| rule.felix_text())
+        .collect();
+    assert_eq!(
+        felix,
+        ["-m set --match-set cali40masq-ipam-pools src -m set ! --match-set cali40all-ipam-pools dst --jump MASQUERADE --random-fully"]
+    );
     assert!(assert_parses_back(&r, v4) > 0);
     r.take_delta(v4);
     r.take_delta(IpVersion::V6);
