@@ -103,7 +103,9 @@ fn masquerade_from_nat_pools_to_outside_all_pools_per_family() {
         .collect();
     assert_eq!(
         felix,
-        ["-m set --match-set cali40masq-ipam-pools src -m set ! --match-set cali40all-ipam-pools dst --jump MASQUERADE --random-fully"]
+        [
+            "-m set --match-set cali40masq-ipam-pools src -m set ! --match-set cali40all-ipam-pools dst --jump MASQUERADE --random-fully"
+        ]
     );
     assert!(assert_parses_back(&r, v4) > 0);
     r.take_delta(v4);
