@@ -73,6 +73,10 @@
 //!   "RETURN if pass bit" would then skip the rest of the profile (possibly a Deny, so a later
 //!   profile could allow). Found by the endpoint-chain property test in `render_eval.rs`.
 //! * A negated CIDR list that only holds other-family CIDRs is dropped instead of the whole rule.
+//! * The IP pool sets (`cali40all-ipam-pools`, `cali40masq-ipam-pools`) exist only while
+//!   `cali-nat-outgoing` references them (no masquerading pool: no rule, no sets), as every set
+//!   here; Felix's masq manager creates both sets up front. Felix's v3.32 set id `all-ipam-pools`
+//!   is used (master renamed it `network-ip-pools`). Pools are keyed by resource name, not CIDR.
 //! * Human comments are cut to 255 bytes (the kernel's limit), not 256.
 //! * Names with characters outside `[A-Za-z0-9._:/-]` are always hashed into chain names.
 //! * A policy that cannot be rendered safely (ports without a port protocol, ICMP fields without
