@@ -390,6 +390,39 @@ pub fn resolve_a(
     .map_err(|_| anyhow::anyhow!("dns client panicked"))?
 }
 
+/// [`resolve_a`] over TCP (RFC 1035 §4.2.2: each message is prefixed with its 2-byte length).
+pub fn resolve_a_tcp(
+    netns: &str,
+    server: Ipv4Addr,
+    name: &str,
+    timeout: Duration,
+) -> Result<Option<Ipv4Addr>> {
+    let ns = netns.to_string();
+    let name = name.to_string();
+    std::thread::spawn(move || -> Result<Option<Ipv4Addr>> {
+        enter(&ns)?;
+        let Ok(mut s) = TcpStream::connect_timeout(&SocketAddr::from((server, 53)), timeout) else {
+            return Ok(None);
+        };
+        s.set_read_timeout(Some(timeout))?;
+        let id: u16 = (std::process::id() as u16) ^ 0x7443;
+        let query = dns_query(id, &name)?;
+        s.write_all(&(query.len() as u16).to_be_bytes())?;
+        s.write_all(&query)?;
+        let mut len = [0u8; 2];
+        if s.read_exact(&mut len).is_err() {
+            return Ok(None);
+        }
+        let mut msg = vec![0u8; u16::from_be_bytes(len) as usize];
+        if s.read_exact(&mut msg).is_err() {
+            return Ok(None);
+        }
+        parse_a(&msg, id)
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("dns client panicked"))?
+}
+
 fn dns_query(id: u16, name: &str) -> Result<Vec<u8>> {
     let mut q = Vec::with_capacity(32 + name.len());
     q.extend_from_slice(&id.to_be_bytes());

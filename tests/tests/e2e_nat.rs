@@ -22,7 +22,7 @@ use felixrs_e2e::cluster::Cluster;
 use felixrs_e2e::driver::{Agent, Etcd, Proc, binary, controller_sync, start_etcd, wait_for};
 use felixrs_e2e::nat::{
     self, INTERNET_IP, INTERNET_IP6, PodSpec, ServicePort, WHOAMI_PORT, WhoAmI, foreign_nat_lines,
-    ip_pool, resolve_a, seen_as,
+    ip_pool, resolve_a, resolve_a_tcp, seen_as,
 };
 use felixrs_e2e::traffic::{Probe, Proto, Servers, probe_once};
 use felixrs_test_support::{require_root, require_tools};
@@ -415,6 +415,11 @@ fn dns_for_isolated_pod(env: &mut Env) -> Result<Vec<String>> {
     });
     if got.is_none() {
         bail!("dnsc/isolated could not resolve {WEB_NAME} via {DNS_VIP}: {last:?}");
+    }
+    // Over TCP too: the SYN-ACK and the answer come back to the isolated pod through conntrack.
+    let tcp = resolve_a_tcp(&ns, DNS_VIP, WEB_NAME, PROBE_TIMEOUT)?;
+    if tcp != Some(WEB_VIP) {
+        bail!("dnsc/isolated over TCP resolved {WEB_NAME} to {tcp:?}");
     }
     // And the name it got works for a pod the backend admits.
     let ns = env.pod_ns("svc/client");
