@@ -6,8 +6,10 @@
 //!
 //! Ordering guarantee of a flushed batch (see `graph`): `IpSetCreated` / member deltas, then
 //! `PolicyUpdated`, then `ProfileUpdated`, then `EndpointUpdated`; then removals in reverse:
-//! `EndpointRemoved`, `ProfileRemoved`, `PolicyRemoved`, `IpSetRemoved`; `InSync` last (once).
-//! Nothing references an IP set, policy or profile that an earlier output has not created.
+//! `EndpointRemoved`, `ProfileRemoved`, `PolicyRemoved`, `IpSetRemoved`; then `IpPoolUpdated` /
+//! `IpPoolRemoved` (as Felix sends IP-pool updates after the policy state); `InSync` last (once).
+//! Nothing references an IP set, policy or profile that an earlier output has not created; pools
+//! reference nothing (the dataplane derives its all-pools / masquerade-pools sets from them).
 
 use std::fmt;
 use std::net::IpAddr;
@@ -207,6 +209,22 @@ pub struct LocalEndpoint {
     pub allow_spoofed_source_prefixes: Vec<IpNet>,
 }
 
+/// An IP pool as the dataplane needs it (Felix's `proto.IPAMPool`): the nat table masquerades
+/// traffic from a `masquerade` pool to destinations outside every pool. Disabled pools are
+/// included (disabling only stops new allocations); `load_balancer_only` pools hold no pod
+/// addresses and are left out of the all-pools set.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IpPool {
+    /// The IPPool resource's name.
+    pub name: String,
+    /// The pool's CIDR (validated: no host bits).
+    pub cidr: IpNet,
+    /// `natOutgoing`.
+    pub masquerade: bool,
+    /// `allowedUses: [LoadBalancer]`.
+    pub load_balancer_only: bool,
+}
+
 /// One output of the calculation graph. See the module docs for batch ordering.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Output {
@@ -232,6 +250,10 @@ pub enum Output {
     ProfileRemoved(String),
     PolicyRemoved(PolicyId),
     IpSetRemoved(IpSetId),
+    /// An IP pool was created or changed (keyed by name).
+    IpPoolUpdated(IpPool),
+    /// An IP pool was deleted (or became invalid).
+    IpPoolRemoved(String),
     /// The datastore's initial snapshot has been fully processed; emitted once, at the end of the
     /// first batch flushed after the `InSync` input.
     InSync,

@@ -83,6 +83,15 @@ enum Op {
         present: bool,
         pass: bool,
     },
+    Pool {
+        idx: u8,
+        net: u8,
+        nat: bool,
+        disabled: bool,
+    },
+    DelPool {
+        idx: u8,
+    },
     Flush,
     InSync,
 }
@@ -108,6 +117,9 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(idx, ns, app, net)| Op::NetSet { idx, ns, app, net }),
         1 => (0u8..2, proptest::option::of(0u8..2)).prop_map(|(idx, ns)| Op::DelNetSet { idx, ns }),
         1 => (any::<bool>(), any::<bool>()).prop_map(|(present, pass)| Op::SecTier { present, pass }),
+        1 => (0u8..3, 0u8..3, any::<bool>(), any::<bool>())
+            .prop_map(|(idx, net, nat, disabled)| Op::Pool { idx, net, nat, disabled }),
+        1 => (0u8..3).prop_map(|idx| Op::DelPool { idx }),
         3 => Just(Op::Flush),
         1 => Just(Op::InSync),
     ]
@@ -295,6 +307,22 @@ fn to_update(op: &Op) -> Option<Update> {
                 del(Kind::Tier, None, "sec")
             }
         }
+        Op::Pool {
+            idx,
+            net,
+            nat,
+            disabled,
+        } => upd(calc_graph::model::IpPool {
+            metadata: calc_graph::model::Metadata::named(format!("pool{idx}")),
+            spec: calc_graph::model::IpPoolSpec {
+                cidr: ["10.0.0.0/16", "10.1.0.0/16", "fd00::/64"][net as usize].into(),
+                nat_outgoing: nat,
+                disabled,
+                ..Default::default()
+            },
+            status: None,
+        }),
+        Op::DelPool { idx } => del(Kind::IpPool, None, &format!("pool{idx}")),
         Op::Flush | Op::InSync => return None,
     })
 }
@@ -347,6 +375,23 @@ fn run_ops(ops: &[Op], linger: (usize, usize), reoptimize: u64) -> Result<(), Te
     prop_assert_eq!(&dp.policies, &want.policies);
     prop_assert_eq!(&dp.profiles, &want.profiles);
     prop_assert_eq!(&dp.endpoints, &want.endpoints);
+    // Every pool in the datastore, disabled or not, reaches the dataplane as it is now.
+    let want_pools: BTreeMap<String, calc_graph::proto::IpPool> = state
+        .values()
+        .filter_map(|r| match r {
+            Resource::IpPool(p) => Some((
+                p.metadata.name.clone(),
+                calc_graph::proto::IpPool {
+                    name: p.metadata.name.clone(),
+                    cidr: p.spec.cidr()?,
+                    masquerade: p.spec.nat_outgoing,
+                    load_balancer_only: false,
+                },
+            )),
+            _ => None,
+        })
+        .collect();
+    prop_assert_eq!(&dp.pools, &want_pools);
     let s = g.stats();
     prop_assert_eq!(s.ip_sets, want.sets.len());
     prop_assert_eq!(

@@ -39,9 +39,17 @@ fn renders_the_demo_cluster_for_node_1() {
         "Start of tier security",
         "198.51.100.0/24",
         "Unknown interface",
+        // The IP pools: nat-outgoing in the nat table, the pool sets filled first.
+        "# iptables-restore --noflush (IPv4, nat)",
+        "-A cali-nat-outgoing -m comment --comment \"cali:",
+        "-m set --match-set cali40masq-ipam-pools src -m set ! --match-set cali40all-ipam-pools dst -j MASQUERADE --random-fully",
+        "add cali40masq-ipam-pools 10.65.0.0/16",
+        "add cali40all-ipam-pools 10.65.0.0/16",
     ] {
         assert!(text.contains(want), "missing {want:?} in:\n{text}");
     }
+    // The IPv6 pool does not masquerade: no rule, so no (unreferenced) IPv6 pool sets.
+    assert!(!text.contains("cali60all-ipam-pools"), "{text}");
     // node-2's pods get no endpoint chains on node-1: two local endpoints, two cali-tw chains.
     let tw = text.lines().filter(|l| l.starts_with(":cali-tw-")).count();
     assert_eq!(tw, 4, "two endpoints x two families:\n{text}");

@@ -90,6 +90,33 @@ pub struct SyncArgs {
     /// This replica's name in the election (default: hostname-pid).
     #[arg(long, env = "POLICY_CONTROLLER_IDENTITY")]
     pub identity: Option<String>,
+    /// Create the IPv4 IP pool `default-ipv4-ippool` with this CIDR (calico-node's
+    /// `CALICO_IPV4POOL_CIDR`); a manifest IPPool of that name wins.
+    #[arg(long, env = "CALICO_IPV4POOL_CIDR")]
+    pub default_ipv4_pool_cidr: Option<String>,
+    /// natOutgoing of `default-ipv4-ippool` (`CALICO_IPV4POOL_NAT_OUTGOING`).
+    #[arg(long, env = "CALICO_IPV4POOL_NAT_OUTGOING", default_value_t = true,
+          action = clap::ArgAction::Set)]
+    pub default_ipv4_pool_nat_outgoing: bool,
+    /// Create the IPv6 IP pool `default-ipv6-ippool` with this CIDR (`CALICO_IPV6POOL_CIDR`).
+    #[arg(long, env = "CALICO_IPV6POOL_CIDR")]
+    pub default_ipv6_pool_cidr: Option<String>,
+    /// natOutgoing of `default-ipv6-ippool` (`CALICO_IPV6POOL_NAT_OUTGOING`).
+    #[arg(long, env = "CALICO_IPV6POOL_NAT_OUTGOING", default_value_t = false,
+          action = clap::ArgAction::Set)]
+    pub default_ipv6_pool_nat_outgoing: bool,
+}
+
+impl SyncArgs {
+    /// The default pools the flags ask for.
+    pub fn default_pools(&self) -> crate::default_pools::DefaultPools {
+        crate::default_pools::DefaultPools {
+            ipv4_cidr: self.default_ipv4_pool_cidr.clone(),
+            ipv4_nat_outgoing: self.default_ipv4_pool_nat_outgoing,
+            ipv6_cidr: self.default_ipv6_pool_cidr.clone(),
+            ipv6_nat_outgoing: self.default_ipv6_pool_nat_outgoing,
+        }
+    }
 }
 
 /// The `--once` result line.
@@ -141,7 +168,11 @@ pub async fn run_sync(a: SyncArgs) -> anyhow::Result<()> {
         interface_prefix: a.interface_prefix.clone(),
     };
     opts.validate().map_err(anyhow::Error::msg)?;
-    let set = manifests::load_manifests(&a.manifests, &opts)?;
+    let default_pools = a.default_pools().resources().map_err(anyhow::Error::msg)?;
+    let mut set = manifests::load_manifests(&a.manifests, &opts)?;
+    for (key, pool) in default_pools {
+        set.resources.entry(key).or_insert(pool);
+    }
     for s in &set.skipped {
         tracing::warn!("skipping manifest object: {s}");
     }

@@ -22,6 +22,7 @@
 
 pub mod cli;
 pub mod convert;
+pub mod default_pools;
 pub mod election;
 pub mod etcd_tls;
 pub mod index;

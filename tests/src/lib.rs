@@ -14,6 +14,7 @@ pub mod driver;
 pub mod env;
 pub mod evaluator;
 pub mod harness;
+pub mod nat;
 pub mod strict;
 pub mod traffic;
 pub mod world;

@@ -19,6 +19,8 @@
 //!   from every endpoint and network set in the cluster; a set no rule needs any more lingers
 //!   (bounded, [`CalcGraph::set_ip_set_lingering`]) so that a flapping policy is cheap;
 //! * per local endpoint, the ordered tiers and policies per direction ([`resolver`]);
+//! * IP pools (every valid pool, disabled ones included, as Felix's `IPAMPoolUpdate`s: the
+//!   dataplane's nat-outgoing needs every pool on every node);
 //! * output sequencing and coalescing ([`sequencer`]).
 //!
 //! Everything is incremental: selectors are indexed by label posting lists ([`index`]), so a pod
@@ -62,7 +64,7 @@ use std::sync::Arc;
 
 use crate::model::{Kind, Profile, Resource, ResourceKey};
 use crate::proto::{
-    ActivePolicy, ActiveProfile, EndpointId, IpSetKind, IpSetMember, LocalEndpoint, Output,
+    ActivePolicy, ActiveProfile, EndpointId, IpPool, IpSetKind, IpSetMember, LocalEndpoint, Output,
     PolicyId,
 };
 
@@ -156,6 +158,8 @@ pub struct CalcGraph {
     deny_all: Arc<ScannedRules>,
     tiers: Tiers,
     ipsets: IpSets,
+    /// Valid IP pools by name (every pool, enabled or not: Felix masquerades from disabled ones).
+    pools: BTreeMap<String, IpPool>,
     seq: Sequencer,
     errors: Vec<(ResourceKey, String)>,
     /// Rules that failed safe, per policy/profile (current state, not events).
@@ -187,6 +191,7 @@ impl CalcGraph {
             deny_all: Arc::new(rules::deny_all()),
             tiers: Tiers::default(),
             ipsets: IpSets::default(),
+            pools: BTreeMap::new(),
             seq: Sequencer::default(),
             errors: Vec::new(),
             failed_safe: BTreeMap::new(),
@@ -393,6 +398,26 @@ impl CalcGraph {
                 for id in ids {
                     self.seq.endpoint_dirty(&id);
                 }
+            }
+            Kind::IpPool => {
+                let pool = match value {
+                    Some(Resource::IpPool(p)) => p.spec.cidr().map(|cidr| IpPool {
+                        name: key.name.clone(),
+                        cidr,
+                        masquerade: p.spec.nat_outgoing,
+                        load_balancer_only: p.spec.is_load_balancer_only(),
+                    }),
+                    _ => None,
+                };
+                match pool {
+                    Some(p) => {
+                        self.pools.insert(key.name.clone(), p);
+                    }
+                    None => {
+                        self.pools.remove(&key.name);
+                    }
+                }
+                self.seq.pool_dirty(&key.name);
             }
             Kind::StagedNetworkPolicy
             | Kind::StagedGlobalNetworkPolicy
@@ -711,6 +736,10 @@ impl CalcGraph {
 }
 
 impl Desired for CalcGraph {
+    fn ip_pool(&self, name: &str) -> Option<IpPool> {
+        self.pools.get(name).cloned()
+    }
+
     fn ip_set(&self, id: &str) -> Option<(IpSetKind, Arc<[IpSetMember]>)> {
         let set = self.ipsets.get(id)?;
         Some((set.kind, set.sorted_members()))

@@ -10,7 +10,7 @@
 //!
 //! Order of a flushed batch (see `proto`): `IpSetCreated`, member deltas, `PolicyUpdated`,
 //! `ProfileUpdated`, `EndpointUpdated`, then `EndpointRemoved`, `ProfileRemoved`, `PolicyRemoved`,
-//! `IpSetRemoved`, and `InSync` once. Within a group, outputs are sorted by id. Because the graph's
+//! `IpSetRemoved`, then `IpPoolUpdated`, `IpPoolRemoved`, and `InSync` once. Within a group, outputs are sorted by id. Because the graph's
 //! desired state is closed (every active policy's sets are active, every local endpoint's policies
 //! and profiles are active), creations-before-updates-before-removals means no output references
 //! anything not yet created or already removed.
@@ -24,8 +24,8 @@ use std::sync::Arc;
 use super::intern::{FxMap, FxSet};
 
 use crate::proto::{
-    ActivePolicy, ActiveProfile, EndpointId, IpSetId, IpSetKind, IpSetMember, LocalEndpoint,
-    Output, PolicyId,
+    ActivePolicy, ActiveProfile, EndpointId, IpPool, IpSetId, IpSetKind, IpSetMember,
+    LocalEndpoint, Output, PolicyId,
 };
 
 /// The graph's current desired state, queried on flush.
@@ -36,6 +36,7 @@ pub(crate) trait Desired {
     fn policy(&self, id: &PolicyId) -> Option<ActivePolicy>;
     fn profile(&self, id: &str) -> Option<ActiveProfile>;
     fn endpoint(&self, id: &EndpointId) -> Option<LocalEndpoint>;
+    fn ip_pool(&self, name: &str) -> Option<IpPool>;
 }
 
 /// What happened to an IP set since the last flush.
@@ -73,6 +74,8 @@ pub(crate) struct Sequencer {
     dirty_profiles: FxSet<String>,
     emitted_endpoints: FxMap<EndpointId, LocalEndpoint>,
     dirty_endpoints: FxSet<EndpointId>,
+    emitted_pools: FxMap<String, IpPool>,
+    dirty_pools: FxSet<String>,
 }
 
 impl Sequencer {
@@ -159,12 +162,19 @@ impl Sequencer {
         }
     }
 
+    pub(crate) fn pool_dirty(&mut self, name: &str) {
+        if !self.dirty_pools.contains(name) {
+            self.dirty_pools.insert(name.to_string());
+        }
+    }
+
     /// Whether anything is waiting to be flushed.
     pub(crate) fn has_pending(&self) -> bool {
         !self.dirty_sets.is_empty()
             || !self.dirty_policies.is_empty()
             || !self.dirty_profiles.is_empty()
             || !self.dirty_endpoints.is_empty()
+            || !self.dirty_pools.is_empty()
             || (self.in_sync && !self.sent_in_sync)
     }
 
@@ -240,6 +250,13 @@ impl Sequencer {
             Output::EndpointUpdated,
             Output::EndpointRemoved,
         );
+        let (pool_updates, pool_removals) = diff(
+            &mut self.dirty_pools,
+            &mut self.emitted_pools,
+            |name| d.ip_pool(name),
+            Output::IpPoolUpdated,
+            Output::IpPoolRemoved,
+        );
 
         let mut out = created;
         out.extend(deltas);
@@ -250,6 +267,8 @@ impl Sequencer {
         out.extend(profile_removals);
         out.extend(policy_removals);
         out.extend(set_removals);
+        out.extend(pool_updates);
+        out.extend(pool_removals);
         if !self.sent_in_sync {
             self.sent_in_sync = true;
             out.push(Output::InSync);

@@ -31,11 +31,12 @@ pub enum Kind {
     StagedNetworkPolicy,
     StagedGlobalNetworkPolicy,
     StagedKubernetesNetworkPolicy,
+    IpPool,
 }
 
 impl Kind {
     /// Every kind, in declaration order.
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 12] = [
         Kind::NetworkPolicy,
         Kind::GlobalNetworkPolicy,
         Kind::Tier,
@@ -47,6 +48,7 @@ impl Kind {
         Kind::StagedNetworkPolicy,
         Kind::StagedGlobalNetworkPolicy,
         Kind::StagedKubernetesNetworkPolicy,
+        Kind::IpPool,
     ];
 
     /// The lower-case plural used in etcd keys (`networkpolicies`).
@@ -63,6 +65,7 @@ impl Kind {
             Kind::StagedNetworkPolicy => "stagednetworkpolicies",
             Kind::StagedGlobalNetworkPolicy => "stagedglobalnetworkpolicies",
             Kind::StagedKubernetesNetworkPolicy => "stagedkubernetesnetworkpolicies",
+            Kind::IpPool => "ippools",
         }
     }
 
@@ -80,6 +83,7 @@ impl Kind {
             Kind::StagedNetworkPolicy => "StagedNetworkPolicy",
             Kind::StagedGlobalNetworkPolicy => "StagedGlobalNetworkPolicy",
             Kind::StagedKubernetesNetworkPolicy => "StagedKubernetesNetworkPolicy",
+            Kind::IpPool => "IPPool",
         }
     }
 
@@ -256,7 +260,8 @@ mod tests {
             assert_eq!(Kind::from_plural(kind.plural()), Some(kind));
             assert_eq!(Kind::from_kind_name(kind.kind_name()), Some(kind));
         }
-        assert_eq!(Kind::from_plural("ippools"), None);
+        assert_eq!(Kind::from_plural("ipamblocks"), None);
+        assert_eq!(Kind::from_plural("ippools"), Some(Kind::IpPool));
         assert_eq!(Kind::from_kind_name("networkpolicy"), None);
     }
 
@@ -304,8 +309,8 @@ mod tests {
                 "missing resource type",
             ),
             (
-                "/calico/resources/v3/projectcalico.org/ippools/p1",
-                "unknown resource type \"ippools\"",
+                "/calico/resources/v3/projectcalico.org/ipamblocks/p1",
+                "unknown resource type \"ipamblocks\"",
             ),
             (
                 "/calico/resources/v3/projectcalico.org/networkpolicies/web",

@@ -25,6 +25,7 @@
 
 pub mod endpoint;
 mod error;
+pub mod ippool;
 mod key;
 pub mod metadata;
 mod names;
@@ -42,6 +43,7 @@ pub use endpoint::{
     EndpointPort, HostEndpoint, HostEndpointSpec, IpNat, WorkloadEndpoint, WorkloadEndpointSpec,
 };
 pub use error::{ModelError, ValidationError};
+pub use ippool::{AllowedUse, AssignmentMode, EncapMode, IpPool, IpPoolSpec};
 pub use key::{API_VERSION, CALICO_PREFIX, Kind, ResourceKey};
 pub use metadata::{Metadata, parse_net};
 pub use names::{

@@ -5,6 +5,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::endpoint::{HostEndpoint, WorkloadEndpoint};
+use super::ippool::IpPool;
 use super::key::{API_VERSION, Kind, ResourceKey, write_segment};
 use super::metadata::Metadata;
 use super::netset::{GlobalNetworkSet, NetworkSet};
@@ -31,6 +32,7 @@ pub enum Resource {
     StagedNetworkPolicy(StagedNetworkPolicy),
     StagedGlobalNetworkPolicy(StagedGlobalNetworkPolicy),
     StagedKubernetesNetworkPolicy(StagedKubernetesNetworkPolicy),
+    IpPool(IpPool),
 }
 
 /// Applies `$body` to the inner value of every variant.
@@ -48,6 +50,7 @@ macro_rules! each_variant {
             Resource::StagedNetworkPolicy($inner) => $body,
             Resource::StagedGlobalNetworkPolicy($inner) => $body,
             Resource::StagedKubernetesNetworkPolicy($inner) => $body,
+            Resource::IpPool($inner) => $body,
         }
     };
 }
@@ -72,7 +75,8 @@ impl_from!(
     GlobalNetworkSet,
     StagedNetworkPolicy,
     StagedGlobalNetworkPolicy,
-    StagedKubernetesNetworkPolicy
+    StagedKubernetesNetworkPolicy,
+    IpPool
 );
 
 /// The output envelope: type meta first, then the resource's own `metadata` and `spec`.
@@ -181,6 +185,7 @@ impl Resource {
             Resource::StagedNetworkPolicy(_) => Kind::StagedNetworkPolicy,
             Resource::StagedGlobalNetworkPolicy(_) => Kind::StagedGlobalNetworkPolicy,
             Resource::StagedKubernetesNetworkPolicy(_) => Kind::StagedKubernetesNetworkPolicy,
+            Resource::IpPool(_) => Kind::IpPool,
         }
     }
 
@@ -296,6 +301,7 @@ impl Resource {
             Kind::StagedKubernetesNetworkPolicy => {
                 Resource::StagedKubernetesNetworkPolicy(decode_as(json, l)?)
             }
+            Kind::IpPool => Resource::IpPool(decode_as(json, l)?),
         };
         let unknown = schema::unknown_field_paths(schema::calico_document(kind), json);
         if !unknown.is_empty() {
@@ -452,10 +458,10 @@ mod tests {
         assert_eq!(err, "resource: a resource must be a JSON object");
         let err = Resource::from_json(b"{not json").unwrap_err().to_string();
         assert!(err.starts_with("resource: key must be a string"), "{err}");
-        let err = Resource::from_json(br#"{"kind":"IPPool","metadata":{"name":"p"}}"#)
+        let err = Resource::from_json(br#"{"kind":"IPAMBlock","metadata":{"name":"p"}}"#)
             .unwrap_err()
             .to_string();
-        assert_eq!(err, "p: unknown kind \"IPPool\"");
+        assert_eq!(err, "p: unknown kind \"IPAMBlock\"");
         let err = Resource::from_json(
             br#"{"apiVersion":"crd.projectcalico.org/v1","kind":"Tier","metadata":{"name":"t"}}"#,
         )

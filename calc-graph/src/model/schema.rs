@@ -198,6 +198,24 @@ static HOST_ENDPOINT_SPEC: Shape = Shape::Object(&[&[
     Field("ports", &Shape::List(&ENDPOINT_PORT)),
 ]]);
 
+static IPIP_CONFIGURATION: Shape = Shape::Object(&[&[Field("enabled", ANY), Field("mode", ANY)]]);
+/// `IPPoolSpec`, with the deprecated v1-compatible `ipip` block and `nat-outgoing` spelling.
+static IP_POOL_SPEC: Shape = Shape::Object(&[&[
+    Field("cidr", ANY),
+    Field("vxlanMode", ANY),
+    Field("ipipMode", ANY),
+    Field("natOutgoing", ANY),
+    Field("disabled", ANY),
+    Field("disableBGPExport", ANY),
+    Field("blockSize", ANY),
+    Field("nodeSelector", ANY),
+    Field("namespaceSelector", ANY),
+    Field("allowedUses", ANY),
+    Field("assignmentMode", ANY),
+    Field("ipip", &IPIP_CONFIGURATION),
+    Field("nat-outgoing", ANY),
+]]);
+
 macro_rules! document {
     ($name:ident, $spec:expr) => {
         static $name: Shape = Shape::Object(&[&envelope(&$spec)]);
@@ -219,6 +237,7 @@ document!(PROFILE_DOC, PROFILE_SPEC);
 document!(NETWORK_SET_DOC, NETWORK_SET_SPEC);
 document!(WORKLOAD_ENDPOINT_DOC, WORKLOAD_ENDPOINT_SPEC);
 document!(HOST_ENDPOINT_DOC, HOST_ENDPOINT_SPEC);
+document!(IP_POOL_DOC, IP_POOL_SPEC);
 
 /// The schema of a Calico v3 document of `kind`.
 pub fn calico_document(kind: super::Kind) -> &'static Shape {
@@ -234,6 +253,7 @@ pub fn calico_document(kind: super::Kind) -> &'static Shape {
         K::NetworkSet | K::GlobalNetworkSet => &NETWORK_SET_DOC,
         K::WorkloadEndpoint => &WORKLOAD_ENDPOINT_DOC,
         K::HostEndpoint => &HOST_ENDPOINT_DOC,
+        K::IpPool => &IP_POOL_DOC,
     }
 }
 

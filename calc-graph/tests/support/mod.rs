@@ -280,6 +280,7 @@ pub struct Dataplane {
     pub policies: BTreeMap<PolicyId, ActivePolicy>,
     pub profiles: BTreeMap<String, ActiveProfile>,
     pub endpoints: BTreeMap<EndpointId, LocalEndpoint>,
+    pub pools: BTreeMap<String, calc_graph::proto::IpPool>,
     pub in_sync: bool,
 }
 
@@ -306,7 +307,9 @@ fn rank(o: &Output) -> u8 {
         Output::ProfileRemoved(_) => 6,
         Output::PolicyRemoved(_) => 7,
         Output::IpSetRemoved(_) => 8,
-        Output::InSync => 9,
+        Output::IpPoolUpdated(_) => 9,
+        Output::IpPoolRemoved(_) => 10,
+        Output::InSync => 11,
     }
 }
 
@@ -321,6 +324,8 @@ fn object(o: &Output) -> String {
         Output::ProfileRemoved(id) => format!("profile {id}"),
         Output::EndpointUpdated(e) => format!("endpoint {}", e.id),
         Output::EndpointRemoved(id) => format!("endpoint {id}"),
+        Output::IpPoolUpdated(p) => format!("pool {}", p.name),
+        Output::IpPoolRemoved(name) => format!("pool {name}"),
         Output::InSync => "in-sync".into(),
     }
 }
@@ -445,6 +450,14 @@ impl Dataplane {
             Output::EndpointRemoved(id) => {
                 if self.endpoints.remove(id).is_none() {
                     return Err(format!("removed unknown endpoint {id}"));
+                }
+            }
+            Output::IpPoolUpdated(p) => {
+                self.pools.insert(p.name.clone(), p.clone());
+            }
+            Output::IpPoolRemoved(name) => {
+                if self.pools.remove(name).is_none() {
+                    return Err(format!("removed unknown pool {name}"));
                 }
             }
             Output::InSync => {

@@ -38,7 +38,7 @@ impl GraphPipeline {
     }
 }
 
-/// Keys under the Calico prefix whose kind the graph does not consume (ippools, nodes,
+/// Keys under the Calico prefix whose kind the graph does not consume (nodes, ipamblocks,
 /// felixconfigurations, ...): kept in the snapshot, never reported as malformed.
 fn is_unconsumed_kind(key: &str) -> bool {
     key.strip_prefix(CALICO_PREFIX)
@@ -301,8 +301,9 @@ mod tests {
 
     #[test]
     fn unconsumed_kinds_are_recognised() {
-        assert!(is_unconsumed_kind(&format!(
-            "{CALICO_PREFIX}ippools/default"
+        assert!(is_unconsumed_kind(&format!("{CALICO_PREFIX}nodes/node-1")));
+        assert!(!is_unconsumed_kind(&format!(
+            "{CALICO_PREFIX}ippools/default-ipv4-ippool"
         )));
         assert!(!is_unconsumed_kind(&format!(
             "{CALICO_PREFIX}networkpolicies/a/b"
@@ -323,6 +324,19 @@ mod tests {
             )
             .unwrap_err();
         assert!(err.contains("only-ns"), "{err}");
+        // IP pools are consumed now: a malformed one is reported, naming the pool and the field.
+        let err = p
+            .update(
+                &format!("{CALICO_PREFIX}ippools/p1"),
+                Some(
+                    br#"{"kind":"IPPool","metadata":{"name":"p1"},"spec":{"cidr":"10.0.0.1/16"}}"#,
+                ),
+            )
+            .unwrap_err();
+        assert!(
+            err.contains("ippools/p1") && err.contains("spec.cidr"),
+            "{err}"
+        );
     }
 }
 

@@ -133,7 +133,11 @@ impl Args {
             .with_env_filter(tracing_subscriber::EnvFilter::try_new(&log).context("--log")?)
             .with_writer(std::io::stderr)
             .init();
-        let render = dataplane_args.render_config();
+        let mut render = dataplane_args.render_config();
+        // As Felix's feature detection: MASQUERADE --random-fully where iptables and the kernel
+        // support it (`felixrs render` assumes they do).
+        render.masquerade_random_fully =
+            iptables::apply::detect_masquerade_fully_random(&ExecRunner::new());
         let dataplane =
             kernel::KernelDataplane::new(ExecRunner::new(), iptables_backend.into(), render)?;
         let pipeline = kernel::GraphPipeline::new(&node_name);

@@ -281,3 +281,53 @@ mod tests {
         );
     }
 }
+
+/// Felix's `MASQFullyRandom` feature (`felix/environment/feature_detect_linux.go`): `MASQUERADE
+/// --random-fully` needs iptables >= 1.6.2 and a kernel >= 3.14. `iptables_version` is what
+/// `iptables -V` prints (`iptables v1.8.9 (nf_tables)`), `kernel_release` the kernel's
+/// `osrelease` (`6.1.0-18-amd64`); anything unparsable counts as unsupported.
+pub fn masquerade_fully_random(iptables_version: &str, kernel_release: &str) -> bool {
+    fn version(s: &str) -> Option<(u32, u32, u32)> {
+        let mut it = s
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|p| !p.is_empty());
+        let major = it.next()?.parse().ok()?;
+        let minor = it.next()?.parse().ok()?;
+        Some((
+            major,
+            minor,
+            it.next().and_then(|p| p.parse().ok()).unwrap_or(0),
+        ))
+    }
+    let ipt = iptables_version
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix('v'))
+        .and_then(version);
+    let kernel = version(kernel_release.trim());
+    matches!((ipt, kernel), (Some(i), Some(k)) if i >= (1, 6, 2) && k >= (3, 14, 0))
+}
+
+/// [`masquerade_fully_random`] for the host the runner runs on (`iptables -V`,
+/// `/proc/sys/kernel/osrelease`).
+pub fn detect_masquerade_fully_random(runner: &dyn Runner) -> bool {
+    let Ok(out) = runner.run("iptables", &["-V"], None) else {
+        return false;
+    };
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    masquerade_fully_random(&String::from_utf8_lossy(&out.stdout), &release)
+}
+
+#[cfg(test)]
+mod fully_random_tests {
+    use super::masquerade_fully_random as f;
+
+    #[test]
+    fn felix_version_thresholds() {
+        assert!(f("iptables v1.8.9 (nf_tables)", "6.1.0-18-amd64"));
+        assert!(f("iptables v1.6.2", "3.14.0"));
+        assert!(!f("iptables v1.6.1", "5.10.0"));
+        assert!(!f("iptables v1.8.7 (legacy)", "3.13.11"));
+        assert!(!f("", "6.1.0"));
+        assert!(!f("iptables v1.8.9", "garbage"));
+    }
+}

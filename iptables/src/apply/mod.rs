@@ -57,7 +57,9 @@ pub mod kernel;
 mod read;
 pub mod runner;
 
-pub use backend::{Backend, Detection, Mode, Reason};
+pub use backend::{
+    Backend, Detection, Mode, Reason, detect_masquerade_fully_random, masquerade_fully_random,
+};
 pub use desired::{
     DesiredRule, DesiredState, DesiredTable, HookPosition, HookRule, IpSetKind, IpSetMember,
     IpSetSpec, IpVersion, TableName,

@@ -129,6 +129,10 @@ pub enum Target {
         group: u16,
         prefix: String,
     },
+    /// `MASQUERADE [--random-fully]` (nat table; Felix's `MasqAction`).
+    Masquerade {
+        random_fully: bool,
+    },
 }
 
 impl Target {
@@ -343,6 +347,14 @@ impl Rule {
                     len: None,
                     threshold: None,
                 },
+                Target::Masquerade { random_fully } => model::Target::Generic {
+                    name: model::Word::new("MASQUERADE")?,
+                    args: if *random_fully {
+                        vec![model::Arg::bare("--random-fully")?]
+                    } else {
+                        Vec::new()
+                    },
+                },
             }),
         };
         Ok(r)
@@ -493,6 +505,11 @@ fn write_target(s: &mut String, t: &Target) {
                 "--jump NFLOG --nflog-group {group} --nflog-prefix {prefix}"
             )
         }
+        Target::Masquerade { random_fully } => write!(
+            s,
+            "--jump MASQUERADE{}",
+            if *random_fully { " --random-fully" } else { "" }
+        ),
     };
 }
 

@@ -51,8 +51,9 @@
 //!   for each endpoint's `allowSpoofedSourcePrefixes`, as Felix does. Policies with
 //!   `untracked`/`pre_dnat` are rendered as normal filter policies only if an endpoint's tiers
 //!   list them.
-//! * nat: the hook chains and the `cali-fip-dnat`/`cali-fip-snat`/`cali-nat-outgoing` leaf chains
-//!   exist but are empty (no floating IPs, no natOutgoing pools in scope).
+//! * nat: the hook chains, `cali-nat-outgoing` from the IP pools ([`nat`]: masquerade from
+//!   natOutgoing pools to destinations outside every pool), and the empty `cali-fip-dnat`/
+//!   `cali-fip-snat` (no floating IPs); no tunnel-device MASQUERADE rules (no IPIP/VXLAN/WireGuard).
 //! * No policy-group chains (`cali-gi-`/`cali-go-`, §2.5): each endpoint jumps to each policy.
 //! * No staged policies, no QoS, no flow logs (the NFLOG rules of §4.3 with flow logs on).
 //! * IPv6 neighbour discovery (ICMPv6 130-133, 135, 136) is accepted where Felix accepts it: at the
@@ -72,6 +73,10 @@
 //!   "RETURN if pass bit" would then skip the rest of the profile (possibly a Deny, so a later
 //!   profile could allow). Found by the endpoint-chain property test in `render_eval.rs`.
 //! * A negated CIDR list that only holds other-family CIDRs is dropped instead of the whole rule.
+//! * The IP pool sets (`cali40all-ipam-pools`, `cali40masq-ipam-pools`) exist only while
+//!   `cali-nat-outgoing` references them (no masquerading pool: no rule, no sets), as every set
+//!   here; Felix's masq manager creates both sets up front. Felix's v3.32 set id `all-ipam-pools`
+//!   is used (master renamed it `network-ip-pools`). Pools are keyed by resource name, not CIDR.
 //! * Human comments are cut to 255 bytes (the kernel's limit), not 256.
 //! * Names with characters outside `[A-Za-z0-9._:/-]` are always hashed into chain names.
 //! * A policy that cannot be rendered safely (ports without a port protocol, ICMP fields without
@@ -85,6 +90,7 @@ pub mod hash;
 pub mod ir;
 pub mod marks;
 pub mod names;
+pub mod nat;
 pub mod rule;
 mod state;
 pub mod static_chains;
@@ -134,6 +140,10 @@ pub struct RenderConfig {
     pub allow_encap_from_workloads: bool,
     /// Felix `WorkloadSourceSpoofing`: whether endpoints' `allowSpoofedSourcePrefixes` are honoured.
     pub workload_source_spoofing: SourceSpoofing,
+    /// `MASQUERADE --random-fully` in `cali-nat-outgoing`: Felix adds it when iptables >= 1.6.2
+    /// and the kernel >= 3.14 support it (its `MASQFullyRandom` feature); the agent detects it
+    /// (`apply::detect_masquerade_fully_random`), the default (and `felixrs render`) assumes it.
+    pub masquerade_random_fully: bool,
 }
 
 impl Default for RenderConfig {
@@ -146,6 +156,7 @@ impl Default for RenderConfig {
             default_endpoint_to_host_action: EndpointToHostAction::Accept,
             allow_encap_from_workloads: false,
             workload_source_spoofing: SourceSpoofing::Disabled,
+            masquerade_random_fully: true,
         }
     }
 }

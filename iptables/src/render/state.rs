@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use calc_graph::proto::{
-    ActivePolicy, ActiveProfile, EndpointId, IpSetId, IpSetKind, IpSetMember, IpVersion,
+    ActivePolicy, ActiveProfile, EndpointId, IpPool, IpSetId, IpSetKind, IpSetMember, IpVersion,
     LocalEndpoint, Output, PolicyId,
 };
 
@@ -20,7 +20,9 @@ use super::hash::escape_comment;
 use super::ir::{Rule, Target};
 use super::marks::MarkBits;
 use super::rule::{RuleCtx, render_profile_rules, render_rules};
-use super::{RenderConfig, RenderError, SourceSpoofing, dispatch, endpoint, names, static_chains};
+use super::{
+    RenderConfig, RenderError, SourceSpoofing, dispatch, endpoint, names, nat, static_chains,
+};
 use crate::apply::{DesiredState, IpSetSpec, TableName};
 
 /// What an endpoint's chains reference, for reference counting.
@@ -53,6 +55,9 @@ pub struct Renderer {
     rpf_skip_dirty: bool,
     waiting_policies: HashSet<PolicyId>,
     waiting_profiles: HashSet<String>,
+    /// IP pools by name; `cali-nat-outgoing` and the pool sets are re-derived when they change.
+    pools: BTreeMap<String, IpPool>,
+    pools_dirty: bool,
     families: [Family; 2],
     in_sync: bool,
 }
@@ -104,6 +109,8 @@ impl Renderer {
             rpf_skip_dirty: false,
             waiting_policies: HashSet::new(),
             waiting_profiles: HashSet::new(),
+            pools: BTreeMap::new(),
+            pools_dirty: false,
             families: [Family::new(IpVersion::V4), Family::new(IpVersion::V6)],
             in_sync: false,
         };
@@ -201,6 +208,15 @@ impl Renderer {
             }
             Output::EndpointUpdated(ep) => return self.update_endpoint(ep),
             Output::EndpointRemoved(id) => self.remove_endpoint(&id),
+            Output::IpPoolUpdated(p) => {
+                if self.pools.get(&p.name) != Some(&p) {
+                    self.pools.insert(p.name.clone(), p);
+                    self.pools_dirty = true;
+                }
+            }
+            Output::IpPoolRemoved(name) => {
+                self.pools_dirty |= self.pools.remove(&name).is_some();
+            }
             Output::InSync => self.in_sync = true,
         }
         Ok(())
@@ -420,6 +436,9 @@ impl Renderer {
                 }
             }
         }
+        if std::mem::take(&mut self.pools_dirty) {
+            self.render_pools();
+        }
         for fi in 0..2 {
             let v = self.families[fi].version;
             for name in std::mem::take(&mut self.families[fi].sets_dirty) {
@@ -432,6 +451,33 @@ impl Renderer {
             }
         }
         errors
+    }
+
+    /// The pool sets' members and `cali-nat-outgoing`. A pool change that keeps some pool
+    /// masquerading in a family only changes set members: the chain is identical, so not rewritten.
+    fn render_pools(&mut self) {
+        let (all, masq) = nat::pool_sets(self.pools.values());
+        for (id, members) in [(nat::ALL_POOLS_SET_ID, all), (nat::MASQ_POOLS_SET_ID, masq)] {
+            for v in [IpVersion::V4, IpVersion::V6] {
+                self.set_ids
+                    .insert(names::ipset_name(v, id), id.to_string());
+            }
+            let changed: Vec<IpSetMember> = match self.ip_sets.get(id) {
+                Some((_, old)) => old.symmetric_difference(&members).cloned().collect(),
+                None => members.iter().cloned().collect(),
+            };
+            self.ip_sets
+                .insert(id.to_string(), (IpSetKind::Net, members));
+            self.mark_set_changed_in(id, families_of(&changed));
+        }
+        for fam in &mut self.families {
+            let rules = nat::nat_outgoing_rules(
+                fam.version,
+                self.pools.values(),
+                self.cfg.masquerade_random_fully,
+            );
+            fam.set_chain(TableName::Nat, static_chains::NAT_OUTGOING.into(), rules);
+        }
     }
 
     fn ctx<'a>(

@@ -238,7 +238,8 @@ impl Tracer<'_> {
             };
             match &rule.target {
                 None | Some(Target::Log { .. } | Target::Nflog { .. }) => step(Effect::Continue),
-                Some(Target::Accept) => {
+                // MASQUERADE (nat table) ends the table's traversal as ACCEPT does.
+                Some(Target::Accept | Target::Masquerade { .. }) => {
                     step(Effect::Accept);
                     return Ok(Outcome::Accept);
                 }

@@ -13,9 +13,10 @@
 //! Checked here: metadata (names per kind, namespace presence, labels, annotations), policies
 //! (tier, order, selectors, types, performance hints, global-policy flag combinations, staged
 //! `Delete` specs), tiers (name, default action, built-in orders), network sets; rules are in
-//! [`rule`], endpoints in [`endpoint`].
+//! [`rule`], endpoints in [`endpoint`], IP pools in [`ippool`].
 
 mod endpoint;
+mod ippool;
 mod rule;
 #[cfg(test)]
 mod tests;
@@ -175,6 +176,7 @@ pub(super) fn validate_resource(r: &Resource) -> Result<(), Vec<ValidationError>
             labels(&mut ctx, "spec.labelsToApply", &p.spec.labels_to_apply);
         }
         Resource::WorkloadEndpoint(w) => endpoint::workload_endpoint(&mut ctx, &w.spec),
+        Resource::IpPool(p) => ippool::ip_pool(&mut ctx, &p.spec),
         Resource::HostEndpoint(h) => endpoint::host_endpoint(&mut ctx, &h.spec),
         // Nets were checked when decoding; only the reserved label is left.
         Resource::NetworkSet(_) | Resource::GlobalNetworkSet(_) => {

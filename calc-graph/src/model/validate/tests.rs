@@ -383,3 +383,77 @@ fn staged_policies_validate_their_policy_spec() {
         ]
     );
 }
+
+fn mk_pool(spec: Value) -> Resource {
+    mk_resource(json!({"kind": "IPPool", "metadata": {"name": "pool-a"}, "spec": spec}))
+}
+
+#[test]
+fn ip_pools_follow_calicos_rules() {
+    for ok in [
+        json!({"cidr": "10.244.0.0/16", "natOutgoing": true, "nodeSelector": "all()"}),
+        json!({"cidr": "fd00:10:244::/48", "vxlanMode": "Always", "blockSize": 122}),
+        json!({"cidr": "10.78.1.8/30", "blockSize": 32}),
+        json!({"cidr": "10.78.1.8/30", "disabled": true}),
+        json!({"cidr": "203.0.113.0/24", "allowedUses": ["LoadBalancer"]}),
+    ] {
+        assert_eq!(mk_pool(ok.clone()).validate(), Ok(()), "{ok}");
+    }
+    let cases = [
+        (json!({}), vec!["spec.cidr: cidr is required"]),
+        (
+            json!({"cidr": "10.0.0.1/8"}),
+            vec![
+                "spec.cidr: IPPool CIDR must be strictly masked: 10.0.0.1/8 has host bits set (the network is 10.0.0.0/8)",
+            ],
+        ),
+        (
+            json!({"cidr": "nope"}),
+            vec!["spec.cidr: invalid CIDR \"nope\""],
+        ),
+        (
+            json!({"cidr": "169.254.0.0/16"}),
+            vec![
+                "spec.cidr: IPPool CIDR 169.254.0.0/16 overlaps with the link-local range 169.254.0.0/16",
+            ],
+        ),
+        (
+            json!({"cidr": "10.0.0.0/8", "blockSize": 33}),
+            vec!["spec.blockSize: blockSize must be between 20 and 32 for an IPv4 pool, got 33"],
+        ),
+        (
+            json!({"cidr": "10.0.0.0/28"}),
+            vec![
+                "spec.cidr: IP pool size is too small for use with Calico IPAM: /28 is smaller than the block size /26",
+            ],
+        ),
+        (
+            json!({"cidr": "fd00::/64", "ipipMode": "Always"}),
+            vec!["spec.ipipMode: IPIP is not supported on IPv6 pools"],
+        ),
+        (
+            json!({"cidr": "10.0.0.0/8", "ipipMode": "Always", "vxlanMode": "CrossSubnet"}),
+            vec!["spec.vxlanMode: ipipMode and vxlanMode cannot both be enabled"],
+        ),
+        (
+            json!({"cidr": "10.0.0.0/8", "allowedUses": ["LoadBalancer", "Workload"]}),
+            vec![
+                "spec.allowedUses: LoadBalancer cannot be combined with Workload or Tunnel allowed uses",
+            ],
+        ),
+        (
+            json!({"cidr": "10.0.0.0/8", "nodeSelector": "a ==="}),
+            vec!["spec.nodeSelector: invalid selector"],
+        ),
+    ];
+    for (spec, want) in cases {
+        let got = errors(&mk_pool(spec.clone()));
+        assert_eq!(got.len(), want.len(), "{spec}: {got:#?}");
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                g.starts_with(&format!("ippools/pool-a: {w}")),
+                "{spec}: {g}"
+            );
+        }
+    }
+}
