@@ -300,9 +300,10 @@ fn no_unknown_or_unenforced_rule_field_widens_a_rule() {
                     kvs.push(policy("p", "app in {'a', 'b'}", ing, eg));
                     kvs
                 };
-                // A Deny is followed by an Allow-all, which it must still cut into; any other
-                // rule stands alone, so that rendering it at all would open something.
-                let rest: Vec<Value> = if action == "Deny" {
+                // A Deny or Pass is followed by an Allow-all, which it must still cut into (a
+                // dropped Pass would let the Allow take what the Pass sent on to a later tier);
+                // any other rule stands alone, so that rendering it at all would open something.
+                let rest: Vec<Value> = if action == "Deny" || action == "Pass" {
                     vec![json!({"action": "Allow"})]
                 } else {
                     vec![]
@@ -328,14 +329,18 @@ fn no_unknown_or_unenforced_rule_field_widens_a_rule() {
                     reports[0].contains(&format!("spec.{dir}[0]")),
                     "{what}: {reports:?}"
                 );
-                // Deny keeps its known matches: it denies at least TCP 80 as written.
-                if action == "Deny" {
+                // Deny keeps its known matches: it denies at least TCP 80 as written; a Pass
+                // denies exactly its known matches.
+                if action == "Deny" || action == "Pass" {
                     let (known, _) =
-                        verdicts(&mk(vec![base_rule(action), json!({"action": "Allow"})]));
+                        verdicts(&mk(vec![base_rule("Deny"), json!({"action": "Allow"})]));
                     assert_no_wider(&with, &known, &format!("{what} (vs its known matches)"));
+                    if action == "Pass" {
+                        assert_eq!(with, known, "{what}: a Pass denies its known matches");
+                    }
                 }
-                // Allow and Pass are not rendered: exactly the policy without the rule.
-                if action == "Allow" || action == "Pass" {
+                // Allow is not rendered: exactly the policy without the rule.
+                if action == "Allow" {
                     assert_eq!(with, without, "{what}");
                 }
                 cases += 1;

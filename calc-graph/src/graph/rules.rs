@@ -91,8 +91,10 @@ pub(crate) struct ScannedRules {
 }
 
 /// A rule that was not rendered as written because it has a field the dataplane does not
-/// enforce (one of [`crate::model::UNENFORCED_RULE_FIELDS`]) or does not know: an Allow or Pass
-/// rule is not rendered at all, a Deny or Log rule is rendered with its other matches.
+/// enforce (one of [`crate::model::UNENFORCED_RULE_FIELDS`]) or does not know: an Allow rule is
+/// not rendered at all, a Deny or Log rule is rendered with its other matches, and a Pass rule
+/// becomes a Deny of its other matches. (Dropping a Pass would let a later Allow of the same tier
+/// take what the Pass sent on to a later tier's Deny: a wider rule. Denying is never wider.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FailedSafeRule {
     /// `spec.ingress[0]`.
@@ -105,9 +107,10 @@ pub struct FailedSafeRule {
 }
 
 impl FailedSafeRule {
-    /// Whether the rule is rendered (without the fields): Deny and Log are, Allow and Pass not.
+    /// Whether the rule is rendered (without the fields): Deny and Log are, Pass is (as a Deny),
+    /// Allow is not.
     pub fn rendered(&self) -> bool {
-        matches!(self.action, Action::Deny | Action::Log)
+        matches!(self.action, Action::Deny | Action::Log | Action::Pass)
     }
 
     /// Every offending field with the rule's path: `spec.ingress[0].source.selectr`.
@@ -124,10 +127,10 @@ impl fmt::Display for FailedSafeRule {
     /// `spec.ingress[0]: Allow rule not rendered: unknown field source.selectr`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let action = format!("{:?}", self.action);
-        let effect = if self.rendered() {
-            "rendered with only its enforced matches"
-        } else {
-            "not rendered"
+        let effect = match self.action {
+            Action::Allow => "not rendered",
+            Action::Pass => "rendered as Deny with only its enforced matches",
+            _ => "rendered with only its enforced matches",
         };
         write!(f, "{}: {action} rule {effect}:", self.rule)?;
         let mut sep = " ";
@@ -502,7 +505,13 @@ pub(crate) fn scan_rules(
                     continue;
                 }
                 // Deny and Log keep their known matches: they deny (log) at least what was
-                // written; scan_rule reads no unenforced field.
+                // written; scan_rule reads no unenforced field. Pass denies them.
+                let mut scanned = scan_rule(rule, ns, &field, &mut out.sets)?;
+                if rule.action == Action::Pass {
+                    scanned.action = Some(Action::Deny);
+                }
+                parsed.push(scanned);
+                continue;
             }
             parsed.push(scan_rule(rule, ns, &field, &mut out.sets)?);
         }

@@ -57,8 +57,9 @@ pub type IsSet = fn(&Rule) -> bool;
 
 /// The fields of a rule that are part of the upstream schema but that this dataplane does not
 /// enforce, each with how to tell it is set. THE one list: a rule that sets one of these (or has
-/// an unknown field) fails safe. An Allow or Pass rule is not rendered; a Deny or Log rule is
-/// rendered with its other matches, so it denies (logs) at least what was written. When a field
+/// an unknown field) fails safe. An Allow rule is not rendered; a Deny or Log rule is rendered
+/// with its other matches, so it denies (logs) at least what was written; a Pass rule becomes a
+/// Deny of its other matches (dropping it would let a later Allow of its tier take what it passed). When a field
 /// becomes enforced (e.g. `domains` with FQDN policy), remove it here.
 pub const UNENFORCED_RULE_FIELDS: &[(&str, IsSet)] = &[
     // L7: enforced by Calico's Envoy/Dikastes, never by iptables.
