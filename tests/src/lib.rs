@@ -13,6 +13,7 @@ pub mod cluster;
 pub mod driver;
 pub mod env;
 pub mod evaluator;
+pub mod fuzz;
 pub mod harness;
 pub mod nat;
 pub mod strict;
