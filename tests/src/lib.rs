@@ -16,6 +16,7 @@ pub mod evaluator;
 pub mod fuzz;
 pub mod harness;
 pub mod nat;
+pub mod ship;
 pub mod strict;
 pub mod traffic;
 pub mod world;
