@@ -18,13 +18,11 @@ use std::fmt::Write as _;
 use super::backend::Mode;
 use super::desired::{IpVersion, TableName, is_our_chain};
 use super::diff::{Op, plan_table, render};
+use super::engine::INCOMPATIBLE;
 use super::error::{ApplyError, clean_stderr};
 use super::ipset::{parse_save as parse_ipset_save, render_deletions};
 use super::read::read_tables;
 use super::runner::{RunError, Runner};
-
-/// What `iptables-nft-save` prints (exiting 0) for a table it cannot represent.
-const INCOMPATIBLE: &str = "is incompatible, use 'nft' tool";
 
 /// One table of one backend and family with something of ours in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
