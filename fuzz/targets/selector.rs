@@ -34,7 +34,7 @@ fn label_sets(sel: &Selector, seed: &[u8]) -> Vec<BTreeMap<String, String>> {
         let mut labels = BTreeMap::new();
         for (i, k) in keys.iter().enumerate() {
             let pick = seed.get(i + round).copied().unwrap_or(0) as usize + round;
-            if pick % 3 != 0 {
+            if !pick.is_multiple_of(3) {
                 labels.insert(k.to_string(), values[pick % values.len()].to_string());
             }
         }

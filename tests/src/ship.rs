@@ -111,10 +111,8 @@ fn subdomain(seed: char, len: usize) -> String {
             take
         };
         parts.push(label(seed, take));
-        left -= take;
-        if left > 0 {
-            left -= 1;
-        }
+        // The label, then the dot before the next one.
+        left = (left - take).saturating_sub(1);
     }
     parts.join(".")
 }
