@@ -21,6 +21,12 @@ pub struct Args {
 
 impl Args {
     pub fn run(self) -> ExitCode {
+        if effective_uid() != Some(0) {
+            eprintln!(
+                "felixrs cleanup: must run as root in the node's network namespace (it reads and writes the kernel's iptables and ipset state)"
+            );
+            return ExitCode::FAILURE;
+        }
         let runner = ExecRunner::new();
         let plan = match cleanup::plan(&runner) {
             Ok(p) => p,
@@ -74,6 +80,13 @@ impl Args {
         }
         exit(ok)
     }
+}
+
+/// The effective uid, from `/proc/self/status` (`Uid: real effective saved fs`).
+fn effective_uid() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(2)?.parse().ok()
 }
 
 fn exit(ok: bool) -> ExitCode {

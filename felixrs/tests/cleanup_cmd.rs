@@ -312,3 +312,20 @@ fn cleanup_keeps_a_chain_a_foreign_rule_jumps_to_and_says_so() {
             .any(|s| s.starts_with("cali4") || s.starts_with("cali6"))
     );
 }
+
+/// Not root: a clear error, nothing read or written.
+#[test]
+fn cleanup_refuses_to_run_without_root() {
+    felixrs_test_support::require_root();
+    felixrs_test_support::require_tools(&["setpriv"]);
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_felixrs"))
+        .args(["cleanup", "--dry-run"])
+        .output()
+        .expect("run setpriv");
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("felixrs cleanup: must run as root"), "{stderr}");
+    assert!(out.stdout.is_empty());
+}

@@ -232,7 +232,8 @@ pub fn hostile_step() -> Step {
     policies.push(deny_all("z", &too_long, serde_json::json!({})));
     Step {
         policies,
-        ns_labels: vec![],
+        // A namespace label at the limits too: it reaches the kns. profile and every pod in z.
+        ns_labels: vec![("z", max_label_key('n').leak(), max_label_value('n').leak())],
         pod_labels: vec![
             ("x/b", key_b.leak(), Some(val_b.leak())),
             ("x/c", "example.com/role", Some("client")),
