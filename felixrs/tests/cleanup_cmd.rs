@@ -326,6 +326,9 @@ fn cleanup_refuses_to_run_without_root() {
         .expect("run setpriv");
     assert!(!out.status.success());
     let stderr = text(&out.stderr);
-    assert!(stderr.contains("felixrs cleanup: must run as root"), "{stderr}");
+    assert!(
+        stderr.contains("felixrs cleanup: must run as root"),
+        "{stderr}"
+    );
     assert!(out.stdout.is_empty());
 }

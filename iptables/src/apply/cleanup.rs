@@ -36,7 +36,8 @@ pub struct TableCleanup {
     pub kept: Vec<String>,
     /// How many hook rules of ours (in built-in chains) will be deleted.
     pub hook_rules: usize,
-    /// The `iptables-restore --noflush` payload.
+    /// The planned operations, and their `iptables-restore --noflush` payload.
+    pub ops: Vec<Op>,
     pub payload: String,
 }
 
@@ -173,6 +174,7 @@ pub fn plan<R: Runner>(runner: &R) -> Result<CleanupPlan, ApplyError> {
                     kept,
                     hook_rules,
                     payload: render(table, &ops),
+                    ops,
                 });
             }
         }
@@ -239,4 +241,134 @@ pub fn execute<R: Runner>(runner: &R, plan: &CleanupPlan) -> CleanupReport {
         }
     }
     report
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{ExitStatus, Output};
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::apply::diff::simulate;
+    use crate::apply::kernel::ActualTable;
+
+    /// Felix's own save (every table holds cali- chains and hooks) plus foreign rules.
+    const SAVE: &str = include_str!(
+        "../../../fuzz/seeds/iptables_save/002-calico-felix-cali-raw-nat-mangle-filter.kernel.txt"
+    );
+    const IPSETS: &str = "create cali40s:abc hash:ip family inet hashsize 1024 maxelem 1048576\n\
+        add cali40s:abc 10.0.0.1\n\
+        create cali60s:def hash:net family inet6 hashsize 1024 maxelem 1048576\n\
+        create calico-hosts hash:ip family inet hashsize 1024 maxelem 65536\n\
+        create KUBE-X hash:ip family inet hashsize 1024 maxelem 65536\n";
+
+    /// Answers saves from fixed text (the legacy IPv4 save is [`SAVE`], the others are empty),
+    /// records every write.
+    #[derive(Default)]
+    struct Fake {
+        writes: Mutex<Vec<(String, String)>>,
+    }
+
+    impl Runner for Fake {
+        fn run(
+            &self,
+            program: &str,
+            args: &[&str],
+            stdin: Option<&[u8]>,
+        ) -> Result<Output, RunError> {
+            let ok = |stdout: &str| Output {
+                status: ExitStatus::from_raw(0),
+                stdout: stdout.as_bytes().to_vec(),
+                stderr: Vec::new(),
+            };
+            Ok(match (program, args) {
+                ("iptables-legacy-save", []) => ok(SAVE),
+                (p, []) if p.ends_with("-save") => ok(""),
+                ("ipset", ["save"]) => ok(IPSETS),
+                _ => {
+                    let input = String::from_utf8_lossy(stdin.unwrap_or_default()).into_owned();
+                    self.writes
+                        .lock()
+                        .unwrap()
+                        .push((program.to_string(), input));
+                    ok("")
+                }
+            })
+        }
+    }
+
+    #[test]
+    fn plans_away_exactly_what_is_ours_and_writes_tables_before_sets() {
+        let fake = Fake::default();
+        let plan = plan(&fake).unwrap();
+        assert!(plan.unreadable.is_empty() && plan.missing.is_empty());
+        assert_eq!(plan.sets, ["cali40s:abc", "cali60s:def"]);
+        let kernel = read_tables(SAVE);
+        let mut tables: Vec<TableName> = plan.tables.iter().map(|t| t.table).collect();
+        tables.sort_by_key(|t| t.as_str());
+        assert_eq!(
+            tables,
+            [
+                TableName::Filter,
+                TableName::Mangle,
+                TableName::Nat,
+                TableName::Raw
+            ]
+        );
+        for t in &plan.tables {
+            assert_eq!((t.mode, t.family), (Mode::Legacy, IpVersion::V4));
+            let before = &kernel[&t.table];
+            let mut after = before.clone();
+            simulate(t.table, &mut after, &t.ops).unwrap_or_else(|e| panic!("{}: {e}", t.table));
+            // Nothing of ours is left, and everything foreign is as it was, in order.
+            assert_eq!(after.our_chains().count(), 0, "{}", t.table);
+            let foreign = |v: &ActualTable| -> Vec<(String, Vec<String>)> {
+                v.chains
+                    .iter()
+                    .filter(|(c, _)| !is_our_chain(c))
+                    .map(|(c, rules)| {
+                        let specs = rules
+                            .iter()
+                            .filter(|r| r.hash.is_none())
+                            .map(|r| r.spec.clone())
+                            .collect();
+                        (c.clone(), specs)
+                    })
+                    .collect()
+            };
+            assert_eq!(foreign(&after), foreign(before), "{}", t.table);
+            assert!(
+                after.chains.values().flatten().all(|r| r.hash.is_none()),
+                "{}",
+                t.table
+            );
+            assert_eq!(t.chains.len(), before.our_chains().count());
+            assert!(t.kept.is_empty());
+        }
+        let dry = plan.describe();
+        assert!(
+            dry.contains("# iptables-legacy-restore --noflush (IPv4, filter): delete "),
+            "{dry}"
+        );
+        assert!(
+            dry.ends_with("destroy cali40s:abc\ndestroy cali60s:def\n"),
+            "{dry}"
+        );
+
+        let report = execute(&fake, &plan);
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        let writes = fake.writes.lock().unwrap();
+        assert_eq!(writes.len(), plan.tables.len() + 1);
+        assert!(
+            writes[..plan.tables.len()]
+                .iter()
+                .all(|(p, _)| p == "iptables-legacy-restore")
+        );
+        assert_eq!(
+            writes.last().unwrap(),
+            &("ipset".to_string(), render_deletions(&plan.sets))
+        );
+        assert_eq!(report.destroyed_sets, plan.sets);
+    }
 }
