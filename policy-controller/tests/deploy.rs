@@ -224,6 +224,7 @@ fn controller_deployment_and_rbac() {
         ("", "namespaces"),
         ("", "pods"),
         ("", "serviceaccounts"),
+        ("", "nodes"),
         ("policy.networking.k8s.io", "adminnetworkpolicies"),
         ("policy.networking.k8s.io", "baselineadminnetworkpolicies"),
         ("policy.networking.k8s.io", "clusternetworkpolicies"),
