@@ -31,16 +31,29 @@ echo "==> cargo fmt --check"
 cargo fmt --all --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "==> shipping checks (Containerfile lint, deploy/ rendered and schema-validated offline)"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+scripts/check-ship.sh 2>&1 | tee "$log"
+ship_status=${PIPESTATUS[0]}
+set -e
 echo "==> cargo build (binaries the end-to-end tests run)"
 cargo build --workspace --bins --locked
 echo "==> cargo test"
 # The kernel tests are I/O bound and isolated by network namespace, so a few threads per binary is fine.
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
 set +e
-cargo test --workspace --locked -- --test-threads=4 2>&1 | tee "$log"
+cargo test --workspace --locked -- --test-threads=4 2>&1 | tee -a "$log"
 status=${PIPESTATUS[0]}
 set -e
-# One closing line for the whole suite (cargo prints one per test binary, the last often a doc-test "0 passed").
-awk '/^test result:/ {p += $4; f += $6} END {printf "tests: %d passed, %d failed\n", p, f}' "$log"
+echo "==> fuzz targets, bounded (stable)"
+set +e
+scripts/fuzz-stable.sh 2>&1 | tee -a "$log"
+fuzz_status=${PIPESTATUS[0]}
+set -e
+# One closing line for the whole suite (cargo prints one per test binary, the last often a doc-test
+# "0 passed"; the shipping checks print "checks: N passed, M failed").
+awk '/^test result:/ {p += $4; f += $6} /^checks: / {p += $2; f += $4}
+     END {printf "tests: %d passed, %d failed\n", p, f}' "$log"
+[ "$ship_status" -eq 0 ] && [ "$fuzz_status" -eq 0 ] || exit 1
 exit "$status"

@@ -5,10 +5,12 @@
 //!   status/health/metrics server, and its CLI arguments.
 //! * [`render_cmd`]: `felixrs render`, manifests -> the payloads for an empty kernel.
 //! * [`trace_cmd`]: `felixrs trace`, which of a node's rules decide a packet between two pods.
+//! * [`cleanup_cmd`]: `felixrs cleanup`, removes every chain, hook rule and set of ours.
 //! * [`dataplane_args`]: the dataplane flags both share (mark mask, interface prefixes, ...).
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod cleanup_cmd;
 pub mod dataplane_args;
 pub mod render_cmd;
 pub mod trace_cmd;

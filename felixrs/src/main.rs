@@ -28,6 +28,9 @@ enum Command {
     /// Show which of a node's rules decide a packet between two pods, from manifest files or the
     /// agent's snapshot (optionally checked against the kernel).
     Trace(felixrs::trace_cmd::Args),
+    /// Remove every `cali-` chain, hook rule and IP set of ours from this node's kernel (both
+    /// iptables backends, both families) and nothing else. Root; stop the agent first.
+    Cleanup(felixrs::cleanup_cmd::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -43,5 +46,6 @@ fn main() -> std::process::ExitCode {
         },
         Command::Render(args) => args.run(),
         Command::Trace(args) => args.run(),
+        Command::Cleanup(args) => args.run(),
     }
 }

@@ -9,6 +9,10 @@
 //! * `apply (re-read)`: `reread_every_apply` (Felix's default): iptables-save + parse + diff +
 //!   restore;
 //! * `bare restore`: `iptables-restore --noflush` of the same payloads, nothing else.
+//!
+//! Then `felixrs cleanup` of the whole ruleset (`iptables::apply::cleanup`: read both backends and
+//! families, plan, write, destroy the sets) vs. its floor, the bare `iptables-restore --noflush` and
+//! `ipset restore` of the very payloads cleanup wrote.
 
 use std::time::{Duration, Instant};
 
@@ -17,7 +21,7 @@ use felixrs_test_support::netns::Netns;
 use iptables::apply::diff::{plan_table, simulate};
 use iptables::apply::kernel::ActualTable;
 use iptables::apply::{
-    Applier, ApplierConfig, Backend, DesiredState, ExecRunner, Runner, TableName,
+    Applier, ApplierConfig, Backend, DesiredState, ExecRunner, Runner, TableName, cleanup,
 };
 use iptables::render::{RenderConfig, Renderer};
 
@@ -282,6 +286,67 @@ fn bench(backend: Backend, rounds: usize, base: &DesiredState, changed: &Desired
         text.len(),
         ms(parse)
     );
+    bench_cleanup(&runner, &mut applier, base, rounds.min(4));
+}
+
+/// `cleanup::plan` + `cleanup::execute` of the whole ruleset vs. the bare restores of the payloads
+/// it writes. Each round re-applies `base` first (not timed).
+fn bench_cleanup(
+    runner: &ExecRunner,
+    applier: &mut Applier<ExecRunner>,
+    base: &DesiredState,
+    rounds: usize,
+) {
+    let (mut ours, mut floor, mut plans) = (vec![], vec![], vec![]);
+    let mut lines = 0;
+    for _ in 0..rounds {
+        applier.invalidate();
+        applier.apply(base).unwrap();
+        let t = Instant::now();
+        let plan = cleanup::plan(runner).unwrap();
+        plans.push(t.elapsed());
+        let report = cleanup::execute(runner, &plan);
+        ours.push(t.elapsed());
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        lines = plan.describe().lines().count();
+
+        applier.invalidate();
+        applier.apply(base).unwrap();
+        let t = Instant::now();
+        for tc in &plan.tables {
+            let out = runner
+                .run(
+                    &tc.program(),
+                    tc.mode.restore_args(),
+                    Some(tc.payload.as_bytes()),
+                )
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let destroy: String = plan.sets.iter().map(|s| format!("destroy {s}\n")).collect();
+        let out = runner
+            .run("ipset", &["restore"], Some(destroy.as_bytes()))
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        floor.push(t.elapsed());
+    }
+    let (o, f, p) = (median(ours), median(floor), median(plans));
+    println!(
+        "  cleanup (read both backends and families + plan + write): {} = {:.2}x bare ({} payload lines; reading and planning {})",
+        ms(o),
+        o.as_secs_f64() / f.as_secs_f64(),
+        lines,
+        ms(p)
+    );
+    println!("  bare restore of the cleanup payloads: {}", ms(f));
 }
 
 fn main() {

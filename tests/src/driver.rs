@@ -102,6 +102,29 @@ impl Proc {
         })
     }
 
+    /// SIGTERM, as the kubelet stops a container (a DaemonSet rolling update); SIGKILL if it has
+    /// not exited within `grace`.
+    pub fn terminate(&mut self, grace: Duration) {
+        let Some(mut c) = self.child.take() else {
+            return;
+        };
+        if let Ok(pid) = i32::try_from(c.id()) {
+            // SAFETY: kill(2) on our own child's pid; it has not been reaped (we own `c`).
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+        }
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = c.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+
     /// SIGKILL, as a crash would.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -167,6 +190,15 @@ pub fn start_etcd(ns: &Netns, ip: &str, work: &Path) -> Etcd {
 
 /// Runs `policy-controller sync --once` inside `ns` and returns the etcd revision it printed.
 pub fn controller_sync(ns: &Netns, endpoint: &str, manifests: &Path) -> Result<i64> {
+    let v = controller_sync_report(ns, endpoint, manifests)?;
+    v["revision"]
+        .as_i64()
+        .with_context(|| format!("no revision in {v}"))
+}
+
+/// Runs `policy-controller sync --once` inside `ns` and returns the JSON report it printed
+/// (`revision`, counts, and `skips`: one entry per object or field it did not store).
+pub fn controller_sync_report(ns: &Netns, endpoint: &str, manifests: &Path) -> Result<Value> {
     let bin = binary("policy-controller");
     let out = ns.exec_unchecked(&[
         bin.to_str().expect("utf-8 path"),
@@ -189,11 +221,7 @@ pub fn controller_sync(ns: &Netns, endpoint: &str, manifests: &Path) -> Result<i
         .lines()
         .last()
         .context("policy-controller printed nothing")?;
-    let v: Value = serde_json::from_str(last)
-        .with_context(|| format!("last stdout line is not JSON: {last}"))?;
-    v["revision"]
-        .as_i64()
-        .with_context(|| format!("no revision in {last}"))
+    serde_json::from_str(last).with_context(|| format!("last stdout line is not JSON: {last}"))
 }
 
 /// One `felixrs agent` in a node namespace.
@@ -201,9 +229,11 @@ pub struct Agent {
     pub node_name: String,
     pub netns: String,
     proc: Option<Proc>,
+    program: PathBuf,
     args: Vec<String>,
     log_dir: PathBuf,
     starts: u32,
+    pub state_dir: PathBuf,
 }
 
 pub const HEALTH_ADDR: &str = "127.0.0.1:9099";
@@ -236,9 +266,11 @@ impl Agent {
             node_name: node_name.to_string(),
             netns: node_ns.name().to_string(),
             proc: None,
+            program: binary("felixrs"),
             args,
             log_dir: work.to_path_buf(),
             starts: 0,
+            state_dir: state_dir.clone(),
         };
         a.restart(node_ns)?;
         Ok(a)
@@ -249,12 +281,36 @@ impl Agent {
         self.starts += 1;
         self.proc = Some(Proc::spawn(
             node_ns,
-            &binary("felixrs"),
+            &self.program,
             &self.args,
             self.log_dir
                 .join(format!("agent-{}-{}.log", self.node_name, self.starts)),
         )?);
         Ok(())
+    }
+
+    /// An upgrade as a DaemonSet rolling update does it: SIGTERM this agent, then start `program`
+    /// (the new binary) with `state_dir` (the old one, or a fresh one as on a new node image) and
+    /// otherwise the same flags. Returns at once: the caller probes the window.
+    pub fn upgrade(&mut self, node_ns: &Netns, program: &Path, state_dir: &Path) -> Result<()> {
+        if let Some(p) = self.proc.as_mut() {
+            p.terminate(Duration::from_secs(10));
+        }
+        std::fs::create_dir_all(state_dir)?;
+        let i = self
+            .args
+            .iter()
+            .position(|a| a == "--state-dir")
+            .context("agent args have --state-dir")?;
+        self.args[i + 1] = state_dir.to_str().context("utf-8 path")?.to_string();
+        self.state_dir = state_dir.to_path_buf();
+        self.program = program.to_path_buf();
+        self.restart(node_ns)
+    }
+
+    /// The binary this agent runs.
+    pub fn program(&self) -> &Path {
+        &self.program
     }
 
     /// SIGKILL the agent, as a crash would; the kernel keeps whatever it had programmed.

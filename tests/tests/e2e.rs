@@ -13,7 +13,10 @@ use anyhow::{Context, Result};
 use felixrs_e2e::cases::{self, Case, Expect, Step, T80};
 use felixrs_e2e::cases_v6;
 use felixrs_e2e::cluster::Cluster;
-use felixrs_e2e::driver::{Agent, Etcd, binary, controller_sync, start_etcd};
+use felixrs_e2e::driver::{
+    Agent, Etcd, binary, controller_sync, controller_sync_report, start_etcd,
+};
+use felixrs_e2e::ship;
 use felixrs_e2e::traffic::{Probe, Servers, connect, probe_many};
 use felixrs_e2e::world::{self, Family, PlacedPod};
 use felixrs_test_support::require_root;
@@ -209,6 +212,48 @@ fn node_of(env: &Env, pod: &str) -> usize {
 
 /// Kill -9 and restart the agent that enforces x/b's ingress 20 times while x/a probes x/b continuously.
 fn restart_under_probe(env: &mut Env) -> Result<Vec<String>> {
+    replace_agent_under_probe(env, 20, "agent restarts", |env, node, _| {
+        env.agents[node].kill();
+        // The agent is dead: the kernel's rules alone must keep enforcing.
+        std::thread::sleep(Duration::from_millis(100));
+        let ns = &env.cluster.nodes[node].ns;
+        env.agents[node].restart(ns)
+    })
+}
+
+/// Upgrades the agent that enforces x/b's ingress 3 times, as a DaemonSet rolling update does
+/// (SIGTERM, then the new binary starts), while x/a probes x/b continuously: agent B is a different
+/// binary file, once on the old state dir and twice on a fresh one (no snapshot: it must wait for
+/// etcd while agent A's chains keep enforcing). B must adopt A's chains: the same rule ids, none
+/// rewritten (every rule's packet counter only grows).
+fn upgrade_under_probe(env: &mut Env) -> Result<Vec<String>> {
+    env.apply_step(&protect_step())?;
+    let node = node_of(env, "x/b");
+    let before = ship::rule_counters(&env.cluster.nodes[node].ns)?;
+    let next = ship::next_binary(env.work.path(), env.agents[node].program())?;
+    let work = env.work.path().to_path_buf();
+    let old_state = env.agents[node].state_dir.clone();
+    let mut failures = replace_agent_under_probe(env, 3, "agent upgrades", |env, node, i| {
+        let state = match i {
+            0 => old_state.clone(),
+            _ => work.join(format!("state-upgrade-{i}")),
+        };
+        let ns = &env.cluster.nodes[node].ns;
+        env.agents[node].upgrade(ns, &next, &state)
+    })?;
+    let after = ship::rule_counters(&env.cluster.nodes[node].ns)?;
+    failures.extend(ship::adopted(&before, &after));
+    Ok(failures)
+}
+
+/// Replaces the agent that enforces x/b's ingress `rounds` times with `replace` (then waits for the
+/// new one to be in sync) while x/a probes x/b continuously; no connection may succeed.
+fn replace_agent_under_probe(
+    env: &mut Env,
+    rounds: usize,
+    what: &str,
+    mut replace: impl FnMut(&mut Env, usize, usize) -> Result<()>,
+) -> Result<Vec<String>> {
     env.apply_step(&protect_step())?;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let from = env.cluster.pod("x/a").ns.name().to_string();
@@ -232,17 +277,13 @@ fn restart_under_probe(env: &mut Env) -> Result<Vec<String>> {
         .collect();
     let node = node_of(env, "x/b");
     let mut result = Ok(());
-    for i in 0..20 {
-        env.agents[node].kill();
-        // The agent is dead: the kernel's rules alone must keep enforcing.
-        std::thread::sleep(Duration::from_millis(100));
-        let ns = &env.cluster.nodes[node].ns;
-        if let Err(e) = env.agents[node].restart(ns) {
+    for i in 0..rounds {
+        if let Err(e) = replace(env, node, i) {
             result = Err(e);
             break;
         }
         if let Err(e) = env.agents[node].wait_applied(0, APPLY_TIMEOUT) {
-            result = Err(e.context(format!("restart {}", i + 1)));
+            result = Err(e.context(format!("{what}: round {}", i + 1)));
             break;
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -255,17 +296,118 @@ fn restart_under_probe(env: &mut Env) -> Result<Vec<String>> {
         successes += s;
     }
     result?;
-    println!("restart under probe: {attempts} denied-connection attempts, {successes} succeeded");
+    println!("{what} under probe: {attempts} denied-connection attempts, {successes} succeeded");
     let mut failures = Vec::new();
     if successes > 0 {
         failures.push(format!(
-            "{successes} of {attempts} connections x/a -> x/b succeeded across 20 agent restarts"
+            "{successes} of {attempts} connections x/a -> x/b succeeded across {rounds} {what}"
         ));
     }
-    if attempts < 60 {
+    if attempts < 3 * rounds as u32 {
         failures.push(format!("only {attempts} probe attempts were made"));
     }
     failures.extend(env.check(&expect_of(env, &protect_step()))?);
+    Ok(failures)
+}
+
+/// Hostile manifests through controller → etcd → agent → kernel (see `ship::hostile_step`): the
+/// policy at the size limits is enforced, each invalid object is reported by kind, namespace and
+/// name and stored nowhere, no hostile string reaches any kernel table, and on x/b's node the
+/// kernel holds exactly the rules the agent's snapshot renders (`felixrs trace --check-kernel`).
+fn hostile_manifests(env: &mut Env) -> Result<Vec<String>> {
+    let step = ship::hostile_step();
+    let dir = env.work.path().join("manifests");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(
+        dir.join("cluster.yaml"),
+        world::manifests(&step, &env.placed()),
+    )?;
+    let report = controller_sync_report(&env.cluster.infra, &env.etcd.client_url(), &dir)?;
+    let rev = report["revision"].as_i64().context("revision")?;
+    for a in &mut env.agents {
+        a.wait_applied(rev, APPLY_TIMEOUT)?;
+    }
+    let mut failures = Vec::new();
+    let skips = report["skips"].as_array().cloned().unwrap_or_default();
+    for (ns, name) in ship::hostile_rejects() {
+        let named = skips.iter().any(|s| {
+            s["kind"] == "NetworkPolicy"
+                && s["namespace"] == ns.as_str()
+                && s["name"] == name.as_str()
+        });
+        if !named {
+            failures.push(format!(
+                "the controller did not report NetworkPolicy {ns:?}/{name:?}: {skips:?}"
+            ));
+        }
+    }
+    for s in &skips {
+        if s["name"].as_str().is_some_and(|n| n.len() == 253) {
+            failures.push(format!(
+                "the valid policy at the size limits was skipped: {s}"
+            ));
+        }
+    }
+    failures.extend(env.check(&expect_of(env, &step))?);
+    for node in &env.cluster.nodes {
+        for program in [
+            "iptables-legacy-save",
+            "iptables-nft-save",
+            "ip6tables-legacy-save",
+            "ip6tables-nft-save",
+        ] {
+            let out = node.ns.exec_unchecked(&[program])?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            for bad in ship::NEVER_IN_KERNEL {
+                if text.contains(bad) {
+                    failures.push(format!("{program} on {} carries {bad:?}", node.name));
+                }
+            }
+        }
+        let sets = node.ns.exec_unchecked(&["ipset", "save"])?;
+        let text = String::from_utf8_lossy(&sets.stdout);
+        for bad in ship::NEVER_IN_KERNEL {
+            if text.contains(bad) {
+                failures.push(format!("ipset save on {} carries {bad:?}", node.name));
+            }
+        }
+    }
+    let node = node_of(env, "x/b");
+    let felixrs = binary("felixrs");
+    let state = env.agents[node].state_dir.clone();
+    for (from, verdict) in [("x/c", "verdict: ACCEPT"), ("x/a", "verdict: DROP")] {
+        let out = env.cluster.nodes[node].ns.exec_unchecked(&[
+            felixrs.to_str().context("utf-8 path")?,
+            "trace",
+            "--state-dir",
+            state.to_str().context("utf-8 path")?,
+            "--node-name",
+            &env.cluster.nodes[node].name,
+            "--workload-source-spoofing",
+            "Any",
+            "--from",
+            from,
+            "--to",
+            "x/b",
+            "--protocol",
+            "tcp",
+            "--port",
+            "80",
+            "--check-kernel",
+        ])?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            failures.push(format!(
+                "trace --check-kernel {from} -> x/b: {}\n{stdout}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        } else if !stdout.contains(verdict) {
+            failures.push(format!(
+                "trace {from} -> x/b does not say {verdict}:\n{stdout}"
+            ));
+        }
+    }
     Ok(failures)
 }
 
@@ -752,8 +894,18 @@ fn netpol_conformance_and_reliability() {
     );
     let r = restart_under_probe(&mut env);
     report("reliability: 20 agent restarts under probe", r);
+    let r = upgrade_under_probe(&mut env);
+    report(
+        "upgrade: a new agent binary adopts the old agent's chains, no window",
+        r,
+    );
     let r = restart_with_etcd_down(&mut env);
     report("reliability: agent restart with etcd down", r);
+    let r = hostile_manifests(&mut env);
+    report(
+        "hostile manifests: size limits, unicode, quotes, newlines, option-like and injecting strings",
+        r,
+    );
     let r = drift_repair(&mut env);
     report("reliability: drift repair", r);
     let r = new_pod_fail_closed(&mut env);

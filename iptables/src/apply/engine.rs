@@ -109,7 +109,7 @@ impl ApplyReport {
 }
 
 /// What `iptables-nft-save` prints (exiting 0) for a table it cannot represent (§6.2).
-const INCOMPATIBLE: &str = "is incompatible, use 'nft' tool";
+pub(super) const INCOMPATIBLE: &str = "is incompatible, use 'nft' tool";
 
 static EMPTY_TABLE: ActualTable = ActualTable {
     chains: BTreeMap::new(),

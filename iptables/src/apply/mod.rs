@@ -43,10 +43,12 @@
 //! * [`ipset`]: reading our sets and planning the two `ipset restore` phases.
 //! * [`backend`]: legacy vs nft detection, binaries and lock options.
 //! * [`runner`]: the process runner trait and its std::process implementation.
+//! * [`cleanup`]: removing everything of ours from a node (`felixrs cleanup`).
 //! * [`conntrack`]: deleting the conntrack flows of an address that left a local endpoint.
 //! * `engine`: [`Applier`], tying it together.
 
 pub mod backend;
+pub mod cleanup;
 pub mod conntrack;
 pub mod desired;
 pub mod diff;

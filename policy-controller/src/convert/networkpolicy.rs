@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use ipnet::IpNet;
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use sha1::{Digest, Sha1};
 
 use super::labels::selector_from_label_selector;
 use super::v3::{self, EntityRule, PortSpec, Rule};
@@ -21,13 +22,45 @@ use super::{
 /// Name prefix of converted policies in etcd mode.
 pub const KNP_PREFIX: &str = "knp.default.";
 
+/// The Calico name of Kubernetes NetworkPolicy `name`: `knp.default.<name>`, as Calico's converter
+/// names it. Kubernetes allows 253 characters, and so does Calico, so a name longer than 241 would
+/// not fit after the prefix and the policy would go unenforced (fail open); such a name becomes a
+/// prefix of itself, `-` and 16 hex digits of SHA-1 of the whole name, exactly 253 characters, so
+/// every valid NetworkPolicy is stored, under a name that is still unique and deterministic.
+pub fn calico_policy_name(name: &str) -> String {
+    const MAX: usize = 253;
+    let full = format!("{KNP_PREFIX}{name}");
+    if full.len() <= MAX {
+        return full;
+    }
+    let hash = hex::encode(&Sha1::digest(name.as_bytes())[..8]);
+    let keep = MAX - KNP_PREFIX.len() - 1 - hash.len();
+    // `name` is validated later as a DNS subdomain: ASCII, so slicing at a byte index is safe
+    // for valid names; anything else is cut at a char boundary and rejected by validation.
+    let mut end = keep.min(name.len());
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    let head = name[..end].trim_end_matches(['.', '-']);
+    format!("{KNP_PREFIX}{head}-{hash}")
+}
+
 /// Converts one NetworkPolicy. Invalid rules are dropped and reported; an invalid policy-level field
 /// skips the whole policy (its previous stored version is retained).
 pub fn network_policy_to_calico(np: &NetworkPolicy, _opts: &ConvertOptions) -> Converted {
     let ns = np.metadata.namespace.as_deref().unwrap_or("default");
     let name = np.metadata.name.as_deref().unwrap_or("");
     let obj = ObjectRef::new("NetworkPolicy", Some(ns), name);
-    let calico_name = format!("{KNP_PREFIX}{name}");
+    // A name that needs shortening must first be one Kubernetes accepts (at most 253 characters).
+    if KNP_PREFIX.len() + name.len() > 253
+        && let Err(e) = calc_graph::model::validate_name(name)
+    {
+        return Converted::skipped(
+            SkipReport::new(&obj, "metadata.name", format!("invalid name: {e}")),
+            None,
+        );
+    }
+    let calico_name = calico_policy_name(name);
     let key = match etcd_key("NetworkPolicy", Some(ns), &calico_name) {
         Ok(k) => k,
         Err(e) => return Converted::skipped(SkipReport::new(&obj, "metadata", e), None),
@@ -344,6 +377,58 @@ pub(crate) fn simplify_ports(ports: Vec<PortSpec>) -> Vec<PortSpec> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn names_at_the_kubernetes_limit_are_shortened_not_dropped() {
+        use super::calico_policy_name;
+        assert_eq!(calico_policy_name("allow-db"), "knp.default.allow-db");
+        let at_limit = "a".repeat(241);
+        assert_eq!(
+            calico_policy_name(&at_limit),
+            format!("knp.default.{at_limit}")
+        );
+        // 253 characters (the Kubernetes maximum), and one that would end in a separator.
+        let long = format!(
+            "{}.{}.{}.{}",
+            "b".repeat(63),
+            "c".repeat(63),
+            "d".repeat(63),
+            "e".repeat(61)
+        );
+        assert_eq!(long.len(), 253);
+        let dotted = format!("{}.{}", "f".repeat(223), "g".repeat(29));
+        for name in [long.as_str(), dotted.as_str()] {
+            let c = calico_policy_name(name);
+            assert!(c.len() <= 253, "{c}");
+            calc_graph::model::validate_network_policy_name(&c)
+                .unwrap_or_else(|e| panic!("{c}: {e}"));
+        }
+        // Deterministic, and distinct for names that share the kept prefix.
+        let other = format!("{}x", &long[..252]);
+        assert_eq!(calico_policy_name(&long), calico_policy_name(&long));
+        assert_ne!(calico_policy_name(&long), calico_policy_name(&other));
+    }
+
+    #[test]
+    fn a_name_longer_than_kubernetes_allows_is_still_rejected() {
+        let np = |name: &str| NetworkPolicy {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(name.to_string()),
+                namespace: Some("ns".to_string()),
+                ..Default::default()
+            },
+            spec: Some(Default::default()),
+        };
+        let opts = ConvertOptions {
+            interface_prefix: "cali".into(),
+        };
+        let ok = "a".repeat(253);
+        assert!(network_policy_to_calico(&np(&ok), &opts).resource.is_some());
+        let too_long = "a".repeat(254);
+        let c = network_policy_to_calico(&np(&too_long), &opts);
+        assert!(c.resource.is_none());
+        assert_eq!(c.skips[0].field, "metadata.name");
+    }
+
     use super::*;
     use proptest::prelude::*;
 
