@@ -4,6 +4,8 @@
 //! * [`agent`]: the `felixrs agent` daemon: etcd syncer, datastore state and snapshot, apply loop,
 //!   status/health/metrics server, and its CLI arguments.
 //! * [`render_cmd`]: `felixrs render`, manifests -> the payloads for an empty kernel.
+//! * [`stats_cmd`]: `felixrs stats`, the kernel's counters of our rules per policy, tier,
+//!   direction and action.
 //! * [`trace_cmd`]: `felixrs trace`, which of a node's rules decide a packet between two pods.
 //! * [`dataplane_args`]: the dataplane flags both share (mark mask, interface prefixes, ...).
 #![forbid(unsafe_code)]
@@ -11,4 +13,5 @@
 pub mod agent;
 pub mod dataplane_args;
 pub mod render_cmd;
+pub mod stats_cmd;
 pub mod trace_cmd;

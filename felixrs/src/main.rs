@@ -28,6 +28,9 @@ enum Command {
     /// Show which of a node's rules decide a packet between two pods, from manifest files or the
     /// agent's snapshot (optionally checked against the kernel).
     Trace(felixrs::trace_cmd::Args),
+    /// Show which policies allow and drop traffic on this node, from the kernel's rule counters
+    /// (root, in the node's network namespace).
+    Stats(felixrs::stats_cmd::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -43,5 +46,6 @@ fn main() -> std::process::ExitCode {
         },
         Command::Render(args) => args.run(),
         Command::Trace(args) => args.run(),
+        Command::Stats(args) => args.run(),
     }
 }

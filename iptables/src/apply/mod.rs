@@ -43,11 +43,13 @@
 //! * [`ipset`]: reading our sets and planning the two `ipset restore` phases.
 //! * [`backend`]: legacy vs nft detection, binaries and lock options.
 //! * [`runner`]: the process runner trait and its std::process implementation.
+//! * [`counters`]: reading the filter table with counters (for [`crate::stats`]).
 //! * [`conntrack`]: deleting the conntrack flows of an address that left a local endpoint.
 //! * `engine`: [`Applier`], tying it together.
 
 pub mod backend;
 pub mod conntrack;
+pub mod counters;
 pub mod desired;
 pub mod diff;
 mod engine;

@@ -141,6 +141,21 @@ impl Renderer {
         &self.marks
     }
 
+    /// The active policies the renderer holds (their chains exist while an endpoint uses them).
+    pub fn policy_ids(&self) -> impl Iterator<Item = &PolicyId> {
+        self.policies.keys()
+    }
+
+    /// The active profiles the renderer holds.
+    pub fn profile_ids(&self) -> impl Iterator<Item = &str> {
+        self.profiles.keys().map(String::as_str)
+    }
+
+    /// The local endpoints the renderer holds.
+    pub fn local_endpoints(&self) -> impl Iterator<Item = &LocalEndpoint> {
+        self.endpoints.values()
+    }
+
     /// Whether the graph has reported its initial snapshot complete (`Output::InSync`).
     pub fn in_sync(&self) -> bool {
         self.in_sync
