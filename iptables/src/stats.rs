@@ -103,6 +103,7 @@ pub struct CounterKey {
 #[derive(Debug, Clone, Default)]
 pub struct Attribution {
     keys: Vec<CounterKey>,
+    index: HashMap<CounterKey, usize>,
     /// chain -> `cali:` id -> index into `keys`.
     rules: HashMap<String, HashMap<String, usize>>,
 }
@@ -221,10 +222,11 @@ impl Attribution {
         };
         for (rule, d) in rules.iter().zip(desired) {
             let Some(key) = key_of(rule) else { continue };
-            let index = match self.keys.iter().rposition(|k| *k == key) {
-                Some(i) => i,
+            let index = match self.index.get(&key) {
+                Some(&i) => i,
                 None => {
-                    self.keys.push(key);
+                    self.keys.push(key.clone());
+                    self.index.insert(key, self.keys.len() - 1);
                     self.keys.len() - 1
                 }
             };

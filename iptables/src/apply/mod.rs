@@ -68,4 +68,5 @@ pub use desired::{
 };
 pub use engine::{Applier, ApplierConfig, ApplyReport, preview};
 pub use error::ApplyError;
+pub use read::read_tables;
 pub use runner::{ExecRunner, RunError, Runner};
