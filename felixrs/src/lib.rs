@@ -7,6 +7,7 @@
 //! * [`stats_cmd`]: `felixrs stats`, the kernel's counters of our rules per policy, tier,
 //!   direction and action.
 //! * [`trace_cmd`]: `felixrs trace`, which of a node's rules decide a packet between two pods.
+//! * [`trace_kernel`]: `felixrs trace --kernel`, the packet through the kernel's own rules.
 //! * [`dataplane_args`]: the dataplane flags both share (mark mask, interface prefixes, ...).
 #![forbid(unsafe_code)]
 
@@ -15,3 +16,4 @@ pub mod dataplane_args;
 pub mod render_cmd;
 pub mod stats_cmd;
 pub mod trace_cmd;
+pub mod trace_kernel;

@@ -95,6 +95,7 @@ pub mod rule;
 mod state;
 pub mod static_chains;
 pub mod trace;
+pub mod trace_kernel;
 
 use calc_graph::proto::{EndpointId, PolicyId};
 
