@@ -56,7 +56,10 @@ fn kernel_trace_agrees_with_the_datapath(backend: Backend, save: &str) {
             } else {
                 save.to_string()
             };
-            assert!(out.contains(&format!("kernel ({program} -t filter")), "{out}");
+            assert!(
+                out.contains(&format!("kernel ({program} -t filter")),
+                "{out}"
+            );
             assert!(
                 out.contains("the kernel agrees with the rendered rules"),
                 "{out}"

@@ -26,7 +26,7 @@ use iptables::stats::Attribution;
 
 use std::sync::Arc;
 
-use super::apply_loop::{ApplyReport, Dataplane};
+use super::apply_loop::{ApplyReport, Dataplane, Drift};
 use super::counters::{CounterHub, Published};
 use super::state::Pipeline;
 use super::status::FailedSafeRuleStatus;
@@ -329,6 +329,28 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
         let mut report = self.program(true)?;
         self.remove_stale_flows(&mut report);
         Ok(report)
+    }
+
+    fn check_drift(&mut self) -> Result<Drift, String> {
+        let mut drift = Drift::default();
+        let mut errors = Vec::new();
+        for (v, applier) in [(IpVersion::V4, &mut self.v4), (IpVersion::V6, &mut self.v6)] {
+            match applier.check_drift(self.renderer.desired_ref(v)) {
+                Ok((d, _)) => {
+                    drift.full_refresh |= d.full_refresh;
+                    drift.repaired.extend(
+                        d.drifted
+                            .into_iter()
+                            .map(|c| format!("ipv{} {c}", v.number())),
+                    );
+                }
+                Err(e) => errors.push(format!("ipv{}: {e}", v.number())),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(errors.join("; "));
+        }
+        Ok(drift)
     }
 }
 

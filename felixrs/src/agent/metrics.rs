@@ -41,6 +41,10 @@ pub struct Metrics {
     pub counter_reads: Counter,
     pub counter_read_errors: Counter,
     pub counter_read_seconds: Histogram,
+    pub drift_checks: Counter,
+    pub drift_check_errors: Counter,
+    pub drift_repairs: Counter,
+    pub drift_check_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -79,6 +83,10 @@ impl Metrics {
             counter_reads: Counter::default(),
             counter_read_errors: Counter::default(),
             counter_read_seconds: secs(),
+            drift_checks: Counter::default(),
+            drift_check_errors: Counter::default(),
+            drift_repairs: Counter::default(),
+            drift_check_seconds: secs(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -189,6 +197,26 @@ impl Metrics {
             "policy_counter_rules_missing",
             "Rendered rules of ours the last counter read did not find in the kernel",
             m.policy_counter_rules_missing.clone(),
+        );
+        r.register(
+            "drift_checks",
+            "Fast drift checks (our entry chains and hooks listed)",
+            m.drift_checks.clone(),
+        );
+        r.register(
+            "drift_check_errors",
+            "Fast drift checks that failed",
+            m.drift_check_errors.clone(),
+        );
+        r.register(
+            "drift_repairs",
+            "Chains found changed by someone else and repaired (one per chain)",
+            m.drift_repairs.clone(),
+        );
+        r.register(
+            "drift_check_seconds",
+            "Time of one fast drift check, repairs included",
+            m.drift_check_seconds.clone(),
         );
         r.register_collector(Box::new(m.policy_counters.clone()));
         Self { registry, ..m }

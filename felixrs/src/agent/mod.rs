@@ -65,6 +65,13 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v))
 }
 
+fn parse_secs_or_zero(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    parse_secs(s)
+}
+
 /// `felixrs agent`: the node agent.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -97,6 +104,10 @@ pub struct Args {
     /// Seconds between full re-reads of the kernel (drift repair).
     #[arg(long, env = "FELIXRS_REFRESH_INTERVAL", default_value = "90", value_parser = parse_secs)]
     pub refresh_interval: Duration,
+    /// Seconds between fast drift checks (our entry chains and hooks listed, changed ones
+    /// repaired); 0 turns them off (the full refresh still repairs).
+    #[arg(long, env = "FELIXRS_DRIFT_INTERVAL", default_value = "2", value_parser = parse_secs_or_zero)]
+    pub drift_interval: Duration,
     /// Seconds between reads of the kernel's rule counters for the per-policy counters of
     /// `/metrics` (a scrape never reads the kernel).
     #[arg(long, env = "FELIXRS_COUNTERS_INTERVAL", default_value = "10", value_parser = parse_secs)]
@@ -129,6 +140,7 @@ impl Args {
             iptables_backend,
             dataplane: dataplane_args,
             refresh_interval,
+            drift_interval,
             counters_interval,
             etcd_timeout,
             etcd_ca,
@@ -162,6 +174,7 @@ impl Args {
             health_listen,
             etcd_timeout,
             refresh_interval,
+            drift_interval: (!drift_interval.is_zero()).then_some(drift_interval),
             snapshot_interval: Duration::from_secs(1),
         };
         let rt = tokio::runtime::Builder::new_multi_thread()

@@ -21,8 +21,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::backend::{self, Backend, Detection, Mode};
-use super::desired::{DesiredState, IpVersion, TableName};
+use super::desired::{DesiredState, IpVersion, TableName, is_our_chain};
 use super::diff::{Op, plan_table, render, simulate};
+use super::drift::{CHECKED, DriftReport, list_chain, same_rules};
 use super::error::{ApplyError, blame, clean_stderr, failed_line, payload_line};
 use super::ipset::{
     ActualSet, SetUpdatePlan, after_updates, parse_save as parse_ipset_save, plan_deletions,
@@ -214,6 +215,59 @@ impl<R: Runner> Applier<R> {
     /// Forgets the kernel view; the next apply reads the kernel again.
     pub fn invalidate(&mut self) {
         self.view = None;
+    }
+
+    /// The fast drift check ([`super::drift`]): lists our entry chains and the hook chains,
+    /// and if any differs from the view, repairs it (only those chains; everything when a root
+    /// chain of ours was flushed or deleted). Does nothing before the first apply.
+    pub fn check_drift(
+        &mut self,
+        desired: &DesiredState,
+    ) -> Result<(DriftReport, Option<ApplyReport>), ApplyError> {
+        let mut drift = DriftReport::default();
+        let (Some(mode), Some(_)) = (self.mode, self.view.as_ref()) else {
+            return Ok((drift, None));
+        };
+        for (table, chain) in CHECKED {
+            if desired.tables.get(&table).is_none_or(|t| {
+                !t.chains.contains_key(chain) && !t.hooks.iter().any(|h| h.kernel_chain == chain)
+            }) {
+                continue;
+            }
+            drift.listings += 1;
+            let now = list_chain(&self.runner, mode, self.config.family, table, chain)?;
+            let view = self.view().tables.entry(table).or_default();
+            let known = view
+                .chains
+                .get(chain)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let same = now.as_deref().is_some_and(|n| same_rules(n, known));
+            if same {
+                continue;
+            }
+            drift.drifted.push(format!("{table}/{chain}"));
+            let ours = is_our_chain(chain);
+            if ours && now.as_ref().is_none_or(Vec::is_empty) {
+                drift.full_refresh = true;
+            }
+            match now {
+                Some(rules) => {
+                    view.chains.insert(chain.to_string(), rules);
+                }
+                None => {
+                    view.chains.remove(chain);
+                }
+            }
+        }
+        if drift.drifted.is_empty() {
+            return Ok((drift, None));
+        }
+        if drift.full_refresh {
+            self.invalidate();
+        }
+        let report = self.apply(desired)?;
+        Ok((drift, Some(report)))
     }
 
     /// Re-reads the kernel and applies `desired`, repairing any drift.

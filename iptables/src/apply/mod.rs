@@ -39,6 +39,7 @@
 //! * [`desired`]: the input type ([`DesiredState`]), produced by the renderer, and its checks.
 //! * [`kernel`], `read`: the applier's view of the kernel, read from `iptables-save` through the
 //!   crate's parser (line-scan fallback).
+//! * [`drift`]: the fast check of our entry chains between two full refreshes.
 //! * [`diff`]: pure per-table planning, rendering and a restore-semantics simulator.
 //! * [`ipset`]: reading our sets and planning the two `ipset restore` phases.
 //! * [`backend`]: legacy vs nft detection, binaries and lock options.
@@ -52,6 +53,7 @@ pub mod conntrack;
 pub mod counters;
 pub mod desired;
 pub mod diff;
+pub mod drift;
 mod engine;
 pub mod error;
 pub mod ipset;
