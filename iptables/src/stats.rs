@@ -133,6 +133,8 @@ impl Attribution {
             Some(Target::Drop) => Some(Action::Deny),
             Some(Target::SetMark { value, .. }) if value & accept != 0 => Some(Action::Allow),
             Some(Target::SetMark { value, .. }) if value & pass != 0 => Some(Action::Pass),
+            // A deny-log rule (`D…` prefix) logs what the DROP after it counts.
+            Some(Target::Nflog { prefix, .. }) if prefix.starts_with('D') => None,
             Some(Target::Log { .. } | Target::Nflog { .. }) => Some(Action::Log),
             _ => None,
         };

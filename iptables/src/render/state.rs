@@ -356,6 +356,7 @@ impl Renderer {
                             ingress,
                             &self.marks,
                             self.cfg.allow_encap_from_workloads,
+                            self.cfg.deny_log,
                         );
                         fam.set_chain(TableName::Filter, name, rules);
                     }
@@ -512,6 +513,7 @@ impl Renderer {
             owner,
             ingress,
             owner_id,
+            deny_log: self.cfg.deny_log,
         }
     }
 
