@@ -228,29 +228,27 @@ impl<R: Runner> Applier<R> {
         let (Some(mode), Some(_)) = (self.mode, self.view.as_ref()) else {
             return Ok((drift, None));
         };
+        let mut changed = Vec::new();
         for (table, chain) in CHECKED {
-            if desired.tables.get(&table).is_none_or(|t| {
-                !t.chains.contains_key(chain) && !t.hooks.iter().any(|h| h.kernel_chain == chain)
-            }) {
+            let Some(d) = desired.tables.get(&table) else {
+                continue;
+            };
+            if !d.chains.contains_key(chain) && !d.hooks.iter().any(|h| h.kernel_chain == chain) {
                 continue;
             }
             drift.listings += 1;
             let now = list_chain(&self.runner, mode, self.config.family, table, chain)?;
             let view = self.view().tables.entry(table).or_default();
-            let known = view
-                .chains
-                .get(chain)
-                .map(Vec::as_slice)
-                .unwrap_or_default();
-            let same = now.as_deref().is_some_and(|n| same_rules(n, known));
-            if same {
+            let known = view.chains.get(chain);
+            if let (Some(n), Some(k)) = (&now, known)
+                && same_rules(n, k)
+            {
                 continue;
             }
-            drift.drifted.push(format!("{table}/{chain}"));
-            let ours = is_our_chain(chain);
-            if ours && now.as_ref().is_none_or(Vec::is_empty) {
+            if is_our_chain(chain) && now.as_ref().is_none_or(Vec::is_empty) {
                 drift.full_refresh = true;
             }
+            changed.push((table, chain));
             match now {
                 Some(rules) => {
                     view.chains.insert(chain.to_string(), rules);
@@ -260,6 +258,29 @@ impl<R: Runner> Applier<R> {
                 }
             }
         }
+        if changed.is_empty() {
+            return Ok((drift, None));
+        }
+        // A listing that differs only where we have nothing to write (a foreign rule appended, a
+        // kernel chain the view had not seen yet) is not drift of ours.
+        let mut touched = Vec::new();
+        for (table, chain) in &changed {
+            let view = self.view();
+            let actual = view.tables.get(table).unwrap_or(&EMPTY_TABLE);
+            let ops = plan_table(*table, desired.tables.get(table), actual)?;
+            let hits = ops.iter().any(|op| match op {
+                Op::Declare(c) | Op::DeleteChain(c) => c == chain,
+                Op::Replace { chain: c, .. }
+                | Op::Append { chain: c, .. }
+                | Op::Insert { chain: c, .. }
+                | Op::DeleteIndex { chain: c, .. }
+                | Op::DeleteSpec { chain: c, .. } => c == chain,
+            });
+            if hits || drift.full_refresh {
+                touched.push(format!("{table}/{chain}"));
+            }
+        }
+        drift.drifted = touched;
         if drift.drifted.is_empty() {
             return Ok((drift, None));
         }
