@@ -58,6 +58,9 @@ pub trait Dataplane: Send + 'static {
     }
 }
 
+/// A drift check that took T waits at least T times this before the next one (2% of one core).
+pub const DRIFT_BUDGET_FACTOR: u32 = 50;
+
 /// What a fast drift check found and repaired.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Drift {
@@ -132,8 +135,13 @@ fn run<D: Dataplane>(
                     && let (Some(at), Some(period)) = (next_drift, drift)
                     && Instant::now() >= at
                 {
+                    let started = Instant::now();
                     check_drift(&mut dp, &hub);
-                    next_drift = Some(Instant::now() + period);
+                    // Stay within the budget: a check that took T waits at least T x 50 (2% of
+                    // one core), so a node whose listings are slow (iptables-legacy at scale)
+                    // checks less often instead of spending a core on it.
+                    let budget = started.elapsed() * DRIFT_BUDGET_FACTOR;
+                    next_drift = Some(Instant::now() + period.max(budget));
                 }
                 continue;
             }
