@@ -8,11 +8,13 @@
 //!   direction and action.
 //! * [`trace_cmd`]: `felixrs trace`, which of a node's rules decide a packet between two pods.
 //! * [`trace_kernel`]: `felixrs trace --kernel`, the packet through the kernel's own rules.
+//! * [`flows_cmd`]: `felixrs flows`, the packets our NFLOG rules log, with the deciding policy.
 //! * [`dataplane_args`]: the dataplane flags both share (mark mask, interface prefixes, ...).
 #![forbid(unsafe_code)]
 
 pub mod agent;
 pub mod dataplane_args;
+pub mod flows_cmd;
 pub mod render_cmd;
 pub mod stats_cmd;
 pub mod trace_cmd;

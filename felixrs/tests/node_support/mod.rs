@@ -45,7 +45,23 @@ spec:
   ingress:
     - from: [{podSelector: {matchLabels: {app: client}}}]
       ports: [{port: 8080, protocol: TCP}]
+---
+apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: default.deny-telnet}
+spec:
+  tier: default
+  order: 10
+  selector: app == 'server'
+  types: [Ingress]
+  ingress:
+    - action: Deny
+      protocol: TCP
+      destination: {ports: [2323]}
 "#;
+
+/// The port the `deny-telnet` GlobalNetworkPolicy denies (a policy Deny rule, not a tier end).
+pub const TELNET_PORT: u16 = 2323;
 
 pub struct Pod {
     pub ns: Netns,
@@ -200,12 +216,12 @@ pub fn connects(ns: &Netns, addr: IpAddr, port: u16) -> bool {
 }
 
 pub fn render(dir: &Path) -> Renderer {
-    let view = render_node(
-        &SourceArgs::manifests(vec![dir.to_path_buf()]),
-        NODE,
-        &DataplaneArgs::default(),
-    )
-    .expect("render");
+    render_with(dir, &DataplaneArgs::default())
+}
+
+pub fn render_with(dir: &Path, args: &DataplaneArgs) -> Renderer {
+    let view =
+        render_node(&SourceArgs::manifests(vec![dir.to_path_buf()]), NODE, args).expect("render");
     assert!(view.problems.is_empty(), "{:?}", view.problems);
     view.renderer
 }
@@ -222,9 +238,14 @@ pub struct NodeWorld {
 
 impl NodeWorld {
     pub fn new(backend: Backend) -> NodeWorld {
+        Self::with_dataplane(backend, &DataplaneArgs::default())
+    }
+
+    /// The node rendered with `args` (e.g. `--log-denied`).
+    pub fn with_dataplane(backend: Backend, args: &DataplaneArgs) -> NodeWorld {
         let work = tempfile::tempdir().unwrap();
         std::fs::write(work.path().join("cluster.yaml"), MANIFESTS).unwrap();
-        let renderer = render(work.path());
+        let renderer = render_with(work.path(), args);
         let iface_of = |pod: &str| {
             renderer
                 .local_endpoints()
@@ -264,6 +285,7 @@ impl NodeWorld {
         for addr in [server.v4, server.v6] {
             serve(&server.ns, addr, ALLOWED_PORT);
             serve(&server.ns, addr, DENIED_PORT);
+            serve(&server.ns, addr, TELNET_PORT);
         }
 
         assert!(
