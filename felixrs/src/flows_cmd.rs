@@ -110,8 +110,18 @@ pub fn decode_prefix(
     Some((action, kind, direction, rule, id))
 }
 
-/// `(src, dst, protocol, src port, dst port)` of an IPv4 or IPv6 packet.
-pub fn decode_ip(p: &[u8]) -> Option<(IpAddr, IpAddr, u8, Option<u16>, Option<u16>)> {
+/// The addresses, protocol and ports of a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpHeader {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub protocol: u8,
+    pub src_port: Option<u16>,
+    pub dst_port: Option<u16>,
+}
+
+/// The header of an IPv4 or IPv6 packet (ports for TCP, UDP and SCTP).
+pub fn decode_ip(p: &[u8]) -> Option<IpHeader> {
     let v = p.first()? >> 4;
     let (src, dst, proto, l4) = match v {
         4 => {
@@ -134,7 +144,13 @@ pub fn decode_ip(p: &[u8]) -> Option<(IpAddr, IpAddr, u8, Option<u16>, Option<u1
         ),
         _ => (None, None),
     };
-    Some((src, dst, proto, ports.0, ports.1))
+    Some(IpHeader {
+        src,
+        dst,
+        protocol: proto,
+        src_port: ports.0,
+        dst_port: ports.1,
+    })
 }
 
 /// What the node's view knows: workload addresses and policy prefix ids.
@@ -173,7 +189,13 @@ fn names_of(view: &crate::render_cmd::NodeView) -> Names {
 
 fn flow(names: &Names, group: u16, prefix: &str, payload: &[u8]) -> Option<Flow> {
     let (action, kind, direction, rule, id) = decode_prefix(prefix)?;
-    let (src, dst, protocol, src_port, dst_port) = decode_ip(payload)?;
+    let IpHeader {
+        src,
+        dst,
+        protocol,
+        src_port,
+        dst_port,
+    } = decode_ip(payload)?;
     let decided_by = match kind {
         "policy" => names
             .policies
@@ -393,7 +415,13 @@ mod tests {
         v4[12..16].copy_from_slice(&[10, 0, 0, 1]);
         v4[16..20].copy_from_slice(&[10, 0, 0, 2]);
         v4[20..24].copy_from_slice(&[0x9c, 0x40, 0x23, 0x82]);
-        let (s, d, p, sp, dp) = decode_ip(&v4).unwrap();
+        let IpHeader {
+            src: s,
+            dst: d,
+            protocol: p,
+            src_port: sp,
+            dst_port: dp,
+        } = decode_ip(&v4).unwrap();
         assert_eq!(
             (s.to_string(), d.to_string(), p),
             ("10.0.0.1".into(), "10.0.0.2".into(), 6)
