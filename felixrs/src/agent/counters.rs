@@ -185,3 +185,41 @@ pub fn spawn<R: Runner + 'static>(
         .expect("spawn counter thread");
     CounterThread { stop, thread }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iptables::model::Counters;
+    use iptables::stats::{Action, CounterKey, Direction, Source};
+
+    #[test]
+    fn hostile_names_stay_inside_their_label() {
+        let m = super::super::metrics::Metrics::new();
+        let mut tally = Tally::default();
+        tally.counters.insert(
+            CounterKey {
+                source: Source::NetworkPolicy,
+                tier: "default".into(),
+                name: "ns/evil\"} 1\nfelixrs_forged_total 9 --policy=x\\".into(),
+                direction: Direction::Ingress,
+                action: Action::Deny,
+            },
+            Counters {
+                packets: 7,
+                bytes: 420,
+            },
+        );
+        m.policy_counters.set(vec![(IpVersion::V4, tally)]);
+        let text = m.render();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("felixrs_policy_packets_total{"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{text}");
+        assert!(lines[0].ends_with(" 7"), "{text}");
+        assert!(
+            !text.lines().any(|l| l.starts_with("felixrs_forged")),
+            "{text}"
+        );
+    }
+}
