@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use anyhow::{Context, bail};
 use calc_graph::proto::IpVersion;
-use iptables::apply::backend::{self, Backend};
+use iptables::apply::backend::{self, Backend, Mode};
 use iptables::apply::{ExecRunner, Runner, TableName, ipset};
 use iptables::model::{Policy, Ruleset};
 use iptables::parse::parse_save_lenient;
@@ -32,6 +32,17 @@ pub struct KernelState {
 /// Reads this host's filter table of family `v` (backend detected as the agent does) and IP sets.
 pub fn read_kernel_state(v: IpVersion) -> anyhow::Result<KernelState> {
     let runner = ExecRunner::new();
+    let mode = backend::resolve(&runner, Backend::Auto)
+        .map_err(|e| anyhow::anyhow!("detecting the iptables backend: {e}"))?;
+    read_kernel_state_with(&runner, mode, v)
+}
+
+/// [`read_kernel_state`] through `runner` (e.g. inside a network namespace), backend `mode`.
+pub fn read_kernel_state_with(
+    runner: &dyn Runner,
+    mode: Mode,
+    v: IpVersion,
+) -> anyhow::Result<KernelState> {
     let run = |program: &str, args: &[&str]| -> anyhow::Result<String> {
         let out = runner
             .run(program, args, None)
@@ -45,8 +56,6 @@ pub fn read_kernel_state(v: IpVersion) -> anyhow::Result<KernelState> {
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     };
-    let mode = backend::resolve(&runner, Backend::Auto)
-        .map_err(|e| anyhow::anyhow!("detecting the iptables backend: {e}"))?;
     let program = mode.save_program(v);
     let text = run(&program, &["-t", "filter"])?;
     let (ruleset, warnings) =
