@@ -17,6 +17,10 @@
 //! model refuses (chain names over 28 bytes, interface names over 15, …), `-N`/`-X`/`-F`/`-D`
 //! lines (not save output).
 //!
+//! [`parse_save_lenient`] (for the kernel's own output: the applier, `trace --kernel`) takes every
+//! rule line: one the rules above reject is kept verbatim as an [`OpaqueRule`] with a warning,
+//! joined with the following lines while a double quote is open (a comment holding a raw newline).
+//!
 //! Like getopt, an option of those known matches/targets takes its value(s) verbatim even when
 //! they look like options (`--comment -s` is the comment `-s`); an option no loaded match knows
 //! goes to the implicit protocol match (`-p tcp --dport 22` becomes `-p tcp -m tcp --dport 22`, as
