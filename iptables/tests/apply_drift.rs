@@ -1,12 +1,13 @@
 //! The applier's fast drift check on the real kernel (legacy and nft, in a namespace this test
 //! creates): nothing drifted means nothing written; a flushed root chain is a full refresh; a
 //! foreign rule pushed above our hook moves the hook back to the top and keeps the foreign rule;
-//! an edited rule of ours is rewritten; a foreign rule appended below our top hook is not drift.
+//! an edited rule of ours is rewritten; a foreign rule appended below our top hook is not drift;
+//! a flushed IP set of ours is found by its member count and only it is rewritten.
 
 mod support;
 
 use iptables::apply::{Applier, ApplierConfig, Backend, TableName};
-use support::desired::mk_state;
+use support::desired::{SET_DB, SET_WEB, mk_state};
 use support::{kernel_netns, runner};
 
 fn drift(backend: Backend, ipt: &str) {
@@ -68,6 +69,23 @@ fn drift(backend: Backend, ipt: &str) {
     assert_eq!(d.drifted, vec!["filter/cali-FORWARD".to_string()]);
     assert!(!d.full_refresh);
     assert_eq!(list("cali-FORWARD"), forward);
+    let (d, report) = applier.check_drift(&desired).unwrap();
+    assert!(d.drifted.is_empty() && report.is_none(), "{d:?}");
+
+    // One of our sets flushed: only that set is rewritten.
+    ns.ok("ipset", &["flush", SET_WEB]);
+    let (d, report) = applier.check_drift(&desired).unwrap();
+    assert_eq!(d.sets, vec![SET_WEB.to_string()], "{d:?}");
+    assert_eq!(d.drifted, vec![format!("ipset/{SET_WEB}")]);
+    let written = report.unwrap();
+    assert!(written.iptables.is_empty(), "{written:?}");
+    assert!(written.ipset_updates.contains(SET_WEB), "{written:?}");
+    assert!(!written.ipset_updates.contains(SET_DB), "{written:?}");
+    let members = ns.ok("ipset", &["list", SET_WEB]);
+    assert!(
+        members.contains("10.65.0.1") && members.contains("10.65.0.2"),
+        "{members}"
+    );
     let (d, report) = applier.check_drift(&desired).unwrap();
     assert!(d.drifted.is_empty() && report.is_none(), "{d:?}");
 }

@@ -8,10 +8,12 @@
 //! A chain that differs is put into the view as the kernel has it, and the next apply rewrites
 //! exactly that chain (a displaced hook is deleted and re-inserted, a flushed or edited chain is
 //! rewritten by position). A root chain of ours found empty or missing means someone flushed
-//! or replaced the table wholesale: then everything is re-read (a full refresh).
+//! or replaced the table wholesale: then everything is re-read (a full refresh). Our IP sets are
+//! checked by their member counts (`ipset list -t`, headers only); a set whose count differs is
+//! re-read and rewritten.
 
 use super::backend::Mode;
-use super::desired::{IpVersion, TableName};
+use super::desired::{IpVersion, TableName, is_our_set};
 use super::error::ApplyError;
 use super::kernel::ActualRule;
 use super::read::read_tables;
@@ -71,6 +73,32 @@ pub fn list_chain(
     ))
 }
 
+/// Members per IP set of ours in family `family`, from the headers `ipset list -t` prints (one
+/// process, no members listed): a flushed set, or members added or deleted, change the count.
+pub fn set_sizes(
+    runner: &dyn Runner,
+    family: IpVersion,
+) -> Result<std::collections::BTreeMap<String, usize>, ApplyError> {
+    let out = runner.run("ipset", &["list", "-t"], None)?;
+    if !out.status.success() {
+        return Err(ApplyError::ReadIpSets {
+            detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    let mut sizes = std::collections::BTreeMap::new();
+    let mut name: Option<String> = None;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if let Some(n) = line.strip_prefix("Name: ") {
+            name = is_our_set(family, n.trim()).then(|| n.trim().to_string());
+        } else if let (Some(n), Some(count)) = (&name, line.strip_prefix("Number of entries: "))
+            && let Ok(c) = count.trim().parse()
+        {
+            sizes.insert(n.clone(), c);
+        }
+    }
+    Ok(sizes)
+}
+
 /// What a rule is for the comparison: its id and jump target (foreign rules have no id).
 pub fn same_rules(a: &[ActualRule], b: &[ActualRule]) -> bool {
     a.len() == b.len()
@@ -88,4 +116,6 @@ pub struct DriftReport {
     pub full_refresh: bool,
     /// `iptables -S` runs of the check.
     pub listings: u32,
+    /// Our IP sets whose member count differed (re-read and repaired).
+    pub sets: Vec<String>,
 }

@@ -23,7 +23,7 @@ use std::time::Duration;
 use super::backend::{self, Backend, Detection, Mode};
 use super::desired::{DesiredState, IpVersion, TableName, is_our_chain};
 use super::diff::{Op, plan_table, render, simulate};
-use super::drift::{CHECKED, DriftReport, list_chain, same_rules};
+use super::drift::{CHECKED, DriftReport, list_chain, same_rules, set_sizes};
 use super::error::{ApplyError, blame, clean_stderr, failed_line, payload_line};
 use super::ipset::{
     ActualSet, SetUpdatePlan, after_updates, parse_save as parse_ipset_save, plan_deletions,
@@ -258,7 +258,18 @@ impl<R: Runner> Applier<R> {
                 }
             }
         }
-        if changed.is_empty() {
+        // Our sets, by member count.
+        let sizes = set_sizes(&self.runner, self.config.family)?;
+        let view_sets = &self.view().sets;
+        drift.sets = view_sets
+            .iter()
+            .filter(|(name, set)| sizes.get(*name) != Some(&set.members.len()))
+            .map(|(name, _)| name.clone())
+            .collect();
+        if !drift.sets.is_empty() {
+            self.view().sets = self.read_sets()?;
+        }
+        if changed.is_empty() && drift.sets.is_empty() {
             return Ok((drift, None));
         }
         // A listing that differs only where we have nothing to write (a foreign rule appended, a
@@ -280,6 +291,7 @@ impl<R: Runner> Applier<R> {
                 touched.push(format!("{table}/{chain}"));
             }
         }
+        touched.extend(drift.sets.iter().map(|s| format!("ipset/{s}")));
         drift.drifted = touched;
         if drift.drifted.is_empty() {
             return Ok((drift, None));
