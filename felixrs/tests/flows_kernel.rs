@@ -1,7 +1,8 @@
 //! `felixrs flows` on the real kernel: the node of `node_support` rendered with `--log-denied` and
 //! applied (legacy and nft); `felixrs flows --json` runs in the node's namespace and prints the
 //! denied packets the datapath really dropped: one denied by a GlobalNetworkPolicy's Deny rule
-//! (named), one by the default tier's end, with the pods resolved. Root.
+//! (named), one by the default tier's end, with the pods resolved; and, with `--log-action nflog`,
+//! the packet the policy's Log rule logged. Root.
 
 mod node_support;
 
@@ -10,13 +11,14 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use felixrs::dataplane_args::DataplaneArgs;
+use felixrs::dataplane_args::{DataplaneArgs, LogTo};
 use iptables::apply::Backend;
 use node_support::{DENIED_PORT, NODE, NodeWorld, TELNET_PORT, connects};
 
 fn denied_packets_show_the_deciding_policy(backend: Backend) {
     let args = DataplaneArgs {
         log_denied: true,
+        log_action: LogTo::Nflog,
         ..DataplaneArgs::default()
     };
     let w = NodeWorld::with_dataplane(backend, &args);
@@ -29,7 +31,8 @@ fn denied_packets_show_the_deciding_policy(backend: Backend) {
             env!("CARGO_BIN_EXE_felixrs"),
         ])
         .args(["flows", "--manifests", &dir, "--node-name", NODE, "--json"])
-        .args(["--count", "2", "--timeout", "60", "--log-denied"])
+        .args(["--count", "3", "--timeout", "60", "--log-denied"])
+        .args(["--log-action", "nflog"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -67,14 +70,25 @@ fn denied_packets_show_the_deciding_policy(backend: Backend) {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect();
-    assert_eq!(flows.len(), 2, "{text}");
-    let by_port = |p: u16| {
+    assert_eq!(flows.len(), 3, "{text}");
+    let by_port = |p: u16, action: &str| {
         flows
             .iter()
-            .find(|f| f["dst_port"] == p)
-            .unwrap_or_else(|| panic!("no flow to port {p}: {text}"))
+            .find(|f| f["dst_port"] == p && f["action"] == action)
+            .unwrap_or_else(|| panic!("no {action} flow to port {p}: {text}"))
     };
-    let telnet = by_port(TELNET_PORT);
+    // The Log rule, to NFLOG group 3, names its policy too.
+    let logged = by_port(TELNET_PORT, "log");
+    assert_eq!(logged["group"], 3, "{text}");
+    assert_eq!(logged["kind"], "policy", "{text}");
+    assert!(
+        logged["decided_by"]
+            .as_str()
+            .unwrap()
+            .contains("deny-telnet"),
+        "{text}"
+    );
+    let telnet = by_port(TELNET_PORT, "deny");
     assert_eq!(telnet["action"], "deny", "{text}");
     assert_eq!(telnet["kind"], "policy", "{text}");
     assert_eq!(telnet["direction"], "ingress", "{text}");
@@ -89,7 +103,7 @@ fn denied_packets_show_the_deciding_policy(backend: Backend) {
     assert_eq!(telnet["src_pod"], "stats/client", "{text}");
     assert_eq!(telnet["dst_pod"], "stats/server", "{text}");
     assert_eq!(telnet["src"], "10.79.0.1");
-    let tier_end = by_port(DENIED_PORT);
+    let tier_end = by_port(DENIED_PORT, "deny");
     assert_eq!(tier_end["kind"], "tier-end", "{text}");
     assert_eq!(tier_end["decided_by"], "end of tier default", "{text}");
     assert_eq!(tier_end["prefix"], "DPI|default", "{text}");

@@ -55,12 +55,16 @@ spec:
   selector: app == 'server'
   types: [Ingress]
   ingress:
+    - action: Log
+      protocol: TCP
+      destination: {ports: [2323]}
     - action: Deny
       protocol: TCP
       destination: {ports: [2323]}
 "#;
 
-/// The port the `deny-telnet` GlobalNetworkPolicy denies (a policy Deny rule, not a tier end).
+/// The port the `deny-telnet` GlobalNetworkPolicy logs (a Log rule) and denies (a Deny rule, not a
+/// tier end).
 pub const TELNET_PORT: u16 = 2323;
 
 pub struct Pod {
