@@ -1,6 +1,7 @@
 //! Per-policy counters on the real kernel: a node namespace with two pod namespaces wired as
 //! Calico's CNI does, the rendered rules applied with the real applier (legacy and nft backends),
-//! TCP over IPv4 and IPv6 that one policy allows and the tier end drops; then `felixrs stats`
+//! TCP over IPv4 and IPv6 that one policy allows, one GlobalNetworkPolicy logs and denies, and the
+//! tier end drops; then `felixrs stats`
 //! (library and binary) must show the counters move for exactly that policy and that tier end.
 //! Needs root and iptables/ipset/iproute2 (CI has them); fails loudly otherwise.
 
@@ -9,7 +10,7 @@ mod node_support;
 use felixrs::stats_cmd::{Row, Stats, collect};
 use iptables::apply::Backend;
 use iptables::apply::backend::Mode;
-use node_support::{ALLOWED_PORT, DENIED_PORT, NODE, NodeWorld, connects};
+use node_support::{ALLOWED_PORT, DENIED_PORT, NODE, NodeWorld, TELNET_PORT, connects};
 
 fn row<'a>(
     stats: &'a Stats,
@@ -74,9 +75,22 @@ fn counters_move_for_the_right_policy(backend: Backend, mode: Mode) {
             "port {DENIED_PORT} of {dst} was not dropped"
         );
         denied[i] += 1;
+        // The GlobalNetworkPolicy's Log and Deny rules (not the tier end).
+        assert!(
+            !connects(&client.ns, dst, TELNET_PORT),
+            "{dst} telnet not denied"
+        );
     }
 
     let after = collect(renderer, runner, mode).expect("stats after traffic");
+    for fam in ["ipv4", "ipv6"] {
+        let gnp = "default.deny-telnet";
+        for action in ["log", "deny"] {
+            let delta = packets(&after, fam, "globalnetworkpolicy", gnp, action)
+                - packets(&before, fam, "globalnetworkpolicy", gnp, action);
+            assert!(delta >= 1, "{fam}: {gnp} {action} moved {delta}: {after:?}");
+        }
+    }
     for (i, fam) in ["ipv4", "ipv6"].into_iter().enumerate() {
         let allow_delta = packets(&after, fam, "networkpolicy", policy, "allow")
             - packets(&before, fam, "networkpolicy", policy, "allow");
