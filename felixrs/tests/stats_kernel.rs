@@ -1,8 +1,8 @@
 //! Per-policy counters on the real kernel: a node namespace with two pod namespaces wired as
 //! Calico's CNI does, the rendered rules applied with the real applier (legacy and nft backends),
 //! TCP over IPv4 and IPv6 that one policy allows, one GlobalNetworkPolicy logs and denies, and the
-//! tier end drops; then `felixrs stats`
-//! (library and binary) must show the counters move for exactly that policy and that tier end.
+//! tier end drops; then `felixrs stats` (library and binary) must show the counters move for
+//! exactly those policies and that tier end.
 //! Needs root and iptables/ipset/iproute2 (CI has them); fails loudly otherwise.
 
 mod node_support;
