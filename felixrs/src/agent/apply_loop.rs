@@ -105,6 +105,15 @@ fn run<D: Dataplane>(
     let mut next_refresh = Instant::now() + refresh;
     let mut next_drift = drift.map(|d| Instant::now() + d);
     loop {
+        // The drift check runs when due even while batches keep coming (it would never see a
+        // receive timeout on a busy node).
+        if programmed
+            && !failed
+            && let (Some(at), Some(period)) = (next_drift, drift)
+            && Instant::now() >= at
+        {
+            next_drift = Some(timed_drift_check(&mut dp, &hub, period));
+        }
         let wait = if failed {
             backoff
         } else if programmed {
@@ -131,18 +140,8 @@ fn run<D: Dataplane>(
                     let res = dp.refresh();
                     record(&hub, res, started, None);
                     next_refresh = Instant::now() + refresh;
-                } else if programmed
-                    && let (Some(at), Some(period)) = (next_drift, drift)
-                    && Instant::now() >= at
-                {
-                    let started = Instant::now();
-                    check_drift(&mut dp, &hub);
-                    // Stay within the budget: a check that took T waits at least T x 50 (2% of
-                    // one core), so a node whose listings are slow (iptables-legacy at scale)
-                    // checks less often instead of spending a core on it.
-                    let budget = started.elapsed() * DRIFT_BUDGET_FACTOR;
-                    next_drift = Some(Instant::now() + period.max(budget));
                 }
+                // A due drift check runs at the top of the loop.
                 continue;
             }
         }
@@ -165,6 +164,16 @@ fn run<D: Dataplane>(
             next_refresh = Instant::now() + refresh;
         }
     }
+}
+
+/// Runs the drift check and returns when the next one is due. Stays within the budget: a check
+/// that took T waits at least T x 50 (2% of one core), so a node whose listings are slow
+/// (iptables-legacy at scale) checks less often instead of spending a core on it.
+fn timed_drift_check<D: Dataplane>(dp: &mut D, hub: &StatusHub, period: Duration) -> Instant {
+    let started = Instant::now();
+    check_drift(dp, hub);
+    let budget = started.elapsed() * DRIFT_BUDGET_FACTOR;
+    Instant::now() + period.max(budget)
 }
 
 /// Runs the fast drift check; a log line and a metric per repaired chain.
