@@ -1,7 +1,7 @@
 //! The dataplane settings `felixrs agent` and `felixrs render` share, so that `render` prints what
 //! the agent with the same flags would program.
 
-use iptables::render::{EndpointToHostAction, RenderConfig, SourceSpoofing};
+use iptables::render::{DenyLog, EndpointToHostAction, LogAction, RenderConfig, SourceSpoofing};
 
 /// Felix `WorkloadSourceSpoofing`: may pods send from the `allowedSourcePrefixes` they ask for?
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -59,7 +59,31 @@ pub struct DataplaneArgs {
         default_value = "disabled"
     )]
     pub workload_source_spoofing: WorkloadSourceSpoofing,
+    /// Log denied packets: a kernel-rate-limited NFLOG rule before every policy Deny, tier-end and
+    /// "no profile matched" DROP (groups 1 ingress, 2 egress; read them with `felixrs flows`).
+    #[arg(long, env = "FELIXRS_LOG_DENIED")]
+    pub log_denied: bool,
+    /// Where Calico's Log action sends packets: `log` (the kernel log, Felix's default) or `nflog`
+    /// (NFLOG group 3 with a prefix naming the policy; `felixrs flows` reads it).
+    #[arg(
+        long,
+        env = "FELIXRS_LOG_ACTION",
+        value_enum,
+        ignore_case = true,
+        default_value = "log"
+    )]
+    pub log_action: LogTo,
 }
+
+/// Where the Log action's packets go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogTo {
+    Log,
+    Nflog,
+}
+
+/// The NFLOG group of the Log action with `--log-action nflog`.
+pub const LOG_ACTION_NFLOG_GROUP: u16 = 3;
 
 impl Default for DataplaneArgs {
     /// The flags' defaults.
@@ -69,6 +93,8 @@ impl Default for DataplaneArgs {
             interface_prefix: vec!["cali".into()],
             default_endpoint_to_host_action: EndpointToHost::Accept,
             workload_source_spoofing: WorkloadSourceSpoofing::Disabled,
+            log_denied: false,
+            log_action: LogTo::Log,
         }
     }
 }
@@ -87,6 +113,13 @@ impl DataplaneArgs {
             workload_source_spoofing: match self.workload_source_spoofing {
                 WorkloadSourceSpoofing::Disabled => SourceSpoofing::Disabled,
                 WorkloadSourceSpoofing::Any => SourceSpoofing::Any,
+            },
+            deny_log: self.log_denied.then(DenyLog::default),
+            log_action: match self.log_action {
+                LogTo::Log => LogAction::Log,
+                LogTo::Nflog => LogAction::Nflog {
+                    group: LOG_ACTION_NFLOG_GROUP,
+                },
             },
             ..RenderConfig::default()
         }

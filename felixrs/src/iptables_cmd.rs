@@ -3,7 +3,8 @@
 //! * `roundtrip [FILE]`: parse iptables-save / ip6tables-save text (stdin without FILE) and print it
 //!   re-rendered from the typed model. Kernel output comes back byte for byte; program-written
 //!   restore input comes back in the kernel's normal form. On a syntax error: `LINE:COL: message`
-//!   on stderr and exit status 1.
+//!   on stderr and exit status 1. With `--lenient` a rule line it cannot type is kept verbatim
+//!   (`warning: LINE:COL: …` on stderr), as the agent reads the kernel.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -24,12 +25,16 @@ enum IptablesCommand {
     Roundtrip {
         /// File with iptables-save text; stdin when absent.
         file: Option<PathBuf>,
+        /// Kernel output: keep a rule line the parser cannot type verbatim (warning on stderr)
+        /// instead of failing.
+        #[arg(long)]
+        lenient: bool,
     },
 }
 
 pub fn run(args: IptablesArgs) -> ExitCode {
     match args.command {
-        IptablesCommand::Roundtrip { file } => roundtrip(file),
+        IptablesCommand::Roundtrip { file, lenient } => roundtrip(file, lenient),
     }
 }
 
@@ -49,7 +54,7 @@ fn read_input(file: Option<&PathBuf>) -> anyhow::Result<String> {
     String::from_utf8(bytes).with_context(|| format!("{what} is not UTF-8 text"))
 }
 
-fn roundtrip(file: Option<PathBuf>) -> ExitCode {
+fn roundtrip(file: Option<PathBuf>, lenient: bool) -> ExitCode {
     let text = match read_input(file.as_ref()) {
         Ok(t) => t,
         Err(e) => {
@@ -57,7 +62,17 @@ fn roundtrip(file: Option<PathBuf>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match iptables::parse::parse_save(&text) {
+    let parsed = if lenient {
+        iptables::parse::parse_save_lenient(&text).map(|(rs, warnings)| {
+            for w in warnings {
+                eprintln!("warning: {w}");
+            }
+            rs
+        })
+    } else {
+        iptables::parse::parse_save(&text)
+    };
+    match parsed {
         Ok(rs) => {
             let mut out = std::io::stdout().lock();
             if let Err(e) = out

@@ -31,6 +31,12 @@ enum Command {
     /// Remove every `cali-` chain, hook rule and IP set of ours from this node's kernel (both
     /// iptables backends, both families) and nothing else. Root; stop the agent first.
     Cleanup(felixrs::cleanup_cmd::Args),
+    /// Show which policies allow and drop traffic on this node, from the kernel's rule counters
+    /// (root, in the node's network namespace).
+    Stats(felixrs::stats_cmd::Args),
+    /// Print the packets our NFLOG rules log (denied with --log-denied, the Log action with
+    /// --log-action nflog), with the deciding policy and the pods (root, on the node).
+    Flows(felixrs::flows_cmd::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -47,5 +53,7 @@ fn main() -> std::process::ExitCode {
         Command::Render(args) => args.run(),
         Command::Trace(args) => args.run(),
         Command::Cleanup(args) => args.run(),
+        Command::Stats(args) => args.run(),
+        Command::Flows(args) => args.run(),
     }
 }

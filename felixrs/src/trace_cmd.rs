@@ -42,6 +42,12 @@ pub struct Args {
     /// if the kernel differs.
     #[arg(long)]
     pub check_kernel: bool,
+    /// Also trace the packet through this host's kernel rules as they are (`iptables-save` and
+    /// `ipset save`, as root, in the node's network namespace), foreign rules included, from the top
+    /// of the kernel chain, and show where that path differs from the rendered one. Exits 2 if
+    /// the verdicts differ.
+    #[arg(long)]
+    pub kernel: bool,
     #[command(flatten)]
     pub dataplane: DataplaneArgs,
 }
@@ -368,6 +374,17 @@ impl Args {
                 for f in &findings {
                     let _ = writeln!(text, "  differs: {f}");
                 }
+                for p in &view.problems {
+                    eprintln!("felixrs trace: {p}");
+                }
+                return Err(KernelDiffers(text).into());
+            }
+        }
+        if self.kernel {
+            let state = crate::trace_kernel::read_kernel_state(traced.packet.version())?;
+            let kt = crate::trace_kernel::trace_kernel(&traced, &state)?;
+            text.push_str(&kt.text);
+            if !kt.agrees {
                 for p in &view.problems {
                     eprintln!("felixrs trace: {p}");
                 }

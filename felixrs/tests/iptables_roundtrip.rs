@@ -91,3 +91,26 @@ fn missing_file_is_a_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("reading /nonexistent/fxr-dump.txt"), "{err}");
 }
+
+#[test]
+fn lenient_roundtrip_keeps_a_rule_printed_across_lines_verbatim() {
+    let input = b"*filter\n:X - [0:0]\n-A X -m comment --comment \"a\nb\" -j ACCEPT\n-A X -j DROP\nCOMMIT\n";
+    let strict = run_stdin(input);
+    assert!(!strict.status.success());
+    let mut child = felixrs()
+        .args(["iptables", "roundtrip", "--lenient"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn felixrs");
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(out.stdout, input);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("warning: 3:") && stderr.contains("kept verbatim"),
+        "{stderr}"
+    );
+}

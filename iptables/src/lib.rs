@@ -3,6 +3,8 @@
 //! * [`model`]: typed tables, chains and rules, and their iptables-restore text form.
 //! * [`parse`]: a nom parser of `iptables-save` / `ip6tables-save` output that round-trips the kernel's text.
 //! * [`render`]: calc-graph output -> the desired Calico-style chains and IP sets (pure).
+//! * [`stats`]: per-policy counters: the kernel's rule counters attributed to policy, tier,
+//!   direction and action (pure).
 //! * [`apply`]: the transactional applier (`iptables-restore --noflush`, `ipset restore`), the only I/O,
 //!   behind a small runner trait.
 #![forbid(unsafe_code)]
@@ -11,3 +13,4 @@ pub mod apply;
 pub mod model;
 pub mod parse;
 pub mod render;
+pub mod stats;

@@ -44,6 +44,7 @@ fn render(rule: &ParsedRule, v: IpVersion) -> Vec<String> {
         owner: 'P',
         ingress: true,
         owner_id: "np/test/test",
+        deny_log: None,
     };
     render_rule(rule, 0, &ctx)
         .unwrap()

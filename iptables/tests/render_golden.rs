@@ -108,6 +108,7 @@ fn ctx_render(rule: &calc_graph::proto::ParsedRule) -> Vec<String> {
         owner: 'P',
         ingress: true,
         owner_id: "np/default/x",
+        deny_log: None,
     };
     felix_lines(&render_rule(rule, 0, &ctx).unwrap())
 }

@@ -51,6 +51,23 @@ pub trait Dataplane: Send + 'static {
     fn apply(&mut self, outputs: Vec<Output>) -> Result<ApplyReport, String>;
     /// Re-reads the kernel and repairs drift.
     fn refresh(&mut self) -> Result<ApplyReport, String>;
+    /// The fast drift check between refreshes: lists a few chains and repairs those that
+    /// drifted. The default finds nothing.
+    fn check_drift(&mut self) -> Result<Drift, String> {
+        Ok(Drift::default())
+    }
+}
+
+/// A drift check that took T waits at least T times this before the next one (2% of one core).
+pub const DRIFT_BUDGET_FACTOR: u32 = 50;
+
+/// What a fast drift check found and repaired.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Drift {
+    /// `ipv4 filter/cali-FORWARD`, … (each repaired).
+    pub repaired: Vec<String>,
+    /// A root chain of ours was flushed or deleted: everything was re-read and repaired.
+    pub full_refresh: bool,
 }
 
 /// Handle to the apply thread. Dropping every sender stops it after its current apply.
@@ -59,26 +76,49 @@ pub struct ApplyLoop {
     pub thread: std::thread::JoinHandle<()>,
 }
 
-pub fn spawn<D: Dataplane>(dp: D, hub: Arc<StatusHub>, refresh_interval: Duration) -> ApplyLoop {
+/// `drift_interval`: the fast drift check's period (`None`: only the full refresh).
+pub fn spawn<D: Dataplane>(
+    dp: D,
+    hub: Arc<StatusHub>,
+    refresh_interval: Duration,
+    drift_interval: Option<Duration>,
+) -> ApplyLoop {
     let (tx, rx) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
         .name("apply".into())
-        .spawn(move || run(dp, rx, hub, refresh_interval))
+        .spawn(move || run(dp, rx, hub, refresh_interval, drift_interval))
         .expect("spawn apply thread");
     ApplyLoop { tx, thread }
 }
 
-fn run<D: Dataplane>(mut dp: D, rx: Receiver<Batch>, hub: Arc<StatusHub>, refresh: Duration) {
+fn run<D: Dataplane>(
+    mut dp: D,
+    rx: Receiver<Batch>,
+    hub: Arc<StatusHub>,
+    refresh: Duration,
+    drift: Option<Duration>,
+) {
     let mut programmed = false;
     let mut failed = false;
     let mut backoff = Duration::from_millis(50);
     let mut pending_revision: Option<i64> = None;
     let mut next_refresh = Instant::now() + refresh;
+    let mut next_drift = drift.map(|d| Instant::now() + d);
     loop {
+        // The drift check runs when due even while batches keep coming (it would never see a
+        // receive timeout on a busy node).
+        if programmed
+            && !failed
+            && let (Some(at), Some(period)) = (next_drift, drift)
+            && Instant::now() >= at
+        {
+            next_drift = Some(timed_drift_check(&mut dp, &hub, period));
+        }
         let wait = if failed {
             backoff
         } else if programmed {
-            next_refresh.saturating_duration_since(Instant::now())
+            let next = next_drift.map_or(next_refresh, |d| d.min(next_refresh));
+            next.saturating_duration_since(Instant::now())
         } else {
             Duration::from_secs(3600)
         };
@@ -95,12 +135,13 @@ fn run<D: Dataplane>(mut dp: D, rx: Receiver<Batch>, hub: Arc<StatusHub>, refres
             Err(RecvTimeoutError::Disconnected) => return,
             Err(RecvTimeoutError::Timeout) if failed => {}
             Err(RecvTimeoutError::Timeout) => {
-                if programmed {
+                if programmed && Instant::now() >= next_refresh {
                     let started = Instant::now();
                     let res = dp.refresh();
                     record(&hub, res, started, None);
                     next_refresh = Instant::now() + refresh;
                 }
+                // A due drift check runs at the top of the loop.
                 continue;
             }
         }
@@ -121,6 +162,37 @@ fn run<D: Dataplane>(mut dp: D, rx: Receiver<Batch>, hub: Arc<StatusHub>, refres
             programmed = true;
             backoff = Duration::from_millis(50);
             next_refresh = Instant::now() + refresh;
+        }
+    }
+}
+
+/// Runs the drift check and returns when the next one is due. Stays within the budget: a check
+/// that took T waits at least T x 50 (2% of one core), so a node whose listings are slow
+/// (iptables-legacy at scale) checks less often instead of spending a core on it.
+fn timed_drift_check<D: Dataplane>(dp: &mut D, hub: &StatusHub, period: Duration) -> Instant {
+    let started = Instant::now();
+    check_drift(dp, hub);
+    let budget = started.elapsed() * DRIFT_BUDGET_FACTOR;
+    Instant::now() + period.max(budget)
+}
+
+/// Runs the fast drift check; a log line and a metric per repaired chain.
+fn check_drift<D: Dataplane>(dp: &mut D, hub: &StatusHub) {
+    let started = Instant::now();
+    let m = &hub.metrics;
+    m.drift_checks.inc();
+    match dp.check_drift() {
+        Ok(d) => {
+            m.drift_check_seconds
+                .observe(started.elapsed().as_secs_f64());
+            for chain in &d.repaired {
+                tracing::warn!(%chain, full_refresh = d.full_refresh, "drift: chain differed from what we wrote; repaired");
+            }
+            m.drift_repairs.inc_by(d.repaired.len() as u64);
+        }
+        Err(error) => {
+            m.drift_check_errors.inc();
+            tracing::warn!(%error, "drift check failed; the full refresh will repair");
         }
     }
 }

@@ -18,10 +18,16 @@ use std::net::IpAddr;
 use calc_graph::graph::{CalcGraph, Update};
 use calc_graph::model::{CALICO_PREFIX, Kind, Resource, ResourceKey};
 use calc_graph::proto::{EndpointId, IpVersion, Output, PolicyId};
-use iptables::apply::{Applier, ApplierConfig, Backend, DesiredState, Runner, backend, conntrack};
+use iptables::apply::{
+    Applier, ApplierConfig, Backend, DesiredState, Runner, TableName, backend, conntrack,
+};
 use iptables::render::{RenderConfig, Renderer};
+use iptables::stats::Attribution;
 
-use super::apply_loop::{ApplyReport, Dataplane};
+use std::sync::Arc;
+
+use super::apply_loop::{ApplyReport, Dataplane, Drift};
+use super::counters::{CounterHub, Published};
 use super::state::Pipeline;
 use super::status::FailedSafeRuleStatus;
 
@@ -133,6 +139,10 @@ pub struct KernelDataplane<R: Runner + Clone + 'static> {
     policies: HashSet<PolicyId>,
     /// Addresses that left a local endpoint: their flows go after the next successful program.
     stale_flows: BTreeSet<IpAddr>,
+    /// Where the counter thread learns what our rules count towards.
+    counters: Option<Arc<CounterHub>>,
+    /// The filter chains changed since the attribution was last published.
+    attribution_stale: bool,
 }
 
 impl<R: Runner + Clone + 'static> KernelDataplane<R> {
@@ -157,7 +167,30 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             endpoints: HashMap::new(),
             policies: HashSet::new(),
             stale_flows: BTreeSet::new(),
+            counters: None,
+            attribution_stale: true,
         })
+    }
+
+    /// Publishes, after every program that changed the filter chains, what each rule of ours
+    /// counts towards (for the counter thread, [`super::counters`]).
+    pub fn with_counters(mut self, hub: Arc<CounterHub>) -> Self {
+        self.counters = Some(hub);
+        self
+    }
+
+    fn publish_attribution(&mut self) {
+        let Some(hub) = &self.counters else { return };
+        if !self.attribution_stale {
+            return;
+        }
+        let Ok(mode) = self.v4.mode() else { return };
+        hub.publish(Published {
+            mode,
+            v4: Attribution::new(&self.renderer, IpVersion::V4),
+            v6: Attribution::new(&self.renderer, IpVersion::V6),
+        });
+        self.attribution_stale = false;
     }
 
     fn track(&mut self, o: &Output) {
@@ -230,6 +263,9 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             };
             tracing::debug!(family = v.number(), ipsets = %r.ipset_updates, iptables = ?r.iptables, saves = r.saves, "applied");
             count(desired, &mut report);
+            if r.iptables.contains_key(&TableName::Filter) {
+                self.attribution_stale = true;
+            }
             report.restore_calls += u64::from(!r.ipset_updates.is_empty())
                 + r.iptables.len() as u64
                 + u64::from(!r.ipset_deletions.is_empty());
@@ -238,6 +274,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
         if !errors.is_empty() {
             return Err(errors.join("; "));
         }
+        self.publish_attribution();
         Ok(report)
     }
 }
@@ -292,6 +329,28 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
         let mut report = self.program(true)?;
         self.remove_stale_flows(&mut report);
         Ok(report)
+    }
+
+    fn check_drift(&mut self) -> Result<Drift, String> {
+        let mut drift = Drift::default();
+        let mut errors = Vec::new();
+        for (v, applier) in [(IpVersion::V4, &mut self.v4), (IpVersion::V6, &mut self.v6)] {
+            match applier.check_drift(self.renderer.desired_ref(v)) {
+                Ok((d, _)) => {
+                    drift.full_refresh |= d.full_refresh;
+                    drift.repaired.extend(
+                        d.drifted
+                            .into_iter()
+                            .map(|c| format!("ipv{} {c}", v.number())),
+                    );
+                }
+                Err(e) => errors.push(format!("ipv{}: {e}", v.number())),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(errors.join("; "));
+        }
+        Ok(drift)
     }
 }
 

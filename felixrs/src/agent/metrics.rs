@@ -8,6 +8,9 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::sync::Arc;
+
+use super::counters::PolicyCounters;
 
 /// Every metric the agent exports, with the registry that serves them.
 pub struct Metrics {
@@ -32,6 +35,16 @@ pub struct Metrics {
     pub snapshot_writes: Counter,
     pub snapshot_write_errors: Counter,
     pub snapshot_write_seconds: Histogram,
+    /// Per-policy kernel counters, as last read by the counter thread.
+    pub policy_counters: Arc<PolicyCounters>,
+    pub policy_counter_rules_missing: Gauge,
+    pub counter_reads: Counter,
+    pub counter_read_errors: Counter,
+    pub counter_read_seconds: Histogram,
+    pub drift_checks: Counter,
+    pub drift_check_errors: Counter,
+    pub drift_repairs: Counter,
+    pub drift_check_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -65,6 +78,15 @@ impl Metrics {
             snapshot_writes: Counter::default(),
             snapshot_write_errors: Counter::default(),
             snapshot_write_seconds: secs(),
+            policy_counters: Arc::default(),
+            policy_counter_rules_missing: Gauge::default(),
+            counter_reads: Counter::default(),
+            counter_read_errors: Counter::default(),
+            counter_read_seconds: secs(),
+            drift_checks: Counter::default(),
+            drift_check_errors: Counter::default(),
+            drift_repairs: Counter::default(),
+            drift_check_seconds: secs(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -156,6 +178,47 @@ impl Metrics {
             "Time to encode and durably write the snapshot",
             m.snapshot_write_seconds.clone(),
         );
+        r.register(
+            "counter_reads",
+            "Reads of the kernel's rule counters (iptables-save -c, both families)",
+            m.counter_reads.clone(),
+        );
+        r.register(
+            "counter_read_errors",
+            "Failed reads of the kernel's rule counters",
+            m.counter_read_errors.clone(),
+        );
+        r.register(
+            "counter_read_seconds",
+            "Time to read and attribute the kernel's rule counters",
+            m.counter_read_seconds.clone(),
+        );
+        r.register(
+            "policy_counter_rules_missing",
+            "Rendered rules of ours the last counter read did not find in the kernel",
+            m.policy_counter_rules_missing.clone(),
+        );
+        r.register(
+            "drift_checks",
+            "Fast drift checks (our entry chains and hooks listed)",
+            m.drift_checks.clone(),
+        );
+        r.register(
+            "drift_check_errors",
+            "Fast drift checks that failed",
+            m.drift_check_errors.clone(),
+        );
+        r.register(
+            "drift_repairs",
+            "Chains found changed by someone else and repaired (one per chain)",
+            m.drift_repairs.clone(),
+        );
+        r.register(
+            "drift_check_seconds",
+            "Time of one fast drift check, repairs included",
+            m.drift_check_seconds.clone(),
+        );
+        r.register_collector(Box::new(m.policy_counters.clone()));
         Self { registry, ..m }
     }
 

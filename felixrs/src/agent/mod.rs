@@ -5,11 +5,13 @@
 //! * [`syncer`]: list + watch + reconnect/resync, emitting [`syncer::SyncEvent`]s.
 //! * [`state`]: the raw key -> value view fed into the calculation graph (`Pipeline` seam).
 //! * [`apply_loop`]: the thread that owns the dataplane and coalesces applies.
+//! * [`counters`]: the counter thread and the per-policy counters of `/metrics`.
 //! * [`snapshot`]: the persisted, checksummed snapshot of the last in-sync datastore view.
 //! * [`status`], [`metrics`]: HTTP status/health and Prometheus metrics.
 //! * [`runtime`]: wires the tasks together.
 
 pub mod apply_loop;
+pub mod counters;
 pub mod datastore;
 pub mod kernel;
 pub mod metrics;
@@ -63,6 +65,13 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v))
 }
 
+fn parse_secs_or_zero(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    parse_secs(s)
+}
+
 /// `felixrs agent`: the node agent.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -95,6 +104,14 @@ pub struct Args {
     /// Seconds between full re-reads of the kernel (drift repair).
     #[arg(long, env = "FELIXRS_REFRESH_INTERVAL", default_value = "90", value_parser = parse_secs)]
     pub refresh_interval: Duration,
+    /// Seconds between fast drift checks (our entry chains and hooks listed, changed ones
+    /// repaired); 0 turns them off (the full refresh still repairs).
+    #[arg(long, env = "FELIXRS_DRIFT_INTERVAL", default_value = "2", value_parser = parse_secs_or_zero)]
+    pub drift_interval: Duration,
+    /// Seconds between reads of the kernel's rule counters for the per-policy counters of
+    /// `/metrics` (a scrape never reads the kernel).
+    #[arg(long, env = "FELIXRS_COUNTERS_INTERVAL", default_value = "10", value_parser = parse_secs)]
+    pub counters_interval: Duration,
     /// Seconds to wait for etcd at start before programming from the snapshot.
     #[arg(long, env = "FELIXRS_ETCD_TIMEOUT", default_value = "2", value_parser = parse_secs)]
     pub etcd_timeout: Duration,
@@ -123,6 +140,8 @@ impl Args {
             iptables_backend,
             dataplane: dataplane_args,
             refresh_interval,
+            drift_interval,
+            counters_interval,
             etcd_timeout,
             etcd_ca,
             etcd_cert,
@@ -138,8 +157,10 @@ impl Args {
         // support it (`felixrs render` assumes they do).
         render.masquerade_random_fully =
             iptables::apply::detect_masquerade_fully_random(&ExecRunner::new());
+        let counter_hub = counters::CounterHub::new();
         let dataplane =
-            kernel::KernelDataplane::new(ExecRunner::new(), iptables_backend.into(), render)?;
+            kernel::KernelDataplane::new(ExecRunner::new(), iptables_backend.into(), render)?
+                .with_counters(counter_hub.clone());
         let pipeline = kernel::GraphPipeline::new(&node_name);
         let tls = EtcdTls {
             ca: etcd_ca,
@@ -153,6 +174,7 @@ impl Args {
             health_listen,
             etcd_timeout,
             refresh_interval,
+            drift_interval: (!drift_interval.is_zero()).then_some(drift_interval),
             snapshot_interval: Duration::from_secs(1),
         };
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -160,13 +182,21 @@ impl Args {
             .enable_all()
             .build()
             .context("tokio runtime")?;
-        rt.block_on(async move {
+        let hub = StatusHub::new(Metrics::new());
+        let counter_thread = counters::spawn(
+            ExecRunner::new(),
+            counter_hub,
+            hub.clone(),
+            counters_interval,
+        );
+        let result = rt.block_on(async move {
             let cancel = CancellationToken::new();
             tokio::spawn(shutdown_on_signal(cancel.clone()));
-            let hub = StatusHub::new(Metrics::new());
             tracing::info!(node = %node_name, "felixrs agent starting");
             runtime::run(cfg, datastore, pipeline, dataplane, hub, cancel).await
-        })
+        });
+        counter_thread.stop();
+        result
     }
 }
 

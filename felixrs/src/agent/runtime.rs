@@ -37,6 +37,8 @@ pub struct RuntimeConfig {
     /// How long to wait for etcd before programming from the snapshot.
     pub etcd_timeout: Duration,
     pub refresh_interval: Duration,
+    /// Period of the fast drift check (`None`: only the full refresh repairs drift).
+    pub drift_interval: Option<Duration>,
     /// Minimum time between two snapshot writes.
     pub snapshot_interval: Duration,
 }
@@ -60,7 +62,12 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
         cancel.clone().cancelled_owned(),
     ));
 
-    let apply = apply_loop::spawn(dataplane, hub.clone(), cfg.refresh_interval);
+    let apply = apply_loop::spawn(
+        dataplane,
+        hub.clone(),
+        cfg.refresh_interval,
+        cfg.drift_interval,
+    );
     let (sync_tx, mut sync_rx) = mpsc::channel(1024);
     let syncer = tokio::spawn(syncer::run(
         datastore,

@@ -72,6 +72,11 @@ impl Mode {
         format!("{}-{}-save", Self::base(family), self.infix())
     }
 
+    /// `iptables-legacy`, `ip6tables-nft`, … (listing one chain with `-S`).
+    pub fn list_program(self, family: IpVersion) -> String {
+        format!("{}-{}", Self::base(family), self.infix())
+    }
+
     /// `iptables-legacy-restore`, `ip6tables-nft-restore`, ….
     pub fn restore_program(self, family: IpVersion) -> String {
         format!("{}-{}-restore", Self::base(family), self.infix())

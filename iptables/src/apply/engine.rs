@@ -21,8 +21,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::backend::{self, Backend, Detection, Mode};
-use super::desired::{DesiredState, IpVersion, TableName};
+use super::desired::{DesiredState, IpVersion, TableName, is_our_chain};
 use super::diff::{Op, plan_table, render, simulate};
+use super::drift::{CHECKED, DriftReport, list_chain, same_rules, set_sizes};
 use super::error::{ApplyError, blame, clean_stderr, failed_line, payload_line};
 use super::ipset::{
     ActualSet, SetUpdatePlan, after_updates, parse_save as parse_ipset_save, plan_deletions,
@@ -214,6 +215,92 @@ impl<R: Runner> Applier<R> {
     /// Forgets the kernel view; the next apply reads the kernel again.
     pub fn invalidate(&mut self) {
         self.view = None;
+    }
+
+    /// The fast drift check ([`super::drift`]): lists our entry chains and the hook chains,
+    /// and if any differs from the view, repairs it (only those chains; everything when a root
+    /// chain of ours was flushed or deleted). Does nothing before the first apply.
+    pub fn check_drift(
+        &mut self,
+        desired: &DesiredState,
+    ) -> Result<(DriftReport, Option<ApplyReport>), ApplyError> {
+        let mut drift = DriftReport::default();
+        let (Some(mode), Some(_)) = (self.mode, self.view.as_ref()) else {
+            return Ok((drift, None));
+        };
+        let mut changed = Vec::new();
+        for (table, chain) in CHECKED {
+            let Some(d) = desired.tables.get(&table) else {
+                continue;
+            };
+            if !d.chains.contains_key(chain) && !d.hooks.iter().any(|h| h.kernel_chain == chain) {
+                continue;
+            }
+            drift.listings += 1;
+            let now = list_chain(&self.runner, mode, self.config.family, table, chain)?;
+            let view = self.view().tables.entry(table).or_default();
+            let known = view.chains.get(chain);
+            if let (Some(n), Some(k)) = (&now, known)
+                && same_rules(n, k)
+            {
+                continue;
+            }
+            if is_our_chain(chain) && now.as_ref().is_none_or(Vec::is_empty) {
+                drift.full_refresh = true;
+            }
+            changed.push((table, chain));
+            match now {
+                Some(rules) => {
+                    view.chains.insert(chain.to_string(), rules);
+                }
+                None => {
+                    view.chains.remove(chain);
+                }
+            }
+        }
+        // Our sets, by member count.
+        let sizes = set_sizes(&self.runner, self.config.family)?;
+        let view_sets = &self.view().sets;
+        drift.sets = view_sets
+            .iter()
+            .filter(|(name, set)| sizes.get(*name) != Some(&set.members.len()))
+            .map(|(name, _)| name.clone())
+            .collect();
+        if !drift.sets.is_empty() {
+            self.view().sets = self.read_sets()?;
+        }
+        if changed.is_empty() && drift.sets.is_empty() {
+            return Ok((drift, None));
+        }
+        // A listing that differs only where we have nothing to write (a foreign rule appended, a
+        // kernel chain the view had not seen yet) is not drift of ours.
+        let mut touched = Vec::new();
+        for (table, chain) in &changed {
+            let view = self.view();
+            let actual = view.tables.get(table).unwrap_or(&EMPTY_TABLE);
+            let ops = plan_table(*table, desired.tables.get(table), actual)?;
+            let hits = ops.iter().any(|op| match op {
+                Op::Declare(c) | Op::DeleteChain(c) => c == chain,
+                Op::Replace { chain: c, .. }
+                | Op::Append { chain: c, .. }
+                | Op::Insert { chain: c, .. }
+                | Op::DeleteIndex { chain: c, .. }
+                | Op::DeleteSpec { chain: c, .. } => c == chain,
+            });
+            if hits || drift.full_refresh {
+                touched.push(format!("{table}/{chain}"));
+            }
+        }
+        touched.extend(drift.sets.iter().map(|s| format!("ipset/{s}")));
+        drift.drifted = touched;
+        if drift.drifted.is_empty() {
+            return Ok((drift, None));
+        }
+        if drift.full_refresh {
+            self.invalidate();
+        }
+        let report = self.apply(desired)?;
+        Ok((drift, Some(report)))
     }
 
     /// Re-reads the kernel and applies `desired`, repairing any drift.

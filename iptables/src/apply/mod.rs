@@ -39,19 +39,23 @@
 //! * [`desired`]: the input type ([`DesiredState`]), produced by the renderer, and its checks.
 //! * [`kernel`], `read`: the applier's view of the kernel, read from `iptables-save` through the
 //!   crate's parser (line-scan fallback).
+//! * [`drift`]: the fast check of our entry chains between two full refreshes.
 //! * [`diff`]: pure per-table planning, rendering and a restore-semantics simulator.
 //! * [`ipset`]: reading our sets and planning the two `ipset restore` phases.
 //! * [`backend`]: legacy vs nft detection, binaries and lock options.
 //! * [`runner`]: the process runner trait and its std::process implementation.
 //! * [`cleanup`]: removing everything of ours from a node (`felixrs cleanup`).
+//! * [`counters`]: reading the filter table with counters (for [`crate::stats`]).
 //! * [`conntrack`]: deleting the conntrack flows of an address that left a local endpoint.
 //! * `engine`: [`Applier`], tying it together.
 
 pub mod backend;
 pub mod cleanup;
 pub mod conntrack;
+pub mod counters;
 pub mod desired;
 pub mod diff;
+pub mod drift;
 mod engine;
 pub mod error;
 pub mod ipset;
@@ -68,4 +72,5 @@ pub use desired::{
 };
 pub use engine::{Applier, ApplierConfig, ApplyReport, preview};
 pub use error::ApplyError;
+pub use read::read_tables;
 pub use runner::{ExecRunner, RunError, Runner};

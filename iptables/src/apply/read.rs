@@ -1,6 +1,7 @@
 //! Turning `iptables-save` output into the applier's kernel view.
 //!
-//! The save goes through the crate's parser ([`crate::parse::parse_save`]); per rule the view
+//! The save goes through the crate's parser ([`crate::parse::parse_save_lenient`]: a rule it
+//! cannot type is kept verbatim, never ours, so its chain's rule positions stay true); per rule the view
 //! keeps the first comment's `cali:` hash, the jump/goto target and (outside our chains) the
 //! kernel's own rendering of the rule for delete-by-spec. A save the parser rejects (a foreign
 //! rule using syntax it does not know) must not stop policy from being programmed, so it falls
@@ -10,23 +11,40 @@
 use std::collections::BTreeMap;
 
 use super::desired::{HASH_COMMENT_PREFIX, TableName, is_our_chain, valid_hash};
-use super::kernel::{ActualRule, ActualTable, scan_save};
-use crate::model::{Rule, Target};
+use super::kernel::{ActualRule, ActualTable, scan_rule, scan_save};
+use crate::model::{Rule, TableLine, Target};
+#[cfg(test)]
 use crate::parse::parse_save;
+use crate::parse::parse_save_lenient;
 
 /// Every table in a save, as the applier sees it.
 pub fn read_tables(text: &str) -> BTreeMap<TableName, ActualTable> {
-    match parse_save(text) {
-        Ok(ruleset) => {
+    match parse_save_lenient(text) {
+        Ok((ruleset, _warnings)) => {
             let mut out: BTreeMap<TableName, ActualTable> = BTreeMap::new();
             for table in ruleset.tables() {
                 let view = out.entry(table.name).or_default();
                 for name in table.chain_names() {
                     view.chains.entry(name.to_string()).or_default();
                 }
-                for rule in table.rules() {
-                    let chain = rule.chain.as_str();
-                    let actual = actual_rule(chain, rule);
+                for line in &table.lines {
+                    let (chain, actual) = match line {
+                        TableLine::Rule(rule) | TableLine::Insert { rule, .. } => {
+                            let chain = rule.chain.as_str();
+                            (chain, actual_rule(chain, rule))
+                        }
+                        TableLine::Opaque(o) => {
+                            let Some((chain, spec)) = o.chain_and_spec() else {
+                                continue;
+                            };
+                            // Never ours: a rule we cannot type is never deleted by its spec
+                            // (it may span lines); in our chains it is replaced by position.
+                            let mut r = scan_rule(chain, spec);
+                            r.hash = None;
+                            (chain, r)
+                        }
+                        _ => continue,
+                    };
                     match view.chains.get_mut(chain) {
                         Some(rules) => rules.push(actual),
                         None => {

@@ -91,7 +91,7 @@ pub use matches::{
 };
 pub use restore::RestoreWriter;
 pub use rule::{Addr, Negatable, Protocol, Rule};
-pub use table::{Chain, CommentLine, Item, Policy, Ruleset, Table, TableLine};
+pub use table::{Chain, CommentLine, Item, OpaqueRule, Policy, Ruleset, Table, TableLine};
 pub use target::{NflogLen, Target};
 pub use text::{
     Arg, ChainName, Iface, MAX_CHAIN_NAME_LEN, MAX_IFACE_LEN, MAX_SET_NAME_LEN, MAX_TOKEN_LEN,

@@ -99,6 +99,38 @@ impl CommentLine {
     }
 }
 
+/// A rule line of the kernel's output the typed parser could not take, kept verbatim (it may
+/// span lines: a quoted string holding a raw newline). Only
+/// [`crate::parse::parse_save_lenient`] makes them; they render back byte for byte.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct OpaqueRule {
+    text: String,
+}
+
+impl OpaqueRule {
+    pub fn new(text: impl Into<String>) -> Self {
+        Self { text: text.into() }
+    }
+
+    /// The exact text (no final newline).
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The rule's chain and the rest of its text (after `[p:b] -A CHAIN `), if it has that shape.
+    pub fn chain_and_spec(&self) -> Option<(&str, &str)> {
+        let t = self.text.as_str();
+        let t = match t.strip_prefix('[') {
+            Some(rest) => rest.split_once("] ")?.1,
+            None => t,
+        };
+        let rest = t
+            .strip_prefix("-A ")
+            .or_else(|| t.strip_prefix("--append "))?;
+        Some(rest.split_once(' ').unwrap_or((rest, "")))
+    }
+}
+
 /// One line of a table body.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum TableLine {
@@ -112,6 +144,8 @@ pub enum TableLine {
     },
     Comment(CommentLine),
     Blank,
+    /// A rule kept verbatim (see [`OpaqueRule`]).
+    Opaque(OpaqueRule),
 }
 
 /// `*name` … `COMMIT`.
@@ -194,6 +228,7 @@ impl Table {
                     rule.render_spec_into(out);
                 }
                 TableLine::Comment(c) => out.push_str(c.as_str()),
+                TableLine::Opaque(o) => out.push_str(o.as_str()),
                 TableLine::Blank => {}
             }
             out.push('\n');

@@ -17,6 +17,10 @@
 //! model refuses (chain names over 28 bytes, interface names over 15, …), `-N`/`-X`/`-F`/`-D`
 //! lines (not save output).
 //!
+//! [`parse_save_lenient`] (for the kernel's own output: the applier, `trace --kernel`) takes every
+//! rule line: one the rules above reject is kept verbatim as an [`OpaqueRule`] with a warning,
+//! joined with the following lines while a double quote is open (a comment holding a raw newline).
+//!
 //! Like getopt, an option of those known matches/targets takes its value(s) verbatim even when
 //! they look like options (`--comment -s` is the comment `-s`); an option no loaded match knows
 //! goes to the implicit protocol match (`-p tcp --dport 22` becomes `-p tcp -m tcp --dport 22`, as
@@ -39,8 +43,8 @@ use nom::character::complete::{char, u64 as nom_u64};
 use nom::sequence::{delimited, separated_pair};
 
 use crate::model::{
-    Chain, ChainName, CommentLine, Counters, Item, Policy, Ruleset, Table, TableLine, TableName,
-    Target,
+    Chain, ChainName, CommentLine, Counters, Item, OpaqueRule, Policy, Ruleset, Table, TableLine,
+    TableName, Target,
 };
 
 /// A syntax error, 1-based line and column (in characters).
@@ -85,6 +89,27 @@ impl Cursor<'_> {
 
 /// Parses a whole save file.
 pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
+    parse(text, None)
+}
+
+/// Parses the kernel's own output, never failing on a rule line: a rule the typed parser cannot
+/// take is kept verbatim as an [`OpaqueRule`] (it renders back byte for byte) and reported as a
+/// warning. A quoted string holding a raw newline (a comment with a newline in it, which the
+/// kernel prints across lines) spans the lines up to its closing quote. Only the file's structure
+/// (tables, chain lines, `COMMIT`, CR/NUL bytes) can still fail.
+pub fn parse_save_lenient(text: &str) -> Result<(Ruleset, Vec<ParseError>), ParseError> {
+    let mut warnings = Vec::new();
+    let rs = parse(text, Some(&mut warnings))?;
+    for w in &warnings {
+        tracing::warn!(warning = %w, "iptables-save line kept verbatim (opaque rule)");
+    }
+    Ok((rs, warnings))
+}
+
+/// Lines a quoted string may span in lenient mode.
+const MAX_CONTINUATION_LINES: usize = 16;
+
+fn parse(text: &str, mut lenient: Option<&mut Vec<ParseError>>) -> Result<Ruleset, ParseError> {
     let mut rs = Ruleset {
         items: Vec::new(),
         missing_final_newline: !text.is_empty() && !text.ends_with('\n'),
@@ -97,7 +122,8 @@ pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
     let has_cr_or_nul = has_cr_or_nul(body.as_bytes());
     let mut state = RuleState::default();
     let mut toks = Vec::with_capacity(32);
-    for (idx, line) in body.split('\n').enumerate() {
+    let mut lines = body.split('\n').enumerate().peekable();
+    while let Some((idx, line)) = lines.next() {
         let cur = Cursor {
             line_no: idx + 1,
             line,
@@ -167,9 +193,44 @@ pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
         };
         if line.starts_with(':') {
             t.lines.push(TableLine::Chain(chain_line(&cur)?));
-        } else {
-            t.lines.push(rule_line(&cur, &mut state, &mut toks)?);
+            continue;
         }
+        let err = match rule_line(&cur, &mut state, &mut toks) {
+            Ok(l) => {
+                t.lines.push(l);
+                continue;
+            }
+            Err(e) => e,
+        };
+        let Some(warnings) = lenient.as_deref_mut() else {
+            return Err(err);
+        };
+        // A quote left open: the string holds a raw newline; take lines up to the closing quote.
+        let mut raw = line.to_string();
+        let mut joined = 0;
+        while lexer::tokenize(&raw).is_err() && joined < MAX_CONTINUATION_LINES {
+            let Some((_, next)) = lines.peek() else { break };
+            if *next == "COMMIT" {
+                break;
+            }
+            raw.push('\n');
+            raw.push_str(next);
+            lines.next();
+            joined += 1;
+        }
+        if raw.contains(['\r', '\0']) {
+            return Err(err);
+        }
+        let lines_note = if joined > 0 {
+            format!(" (a rule printed across {} lines)", joined + 1)
+        } else {
+            String::new()
+        };
+        warnings.push(ParseError {
+            message: format!("kept verbatim{lines_note}: {}", err.message),
+            ..err
+        });
+        t.lines.push(TableLine::Opaque(OpaqueRule::new(raw)));
     }
     if let Some((t, start)) = table {
         let last = body.split('\n').count();

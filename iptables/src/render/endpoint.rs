@@ -10,6 +10,10 @@ use calc_graph::proto::{Action, LocalEndpoint, Protocol};
 use super::ir::{CtStates, Match, Rule, Side, Target};
 use super::marks::MarkBits;
 use super::names;
+use super::rule::DenyLog;
+
+/// The id in the NFLOG prefix of "no profile matched" drops (Felix's).
+pub const NO_MATCH: &str = "__NO_MATCH__";
 
 /// The VXLAN port whose packets workloads may not send (Felix `VXLANPort`).
 pub const VXLAN_PORT: u16 = 4789;
@@ -20,7 +24,9 @@ pub fn endpoint_chain(
     ingress: bool,
     marks: &MarkBits,
     allow_encap: bool,
+    deny_log: Option<DenyLog>,
 ) -> (String, Vec<Rule>) {
+    let dir = if ingress { 'I' } else { 'E' };
     let name = names::endpoint_chain_name(&ep.interface_name, ingress);
     let mut rules = vec![
         Rule::new(
@@ -103,6 +109,14 @@ pub fn endpoint_chain(
                 "End of tier {}. Drop if no policies passed packet",
                 tier.name
             );
+            if let Some(d) = deny_log {
+                rules.push(d.rule(
+                    vec![pass_clear.clone()],
+                    ingress,
+                    &format!("DP{dir}"),
+                    &tier.name,
+                ));
+            }
             rules.push(Rule::new(vec![pass_clear.clone()], Target::Drop).with_comment(&comment));
         }
     }
@@ -115,6 +129,9 @@ pub fn endpoint_chain(
             Rule::new(vec![accepted.clone()], Target::Return)
                 .with_comment("Return if profile accepted"),
         );
+    }
+    if let Some(d) = deny_log {
+        rules.push(d.rule(vec![], ingress, &format!("DR{dir}"), NO_MATCH));
     }
     rules.push(Rule::new(vec![], Target::Drop).with_comment("Drop if no profiles matched"));
     (name, rules)

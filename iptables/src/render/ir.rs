@@ -103,6 +103,12 @@ pub enum Match {
     Rpfilter {
         negated: bool,
     },
+    /// `-m limit --limit N/sec --limit-burst B`: at most `per_second` packets a second after a
+    /// burst of `burst` (the deny-log rules' kernel rate limit).
+    Limit {
+        per_second: u32,
+        burst: u32,
+    },
 }
 
 /// A rule's target.
@@ -315,6 +321,16 @@ impl Rule {
                         states,
                     });
                 }
+                Match::Limit { per_second, burst } => {
+                    r.matches.push(model::Match::Limit {
+                        rate: model::Rate {
+                            count: *per_second,
+                            unit: model::RateUnit::Second,
+                        },
+                        // The kernel does not print the default burst.
+                        burst: (*burst != 5).then_some(*burst),
+                    });
+                }
                 Match::Rpfilter { negated } => {
                     let mut args = Vec::new();
                     if *negated {
@@ -483,6 +499,12 @@ fn write_match(s: &mut String, m: &Match) {
         }
         Match::Rpfilter { negated } => {
             write!(s, "-m rpfilter{}", if *negated { " --invert" } else { "" })
+        }
+        Match::Limit { per_second, burst } => {
+            write!(
+                s,
+                "-m limit --limit {per_second}/second --limit-burst {burst}"
+            )
         }
     };
 }

@@ -95,11 +95,12 @@ pub mod rule;
 mod state;
 pub mod static_chains;
 pub mod trace;
+pub mod trace_kernel;
 
 use calc_graph::proto::{EndpointId, PolicyId};
 
 pub use marks::MarkBits;
-pub use rule::{LogAction, RuleError};
+pub use rule::{DenyLog, LogAction, RuleError};
 pub use state::{Delta, Renderer, SetChange};
 
 /// What `cali-wl-to-host` does with workload traffic to the host after egress policy allowed it
@@ -144,6 +145,8 @@ pub struct RenderConfig {
     /// and the kernel >= 3.14 support it (its `MASQFullyRandom` feature); the agent detects it
     /// (`apply::detect_masquerade_fully_random`), the default (and `felixrs render`) assumes it.
     pub masquerade_random_fully: bool,
+    /// Log denied packets via NFLOG (off by default, as in Felix without flow logs).
+    pub deny_log: Option<DenyLog>,
 }
 
 impl Default for RenderConfig {
@@ -157,6 +160,7 @@ impl Default for RenderConfig {
             allow_encap_from_workloads: false,
             workload_source_spoofing: SourceSpoofing::Disabled,
             masquerade_random_fully: true,
+            deny_log: None,
         }
     }
 }

@@ -71,6 +71,62 @@ pub struct RuleCtx<'a> {
     pub ingress: bool,
     /// Policy / profile id for the NFLOG prefix (`np/ns/name`, `kns.default`).
     pub owner_id: &'a str,
+    /// Log denied packets (an NFLOG rule before each Deny's DROP).
+    pub deny_log: Option<DenyLog>,
+}
+
+/// Opt-in logging of denied packets with Felix's flow-log NFLOG rules (without flow logs): a
+/// kernel-rate-limited NFLOG rule right before the DROP of every Deny rule
+/// (`D<P|R><I|E><rule index>|<policy or profile id>`), every tier end (`DP<I|E>|<tier>`) and
+/// every "no profile matched" (`DR<I|E>|__NO_MATCH__`), to group 1 (ingress) or 2 (egress).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DenyLog {
+    /// Packets a second each such rule logs at most (after the burst).
+    pub per_second: u32,
+    pub burst: u32,
+}
+
+impl Default for DenyLog {
+    fn default() -> Self {
+        DenyLog {
+            per_second: 10,
+            burst: 20,
+        }
+    }
+}
+
+/// Felix's NFLOG groups: 1 for ingress, 2 for egress.
+pub const NFLOG_GROUP_INGRESS: u16 = 1;
+pub const NFLOG_GROUP_EGRESS: u16 = 2;
+
+impl DenyLog {
+    /// The rate limit of a deny-log rule.
+    pub fn limit(self) -> Match {
+        Match::Limit {
+            per_second: self.per_second,
+            burst: self.burst,
+        }
+    }
+
+    pub fn group(ingress: bool) -> u16 {
+        if ingress {
+            NFLOG_GROUP_INGRESS
+        } else {
+            NFLOG_GROUP_EGRESS
+        }
+    }
+
+    /// The NFLOG rule logging what `matches` selects, with prefix `head|id`.
+    pub fn rule(self, mut matches: Vec<Match>, ingress: bool, head: &str, id: &str) -> Rule {
+        matches.push(self.limit());
+        Rule::new(
+            matches,
+            Target::Nflog {
+                group: Self::group(ingress),
+                prefix: nflog_prefix(head, id),
+            },
+        )
+    }
 }
 
 /// Splits ports into multiport groups of at most 15 slots, greedily in order (`SplitPortList`).
@@ -411,6 +467,15 @@ pub fn render_rule(
         }
         Action::Deny => {
             out.push(mark_rule(ctx.marks.drop, m));
+            if let Some(d) = ctx.deny_log {
+                let dir = if ctx.ingress { 'I' } else { 'E' };
+                out.push(d.rule(
+                    on_bit(ctx.marks.drop),
+                    ctx.ingress,
+                    &format!("D{}{dir}{index}", ctx.owner),
+                    ctx.owner_id,
+                ));
+            }
             out.push(Rule::new(on_bit(ctx.marks.drop), Target::Drop));
         }
         Action::Log => out.push(Rule::new(m, log_target(index, ctx))),

@@ -141,6 +141,21 @@ impl Renderer {
         &self.marks
     }
 
+    /// The active policies the renderer holds (their chains exist while an endpoint uses them).
+    pub fn policy_ids(&self) -> impl Iterator<Item = &PolicyId> {
+        self.policies.keys()
+    }
+
+    /// The active profiles the renderer holds.
+    pub fn profile_ids(&self) -> impl Iterator<Item = &str> {
+        self.profiles.keys().map(String::as_str)
+    }
+
+    /// The local endpoints the renderer holds.
+    pub fn local_endpoints(&self) -> impl Iterator<Item = &LocalEndpoint> {
+        self.endpoints.values()
+    }
+
     /// Whether the graph has reported its initial snapshot complete (`Output::InSync`).
     pub fn in_sync(&self) -> bool {
         self.in_sync
@@ -341,6 +356,7 @@ impl Renderer {
                             ingress,
                             &self.marks,
                             self.cfg.allow_encap_from_workloads,
+                            self.cfg.deny_log,
                         );
                         fam.set_chain(TableName::Filter, name, rules);
                     }
@@ -497,6 +513,7 @@ impl Renderer {
             owner,
             ingress,
             owner_id,
+            deny_log: self.cfg.deny_log,
         }
     }
 

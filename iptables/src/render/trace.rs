@@ -360,6 +360,8 @@ impl Tracer<'_> {
                 };
                 hit != *negated
             }
+            // A rate limit lets one traced packet through.
+            Match::Limit { .. } => true,
             Match::Rpfilter { .. } => {
                 return Err(TraceError::Unsupported {
                     chain: chain.to_string(),

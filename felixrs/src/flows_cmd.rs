@@ -1,0 +1,458 @@
+//! `felixrs flows`: the packets our NFLOG rules send (denied packets with `--log-denied`, the Log
+//! action with `--log-action nflog`), each printed with the policy, tier or profile that decided
+//! it and the namespace/pod of its addresses. Root, in the node's network namespace.
+//!
+//! It binds NFLOG groups 1 (ingress) and 2 (egress) (Felix's) and 3 (the Log action) on a netlink
+//! socket (`netlink-sys` + `netlink-packet-netfilter`, the rust-netlink crates: pure Rust, no C
+//! library) and decodes each packet's prefix (`<A><O><D><rule>|<id>`: action `D`eny or `L`og, owner
+//! `P`olicy or p`R`ofile, direction `I`/`E`) and IP header. Addresses are resolved with the
+//! workload endpoints of the agent's snapshot (`--state-dir`) or of manifests. Text from the
+//! kernel (prefixes) and from the datastore (names) is escaped in the text output, and a JSON
+//! string in `--json` (one object per line), so no name can forge a line.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use calc_graph::model::Resource;
+use iptables::render::names;
+use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
+use netlink_packet_netfilter::nflog::{
+    ConfigCmd, ConfigFlags, ConfigMode, PacketNla, Timeout, ULogMessage, config_request,
+};
+use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily};
+use netlink_sys::{Socket, constants::NETLINK_NETFILTER};
+use serde::Serialize;
+
+use crate::dataplane_args::{DataplaneArgs, LOG_ACTION_NFLOG_GROUP};
+use crate::render_cmd::{SourceArgs, render_node};
+use crate::stats_cmd::cell;
+
+/// `felixrs flows`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// This node's name.
+    #[arg(long, env = "FELIXRS_NODE_NAME")]
+    pub node_name: String,
+    /// One JSON object per packet, per line.
+    #[arg(long)]
+    pub json: bool,
+    /// Stop after this many packets.
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// Stop after this many seconds.
+    #[arg(long)]
+    pub timeout: Option<f64>,
+    #[command(flatten)]
+    pub dataplane: DataplaneArgs,
+}
+
+/// One logged packet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Flow {
+    /// `deny` or `log`.
+    pub action: String,
+    /// `ingress` or `egress`.
+    pub direction: String,
+    /// `policy`, `profile`, `tier-end` or `no-profile`.
+    pub kind: String,
+    /// The policy (as `kind ns/name` when known), profile, or tier.
+    pub decided_by: String,
+    /// The rule's index in the policy or profile, when the prefix names one.
+    pub rule: Option<u32>,
+    pub prefix: String,
+    pub group: u16,
+    pub protocol: u8,
+    pub src: String,
+    pub dst: String,
+    pub src_port: Option<u16>,
+    pub dst_port: Option<u16>,
+    /// `namespace/pod` of the source and destination, when they are workloads.
+    pub src_pod: Option<String>,
+    pub dst_pod: Option<String>,
+}
+
+/// Decodes an NFLOG prefix of ours: `(action, kind, direction, rule, id)`.
+pub fn decode_prefix(
+    prefix: &str,
+) -> Option<(&'static str, &'static str, &'static str, Option<u32>, &str)> {
+    let (head, id) = prefix.split_once('|')?;
+    let mut c = head.chars();
+    let action = match c.next()? {
+        'D' => "deny",
+        'L' => "log",
+        'A' => "allow",
+        'N' => "pass",
+        _ => return None,
+    };
+    let owner = c.next()?;
+    let direction = match c.next()? {
+        'I' => "ingress",
+        'E' => "egress",
+        _ => return None,
+    };
+    let rest: String = c.collect();
+    let rule = if rest.is_empty() {
+        None
+    } else {
+        Some(rest.parse().ok()?)
+    };
+    let kind = match (owner, rule) {
+        ('P', None) => "tier-end",
+        ('R', None) => "no-profile",
+        ('P', Some(_)) => "policy",
+        ('R', Some(_)) => "profile",
+        _ => return None,
+    };
+    Some((action, kind, direction, rule, id))
+}
+
+/// The addresses, protocol and ports of a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpHeader {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub protocol: u8,
+    pub src_port: Option<u16>,
+    pub dst_port: Option<u16>,
+}
+
+/// The header of an IPv4 or IPv6 packet (ports for TCP, UDP and SCTP).
+pub fn decode_ip(p: &[u8]) -> Option<IpHeader> {
+    let v = p.first()? >> 4;
+    let (src, dst, proto, l4) = match v {
+        4 => {
+            let ihl = usize::from(p[0] & 0x0f) * 4;
+            let a: [u8; 4] = p.get(12..16)?.try_into().ok()?;
+            let b: [u8; 4] = p.get(16..20)?.try_into().ok()?;
+            (IpAddr::from(a), IpAddr::from(b), *p.get(9)?, p.get(ihl..))
+        }
+        6 => {
+            let a: [u8; 16] = p.get(8..24)?.try_into().ok()?;
+            let b: [u8; 16] = p.get(24..40)?.try_into().ok()?;
+            (IpAddr::from(a), IpAddr::from(b), *p.get(6)?, p.get(40..))
+        }
+        _ => return None,
+    };
+    let ports = match (proto, l4) {
+        (6 | 17 | 132, Some(h)) if h.len() >= 4 => (
+            Some(u16::from_be_bytes([h[0], h[1]])),
+            Some(u16::from_be_bytes([h[2], h[3]])),
+        ),
+        _ => (None, None),
+    };
+    Some(IpHeader {
+        src,
+        dst,
+        protocol: proto,
+        src_port: ports.0,
+        dst_port: ports.1,
+    })
+}
+
+/// What the node's view knows: workload addresses and policy prefix ids.
+struct Names {
+    pods: HashMap<IpAddr, String>,
+    /// `policy_chain_id` (what our prefixes carry) -> the policy as people name it.
+    policies: HashMap<String, String>,
+}
+
+fn names_of(view: &crate::render_cmd::NodeView) -> Names {
+    let mut pods = HashMap::new();
+    for (key, res) in &view.resources {
+        if !key.contains("/workloadendpoints/") {
+            continue;
+        }
+        let Ok((_, Resource::WorkloadEndpoint(w))) = Resource::from_etcd_validated(key, res) else {
+            continue;
+        };
+        let ns = w.metadata.namespace.clone().unwrap_or_default();
+        let pod = w
+            .spec
+            .pod
+            .clone()
+            .unwrap_or_else(|| w.metadata.name.clone());
+        for n in &w.spec.ip_networks {
+            pods.insert(n.addr(), format!("{ns}/{pod}"));
+        }
+    }
+    let policies = view
+        .renderer
+        .policy_ids()
+        .map(|id| (names::policy_chain_id(id), id.to_string()))
+        .collect();
+    Names { pods, policies }
+}
+
+fn flow(names: &Names, group: u16, prefix: &str, payload: &[u8]) -> Option<Flow> {
+    let (action, kind, direction, rule, id) = decode_prefix(prefix)?;
+    let IpHeader {
+        src,
+        dst,
+        protocol,
+        src_port,
+        dst_port,
+    } = decode_ip(payload)?;
+    let decided_by = match kind {
+        "policy" => names
+            .policies
+            .get(id)
+            .cloned()
+            .unwrap_or_else(|| id.to_string()),
+        "tier-end" => format!("end of tier {id}"),
+        "no-profile" => "no profile matched".to_string(),
+        _ => format!("profile {id}"),
+    };
+    Some(Flow {
+        action: action.into(),
+        direction: direction.into(),
+        kind: kind.into(),
+        decided_by,
+        rule,
+        prefix: prefix.to_string(),
+        group,
+        protocol,
+        src: src.to_string(),
+        dst: dst.to_string(),
+        src_port,
+        dst_port,
+        src_pod: names.pods.get(&src).cloned(),
+        dst_pod: names.pods.get(&dst).cloned(),
+    })
+}
+
+/// One line of text for a flow; every field from outside is escaped.
+pub fn text_line(f: &Flow) -> String {
+    let end = |addr: &str, port: Option<u16>, pod: &Option<String>| {
+        let a = match port {
+            Some(p) if addr.contains(':') => format!("[{addr}]:{p}"),
+            Some(p) => format!("{addr}:{p}"),
+            None => addr.to_string(),
+        };
+        match pod {
+            Some(p) => format!("{a} ({})", cell(p)),
+            None => a,
+        }
+    };
+    let rule = f.rule.map(|r| format!(" rule {r}")).unwrap_or_default();
+    format!(
+        "{} {} by {}{rule}: proto {} {} -> {} [{}]",
+        f.action.to_uppercase(),
+        f.direction,
+        cell(&f.decided_by),
+        f.protocol,
+        end(&f.src, f.src_port, &f.src_pod),
+        end(&f.dst, f.dst_port, &f.dst_pod),
+        cell(&f.prefix)
+    )
+}
+
+fn send(socket: &Socket, msg: NetlinkMessage<NetfilterMessage>) -> anyhow::Result<()> {
+    let mut buf = vec![0; msg.header.length as usize];
+    msg.serialize(&mut buf[..]);
+    socket.send(&buf[..], 0).context("netlink send")?;
+    let mut rx = vec![0; 4096];
+    let n = socket.recv(&mut &mut rx[..], 0).context("netlink recv")?;
+    let reply = <NetlinkMessage<NetfilterMessage>>::deserialize(&rx[..n])
+        .map_err(|e| anyhow::anyhow!("netlink reply: {e}"))?;
+    if let NetlinkPayload::Error(e) = reply.payload
+        && let Some(code) = e.code
+    {
+        bail!("nflog config refused: error {code}");
+    }
+    Ok(())
+}
+
+/// Binds NFLOG groups 1, 2 and 3 (both families).
+fn open() -> anyhow::Result<Socket> {
+    let mut socket = Socket::new(NETLINK_NETFILTER).context("netlink socket (root needed)")?;
+    socket.bind_auto().context("netlink bind")?;
+    for fam in [NetfilterProtoFamily::IPv4, NetfilterProtoFamily::IPv6] {
+        send(
+            &socket,
+            config_request(fam, 0, vec![ConfigCmd::PfBind.into()]),
+        )?;
+    }
+    let timeout: Timeout = Duration::from_millis(50).into();
+    for group in [1, 2, LOG_ACTION_NFLOG_GROUP] {
+        send(
+            &socket,
+            config_request(
+                NetfilterProtoFamily::Unspec,
+                group,
+                vec![
+                    ConfigCmd::Bind.into(),
+                    ConfigFlags::SEQ_GLOBAL.into(),
+                    ConfigMode::new_packet(256).into(),
+                    timeout.into(),
+                ],
+            ),
+        )
+        .with_context(|| format!("binding NFLOG group {group} (another listener on it?)"))?;
+    }
+    socket
+        .set_non_blocking(true)
+        .context("netlink non-blocking")?;
+    Ok(socket)
+}
+
+impl Args {
+    pub fn run(self) -> std::process::ExitCode {
+        match self.flows() {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("felixrs flows: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        }
+    }
+
+    fn flows(&self) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        let view = render_node(&self.source, &self.node_name, &self.dataplane)?;
+        let names = names_of(&view);
+        let socket = open()?;
+        eprintln!(
+            "felixrs flows: listening on NFLOG groups 1 (ingress), 2 (egress), 3 (Log action)"
+        );
+        let deadline = self
+            .timeout
+            .map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
+        let mut seen = 0u64;
+        let mut buf = vec![0u8; 65536];
+        let mut out = std::io::stdout().lock();
+        loop {
+            if deadline.is_some_and(|d| Instant::now() >= d)
+                || self.count.is_some_and(|c| seen >= c)
+            {
+                return Ok(());
+            }
+            let n = match socket.recv(&mut &mut buf[..], 0) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+                Err(e) => return Err(e).context("netlink recv"),
+            };
+            let mut offset = 0;
+            while offset < n {
+                let Ok(msg) = <NetlinkMessage<NetfilterMessage>>::deserialize(&buf[offset..n])
+                else {
+                    break;
+                };
+                let len = msg.header.length as usize;
+                if let NetlinkPayload::InnerMessage(NetfilterMessage {
+                    header,
+                    inner: NetfilterMessageInner::ULog(ULogMessage::Packet(nlas)),
+                    ..
+                }) = &msg.payload
+                {
+                    let prefix = nlas.iter().find_map(|n| match n {
+                        PacketNla::Prefix(p) => Some(p.to_string_lossy().into_owned()),
+                        _ => None,
+                    });
+                    let payload = nlas.iter().find_map(|n| match n {
+                        PacketNla::Payload(p) => Some(p.as_slice()),
+                        _ => None,
+                    });
+                    if let (Some(prefix), Some(payload)) = (prefix, payload)
+                        && let Some(f) = flow(&names, header.res_id, &prefix, payload)
+                    {
+                        let line = if self.json {
+                            serde_json::to_string(&f)?
+                        } else {
+                            text_line(&f)
+                        };
+                        writeln!(out, "{line}")?;
+                        out.flush()?;
+                        seen += 1;
+                    }
+                }
+                if len == 0 {
+                    break;
+                }
+                offset += len;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_decode() {
+        assert_eq!(
+            decode_prefix("DPI|default"),
+            Some(("deny", "tier-end", "ingress", None, "default"))
+        );
+        assert_eq!(
+            decode_prefix("DRE|__NO_MATCH__"),
+            Some(("deny", "no-profile", "egress", None, "__NO_MATCH__"))
+        );
+        assert_eq!(
+            decode_prefix("DPI0|np/prod/web"),
+            Some(("deny", "policy", "ingress", Some(0), "np/prod/web"))
+        );
+        assert_eq!(
+            decode_prefix("LRE3|kns.prod"),
+            Some(("log", "profile", "egress", Some(3), "kns.prod"))
+        );
+        assert_eq!(decode_prefix("calico-packet"), None);
+        assert_eq!(decode_prefix("XPI|x"), None);
+    }
+
+    #[test]
+    fn ip_headers_decode() {
+        let mut v4 = vec![0u8; 24];
+        v4[0] = 0x45;
+        v4[9] = 6;
+        v4[12..16].copy_from_slice(&[10, 0, 0, 1]);
+        v4[16..20].copy_from_slice(&[10, 0, 0, 2]);
+        v4[20..24].copy_from_slice(&[0x9c, 0x40, 0x23, 0x82]);
+        let IpHeader {
+            src: s,
+            dst: d,
+            protocol: p,
+            src_port: sp,
+            dst_port: dp,
+        } = decode_ip(&v4).unwrap();
+        assert_eq!(
+            (s.to_string(), d.to_string(), p),
+            ("10.0.0.1".into(), "10.0.0.2".into(), 6)
+        );
+        assert_eq!((sp, dp), (Some(40000), Some(9090)));
+        assert_eq!(decode_ip(&[0x45]), None);
+    }
+
+    #[test]
+    fn a_hostile_prefix_or_name_stays_on_its_line() {
+        let f = Flow {
+            action: "deny".into(),
+            direction: "ingress".into(),
+            kind: "policy".into(),
+            decided_by: "NetworkPolicy x/evil\nDENY forged".into(),
+            rule: Some(0),
+            prefix: "DPI0|a\"b\nc".into(),
+            group: 1,
+            protocol: 6,
+            src: "10.0.0.1".into(),
+            dst: "10.0.0.2".into(),
+            src_port: Some(1),
+            dst_port: Some(2),
+            src_pod: Some("ns/--pod \"x\"".into()),
+            dst_pod: None,
+        };
+        let line = text_line(&f);
+        assert_eq!(line.lines().count(), 1, "{line}");
+        let json = serde_json::to_string(&f).unwrap();
+        assert_eq!(json.lines().count(), 1);
+        let back: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(back["decided_by"], "NetworkPolicy x/evil\nDENY forged");
+    }
+}
