@@ -12,7 +12,7 @@
 //! match same-named namespaces of remote clusters).
 //!
 //! Remote endpoints are never local: whatever their `spec.node`, they get no chains. Remote
-//! policies, tiers and host endpoints are ignored (a remote cluster's policy is its own agents'
+//! policies, tiers, host endpoints and IP pools are ignored (a remote cluster's policy is its own agents'
 //! business).
 
 use std::collections::BTreeMap;
@@ -120,6 +120,7 @@ impl CalcGraph {
             | Kind::GlobalNetworkPolicy
             | Kind::Tier
             | Kind::HostEndpoint
+            | Kind::IpPool
             | Kind::StagedNetworkPolicy
             | Kind::StagedGlobalNetworkPolicy
             | Kind::StagedKubernetesNetworkPolicy => {}

@@ -11,6 +11,7 @@
 
 pub mod apply_loop;
 pub mod datastore;
+pub mod federation;
 pub mod kernel;
 pub mod metrics;
 pub mod runtime;
@@ -24,7 +25,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use calc_graph::model::CALICO_PREFIX;
+use calc_graph::model::EtcdPrefix;
 use iptables::apply::{Backend, ExecRunner};
 use tokio_util::sync::CancellationToken;
 
@@ -74,6 +75,10 @@ pub struct Args {
         required = true
     )]
     pub etcd_endpoints: Vec<String>,
+    /// Where this cluster's Calico data lives in etcd (`<prefix>/resources/v3/projectcalico.org/`):
+    /// clusters sharing one etcd each take their own.
+    #[arg(long, env = "FELIXRS_ETCD_PREFIX", default_value = "/calico")]
+    pub etcd_prefix: EtcdPrefix,
     /// This node's name (as in WorkloadEndpoint `spec.node`).
     #[arg(long, env = "FELIXRS_NODE_NAME")]
     pub node_name: String,
@@ -117,6 +122,7 @@ impl Args {
     pub fn run(self) -> anyhow::Result<()> {
         let Args {
             etcd_endpoints,
+            etcd_prefix,
             node_name,
             state_dir,
             health_listen,
@@ -148,7 +154,7 @@ impl Args {
         };
         let datastore = EtcdDatastore::new(etcd_endpoints, tls, etcd_timeout);
         let cfg = RuntimeConfig {
-            prefix: CALICO_PREFIX.to_string(),
+            prefix: etcd_prefix,
             state_dir,
             health_listen,
             etcd_timeout,
