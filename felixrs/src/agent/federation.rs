@@ -87,7 +87,11 @@ pub struct Remotes {
 }
 
 impl Remotes {
-    pub fn new(tx: mpsc::Sender<RemoteEvent>, timeout: Duration, cancel: CancellationToken) -> Self {
+    pub fn new(
+        tx: mpsc::Sender<RemoteEvent>,
+        timeout: Duration,
+        cancel: CancellationToken,
+    ) -> Self {
         Remotes {
             running: BTreeMap::new(),
             next_generation: 1,

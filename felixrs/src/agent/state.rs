@@ -290,9 +290,7 @@ impl<P: Pipeline> AgentState<P> {
         let prefix = rcc_prefix();
         let mut out = BTreeMap::new();
         let mut errors = BTreeMap::new();
-        for (k, v) in from_key(&self.kvs, &prefix)
-            .take_while(|(k, _)| k.starts_with(&prefix))
-        {
+        for (k, v) in from_key(&self.kvs, &prefix).take_while(|(k, _)| k.starts_with(&prefix)) {
             let Some(name) = remote_cluster_name(k) else {
                 continue;
             };
@@ -492,6 +490,10 @@ fn connected(s: &mut Status) {
 }
 
 #[cfg(test)]
+#[path = "state_federation_tests.rs"]
+mod federation_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::agent::datastore::Change;
@@ -500,8 +502,8 @@ mod tests {
 
     /// Records what the graph is told; values starting with `!` are malformed.
     #[derive(Default)]
-    struct RecordingPipeline {
-        log: Log,
+    pub(super) struct RecordingPipeline {
+        pub(super) log: Log,
     }
 
     impl Pipeline for RecordingPipeline {
@@ -525,9 +527,9 @@ mod tests {
         }
     }
 
-    type Log = Arc<std::sync::Mutex<Vec<String>>>;
+    pub(super) type Log = Arc<std::sync::Mutex<Vec<String>>>;
 
-    fn mk_state() -> (
+    pub(super) fn mk_state() -> (
         AgentState<RecordingPipeline>,
         Log,
         Receiver<Batch>,
@@ -540,7 +542,7 @@ mod tests {
         (AgentState::new(p, tx, hub.clone()), log, rx, hub)
     }
 
-    fn mk_listed(revision: i64, kvs: &[(&str, &str)]) -> SyncEvent {
+    pub(super) fn mk_listed(revision: i64, kvs: &[(&str, &str)]) -> SyncEvent {
         SyncEvent::Listed {
             revision,
             kvs: kvs
@@ -550,7 +552,7 @@ mod tests {
         }
     }
 
-    fn mk_change(revision: i64, key: &str, value: Option<&str>) -> SyncEvent {
+    pub(super) fn mk_change(revision: i64, key: &str, value: Option<&str>) -> SyncEvent {
         SyncEvent::Changes {
             revision,
             changes: vec![Change {
