@@ -115,7 +115,7 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
                 if listed {
                     // Persist a fresh full view at once, not at the next tick.
                     if let Some(s) = state.take_snapshot() {
-                        snap_tx.send_replace(Some(Arc::new(s)));
+                        snap_tx.send_replace(Some(Pending::new(s, &hub)));
                     }
                 }
             }
@@ -137,7 +137,7 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
             }
             _ = snap_tick.tick() => {
                 if let Some(s) = state.take_snapshot() {
-                    snap_tx.send_replace(Some(Arc::new(s)));
+                    snap_tx.send_replace(Some(Pending::new(s, &hub)));
                 }
             }
         }
@@ -145,7 +145,7 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
     cancel.cancel();
     // Persist the newest etcd view before exiting (the writer drains it before it stops).
     if let Some(s) = state.take_snapshot() {
-        snap_tx.send_replace(Some(Arc::new(s)));
+        snap_tx.send_replace(Some(Pending::new(s, &hub)));
     }
     drop(state);
     drop(snap_tx);
@@ -214,15 +214,41 @@ fn fallback<P: Pipeline>(
     }
 }
 
+/// A snapshot to write, with the revision of each remote cluster it holds.
+#[derive(Clone)]
+struct Pending {
+    snapshot: Arc<Snapshot>,
+    remotes: Arc<Vec<(String, i64)>>,
+}
+
+impl Pending {
+    fn new(snapshot: Snapshot, hub: &StatusHub) -> Self {
+        let remotes = hub
+            .snapshot()
+            .remote_clusters
+            .iter()
+            .map(|(c, r)| (c.clone(), r.revision))
+            .collect();
+        Pending {
+            snapshot: Arc::new(snapshot),
+            remotes: Arc::new(remotes),
+        }
+    }
+}
+
 /// Writes the newest snapshot handed over, one at a time (the watch channel keeps only the latest,
 /// so a burst costs one write).
 async fn snapshot_writer(
     store: SnapshotStore,
-    mut rx: watch::Receiver<Option<Arc<Snapshot>>>,
+    mut rx: watch::Receiver<Option<Pending>>,
     hub: Arc<StatusHub>,
 ) {
     while rx.changed().await.is_ok() {
-        let Some(snap) = rx.borrow_and_update().clone() else {
+        let Some(Pending {
+            snapshot: snap,
+            remotes,
+        }) = rx.borrow_and_update().clone()
+        else {
             continue;
         };
         let store = store.clone();
@@ -239,6 +265,11 @@ async fn snapshot_writer(
                 hub.update(|s| {
                     s.snapshot_revision = Some(revision);
                     s.snapshot_error = None;
+                    for (c, rev) in remotes.iter() {
+                        if let Some(r) = s.remote_clusters.get_mut(c) {
+                            r.snapshot_revision = Some(*rev);
+                        }
+                    }
                 });
             }
             Ok(Err(error)) => {

@@ -80,6 +80,8 @@ pub struct RemoteStatus {
     pub source: Source,
     /// Its keys (workload endpoints, profiles, network sets) in the agent's view.
     pub keys: usize,
+    /// Its revision in the last snapshot written (what a restart with it down would start from).
+    pub snapshot_revision: Option<i64>,
     /// Why its configuration is unusable (the last valid one, if any, stays in use).
     pub config_error: Option<String>,
 }
