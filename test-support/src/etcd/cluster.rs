@@ -6,6 +6,7 @@
 //! is killed and reaped on drop (the temp dir then goes too). [`GrpcProxy::start`] returns once the
 //! proxy serves a read through to the cluster.
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -30,12 +31,36 @@ struct Member {
 pub struct EtcdCluster {
     members: Vec<Member>,
     dir: PathBuf,
+    netns: Option<String>,
+    host: IpAddr,
     _tmp: tempfile::TempDir,
 }
 
+/// `program` run inside network namespace `netns`, if any.
+fn command_in(netns: Option<&str>, program: &str) -> Command {
+    match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, program]);
+            c
+        }
+        None => Command::new(program),
+    }
+}
+
 impl EtcdCluster {
-    /// Starts `n` members and waits until all are healthy; panics with the logs otherwise.
+    /// Starts `n` members on 127.0.0.1 and waits until all are healthy; panics with the logs
+    /// otherwise.
     pub fn start(n: usize) -> EtcdCluster {
+        Self::start_in(n, None, IpAddr::V4(Ipv4Addr::LOCALHOST))
+    }
+
+    /// [`EtcdCluster::start`] inside network namespace `netns` (root needed), clients served on
+    /// `host` (an address of that namespace); ports are picked free in the caller's namespace.
+    pub fn start_in(n: usize, netns: Option<&str>, host: IpAddr) -> EtcdCluster {
+        if netns.is_some() {
+            crate::require_root();
+        }
         crate::require_tools(&[&etcd_bin(), "etcdctl"]);
         let tmp = tempfile::Builder::new()
             .prefix("felixrs-etcd-cluster")
@@ -53,6 +78,8 @@ impl EtcdCluster {
         let mut c = EtcdCluster {
             dir: tmp.path().to_path_buf(),
             members,
+            netns: netns.map(String::from),
+            host,
             _tmp: tmp,
         };
         for i in 0..n {
@@ -82,9 +109,9 @@ impl EtcdCluster {
         self.members[i].starts += 1;
         let log = std::fs::File::create(self.log_path(i)).expect("create member log");
         let m = &self.members[i];
-        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let client = format!("http://{}:{}", self.host, m.client_port);
         let peer = format!("http://127.0.0.1:{}", m.peer_port);
-        let child = Command::new(etcd_bin())
+        let child = command_in(self.netns.as_deref(), &etcd_bin())
             .args(["--name", &m.name, "--data-dir"])
             .arg(self.dir.join(format!("{}.data", m.name)))
             .args(["--listen-client-urls", &client])
@@ -106,7 +133,7 @@ impl EtcdCluster {
         let deadline = Instant::now() + READY_TIMEOUT;
         let url = self.client_url(i);
         loop {
-            let ok = Command::new("etcdctl")
+            let ok = command_in(self.netns.as_deref(), "etcdctl")
                 .env("ETCDCTL_API", "3")
                 .args(["--endpoints", &url, "--dial-timeout", "1s"])
                 .args(["--command-timeout", "3s", "endpoint", "health"])
@@ -137,7 +164,7 @@ impl EtcdCluster {
 
     /// Member `i`'s client URL.
     pub fn client_url(&self, i: usize) -> String {
-        format!("http://127.0.0.1:{}", self.members[i].client_port)
+        format!("http://{}:{}", self.host, self.members[i].client_port)
     }
 
     /// Every member's client URL, comma separated.
@@ -174,7 +201,7 @@ impl EtcdCluster {
             .filter(|i| self.members[*i].child.is_some())
             .map(|i| self.client_url(i))
             .collect();
-        let mut cmd = Command::new("etcdctl");
+        let mut cmd = command_in(self.netns.as_deref(), "etcdctl");
         cmd.env("ETCDCTL_API", "3")
             .args(["--endpoints", &eps.join(",")])
             .args(["--dial-timeout", "2s", "--command-timeout", "10s"])
@@ -222,14 +249,21 @@ impl Drop for EtcdCluster {
 /// `etcd grpc-proxy start` in front of some endpoints; killed on drop.
 pub struct GrpcProxy {
     child: Child,
+    host: IpAddr,
     port: u16,
     metrics_port: u16,
     _tmp: tempfile::TempDir,
 }
 
 impl GrpcProxy {
-    /// Starts a proxy for `endpoints` (comma separated URLs) and waits until it answers.
+    /// Starts a proxy on 127.0.0.1 for `endpoints` (comma separated URLs) and waits until it
+    /// answers.
     pub fn start(endpoints: &str) -> GrpcProxy {
+        Self::start_in(endpoints, None, IpAddr::V4(Ipv4Addr::LOCALHOST))
+    }
+
+    /// [`GrpcProxy::start`] inside network namespace `netns`, serving on `host`.
+    pub fn start_in(endpoints: &str, netns: Option<&str>, host: IpAddr) -> GrpcProxy {
         let tmp = tempfile::Builder::new()
             .prefix("felixrs-grpc-proxy")
             .tempdir()
@@ -237,10 +271,10 @@ impl GrpcProxy {
         let port = free_port();
         let metrics_port = free_port();
         let log = std::fs::File::create(tmp.path().join("proxy.log")).expect("create proxy log");
-        let child = Command::new(etcd_bin())
+        let child = command_in(netns, &etcd_bin())
             .args(["grpc-proxy", "start", "--endpoints", endpoints])
-            .args(["--listen-addr", &format!("127.0.0.1:{port}")])
-            .args(["--advertise-client-url", &format!("127.0.0.1:{port}")])
+            .args(["--listen-addr", &format!("{host}:{port}")])
+            .args(["--advertise-client-url", &format!("{host}:{port}")])
             .args([
                 "--metrics-addr",
                 &format!("http://127.0.0.1:{metrics_port}"),
@@ -254,13 +288,14 @@ impl GrpcProxy {
             .expect("start etcd grpc-proxy");
         let p = GrpcProxy {
             child,
+            host,
             port,
             metrics_port,
             _tmp: tmp,
         };
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
-            let ok = Command::new("etcdctl")
+            let ok = command_in(netns, "etcdctl")
                 .env("ETCDCTL_API", "3")
                 .args(["--endpoints", &p.url(), "--dial-timeout", "1s"])
                 .args(["--command-timeout", "3s", "get", "/felixrs-proxy-probe"])
@@ -283,10 +318,10 @@ impl GrpcProxy {
 
     /// The URL clients connect to.
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://{}:{}", self.host, self.port)
     }
 
-    /// The proxy's Prometheus endpoint (`/metrics`), as `127.0.0.1:port`.
+    /// The proxy's Prometheus endpoint (`/metrics`), as `127.0.0.1:port` (in its namespace).
     pub fn metrics_addr(&self) -> String {
         format!("127.0.0.1:{}", self.metrics_port)
     }
