@@ -140,3 +140,102 @@ fn remote_configurations_come_from_the_local_view_and_a_bad_one_keeps_the_last_g
     st.on_event(mk_change(12, &remote_cluster_key("b"), None));
     assert!(st.take_remote_configs(&keep).expect("changed").is_empty());
 }
+
+mod props {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::super::tests::mk_state;
+    use super::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        List(usize, Vec<(u8, u8)>),
+        Put(usize, u8, u8),
+        Del(usize, u8),
+        Disconnect(usize),
+        Drop(usize),
+    }
+
+    const SCOPES: [&str; 3] = ["", "b", "c"];
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0..3usize, proptest::collection::vec((0..6u8, 0..3u8), 0..6))
+                .prop_map(|(s, kvs)| Op::List(s, kvs)),
+            (0..3usize, 0..6u8, 0..3u8).prop_map(|(s, k, v)| Op::Put(s, k, v)),
+            (0..3usize, 0..6u8).prop_map(|(s, k)| Op::Del(s, k)),
+            (1..3usize).prop_map(Op::Disconnect),
+            (1..3usize).prop_map(Op::Drop),
+        ]
+    }
+
+    fn view_key(scope: usize, k: u8) -> String {
+        let canon = wep(&format!("w{k}"));
+        if scope == 0 {
+            canon
+        } else {
+            remote_key(SCOPES[scope], &canon)
+        }
+    }
+
+    proptest! {
+        /// Whatever the interleaving of local and remote lists, changes, outages and removals:
+        /// the view is exactly the union of what each scope's source last said, and replaying
+        /// what the graph was told gives the same map.
+        #[test]
+        fn the_view_is_the_union_of_each_scopes_last_word(ops in proptest::collection::vec(op(), 1..40)) {
+            let (mut st, log, _rx, _hub) = mk_state();
+            let mut model: [BTreeMap<u8, u8>; 3] = Default::default();
+            for op in ops {
+                let canon = |k: u8| wep(&format!("w{k}"));
+                let send = |st: &mut AgentState<_>, scope: usize, ev: SyncEvent| {
+                    if scope == 0 { st.on_event(ev) } else { st.on_remote_event(SCOPES[scope], ev) }
+                };
+                match op {
+                    Op::List(s, kvs) => {
+                        model[s] = kvs.iter().copied().collect();
+                        let kvs: Vec<(String, String)> = model[s].iter().map(|(k, v)| (canon(*k), v.to_string())).collect();
+                        let refs: Vec<(&str, &str)> = kvs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                        send(&mut st, s, mk_listed(1, &refs));
+                    }
+                    Op::Put(s, k, v) => {
+                        model[s].insert(k, v);
+                        send(&mut st, s, mk_change(2, &canon(k), Some(&v.to_string())));
+                    }
+                    Op::Del(s, k) => {
+                        model[s].remove(&k);
+                        send(&mut st, s, mk_change(3, &canon(k), None));
+                    }
+                    Op::Disconnect(s) => {
+                        st.on_remote_event(SCOPES[s], SyncEvent::Disconnected { reason: "x".into() });
+                    }
+                    Op::Drop(s) => {
+                        model[s].clear();
+                        st.drop_remote(SCOPES[s]);
+                    }
+                }
+                let want: BTreeMap<String, String> = (0..3)
+                    .flat_map(|s| model[s].iter().map(move |(k, v)| (view_key(s, *k), v.to_string())))
+                    .collect();
+                let got: BTreeMap<String, String> = st
+                    .kvs()
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v).into_owned()))
+                    .collect();
+                prop_assert_eq!(&got, &want);
+                let mut told = BTreeMap::new();
+                for line in log.lock().unwrap().iter() {
+                    if let Some(kv) = line.strip_prefix("put ") {
+                        let (k, v) = kv.rsplit_once('=').unwrap();
+                        told.insert(k.to_string(), v.to_string());
+                    } else if let Some(k) = line.strip_prefix("del ") {
+                        told.remove(k);
+                    }
+                }
+                prop_assert_eq!(&told, &want);
+            }
+        }
+    }
+}
