@@ -290,10 +290,12 @@ impl<P: Pipeline> AgentState<P> {
         let prefix = rcc_prefix();
         let mut out = BTreeMap::new();
         let mut errors = BTreeMap::new();
+        let mut names = std::collections::BTreeSet::new();
         for (k, v) in from_key(&self.kvs, &prefix).take_while(|(k, _)| k.starts_with(&prefix)) {
             let Some(name) = remote_cluster_name(k) else {
                 continue;
             };
+            names.insert(name.to_string());
             match RemoteCluster::from_etcd(k, v) {
                 Ok(rc) => {
                     out.insert(name.to_string(), rc);
@@ -308,6 +310,9 @@ impl<P: Pipeline> AgentState<P> {
             }
         }
         self.hub.update(|s| {
+            // A cluster without a configuration any more is gone from the status (its members go
+            // with `drop_remote`).
+            s.remote_clusters.retain(|name, _| names.contains(name));
             for (name, r) in s.remote_clusters.iter_mut() {
                 r.config_error = errors.remove(name);
             }

@@ -136,9 +136,10 @@ fn remote_configurations_come_from_the_local_view_and_a_bad_one_keeps_the_last_g
         e.contains("remoteclusterconfigurations/b: spec.etcdEndpoints"),
         "{e}"
     );
-    // Deleted: gone from the desired set.
+    // Deleted: gone from the desired set and from the status.
     st.on_event(mk_change(12, &remote_cluster_key("b"), None));
     assert!(st.take_remote_configs(&keep).expect("changed").is_empty());
+    assert!(hub.snapshot().remote_clusters.is_empty());
 }
 
 mod props {
