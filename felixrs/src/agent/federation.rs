@@ -22,6 +22,9 @@ use tokio_util::sync::CancellationToken;
 use super::datastore::{EtcdDatastore, EtcdTls};
 use super::syncer::{self, SyncEvent, SyncerConfig};
 
+/// How often a remote syncer asks its etcd for a progress notification.
+const REMOTE_PROGRESS_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Where remote keys live in the agent's view.
 pub const REMOTE_ROOT: &str = "/felixrs/remote/";
 
@@ -166,7 +169,10 @@ impl Remotes {
         };
         let ds = EtcdDatastore::new(config.endpoints.clone(), tls, self.timeout);
         let (tx, mut rx) = mpsc::channel(256);
-        let cfg = SyncerConfig::new(config.prefix.clone());
+        let mut cfg = SyncerConfig::new(config.prefix.clone());
+        // A remote's revision only feeds `/status`: every agent of this cluster watches the remote
+        // etcd, so ask it for progress ten times less often than the local store.
+        cfg.progress_interval = REMOTE_PROGRESS_INTERVAL;
         tokio::spawn(syncer::run(
             ds,
             cfg,
