@@ -178,6 +178,22 @@ fn wait_remote(agent: &Agent, what: &str, pred: impl Fn(&Value) -> bool) -> Resu
     })
 }
 
+/// A TCP listener in `ns` on 10.77.0.1 that accepts connections and never answers; returns its
+/// address. Its thread holds the connections for the rest of the test.
+fn black_hole(ns: &Netns) -> Result<String> {
+    let listener = felixrs_test_support::netns::in_netns(ns.name(), || {
+        std::net::TcpListener::bind("10.77.0.1:0")
+    })?;
+    let addr = listener.local_addr()?.to_string();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in listener.incoming().flatten() {
+            held.push(s);
+        }
+    });
+    Ok(addr)
+}
+
 enum Mode {
     /// One etcd, cluster B under `/clusters/b/calico`.
     SharedEtcd,
@@ -326,6 +342,31 @@ fn scenario(cluster: &Cluster, mode: Mode, work: &Path) -> Result<()> {
             "b gone from status: {st}"
         );
     } else {
+        // A slow remote (accepts connections, never answers) never holds up local enforcement:
+        // a change in A is applied while its syncer hangs.
+        let hole = black_hole(infra)?;
+        let slow_key = RCC_KEY.replace("/b", "/slow");
+        etcd_a.put(
+            &slow_key,
+            &rcc(&format!("http://{hole}"), None).replace("\"name\":\"b\"", "\"name\":\"slow\""),
+        );
+        let doc = CLUSTER_A
+            .replace("__SERVER__", &ip("a/server"))
+            .replace("role == 'client'", "role in {'client', 'other'}");
+        let rev = controller(infra, &url_a, None, &doc, work)?;
+        agent_a.wait_applied(rev, Duration::from_secs(15))?;
+        pods.holds("b/other", true, "A's change applied with a slow remote")?;
+        let slow = wait_for(WAIT, || {
+            let s = agent_a.status()?;
+            let r = s["remote_clusters"]["slow"].clone();
+            (r["connected"] == false && r["error"].is_string()).then_some(r)
+        });
+        ensure!(
+            slow.is_some(),
+            "slow remote not reported: {:?}",
+            agent_a.status()
+        );
+        etcd_a.delete(&slow_key);
         let rev = etcd_a.delete(RCC_KEY);
         agent_a.wait_applied(rev, WAIT)?;
         pods.expect("b/client", false, "B removed")?;
