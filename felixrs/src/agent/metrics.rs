@@ -5,6 +5,7 @@
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
@@ -32,6 +33,18 @@ pub struct Metrics {
     pub snapshot_writes: Counter,
     pub snapshot_write_errors: Counter,
     pub snapshot_write_seconds: Histogram,
+    /// Per federated cluster (label `cluster`): 1 while its etcd answers.
+    pub remote_connected: Family<RemoteLabels, Gauge>,
+    /// Per federated cluster: its keys (endpoints, profiles, network sets) in the agent's view.
+    pub remote_keys: Family<RemoteLabels, Gauge>,
+}
+
+/// The label set of the per-remote-cluster metrics.
+pub type RemoteLabels = Vec<(String, String)>;
+
+/// `cluster="<name>"`.
+pub fn remote_labels(cluster: &str) -> RemoteLabels {
+    vec![("cluster".to_string(), cluster.to_string())]
 }
 
 impl Default for Metrics {
@@ -65,6 +78,8 @@ impl Metrics {
             snapshot_writes: Counter::default(),
             snapshot_write_errors: Counter::default(),
             snapshot_write_seconds: secs(),
+            remote_connected: Family::default(),
+            remote_keys: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -155,6 +170,16 @@ impl Metrics {
             "snapshot_write_seconds",
             "Time to encode and durably write the snapshot",
             m.snapshot_write_seconds.clone(),
+        );
+        r.register(
+            "remote_cluster_connected",
+            "Federated cluster's etcd answers (1) or not (0)",
+            m.remote_connected.clone(),
+        );
+        r.register(
+            "remote_cluster_keys",
+            "Federated cluster's endpoints, profiles and network sets held",
+            m.remote_keys.clone(),
         );
         Self { registry, ..m }
     }

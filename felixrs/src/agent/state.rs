@@ -21,6 +21,7 @@ use calc_graph::proto::Output;
 
 use super::apply_loop::Batch;
 use super::federation::{REMOTE_ROOT, is_federated, remote_key, remote_scope, split_remote_key};
+use super::metrics::remote_labels;
 use super::snapshot::{KvMap, Snapshot};
 use super::status::{FailedSafeRuleStatus, RemoteStatus, Source, Status, StatusHub};
 use super::syncer::SyncEvent;
@@ -189,11 +190,19 @@ impl<P: Pipeline> AgentState<P> {
     pub fn on_remote_event(&mut self, cluster: &str, ev: SyncEvent) {
         let status = |this: &Self, f: &dyn Fn(&mut RemoteStatus)| {
             let keys = this.remote_keys(cluster);
+            let mut connected = false;
             this.hub.update(|s| {
                 let r = s.remote_clusters.entry(cluster.to_string()).or_default();
                 f(r);
                 r.keys = keys;
+                connected = r.connected;
             });
+            let labels = remote_labels(cluster);
+            let m = &this.hub.metrics;
+            m.remote_connected
+                .get_or_create(&labels)
+                .set(i64::from(connected));
+            m.remote_keys.get_or_create(&labels).set(keys as i64);
         };
         match ev {
             SyncEvent::Listed { revision, kvs } => {
@@ -261,6 +270,9 @@ impl<P: Pipeline> AgentState<P> {
         self.hub.update(|s| {
             s.remote_clusters.remove(cluster);
         });
+        let labels = remote_labels(cluster);
+        self.hub.metrics.remote_connected.remove(&labels);
+        self.hub.metrics.remote_keys.remove(&labels);
     }
 
     /// Clusters with members in the view.

@@ -73,7 +73,21 @@ fn each_full_view_replaces_only_its_own_scope() {
         (c.connected, c.keys, c.error.as_deref()),
         (false, 1, Some("down"))
     );
+    let text = hub.metrics.render();
+    assert!(
+        text.contains("felixrs_remote_cluster_connected{cluster=\"c\"} 0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("felixrs_remote_cluster_connected{cluster=\"b\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("felixrs_remote_cluster_keys{cluster=\"b\"} 1"),
+        "{text}"
+    );
     st.drop_remote("c");
+    assert!(!hub.metrics.render().contains("cluster=\"c\""));
     assert_eq!(keys(&st), vec![remote_key("b", &wep("a"))]);
     assert!(!hub.snapshot().remote_clusters.contains_key("c"));
     assert_eq!(st.remote_clusters_in_view(), vec!["b".to_string()]);
