@@ -155,3 +155,59 @@ fn a_bad_prefix_is_refused_naming_it() {
     );
     assert!(keys(&etcd).is_empty(), "nothing written");
 }
+
+/// RemoteClusterConfiguration manifests are stored for the agents, under the cluster's prefix; an
+/// invalid one (an unknown field) is skipped, naming the object and the field.
+#[test]
+fn remote_cluster_configurations_pass_through_strictly() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("rcc.yaml");
+    std::fs::write(
+        &m,
+        r#"
+apiVersion: projectcalico.org/v3
+kind: RemoteClusterConfiguration
+metadata: {name: west, resourceVersion: "7"}
+spec: {datastoreType: etcdv3, etcdEndpoints: "https://10.0.0.1:2379", etcdPrefix: /west/calico}
+---
+apiVersion: projectcalico.org/v3
+kind: RemoteClusterConfiguration
+metadata: {name: east}
+spec: {datastoreType: etcdv3, etcdEndpoints: "https://10.0.0.2:2379", kubeconfig: /k}
+"#,
+    )
+    .unwrap();
+    let out = sync_once(&etcd, Some("/clusters/b/calico"), &m);
+    ok(out.clone());
+    let report: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    assert_eq!(report["created"], 1, "{report}");
+    let skips = report["skips"].to_string();
+    assert!(
+        skips.contains("east") && skips.contains("spec.kubeconfig"),
+        "{skips}"
+    );
+    let key = "/remoteclusterconfigurations/west";
+    let stored = etcd
+        .get(&format!(
+            "/clusters/b/calico/resources/v3/projectcalico.org{key}"
+        ))
+        .expect("stored under the prefix");
+    let rc = calc_graph::model::RemoteCluster::from_etcd(
+        &calc_graph::model::remote_cluster_key("west"),
+        stored.as_bytes(),
+    )
+    .expect("the agent's model reads it");
+    assert_eq!(rc.prefix.as_str(), "/west/calico");
+    assert!(!stored.contains("resourceVersion"), "{stored}");
+    // Idempotent.
+    let again: serde_json::Value = serde_json::from_str(
+        String::from_utf8_lossy(&sync_once(&etcd, Some("/clusters/b/calico"), &m).stdout).trim(),
+    )
+    .unwrap();
+    assert_eq!(
+        (again["created"].as_u64(), again["updated"].as_u64()),
+        (Some(0), Some(0))
+    );
+}
