@@ -29,7 +29,7 @@ impl Harness {
             EtcdTls::default(),
             Duration::from_secs(1),
         );
-        let mut cfg = SyncerConfig::new(PREFIX);
+        let mut cfg = SyncerConfig::new(calc_graph::model::EtcdPrefix::default());
         cfg.progress_interval = Duration::from_millis(200);
         cfg.max_backoff = Duration::from_millis(300);
         let (tx, rx) = mpsc::channel(64);

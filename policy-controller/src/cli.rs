@@ -46,6 +46,11 @@ pub struct SyncArgs {
         required = true
     )]
     pub etcd_endpoints: Vec<String>,
+    /// Where this cluster's Calico data lives in etcd (`<prefix>/resources/v3/projectcalico.org/`):
+    /// clusters sharing one etcd each take their own. The controller's election and ownership
+    /// markers move under it too (unless it is the default).
+    #[arg(long, env = "POLICY_CONTROLLER_ETCD_PREFIX", default_value = "/calico")]
+    pub etcd_prefix: calc_graph::model::EtcdPrefix,
     /// Manifest files or directories (repeatable).
     #[arg(
         long = "manifests",
@@ -186,6 +191,7 @@ pub async fn run_sync(a: SyncArgs) -> anyhow::Result<()> {
     let index = Arc::new(Mutex::new(Index::new(opts, waiting, set)));
     let metrics = Metrics::new();
     let mut writer = Writer::new(etcd.clone());
+    writer.set_prefix(a.etcd_prefix.clone());
     writer.set_metrics(metrics.clone());
 
     if a.once {
@@ -226,10 +232,11 @@ pub async fn run_sync(a: SyncArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     tokio::spawn(signal_shutdown(shutdown.clone()));
     let identity = a.identity.clone().unwrap_or_else(default_identity);
+    let election_name = a.etcd_prefix.private_key(election::ELECTION_NAME);
     let resync = Duration::from_secs(a.resync_interval);
     loop {
         let leadership = tokio::select! {
-            l = election::campaign(&etcd, &identity, a.election_ttl) => l,
+            l = election::campaign_named(&etcd, &election_name, &identity, a.election_ttl) => l,
             _ = shutdown.cancelled() => return Ok(()),
         };
         let leadership = match leadership {

@@ -62,6 +62,16 @@ impl Drop for Leadership {
 
 /// Grants a lease and campaigns until elected. `value` identifies this replica.
 pub async fn campaign(client: &Client, value: &str, ttl: i64) -> Result<Leadership, ElectionError> {
+    campaign_named(client, ELECTION_NAME, value, ttl).await
+}
+
+/// [`campaign`] in the election `name` (one per cluster: `EtcdPrefix::private_key(ELECTION_NAME)`).
+pub async fn campaign_named(
+    client: &Client,
+    name: &str,
+    value: &str,
+    ttl: i64,
+) -> Result<Leadership, ElectionError> {
     let mut c = client.clone();
     let lease = c
         .lease_grant(ttl, None)
@@ -75,7 +85,7 @@ pub async fn campaign(client: &Client, value: &str, ttl: i64) -> Result<Leadersh
     let keepalive = tokio::spawn(keep_alive(client.clone(), lease, ttl, lost.clone()));
     let mut elections = c.election_client();
     let resp = tokio::select! {
-        r = elections.campaign(ELECTION_NAME, value, lease) => r,
+        r = elections.campaign(name, value, lease) => r,
         _ = lost.cancelled() => {
             return Err(ElectionError::Etcd {
                 op: "campaign",
@@ -112,7 +122,12 @@ pub async fn campaign(client: &Client, value: &str, ttl: i64) -> Result<Leadersh
 
 /// The current leader's value, if any.
 pub async fn current_leader(client: &Client) -> Option<String> {
-    let resp = client.election_client().leader(ELECTION_NAME).await.ok()?;
+    current_leader_of(client, ELECTION_NAME).await
+}
+
+/// [`current_leader`] of the election `name`.
+pub async fn current_leader_of(client: &Client, name: &str) -> Option<String> {
+    let resp = client.election_client().leader(name).await.ok()?;
     resp.kv()
         .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
 }

@@ -12,6 +12,50 @@ use crate::convert::{
     self, CalicoResource, Converted, ObjectRef, SkipReport, etcd_key, is_namespaced, plural,
 };
 
+/// A RemoteClusterConfiguration, validated strictly by the model the agents read it with (an
+/// unknown field, e.g. `kubeconfig`, is an error naming it).
+fn remote_cluster(v: &Value, obj: &ObjectRef, name: &str) -> Converted {
+    let key = match etcd_key(convert::REMOTE_CLUSTER_KIND, None, name) {
+        Ok(k) => k,
+        Err(e) => return Converted::skipped(SkipReport::new(obj, "metadata", e), None),
+    };
+    let mut meta = Map::new();
+    meta.insert("name".into(), Value::String(name.to_string()));
+    if let Some(labels) = v.pointer("/metadata/labels") {
+        meta.insert("labels".into(), labels.clone());
+    }
+    let mut doc = Map::new();
+    doc.insert(
+        "apiVersion".into(),
+        Value::String(convert::v3::API_VERSION.into()),
+    );
+    doc.insert(
+        "kind".into(),
+        Value::String(convert::REMOTE_CLUSTER_KIND.into()),
+    );
+    doc.insert("metadata".into(), Value::Object(meta));
+    doc.insert("spec".into(), v.get("spec").cloned().unwrap_or(Value::Null));
+    let json = Value::Object(doc).to_string();
+    // The model's messages start with the object and carry the field path.
+    if let Err(e) = calc_graph::model::RemoteCluster::from_etcd(&key, json.as_bytes()) {
+        let msg = e
+            .split_once(": ")
+            .map_or(e.as_str(), |(_, m)| m)
+            .to_string();
+        return Converted::skipped(SkipReport::new(obj, "spec", msg), Some(key));
+    }
+    Converted {
+        resource: Some(CalicoResource {
+            kind: convert::REMOTE_CLUSTER_KIND.to_string(),
+            namespace: None,
+            name: name.to_string(),
+            json,
+        }),
+        skips: Vec::new(),
+        retain_key: None,
+    }
+}
+
 /// Validates one v3 document and turns it into a storable resource.
 pub fn convert_v3(v: &Value) -> Converted {
     let kind = v.get("kind").and_then(Value::as_str).unwrap_or("");
@@ -36,6 +80,9 @@ pub fn convert_v3(v: &Value) -> Converted {
         ns = None;
     }
     let obj = ObjectRef::new(kind, ns.as_deref(), &name);
+    if kind == convert::REMOTE_CLUSTER_KIND {
+        return remote_cluster(v, &obj, &name);
+    }
     if plural(kind).is_none() {
         return Converted::skipped(
             SkipReport::new(

@@ -18,6 +18,10 @@ pub type FieldError = (String, String);
 /// A rule with an unknown field is kept as written (the canonical form could not carry the
 /// field), so the agent sees it and fails that rule safe; see [`failed_safe_reports`].
 pub fn canonical(r: &CalicoResource) -> Result<CalicoResource, FieldError> {
+    if r.kind == crate::convert::REMOTE_CLUSTER_KIND {
+        // Not a graph resource: validated (strictly) where it was converted, stored as built there.
+        return Ok(r.clone());
+    }
     let res = decode(r)?;
     let keep_as_written = rules_of(&res).any(|(_, rule)| !rule.unknown_fields.is_empty());
     if keep_as_written {

@@ -13,6 +13,11 @@
 //!
 //! Everything else under `/calico/` is never touched.
 //!
+//! # Prefix
+//! With `--etcd-prefix` the cluster's keys live under another prefix ([`EtcdPrefix`]); the writer
+//! plans on canonical keys and translates at the etcd edge, and keeps its markers under
+//! [`EtcdPrefix::private_key`] so two clusters' controllers never see each other's.
+//!
 //! # Writes
 //! Every write is compare-and-swap: a create requires the key to be absent, an update or delete requires
 //! the mod revision read at the start of the pass. Values are compared as JSON, so a second pass with
@@ -26,6 +31,8 @@ use std::time::Instant;
 
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
 use serde_json::Value;
+
+use calc_graph::model::EtcdPrefix;
 
 use crate::convert::RESOURCE_PREFIX;
 
@@ -96,8 +103,9 @@ pub fn owned_by_pattern(key: &str) -> bool {
     }
 }
 
-fn marker_key(key: &str) -> String {
-    format!("{OWNER_MARKER_PREFIX}{key}")
+/// The ownership marker of canonical key `key`, for the cluster at `p`.
+fn marker_key(p: &EtcdPrefix, key: &str) -> String {
+    format!("{}{key}", p.private_key(OWNER_MARKER_PREFIX))
 }
 
 /// What is in etcd now, for the keys that matter.
@@ -152,6 +160,7 @@ pub struct Writer {
     client: Client,
     fence: Option<Fence>,
     metrics: Option<crate::metrics::Metrics>,
+    prefix: EtcdPrefix,
 }
 
 impl Writer {
@@ -160,7 +169,13 @@ impl Writer {
             client,
             fence: None,
             metrics: None,
+            prefix: EtcdPrefix::default(),
         }
+    }
+
+    /// Writes the cluster whose keys live under `prefix` (default: Calico's).
+    pub fn set_prefix(&mut self, prefix: EtcdPrefix) {
+        self.prefix = prefix;
     }
 
     /// Requires the given leader key for every write from now on.
@@ -179,7 +194,7 @@ impl Writer {
         for _ in 0..MAX_ATTEMPTS {
             let current = self.read().await?;
             stats.revision = current.revision;
-            let changes = plan(desired, &current);
+            let changes = plan(desired, &current, &self.prefix);
             if changes.is_empty() {
                 return Ok(stats);
             }
@@ -198,21 +213,25 @@ impl Writer {
         let etcd = |source| WriterError::Etcd { op: "get", source };
         let resp = self
             .client
-            .get(RESOURCE_PREFIX, Some(GetOptions::new().with_prefix()))
+            .get(
+                self.prefix.resources(),
+                Some(GetOptions::new().with_prefix()),
+            )
             .await
             .map_err(etcd)?;
         let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
         let mut values = BTreeMap::new();
         for kv in resp.kvs() {
-            if let Ok(k) = kv.key_str() {
-                values.insert(k.to_string(), (kv.value().to_vec(), kv.mod_revision()));
+            if let Some(k) = kv.key_str().ok().and_then(|k| self.prefix.to_canonical(k)) {
+                values.insert(k, (kv.value().to_vec(), kv.mod_revision()));
             }
         }
         // Read markers at the same revision so both views are consistent.
+        let marker_prefix = self.prefix.private_key(OWNER_MARKER_PREFIX);
         let resp = self
             .client
             .get(
-                OWNER_MARKER_PREFIX,
+                marker_prefix.as_str(),
                 Some(GetOptions::new().with_prefix().with_revision(revision)),
             )
             .await
@@ -220,7 +239,7 @@ impl Writer {
         let mut markers = BTreeMap::new();
         for kv in resp.kvs() {
             if let Ok(k) = kv.key_str()
-                && let Some(target) = k.strip_prefix(OWNER_MARKER_PREFIX)
+                && let Some(target) = k.strip_prefix(marker_prefix.as_str())
             {
                 markers.insert(target.to_string(), kv.mod_revision());
             }
@@ -325,19 +344,22 @@ fn json_equal(a: &[u8], b: &str) -> bool {
 }
 
 /// Works out the changes that take `current` to `desired`.
-fn plan(desired: &Desired, current: &Current) -> Vec<Change> {
+fn plan(desired: &Desired, current: &Current, p: &EtcdPrefix) -> Vec<Change> {
+    // Keys are canonical until they reach etcd.
+    let k = |key: &str| p.from_canonical(key);
+    let marker_key = |key: &str| marker_key(p, key);
     let mut changes = Vec::new();
     for (key, value) in &desired.resources {
         let needs_marker = !owned_by_pattern(key);
         let has_marker = current.markers.contains_key(key);
         match current.values.get(key) {
             None => {
-                let mut ops = vec![TxnOp::put(key.as_str(), value.as_str(), None)];
+                let mut ops = vec![TxnOp::put(k(key), value.as_str(), None)];
                 if needs_marker {
                     ops.push(TxnOp::put(marker_key(key), "", None));
                 }
                 changes.push(Change {
-                    compares: vec![Compare::create_revision(key.as_str(), CompareOp::Equal, 0)],
+                    compares: vec![Compare::create_revision(k(key), CompareOp::Equal, 0)],
                     ops,
                     kind: ChangeKind::Create,
                     rank: rank(key),
@@ -347,7 +369,7 @@ fn plan(desired: &Desired, current: &Current) -> Vec<Change> {
                 let same = json_equal(old, value);
                 let mut ops = Vec::new();
                 if !same {
-                    ops.push(TxnOp::put(key.as_str(), value.as_str(), None));
+                    ops.push(TxnOp::put(k(key), value.as_str(), None));
                 }
                 if needs_marker && !has_marker {
                     ops.push(TxnOp::put(marker_key(key), "", None));
@@ -356,7 +378,7 @@ fn plan(desired: &Desired, current: &Current) -> Vec<Change> {
                     continue;
                 }
                 changes.push(Change {
-                    compares: vec![Compare::mod_revision(key.as_str(), CompareOp::Equal, *rev)],
+                    compares: vec![Compare::mod_revision(k(key), CompareOp::Equal, *rev)],
                     ops,
                     kind: if same {
                         ChangeKind::Adopt
@@ -376,12 +398,12 @@ fn plan(desired: &Desired, current: &Current) -> Vec<Change> {
         if !owned_by_pattern(key) && !has_marker {
             continue;
         }
-        let mut ops = vec![TxnOp::delete(key.as_str(), None)];
+        let mut ops = vec![TxnOp::delete(k(key), None)];
         if has_marker {
             ops.push(TxnOp::delete(marker_key(key), None));
         }
         changes.push(Change {
-            compares: vec![Compare::mod_revision(key.as_str(), CompareOp::Equal, *rev)],
+            compares: vec![Compare::mod_revision(k(key), CompareOp::Equal, *rev)],
             ops,
             kind: ChangeKind::Delete,
             rank: rank(key),
@@ -465,7 +487,7 @@ mod tests {
             markers: BTreeMap::new(),
             revision: 4,
         };
-        let order: Vec<(u8, bool)> = plan(&desired, &current)
+        let order: Vec<(u8, bool)> = plan(&desired, &current, &EtcdPrefix::default())
             .iter()
             .map(|c| (c.rank, matches!(c.kind, ChangeKind::Delete)))
             .collect();

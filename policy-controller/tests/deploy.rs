@@ -554,3 +554,55 @@ fn calico_free_overlay_runs_a_tls_etcd_where_the_endpoints_point() {
         "etcd image pinned by version: {image}"
     );
 }
+
+/// The grpc-proxy Deployment (fan-out, issue 14): decodes, every flag is one the installed
+/// `etcd grpc-proxy start` knows, and its Service reaches the pods' listen port.
+#[test]
+fn etcd_grpc_proxy_deployment_and_service() {
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let d = docs_at(&deploy_dir().join("extras/etcd-grpc-proxy.yaml"));
+    let dep: Deployment = find(&d, "Deployment");
+    let spec = dep.spec;
+    assert!(
+        spec.replicas.unwrap_or(1) >= 2,
+        "one proxy is a single point of failure"
+    );
+    let pod_labels = spec.template.metadata.unwrap().labels.unwrap();
+    let pod = spec.template.spec.unwrap();
+    let c = &pod.containers[0];
+    assert_eq!(c.command.as_deref(), Some(&["etcd".to_string()][..]));
+    let args = c.args.clone().unwrap();
+    assert_eq!(&args[..2], ["grpc-proxy", "start"]);
+    let help = std::process::Command::new("etcd")
+        .args(["grpc-proxy", "start", "--help"])
+        .output()
+        .expect("etcd (Debian etcd-server) is installed");
+    let help = String::from_utf8_lossy(&help.stdout) + String::from_utf8_lossy(&help.stderr);
+    for a in &args[2..] {
+        let flag = a.split('=').next().unwrap();
+        assert!(
+            help.contains(&format!("{flag} ")),
+            "etcd grpc-proxy start has no flag {flag}"
+        );
+    }
+    let listen = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--listen-addr="))
+        .expect("--listen-addr");
+    let port: i32 = listen.rsplit(':').next().unwrap().parse().unwrap();
+    let grpc = c
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref() == Some("grpc"))
+        .expect("grpc port");
+    assert_eq!(grpc.container_port, port);
+    let svc: Service = find(&d, "Service");
+    let s = svc.spec.unwrap();
+    for (k, v) in s.selector.unwrap() {
+        assert_eq!(pod_labels.get(&k), Some(&v), "service selector {k}={v}");
+    }
+    let sp = &s.ports.unwrap()[0];
+    assert_eq!(sp.target_port, Some(IntOrString::String("grpc".into())));
+}

@@ -240,6 +240,17 @@ pub const HEALTH_ADDR: &str = "127.0.0.1:9099";
 
 impl Agent {
     pub fn start(node_ns: &Netns, node_name: &str, endpoint: &str, work: &Path) -> Result<Agent> {
+        Self::start_with(node_ns, node_name, endpoint, work, &[])
+    }
+
+    /// [`Agent::start`] with extra flags (e.g. `--etcd-prefix`).
+    pub fn start_with(
+        node_ns: &Netns,
+        node_name: &str,
+        endpoint: &str,
+        work: &Path,
+        extra: &[&str],
+    ) -> Result<Agent> {
         let state_dir = work.join(format!("state-{node_name}"));
         std::fs::create_dir_all(&state_dir)?;
         let args: Vec<String> = [
@@ -260,6 +271,7 @@ impl Agent {
             "Any",
         ]
         .iter()
+        .chain(extra)
         .map(|s| s.to_string())
         .collect();
         let mut a = Agent {

@@ -14,6 +14,7 @@ use crate::model::{
 use crate::proto::{EndpointId, PolicyId, PolicyKind};
 
 use super::labels::{ItemData, NamedPort};
+use super::remote::LABEL_CLUSTER;
 use super::rules::{
     self, FailedSafeRule, LABEL_NAMESPACE, LABEL_ORCHESTRATOR, LABEL_SERVICE_ACCOUNT, NS_PREFIX,
     SA_PREFIX, ScannedRules,
@@ -134,7 +135,8 @@ pub(crate) fn str_pairs(m: &BTreeMap<String, String>) -> Vec<(&str, &str)> {
 }
 
 /// Labels of a workload endpoint as Felix sees them: its own labels without `pcns.`/`pcsa.`
-/// ones, plus the namespace, orchestrator and service-account labels from its key and spec.
+/// ones (nor `projectcalico.org/cluster`: only federation sets it, so no endpoint can pose as
+/// another cluster's), plus the namespace, orchestrator and service-account labels from its key and spec.
 pub(crate) fn wep_labels<'a>(
     key: &'a ResourceKey,
     w: &'a WorkloadEndpoint,
@@ -143,7 +145,9 @@ pub(crate) fn wep_labels<'a>(
         .metadata
         .labels
         .iter()
-        .filter(|(k, _)| !k.starts_with(NS_PREFIX) && !k.starts_with(SA_PREFIX))
+        .filter(|(k, _)| {
+            !k.starts_with(NS_PREFIX) && !k.starts_with(SA_PREFIX) && k.as_str() != LABEL_CLUSTER
+        })
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
     labels.push((

@@ -55,6 +55,7 @@ mod index;
 mod intern;
 mod ipsets;
 mod labels;
+mod remote;
 mod resolver;
 mod rules;
 mod sequencer;
@@ -80,6 +81,7 @@ use resolver::{PolicyRef, Tiers};
 use rules::{LABEL_NAMESPACE, ScannedRules};
 use sequencer::{Desired, Sequencer};
 
+pub use remote::LABEL_CLUSTER;
 pub use rules::{FailedSafeRule, named_port_set_id};
 
 /// One input of the graph.
@@ -89,6 +91,14 @@ pub use rules::{FailedSafeRule, named_port_set_id};
 pub enum Update {
     /// A resource was created or changed (`Some`), or deleted (`None`).
     Resource {
+        key: ResourceKey,
+        value: Option<Resource>,
+    },
+    /// A resource of the remote cluster `cluster` (federation, see [`remote`]): workload endpoints,
+    /// profiles and network sets join IP set membership under the cluster's name and are never
+    /// local; other kinds are ignored.
+    Remote {
+        cluster: String,
         key: ResourceKey,
         value: Option<Resource>,
     },
@@ -229,6 +239,11 @@ impl CalcGraph {
                 };
                 self.apply_resource(&key, value);
             }
+            Update::Remote {
+                cluster,
+                key,
+                value,
+            } => self.apply_remote(&cluster, key, value),
         }
     }
 
@@ -585,9 +600,14 @@ impl CalcGraph {
             self.swap_set_refs(Some(&new), old.as_deref());
             self.seq.profile_dirty(&name);
         }
+        self.set_profile_labels(&name, &labels);
+    }
+
+    /// Sets the labels a profile gives its endpoints and network sets, relabelling them.
+    fn set_profile_labels(&mut self, name: &str, labels: &BTreeMap<String, String>) {
         let changed = self
             .store
-            .set_profile_labels(&mut self.interner, &name, &labels);
+            .set_profile_labels(&mut self.interner, name, labels);
         for ch in changed {
             self.relabel_item(ch.id);
             if let Some(old) = ch.old_labels {

@@ -31,8 +31,10 @@ pub mod metadata;
 mod names;
 pub mod netset;
 pub mod policy;
+mod prefix;
 pub mod primitives;
 pub mod profile;
+mod remote;
 mod resource;
 pub mod rule;
 pub mod schema;
@@ -59,8 +61,10 @@ pub use policy::{
     StagedGlobalNetworkPolicySpec, StagedKubernetesNetworkPolicy,
     StagedKubernetesNetworkPolicySpec, StagedNetworkPolicy, StagedNetworkPolicySpec,
 };
+pub use prefix::{DEFAULT_ETCD_PREFIX, EtcdPrefix};
 pub use primitives::{Action, IcmpFields, IpVersion, Port, Protocol};
 pub use profile::{DEFAULT_ALLOW_PROFILE, Profile, ProfileSpec};
+pub use remote::{REMOTE_CLUSTER_PLURAL, RemoteCluster, remote_cluster_key, remote_cluster_name};
 pub use resource::Resource;
 pub use rule::{
     EntityRule, HttpMatch, HttpPath, Rule, RuleMetadata, ServiceAccountMatch, ServiceMatch,

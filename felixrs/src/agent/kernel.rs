@@ -28,6 +28,7 @@ use std::sync::Arc;
 
 use super::apply_loop::{ApplyReport, Dataplane, Drift};
 use super::counters::{CounterHub, Published};
+use super::federation;
 use super::state::Pipeline;
 use super::status::FailedSafeRuleStatus;
 
@@ -44,6 +45,42 @@ impl GraphPipeline {
     }
 }
 
+impl GraphPipeline {
+    /// A remote cluster's key (see [`federation`]): decoded and validated under its canonical
+    /// key, then given to the graph as that cluster's.
+    fn update_remote(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), String> {
+        let (cluster, rk) = federation::parse_remote_key(key)?;
+        let value = match value {
+            Some(v) => {
+                let canonical = rk.etcd_key();
+                let (_, r) = Resource::from_etcd_validated(&canonical, v)
+                    .map_err(|e| format!("remote cluster {cluster}: {e}"))?;
+                Some(r)
+            }
+            None => None,
+        };
+        self.graph.apply(Update::Remote {
+            cluster: cluster.to_string(),
+            key: rk,
+            value,
+        });
+        self.take_errors()
+    }
+
+    fn take_errors(&mut self) -> Result<(), String> {
+        let errors = self.graph.take_errors();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors
+                .into_iter()
+                .map(|(k, e)| format!("{k}: {e}"))
+                .collect::<Vec<_>>()
+                .join("; "))
+        }
+    }
+}
+
 /// Keys under the Calico prefix whose kind the graph does not consume (nodes, ipamblocks,
 /// felixconfigurations, ...): kept in the snapshot, never reported as malformed.
 fn is_unconsumed_kind(key: &str) -> bool {
@@ -54,6 +91,9 @@ fn is_unconsumed_kind(key: &str) -> bool {
 
 impl Pipeline for GraphPipeline {
     fn update(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), String> {
+        if key.starts_with(federation::REMOTE_ROOT) {
+            return self.update_remote(key, value);
+        }
         if is_unconsumed_kind(key) {
             return Ok(());
         }
@@ -83,16 +123,7 @@ impl Pipeline for GraphPipeline {
                 );
             }
         }
-        let errors = self.graph.take_errors();
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(errors
-                .into_iter()
-                .map(|(k, e)| format!("{k}: {e}"))
-                .collect::<Vec<_>>()
-                .join("; "))
-        }
+        self.take_errors()
     }
 
     fn in_sync(&mut self) {

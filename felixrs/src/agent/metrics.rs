@@ -5,6 +5,7 @@
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
@@ -45,6 +46,18 @@ pub struct Metrics {
     pub drift_check_errors: Counter,
     pub drift_repairs: Counter,
     pub drift_check_seconds: Histogram,
+    /// Per federated cluster (label `cluster`): 1 while its etcd answers.
+    pub remote_connected: Family<RemoteLabels, Gauge>,
+    /// Per federated cluster: its keys (endpoints, profiles, network sets) in the agent's view.
+    pub remote_keys: Family<RemoteLabels, Gauge>,
+}
+
+/// The label set of the per-remote-cluster metrics.
+pub type RemoteLabels = Vec<(String, String)>;
+
+/// `cluster="<name>"`.
+pub fn remote_labels(cluster: &str) -> RemoteLabels {
+    vec![("cluster".to_string(), cluster.to_string())]
 }
 
 impl Default for Metrics {
@@ -87,6 +100,8 @@ impl Metrics {
             drift_check_errors: Counter::default(),
             drift_repairs: Counter::default(),
             drift_check_seconds: secs(),
+            remote_connected: Family::default(),
+            remote_keys: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -219,6 +234,16 @@ impl Metrics {
             m.drift_check_seconds.clone(),
         );
         r.register_collector(Box::new(m.policy_counters.clone()));
+        r.register(
+            "remote_cluster_connected",
+            "Federated cluster's etcd answers (1) or not (0)",
+            m.remote_connected.clone(),
+        );
+        r.register(
+            "remote_cluster_keys",
+            "Federated cluster's endpoints, profiles and network sets held",
+            m.remote_keys.clone(),
+        );
         Self { registry, ..m }
     }
 

@@ -13,6 +13,7 @@
 pub mod apply_loop;
 pub mod counters;
 pub mod datastore;
+pub mod federation;
 pub mod kernel;
 pub mod metrics;
 pub mod runtime;
@@ -26,7 +27,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use calc_graph::model::CALICO_PREFIX;
+use calc_graph::model::EtcdPrefix;
 use iptables::apply::{Backend, ExecRunner};
 use tokio_util::sync::CancellationToken;
 
@@ -83,6 +84,10 @@ pub struct Args {
         required = true
     )]
     pub etcd_endpoints: Vec<String>,
+    /// Where this cluster's Calico data lives in etcd (`<prefix>/resources/v3/projectcalico.org/`):
+    /// clusters sharing one etcd each take their own.
+    #[arg(long, env = "FELIXRS_ETCD_PREFIX", default_value = "/calico")]
+    pub etcd_prefix: EtcdPrefix,
     /// This node's name (as in WorkloadEndpoint `spec.node`).
     #[arg(long, env = "FELIXRS_NODE_NAME")]
     pub node_name: String,
@@ -134,6 +139,7 @@ impl Args {
     pub fn run(self) -> anyhow::Result<()> {
         let Args {
             etcd_endpoints,
+            etcd_prefix,
             node_name,
             state_dir,
             health_listen,
@@ -169,7 +175,7 @@ impl Args {
         };
         let datastore = EtcdDatastore::new(etcd_endpoints, tls, etcd_timeout);
         let cfg = RuntimeConfig {
-            prefix: CALICO_PREFIX.to_string(),
+            prefix: etcd_prefix,
             state_dir,
             health_listen,
             etcd_timeout,

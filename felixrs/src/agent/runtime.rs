@@ -2,9 +2,12 @@
 //!
 //! ```text
 //! [syncer task] --SyncEvent--> [main task: AgentState + graph] --Batch--> [apply thread]
-//!                                   |                                           |
-//!                                   +--Snapshot--> [snapshot writer]            +--> StatusHub <-- [HTTP]
+//! [remote syncer tasks] --RemoteEvent--^    |                                   |
+//!                                           +--Snapshot--> [snapshot writer]    +--> StatusHub <-- [HTTP]
 //! ```
+//!
+//! Remote syncers (federation) start once the local view is in (from etcd or the snapshot), one per
+//! RemoteClusterConfiguration in it; their members are seeded from the snapshot at start.
 //!
 //! Startup: the syncer starts at once. If etcd has not delivered its first full list within
 //! `etcd_timeout` (or the first attempt already failed), the persisted snapshot (if valid) is used as the full view, and etcd's list
@@ -23,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::apply_loop::{self, Dataplane};
 use super::datastore::Datastore;
+use super::federation::Remotes;
 use super::snapshot::{Snapshot, SnapshotStore};
 use super::state::{AgentState, Pipeline};
 use super::status::{self, Source, StatusHub};
@@ -31,7 +35,7 @@ use super::syncer::{self, SyncEvent, SyncerConfig};
 /// Everything the runtime needs besides its three parts.
 #[derive(Debug, Clone)]
 pub struct RuntimeConfig {
-    pub prefix: String,
+    pub prefix: calc_graph::model::EtcdPrefix,
     pub state_dir: PathBuf,
     pub health_listen: SocketAddr,
     /// How long to wait for etcd before programming from the snapshot.
@@ -82,6 +86,16 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
 
     let mut state = AgentState::new(pipeline, apply.tx.clone(), hub.clone());
     drop(apply.tx);
+    // Read once: remote members are seeded from it now, the local view only if etcd is late.
+    let mut loaded = {
+        let store = store.clone();
+        Some(tokio::task::spawn_blocking(move || store.load()).await?)
+    };
+    if let Some(Ok(Some(snap))) = &loaded {
+        state.seed_remotes(snap);
+    }
+    let (remote_tx, mut remote_rx) = mpsc::channel(1024);
+    let mut remotes = Remotes::new(remote_tx, cfg.etcd_timeout, cancel.child_token());
     let fallback_at = tokio::time::Instant::now() + cfg.etcd_timeout;
     let mut fallback_tried = false;
     let mut snap_tick = tokio::time::interval(cfg.snapshot_interval);
@@ -98,31 +112,39 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
                 state.on_event(ev);
                 if early_failure {
                     fallback_tried = true;
-                    let store = store.clone();
-                    let loaded = tokio::task::spawn_blocking(move || store.load()).await?;
-                    fallback(&mut state, &hub, loaded);
+                    fallback(&mut state, &hub, loaded.take());
                 }
                 while let Ok(ev) = sync_rx.try_recv() {
                     state.on_event(ev);
                 }
+                reconcile_remotes(&mut state, &mut remotes);
                 state.emit();
                 if listed {
                     // Persist a fresh full view at once, not at the next tick.
                     if let Some(s) = state.take_snapshot() {
-                        snap_tx.send_replace(Some(Arc::new(s)));
+                        snap_tx.send_replace(Some(Pending::new(s, &hub)));
                     }
                 }
             }
+            Some(ev) = remote_rx.recv() => {
+                let mut ev = Some(ev);
+                while let Some(e) = ev {
+                    if remotes.is_current(&e) {
+                        state.on_remote_event(&e.cluster, e.event);
+                    }
+                    ev = remote_rx.try_recv().ok();
+                }
+                state.emit();
+            }
             _ = tokio::time::sleep_until(fallback_at), if !fallback_tried && state.source() == Source::None => {
                 fallback_tried = true;
-                let store = store.clone();
-                let loaded = tokio::task::spawn_blocking(move || store.load()).await?;
-                fallback(&mut state, &hub, loaded);
+                fallback(&mut state, &hub, loaded.take());
+                reconcile_remotes(&mut state, &mut remotes);
                 state.emit();
             }
             _ = snap_tick.tick() => {
                 if let Some(s) = state.take_snapshot() {
-                    snap_tx.send_replace(Some(Arc::new(s)));
+                    snap_tx.send_replace(Some(Pending::new(s, &hub)));
                 }
             }
         }
@@ -130,7 +152,7 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
     cancel.cancel();
     // Persist the newest etcd view before exiting (the writer drains it before it stops).
     if let Some(s) = state.take_snapshot() {
-        snap_tx.send_replace(Some(Arc::new(s)));
+        snap_tx.send_replace(Some(Pending::new(s, &hub)));
     }
     drop(state);
     drop(snap_tx);
@@ -144,11 +166,36 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
     Ok(())
 }
 
+/// Once the local view is in: one remote syncer per valid RemoteClusterConfiguration, and no
+/// members of a cluster that has none.
+fn reconcile_remotes<P: Pipeline>(state: &mut AgentState<P>, remotes: &mut Remotes) {
+    if state.source() == Source::None {
+        return;
+    }
+    let Some(desired) = state.take_remote_configs(&|name| remotes.config(name)) else {
+        return;
+    };
+    let mut gone: std::collections::BTreeSet<String> =
+        remotes.reconcile(&desired).into_iter().collect();
+    gone.extend(
+        state
+            .remote_clusters_in_view()
+            .into_iter()
+            .filter(|c| !desired.contains_key(c)),
+    );
+    for cluster in gone {
+        state.drop_remote(&cluster);
+    }
+}
+
 fn fallback<P: Pipeline>(
     state: &mut AgentState<P>,
     hub: &StatusHub,
-    loaded: Result<Option<Snapshot>, super::snapshot::SnapshotError>,
+    loaded: Option<Result<Option<Snapshot>, super::snapshot::SnapshotError>>,
 ) {
+    let Some(loaded) = loaded else {
+        return;
+    };
     match loaded {
         Ok(Some(snap)) => {
             let (revision, keys) = (snap.revision, snap.kvs.len());
@@ -174,15 +221,41 @@ fn fallback<P: Pipeline>(
     }
 }
 
+/// A snapshot to write, with the revision of each remote cluster it holds.
+#[derive(Clone)]
+struct Pending {
+    snapshot: Arc<Snapshot>,
+    remotes: Arc<Vec<(String, i64)>>,
+}
+
+impl Pending {
+    fn new(snapshot: Snapshot, hub: &StatusHub) -> Self {
+        let remotes = hub
+            .snapshot()
+            .remote_clusters
+            .iter()
+            .map(|(c, r)| (c.clone(), r.revision))
+            .collect();
+        Pending {
+            snapshot: Arc::new(snapshot),
+            remotes: Arc::new(remotes),
+        }
+    }
+}
+
 /// Writes the newest snapshot handed over, one at a time (the watch channel keeps only the latest,
 /// so a burst costs one write).
 async fn snapshot_writer(
     store: SnapshotStore,
-    mut rx: watch::Receiver<Option<Arc<Snapshot>>>,
+    mut rx: watch::Receiver<Option<Pending>>,
     hub: Arc<StatusHub>,
 ) {
     while rx.changed().await.is_ok() {
-        let Some(snap) = rx.borrow_and_update().clone() else {
+        let Some(Pending {
+            snapshot: snap,
+            remotes,
+        }) = rx.borrow_and_update().clone()
+        else {
             continue;
         };
         let store = store.clone();
@@ -199,6 +272,11 @@ async fn snapshot_writer(
                 hub.update(|s| {
                     s.snapshot_revision = Some(revision);
                     s.snapshot_error = None;
+                    for (c, rev) in remotes.iter() {
+                        if let Some(r) = s.remote_clusters.get_mut(c) {
+                            r.snapshot_revision = Some(*rev);
+                        }
+                    }
                 });
             }
             Ok(Err(error)) => {

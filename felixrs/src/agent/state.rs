@@ -7,17 +7,54 @@
 //!   updated and keys that disappeared are deleted.
 //! * No batch reaches the apply loop before the first full view (no kernel write before in-sync).
 //! * Only data that came from etcd is persisted into the snapshot.
+//! * The view is scoped: the local cluster's keys, and each remote cluster's remote keys
+//!   ([`federation`](super::federation)). A full view of one scope (local list, snapshot, a
+//!   remote's list) replaces that scope only; a remote never changes `in_sync`, `source` or the
+//!   revision, which are the local store's.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
 
+use calc_graph::model::{CALICO_PREFIX, REMOTE_CLUSTER_PLURAL, RemoteCluster, remote_cluster_name};
 use calc_graph::proto::Output;
 
 use super::apply_loop::Batch;
+use super::federation::{REMOTE_ROOT, is_federated, remote_key, remote_scope, split_remote_key};
+use super::metrics::remote_labels;
 use super::snapshot::{KvMap, Snapshot};
-use super::status::{FailedSafeRuleStatus, Source, Status, StatusHub};
+use super::status::{FailedSafeRuleStatus, RemoteStatus, Source, Status, StatusHub};
 use super::syncer::SyncEvent;
+
+/// Which part of the view a full replacement concerns.
+#[derive(Debug, Clone, Copy)]
+enum Scope<'a> {
+    Local,
+    Remote(&'a str),
+}
+
+impl Scope<'_> {
+    fn contains(&self, key: &str) -> bool {
+        match self {
+            Scope::Local => !key.starts_with(REMOTE_ROOT),
+            Scope::Remote(c) => split_remote_key(key).is_some_and(|(kc, _)| kc == *c),
+        }
+    }
+}
+
+/// Entries from `start` on, in key order.
+fn from_key<'a>(
+    m: &'a KvMap,
+    start: &str,
+) -> impl Iterator<Item = (&'a Arc<str>, &'a Arc<[u8]>)> + use<'a> {
+    use std::ops::Bound;
+    let start: Arc<str> = Arc::from(start);
+    m.range::<Arc<str>, _>((Bound::Included(start), Bound::Unbounded))
+}
+
+fn rcc_prefix() -> String {
+    format!("{CALICO_PREFIX}{REMOTE_CLUSTER_PLURAL}/")
+}
 
 /// Datastore keys in, graph outputs out (the calculation graph behind a small seam).
 pub trait Pipeline: 'static {
@@ -48,6 +85,8 @@ pub struct AgentState<P> {
     snapshot_dirty: bool,
     batches: Sender<Batch>,
     hub: Arc<StatusHub>,
+    /// A RemoteClusterConfiguration key changed since [`Self::take_remote_configs`].
+    remotes_dirty: bool,
 }
 
 impl<P: Pipeline> AgentState<P> {
@@ -62,6 +101,7 @@ impl<P: Pipeline> AgentState<P> {
             snapshot_dirty: false,
             batches,
             hub,
+            remotes_dirty: false,
         }
     }
 
@@ -111,13 +151,224 @@ impl<P: Pipeline> AgentState<P> {
         if self.source != Source::None {
             return false;
         }
-        self.replace(snap.revision, snap.kvs, Source::Snapshot);
+        let local = snap
+            .kvs
+            .into_iter()
+            .filter(|(k, _)| Scope::Local.contains(k))
+            .collect();
+        self.replace(snap.revision, local, Source::Snapshot);
         self.snapshot_dirty = false;
         true
     }
 
+    /// Takes the remote clusters' members from a snapshot while they have none of their own yet
+    /// (at start, whatever the local etcd does): a remote that is down keeps its last members
+    /// across restarts. Configurations that no longer exist are dropped once the local view is in.
+    pub fn seed_remotes(&mut self, snap: &Snapshot) {
+        let mut seeded: BTreeMap<String, usize> = BTreeMap::new();
+        for (k, v) in from_key(&snap.kvs, REMOTE_ROOT) {
+            let Some((cluster, _)) = split_remote_key(k) else {
+                break;
+            };
+            if self.kvs.contains_key(k) {
+                continue;
+            }
+            *seeded.entry(cluster.to_string()).or_default() += 1;
+            self.change(k.clone(), Some(v.clone()));
+        }
+        for (cluster, keys) in seeded {
+            tracing::info!(%cluster, keys, "remote cluster members from the snapshot");
+            self.hub.update(|s| {
+                let r = s.remote_clusters.entry(cluster).or_default();
+                r.source = Source::Snapshot;
+                r.keys = keys;
+            });
+        }
+    }
+
+    /// One remote syncer's event (call [`Self::emit`] after a burst).
+    pub fn on_remote_event(&mut self, cluster: &str, ev: SyncEvent) {
+        let status = |this: &Self, f: &dyn Fn(&mut RemoteStatus)| {
+            let keys = this.remote_keys(cluster);
+            let mut connected = false;
+            this.hub.update(|s| {
+                let r = s.remote_clusters.entry(cluster.to_string()).or_default();
+                f(r);
+                r.keys = keys;
+                connected = r.connected;
+            });
+            let labels = remote_labels(cluster);
+            let m = &this.hub.metrics;
+            m.remote_connected
+                .get_or_create(&labels)
+                .set(i64::from(connected));
+            m.remote_keys.get_or_create(&labels).set(keys as i64);
+        };
+        match ev {
+            SyncEvent::Listed { revision, kvs } => {
+                let new = kvs
+                    .into_iter()
+                    .filter(|(k, _)| is_federated(k))
+                    .map(|(k, v)| (Arc::from(remote_key(cluster, &k)), Arc::from(v)))
+                    .collect();
+                let removed = self.replace_scope(Scope::Remote(cluster), new);
+                tracing::info!(%cluster, revision, removed, "listed remote cluster");
+                self.after_remote_change();
+                status(self, &|r| {
+                    r.connected = true;
+                    r.error = None;
+                    r.revision = revision;
+                    r.source = Source::Etcd;
+                });
+            }
+            SyncEvent::Changes { revision, changes } => {
+                for c in changes.into_iter().filter(|c| is_federated(&c.key)) {
+                    self.hub.metrics.datastore_updates.inc();
+                    let key = Arc::from(remote_key(cluster, &c.key));
+                    self.change(key, c.value.map(Arc::from));
+                }
+                self.after_remote_change();
+                status(self, &|r| {
+                    r.connected = true;
+                    r.error = None;
+                    r.revision = r.revision.max(revision);
+                });
+            }
+            SyncEvent::Progress { revision } => status(self, &|r| {
+                r.connected = true;
+                r.error = None;
+                r.revision = r.revision.max(revision);
+            }),
+            SyncEvent::Disconnected { reason } => {
+                tracing::warn!(%cluster, %reason, "remote cluster unreachable; keeping its last members");
+                status(self, &|r| {
+                    r.connected = false;
+                    r.error = Some(reason.clone());
+                })
+            }
+        }
+    }
+
+    fn after_remote_change(&mut self) {
+        if self.source == Source::Etcd {
+            self.snapshot_dirty = true;
+        }
+    }
+
+    fn remote_keys(&self, cluster: &str) -> usize {
+        let scope = remote_scope(cluster);
+        from_key(&self.kvs, &scope)
+            .take_while(|(k, _)| k.starts_with(&scope))
+            .count()
+    }
+
+    /// Removes a remote cluster's members (its configuration was deleted).
+    pub fn drop_remote(&mut self, cluster: &str) {
+        let removed = self.replace_scope(Scope::Remote(cluster), KvMap::new());
+        tracing::info!(%cluster, removed, "remote cluster removed with its members");
+        self.after_remote_change();
+        self.hub.update(|s| {
+            s.remote_clusters.remove(cluster);
+        });
+        let labels = remote_labels(cluster);
+        self.hub.metrics.remote_connected.remove(&labels);
+        self.hub.metrics.remote_keys.remove(&labels);
+    }
+
+    /// Clusters with members in the view.
+    pub fn remote_clusters_in_view(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for k in from_key(&self.kvs, REMOTE_ROOT).map(|(k, _)| k) {
+            let Some((c, _)) = split_remote_key(k) else {
+                break;
+            };
+            if out.last().map(String::as_str) != Some(c) {
+                out.push(c.to_string());
+            }
+        }
+        out
+    }
+
+    /// The valid RemoteClusterConfigurations of the local view, if one changed since the last
+    /// call. An invalid one is logged, counted and shown in `/status`; its remote keeps running
+    /// with the last valid configuration if there was one (a typo never drops a cluster).
+    pub fn take_remote_configs(
+        &mut self,
+        running: &dyn Fn(&str) -> Option<RemoteCluster>,
+    ) -> Option<BTreeMap<String, RemoteCluster>> {
+        if !std::mem::take(&mut self.remotes_dirty) {
+            return None;
+        }
+        let prefix = rcc_prefix();
+        let mut out = BTreeMap::new();
+        let mut errors = BTreeMap::new();
+        let mut names = std::collections::BTreeSet::new();
+        for (k, v) in from_key(&self.kvs, &prefix).take_while(|(k, _)| k.starts_with(&prefix)) {
+            let Some(name) = remote_cluster_name(k) else {
+                continue;
+            };
+            names.insert(name.to_string());
+            match RemoteCluster::from_etcd(k, v) {
+                Ok(rc) => {
+                    out.insert(name.to_string(), rc);
+                }
+                Err(error) => {
+                    self.malformed(k, &error);
+                    if let Some(prev) = running(name) {
+                        out.insert(name.to_string(), prev);
+                    }
+                    errors.insert(name.to_string(), error);
+                }
+            }
+        }
+        self.hub.update(|s| {
+            // A cluster without a configuration any more is gone from the status (its members go
+            // with `drop_remote`).
+            s.remote_clusters.retain(|name, _| names.contains(name));
+            for (name, r) in s.remote_clusters.iter_mut() {
+                r.config_error = errors.remove(name);
+            }
+            for (name, e) in errors {
+                s.remote_clusters.entry(name).or_default().config_error = Some(e);
+            }
+        });
+        Some(out)
+    }
+
     fn replace(&mut self, revision: i64, new: KvMap, source: Source) {
-        let old = std::mem::take(&mut self.kvs);
+        let removed = self.replace_scope(Scope::Local, new);
+        tracing::info!(
+            revision,
+            ?source,
+            keys = self.kvs.len(),
+            removed,
+            "replacing the datastore view"
+        );
+        self.source = source;
+        self.revision = revision;
+        if source == Source::Etcd {
+            self.snapshot_dirty = true;
+        }
+        if !self.in_sync {
+            self.pipeline.in_sync();
+            self.in_sync = true;
+        }
+        self.dirty = true;
+        self.remotes_dirty = true;
+        self.hub.update(|s| {
+            s.in_sync = true;
+            s.source = source;
+            s.observed_revision = revision;
+        });
+    }
+
+    /// Replaces the keys of `scope` with `new` (whose keys must all be in it), telling the graph
+    /// only what changed; returns how many keys were removed.
+    fn replace_scope(&mut self, scope: Scope<'_>, new: KvMap) -> usize {
+        let (old, keep): (KvMap, KvMap) = std::mem::take(&mut self.kvs)
+            .into_iter()
+            .partition(|(k, _)| scope.contains(k));
+        self.kvs = keep;
         let mut merged = KvMap::new();
         let mut old_iter = old.into_iter().peekable();
         // Both maps are sorted: walk them together.
@@ -153,35 +404,19 @@ impl<P: Pipeline> AgentState<P> {
             }
         }
         removed.extend(old_iter.map(|(k, _)| k));
-        tracing::info!(
-            revision,
-            ?source,
-            keys = merged.len(),
-            removed = removed.len(),
-            "replacing the datastore view"
-        );
+        let count = removed.len();
         for k in removed {
             self.delete(&k);
         }
-        self.kvs = merged;
-        self.source = source;
-        self.revision = revision;
-        if source == Source::Etcd {
-            self.snapshot_dirty = true;
-        }
-        if !self.in_sync {
-            self.pipeline.in_sync();
-            self.in_sync = true;
-        }
+        self.kvs.extend(merged);
         self.dirty = true;
-        self.hub.update(|s| {
-            s.in_sync = true;
-            s.source = source;
-            s.observed_revision = revision;
-        });
+        count
     }
 
     fn change(&mut self, key: Arc<str>, value: Option<Arc<[u8]>>) {
+        if key.starts_with(&rcc_prefix()) {
+            self.remotes_dirty = true;
+        }
         match value {
             None => {
                 if self.kvs.remove(&key).is_some() {
@@ -272,6 +507,10 @@ fn connected(s: &mut Status) {
 }
 
 #[cfg(test)]
+#[path = "state_federation_tests.rs"]
+mod federation_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::agent::datastore::Change;
@@ -280,8 +519,8 @@ mod tests {
 
     /// Records what the graph is told; values starting with `!` are malformed.
     #[derive(Default)]
-    struct RecordingPipeline {
-        log: Log,
+    pub(super) struct RecordingPipeline {
+        pub(super) log: Log,
     }
 
     impl Pipeline for RecordingPipeline {
@@ -305,9 +544,9 @@ mod tests {
         }
     }
 
-    type Log = Arc<std::sync::Mutex<Vec<String>>>;
+    pub(super) type Log = Arc<std::sync::Mutex<Vec<String>>>;
 
-    fn mk_state() -> (
+    pub(super) fn mk_state() -> (
         AgentState<RecordingPipeline>,
         Log,
         Receiver<Batch>,
@@ -320,7 +559,7 @@ mod tests {
         (AgentState::new(p, tx, hub.clone()), log, rx, hub)
     }
 
-    fn mk_listed(revision: i64, kvs: &[(&str, &str)]) -> SyncEvent {
+    pub(super) fn mk_listed(revision: i64, kvs: &[(&str, &str)]) -> SyncEvent {
         SyncEvent::Listed {
             revision,
             kvs: kvs
@@ -330,7 +569,7 @@ mod tests {
         }
     }
 
-    fn mk_change(revision: i64, key: &str, value: Option<&str>) -> SyncEvent {
+    pub(super) fn mk_change(revision: i64, key: &str, value: Option<&str>) -> SyncEvent {
         SyncEvent::Changes {
             revision,
             changes: vec![Change {

@@ -8,6 +8,7 @@
 //! * `GET /liveness`: 200 while the process serves.
 //! * `GET /metrics`: Prometheus text.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -61,6 +62,28 @@ pub struct Status {
     pub failed_safe_rules: Vec<FailedSafeRuleStatus>,
     pub snapshot_revision: Option<i64>,
     pub snapshot_error: Option<String>,
+    /// Each federated cluster (RemoteClusterConfiguration) by name.
+    #[serde(default)]
+    pub remote_clusters: BTreeMap<String, RemoteStatus>,
+}
+
+/// One federated cluster in `/status`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RemoteStatus {
+    /// Its etcd answered the last request.
+    pub connected: bool,
+    /// Why its etcd could not be reached, until it answers again.
+    pub error: Option<String>,
+    /// Its store's revision fully received (0: nothing from its etcd since the agent started).
+    pub revision: i64,
+    /// Where its members come from: `etcd`, or `snapshot` until its etcd answers after a restart.
+    pub source: Source,
+    /// Its keys (workload endpoints, profiles, network sets) in the agent's view.
+    pub keys: usize,
+    /// Its revision in the last snapshot written (what a restart with it down would start from).
+    pub snapshot_revision: Option<i64>,
+    /// Why its configuration is unusable (the last valid one, if any, stays in use).
+    pub config_error: Option<String>,
 }
 
 /// One entry of `/status`'s `failed_safe_rules`.

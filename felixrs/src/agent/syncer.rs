@@ -15,6 +15,8 @@
 //!   to be synced: it started at the store's head, or it delivered events up to the revision the
 //!   store had when it was created, or `SYNC_GRACE` passed (etcd syncs catching-up watchers every
 //!   100 ms and reports compaction on the first pass).
+//! * Keys leave the syncer canonical (under Calico's default layout, whatever the cluster's
+//!   `--etcd-prefix`), so the state, the snapshot and the graph never depend on the prefix.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +24,8 @@ use std::time::Duration;
 use tokio::sync::{Notify, mpsc};
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
+
+use calc_graph::model::EtcdPrefix;
 
 use super::datastore::{Change, Datastore, DatastoreWatch, WatchMessage};
 
@@ -47,7 +51,8 @@ pub enum SyncEvent {
 /// Tunables of the syncer.
 #[derive(Debug, Clone)]
 pub struct SyncerConfig {
-    pub prefix: String,
+    /// The cluster's etcd prefix: the syncer watches its resources and emits canonical keys.
+    pub prefix: EtcdPrefix,
     /// How often to ask etcd for a progress notification.
     pub progress_interval: Duration,
     pub min_backoff: Duration,
@@ -55,9 +60,9 @@ pub struct SyncerConfig {
 }
 
 impl SyncerConfig {
-    pub fn new(prefix: impl Into<String>) -> Self {
+    pub fn new(prefix: EtcdPrefix) -> Self {
         Self {
-            prefix: prefix.into(),
+            prefix,
             progress_interval: Duration::from_secs(1),
             min_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(2),
@@ -109,7 +114,15 @@ async fn session<D: Datastore>(
         let start = match *last_revision {
             Some(rev) => rev,
             None => {
-                let listing = ds.list(&cfg.prefix).await.map_err(|e| e.to_string())?;
+                let mut listing = ds
+                    .list(cfg.prefix.resources())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                listing.kvs = listing
+                    .kvs
+                    .into_iter()
+                    .filter_map(|(k, v)| Some((cfg.prefix.to_canonical(&k)?, v)))
+                    .collect();
                 tracing::info!(
                     revision = listing.revision,
                     keys = listing.kvs.len(),
@@ -127,7 +140,7 @@ async fn session<D: Datastore>(
             }
         };
         let mut watch = ds
-            .watch(&cfg.prefix, start + 1)
+            .watch(cfg.prefix.resources(), start + 1)
             .await
             .map_err(|e| e.to_string())?;
         match pump(
@@ -205,6 +218,13 @@ async fn pump<W: DatastoreWatch>(
                     synced = true;
                     next_request = Instant::now();
                 }
+                let changes = changes
+                    .into_iter()
+                    .filter_map(|mut c| {
+                        c.key = cfg.prefix.to_canonical(&c.key)?;
+                        Some(c)
+                    })
+                    .collect();
                 SyncEvent::Changes { revision, changes }
             }
             WatchMessage::Progress { .. } if !synced => continue,

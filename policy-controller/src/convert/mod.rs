@@ -153,6 +153,9 @@ impl CalicoResource {
     }
 }
 
+/// RemoteClusterConfiguration: stored for the agents (federation), not a graph resource.
+pub const REMOTE_CLUSTER_KIND: &str = "RemoteClusterConfiguration";
+
 /// The model's kind for a v3 kind name, if this controller can store it.
 pub fn model_kind(kind: &str) -> Option<calc_graph::model::Kind> {
     calc_graph::model::Kind::from_kind_name(kind)
@@ -172,6 +175,13 @@ pub fn is_namespaced(kind: &str) -> bool {
 /// Names and namespaces are checked first so that nothing in them can add a path segment.
 pub fn etcd_key(kind: &str, namespace: Option<&str>, name: &str) -> Result<String, String> {
     use calc_graph::model::{ResourceKey, validate_name, validate_namespace};
+    if kind == REMOTE_CLUSTER_KIND {
+        validate_name(name).map_err(|e| format!("invalid name: {e}"))?;
+        return match namespace {
+            None => Ok(calc_graph::model::remote_cluster_key(name)),
+            Some(_) => Err(format!("{kind} is cluster-scoped but has a namespace")),
+        };
+    }
     let k = model_kind(kind).ok_or_else(|| format!("unsupported kind {kind:?}"))?;
     validate_name(name).map_err(|e| format!("invalid name: {e}"))?;
     match (k.is_namespaced(), namespace) {

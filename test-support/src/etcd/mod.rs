@@ -12,6 +12,7 @@
 //! and reaped on drop (the temp dir then goes too); a missing binary or a start failure panics with the
 //! etcd log tail.
 
+pub mod cluster;
 pub mod pki;
 
 use std::io::Write;
