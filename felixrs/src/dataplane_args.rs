@@ -59,6 +59,15 @@ pub struct DataplaneArgs {
         default_value = "disabled"
     )]
     pub workload_source_spoofing: WorkloadSourceSpoofing,
+    /// Whether endpoints with the same tiers, policies and profiles share one policy chain
+    /// (`cali-si-`/`cali-so-`) instead of each repeating the jumps (Felix's layout: `false`).
+    #[arg(
+        long,
+        env = "FELIXRS_SHARE_CHAINS",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub share_chains: bool,
 }
 
 impl Default for DataplaneArgs {
@@ -69,6 +78,7 @@ impl Default for DataplaneArgs {
             interface_prefix: vec!["cali".into()],
             default_endpoint_to_host_action: EndpointToHost::Accept,
             workload_source_spoofing: WorkloadSourceSpoofing::Disabled,
+            share_chains: true,
         }
     }
 }
@@ -88,6 +98,7 @@ impl DataplaneArgs {
                 WorkloadSourceSpoofing::Disabled => SourceSpoofing::Disabled,
                 WorkloadSourceSpoofing::Any => SourceSpoofing::Any,
             },
+            share_chains: self.share_chains,
             ..RenderConfig::default()
         }
     }

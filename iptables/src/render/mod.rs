@@ -92,6 +92,7 @@ pub mod marks;
 pub mod names;
 pub mod nat;
 pub mod rule;
+mod shared;
 mod state;
 pub mod static_chains;
 pub mod trace;
@@ -144,6 +145,10 @@ pub struct RenderConfig {
     /// and the kernel >= 3.14 support it (its `MASQFullyRandom` feature); the agent detects it
     /// (`apply::detect_masquerade_fully_random`), the default (and `felixrs render`) assumes it.
     pub masquerade_random_fully: bool,
+    /// Endpoints with the same tiers → policies and profiles (per direction) share one
+    /// content-addressed policy chain (`cali-si-`/`cali-so-`); their own chains keep only the
+    /// per-pod preamble and a goto. Off: Felix's inlined endpoint chains.
+    pub share_chains: bool,
 }
 
 impl Default for RenderConfig {
@@ -157,6 +162,7 @@ impl Default for RenderConfig {
             allow_encap_from_workloads: false,
             workload_source_spoofing: SourceSpoofing::Disabled,
             masquerade_random_fully: true,
+            share_chains: true,
         }
     }
 }
