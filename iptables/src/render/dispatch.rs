@@ -108,12 +108,13 @@ fn node_rules(
         ));
         let next_depth = common_prefix(&members).len();
         let room = root.len() + 1 + (next_depth + 1 - base) <= names::MAX_CHAIN_NAME_LEN;
-        let mut child_rules = if members.len() > MAX_LEAF && room {
+        let child_rules = if members.len() > MAX_LEAF && room {
             node_rules(root, base, &members, next_depth, from_wl, out)
         } else {
-            members.into_iter().map(goto).collect()
+            let mut leaf: Vec<Rule> = members.into_iter().map(goto).collect();
+            leaf.extend(end_rules());
+            leaf
         };
-        child_rules.extend(end_rules());
         out.push((child, child_rules));
     }
     rules.extend(end_rules());

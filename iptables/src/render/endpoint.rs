@@ -6,12 +6,15 @@
 //! at least one policy in a tier whose default action is Deny ends that tier with a DROP; a
 //! direction with no policies falls through to the profiles, then to "Drop if no profiles matched".
 //!
-//! Sharing: an endpoint chain is a per-pod *preamble* (conntrack, mark clear, encap drops) and a
-//! *policy part* (tiers, policies, profiles, final DROP) that depends only on the endpoint's
-//! ordered tiers → policies and its profiles. With sharing on, the policy part is a chain of its
-//! own named after a hash of its rules (content-addressed), and the endpoint chain ends with a
-//! `--goto` to it: every path through the policy part ends in RETURN (accept bit set) or DROP, so
-//! the goto keeps the verdicts of the inlined form exactly.
+//! Sharing: an endpoint chain is a *preamble* (conntrack, mark clear, encap drops) and a *policy
+//! part* (tiers, policies, profiles, final DROP). Neither holds anything of the pod itself: the
+//! preamble is the same for every pod and the policy part depends only on the endpoint's ordered
+//! tiers → policies and its profiles (what is per pod is elsewhere: the interface match in the
+//! dispatch tree, the anti-spoofing check in raw `cali-PREROUTING`). With sharing on, both are one
+//! chain named after a hash of its rules (content-addressed, `cali-si-`/`cali-so-`), and the
+//! endpoint's own chain is a single `--goto` to it; every path through the shared chain ends in
+//! ACCEPT, RETURN (accept bit set) or DROP, exactly as the inlined chain's, so the verdicts and
+//! the order of evaluation are those of Felix's layout.
 
 use calc_graph::proto::{Action, LocalEndpoint, Protocol};
 
@@ -36,18 +39,18 @@ pub fn endpoint_chain(
     (name, rules)
 }
 
-/// One direction of an endpoint with sharing: its own chain (preamble + goto) and the shared
-/// policy chain `(name, rules)` it goes to.
+/// One direction of an endpoint with sharing: its own chain (a goto) and the shared chain
+/// `(name, rules)` it goes to (the inlined chain's rules, each jump naming its policy or profile).
 pub fn shared_endpoint_chains(
     ep: &LocalEndpoint,
     ingress: bool,
     marks: &MarkBits,
     allow_encap: bool,
 ) -> ((String, Vec<Rule>), (String, Vec<Rule>)) {
-    let shared_rules = policy_rules(ep, ingress, marks, true);
+    let mut shared_rules = preamble(ingress, marks, allow_encap);
+    shared_rules.extend(policy_rules(ep, ingress, marks, true));
     let shared = names::shared_chain_name(&shared_rules, ingress);
-    let mut rules = preamble(ingress, marks, allow_encap);
-    rules.push(Rule::new(vec![], Target::Goto(shared.clone())));
+    let rules = vec![Rule::new(vec![], Target::Goto(shared.clone()))];
     let own = names::endpoint_chain_name(&ep.interface_name, ingress);
     ((own, rules), (shared, shared_rules))
 }
