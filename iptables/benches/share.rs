@@ -317,6 +317,7 @@ fn payload_lines(reports: &[ApplyReport; 2]) -> (usize, usize) {
 fn change_vs_bare(l: &mut Layout, rounds: usize, what: &str, change: &dyn Fn(&mut Renderer, bool)) {
     let runner = ExecRunner::in_netns(l.ns.name()).unwrap();
     let (mut ours, mut bare, mut ratios) = (vec![], vec![], vec![]);
+    let mut render_times = vec![];
     let mut size = (0, 0);
     let restore_all = |payloads: &[(usize, String)]| {
         std::thread::scope(|s| {
@@ -337,9 +338,11 @@ fn change_vs_bare(l: &mut Layout, rounds: usize, what: &str, change: &dyn Fn(&mu
             let t = Instant::now();
             change(&mut l.renderer, forward);
             assert!(l.renderer.flush().is_empty());
+            let rendered = t.elapsed();
             let d = [IpVersion::V4, IpVersion::V6].map(|v| l.renderer.desired_ref(v));
             let reps = apply_both(&mut l.appliers, d);
             let took = t.elapsed();
+            render_times.push(rendered);
             for r in &reps {
                 assert!(r.ipset_updates.is_empty() && r.ipset_deletions.is_empty());
                 assert!(r.iptables.keys().all(|t| *t == TableName::Filter));
@@ -367,9 +370,10 @@ fn change_vs_bare(l: &mut Layout, rounds: usize, what: &str, change: &dyn Fn(&mu
     }
     ratios.sort_by(f64::total_cmp);
     println!(
-        "  {:8} {what}: applier {} vs bare restore {} = {:.2}x (median per-round ratio {:.2}x); payload v4+v6 {} lines, {} bytes",
+        "  {:8} {what}: applier {} (render+flush {}) vs bare restore {} = {:.2}x (median per-round ratio {:.2}x); payload v4+v6 {} lines, {} bytes",
         l.name,
         ms(median(ours.clone())),
+        ms(median(render_times)),
         ms(median(bare.clone())),
         median(ours).as_secs_f64() / median(bare).as_secs_f64(),
         ratios[ratios.len() / 2],
