@@ -233,7 +233,9 @@ fn main() {
         combos(),
         std::env::var("FELIXRS_SHARE_CHAINS").unwrap_or_else(|_| "true".into())
     );
-    println!("floor of a restart on the same kernel: v4 + v6 whole saves, concurrently: {save_floor:.0} ms");
+    println!(
+        "floor of a restart on the same kernel: v4 + v6 whole saves, concurrently: {save_floor:.0} ms"
+    );
     println!(
         "initial sync+program: {:.0} ms",
         initial.as_secs_f64() * 1000.0

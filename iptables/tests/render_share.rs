@@ -56,13 +56,21 @@ fn combo(c: usize) -> (Vec<TierInfo>, Vec<String>) {
         name: "security".into(),
         default_action: Action::Pass,
         ingress_policies: vec![p(c)],
-        egress_policies: if c % 3 == 0 { vec![] } else { vec![p(c + 1)] },
+        egress_policies: if c.is_multiple_of(3) {
+            vec![]
+        } else {
+            vec![p(c + 1)]
+        },
     };
     let def = TierInfo {
         name: "default".into(),
         default_action: Action::Deny,
         ingress_policies: vec![p(c * 3 + 2), p(c + 5)],
-        egress_policies: if c % 2 == 0 { vec![p(c + 3)] } else { vec![] },
+        egress_policies: if c.is_multiple_of(2) {
+            vec![p(c + 3)]
+        } else {
+            vec![]
+        },
     };
     (vec![sec, def], vec![format!("kns.ns{}", c % 2)])
 }
