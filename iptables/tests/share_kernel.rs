@@ -1,7 +1,9 @@
 //! Shared endpoint policy chains on the real kernel (root; throwaway namespaces): two pods with
 //! different policies, a third with the first one's; a relabel that moves a pod to the other
 //! combination is one small iptables-restore transaction that only rewrites the pod's goto
-//! (and deletes a shared chain when its last user leaves), and packets follow at once.
+//! (and deletes a shared chain when its last user leaves), and packets follow at once; a restart
+//! that switches layouts (upgrade, or `--share-chains false`) is one transaction and keeps every
+//! verdict.
 //!
 //! Topology: client `A` (10.99.0.1) — node `H`, routing between its uplink `fxh` and the pod
 //! veths `cali11111`/`cali22222`/`cali33333` — pods `P0`/`P1`/`P2` (10.98.<i>.2, each on its
@@ -103,16 +105,13 @@ fn topology() -> (Netns, Netns, Vec<Netns>) {
     (client, node, pods)
 }
 
-#[test]
-fn a_relabel_between_shared_chains_is_one_small_transaction_on_the_kernel() {
-    let (client, node, _pods) = topology();
-    for (_, addr) in PODS {
-        assert!(
-            tcp::connects_eventually(&client, addr, 8080),
-            "no routing to {addr} before policy"
-        );
-    }
-    let mut renderer = Renderer::new(RenderConfig::default()).unwrap();
+/// Policies, profile and pods 0..3 allowing 8080, 8081, 8080, rendered in one layout.
+fn rendered(share_chains: bool) -> Renderer {
+    let mut renderer = Renderer::new(RenderConfig {
+        share_chains,
+        ..RenderConfig::default()
+    })
+    .unwrap();
     let allow_all = ParsedRule {
         action: Some(Action::Allow),
         ..Default::default()
@@ -132,13 +131,104 @@ fn a_relabel_between_shared_chains_is_one_small_transaction_on_the_kernel() {
     ];
     assert!(renderer.apply_all(outputs).is_empty());
     assert!(renderer.flush().is_empty());
-    let mut applier = Applier::new(
-        runner(&node),
+    renderer
+}
+
+/// A fresh applier (as after an agent restart: it reads the kernel first).
+fn nft_applier(node: &Netns) -> Applier<iptables::apply::ExecRunner> {
+    Applier::new(
+        runner(node),
         ApplierConfig {
             backend: Backend::Nft,
             ..ApplierConfig::default()
         },
-    );
+    )
+}
+
+/// Every pod accepts exactly its policy's port.
+fn assert_verdicts(client: &Netns, ports: [u16; 3]) {
+    for (i, want) in ports.into_iter().enumerate() {
+        let addr = PODS[i].1;
+        let other = if want == 8080 { 8081 } else { 8080 };
+        assert!(
+            tcp::connects_eventually(client, addr, want),
+            "pod{i} {want} dropped"
+        );
+        assert!(!tcp::connects(client, addr, other), "pod{i} {other} open");
+    }
+}
+
+/// An agent upgraded to shared chains (or back) over a kernel the other layout programmed: one
+/// transaction per family switches every pod, nothing else is written, and the verdicts are
+/// the same before and after, so a restart across the change opens nothing.
+#[test]
+fn switching_layouts_on_restart_is_one_transaction_with_the_same_verdicts() {
+    let (client, node, _pods) = topology();
+    for (_, addr) in PODS {
+        assert!(tcp::connects_eventually(&client, addr, 8081));
+    }
+    let mut steps = Vec::new();
+    for share in [false, true, false] {
+        let renderer = rendered(share);
+        let desired = renderer.desired(V::V4);
+        let mut applier = nft_applier(&node);
+        let report = applier.apply(&desired).unwrap();
+        let mode = applier.mode().unwrap();
+        assert_in_sync(&node, mode, &desired);
+        assert_verdicts(&client, [8080, 8081, 8080]);
+        let filter = save(&node, mode, "filter");
+        assert_eq!(filter.contains(":cali-si-"), share, "{filter}");
+        steps.push(report);
+    }
+    // The switches: only the filter table, no set written or destroyed; to shared the two
+    // ingress chains and the one egress chain (no pod has egress policy) are declared and every pod chain is rewritten in
+    // that one payload, back the shared chains are deleted at its end.
+    for (report, share) in steps[1..].iter().zip([true, false]) {
+        assert_eq!(
+            report.iptables.keys().collect::<Vec<_>>(),
+            [&TableName::Filter],
+            "{report:?}"
+        );
+        assert!(report.ipset_updates.is_empty() && report.ipset_deletions.is_empty());
+        let payload = &report.iptables[&TableName::Filter];
+        let declared = payload
+            .lines()
+            .filter(|l| l.starts_with(":cali-si-") || l.starts_with(":cali-so-"))
+            .count();
+        let deleted = payload
+            .lines()
+            .filter(|l| l.starts_with("-X cali-si-") || l.starts_with("-X cali-so-"))
+            .count();
+        if share {
+            assert_eq!((declared, deleted), (3, 0), "{payload}");
+        } else {
+            assert_eq!(deleted, 3, "{payload}");
+            let last = payload.lines().rev().nth(1).unwrap_or_default();
+            assert!(
+                last.starts_with("-X cali-s"),
+                "deletes come last: {payload}"
+            );
+        }
+        for (iface, _) in PODS {
+            assert!(
+                payload.contains(&format!("cali-tw-{iface}")),
+                "{iface} not switched: {payload}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_relabel_between_shared_chains_is_one_small_transaction_on_the_kernel() {
+    let (client, node, _pods) = topology();
+    for (_, addr) in PODS {
+        assert!(
+            tcp::connects_eventually(&client, addr, 8080),
+            "no routing to {addr} before policy"
+        );
+    }
+    let mut renderer = rendered(true);
+    let mut applier = nft_applier(&node);
     let desired = renderer.desired(V::V4);
     applier.apply(&desired).unwrap();
     let mode = applier.mode().unwrap();
