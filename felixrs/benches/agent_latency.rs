@@ -2,7 +2,9 @@
 //!
 //! `cargo bench -p felixrs --bench agent_latency`
 //!
-//! A node with 250 local endpoints and 2,000 policies (each selecting 5 endpoints). 200 changes
+//! A node with 250 local endpoints and 2,000 policies (each selecting 5 endpoints; 50 distinct
+//! combinations, or `AGENT_BENCH_COMBOS`; `FELIXRS_SHARE_CHAINS=false` for Felix's per-pod
+//! chains). 200 changes
 //! (one policy's port each): etcd put -> `applied_revision` reaches the put's revision (long-poll
 //! on `/status`). Floor: bare `iptables-nft-restore --noflush` + `ip6tables-nft-restore` of the
 //! one-chain transaction each change needs, against a kernel holding the same rules. Then the
@@ -25,12 +27,26 @@ const ENDPOINTS: usize = 250;
 const POLICIES: usize = 2000;
 const CHANGES: usize = 200;
 
+/// Distinct `app` labels, so distinct policy combinations on the node: 50, or
+/// `AGENT_BENCH_COMBOS` (a divisor of 50, e.g. 25: issue 13's node). Namespaces: a fifth of it
+/// (policies select within their namespace, so every combination stays in one).
+fn combos() -> usize {
+    std::env::var("AGENT_BENCH_COMBOS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50)
+}
+
+fn namespaces() -> usize {
+    combos() / 5
+}
+
 fn wep(i: usize) -> (String, String) {
-    let ns = format!("ns{}", i % 10);
+    let ns = format!("ns{}", i % namespaces());
     let name = format!("node--1-k8s-pod{i}-eth0");
     let v = json!({"apiVersion":"projectcalico.org/v3","kind":"WorkloadEndpoint",
         "metadata":{"name":name,"namespace":ns,
-            "labels":{"app":format!("app{}", i % 50),"projectcalico.org/namespace":ns,
+            "labels":{"app":format!("app{}", i % combos()),"projectcalico.org/namespace":ns,
                       "projectcalico.org/orchestrator":"k8s"}},
         "spec":{"orchestrator":"k8s","node":"node-1","pod":format!("pod{i}"),"endpoint":"eth0",
             "interfaceName":format!("cali{i:011x}"),
@@ -43,13 +59,13 @@ fn wep(i: usize) -> (String, String) {
 }
 
 fn policy(i: usize, port: u16) -> (String, String) {
-    let ns = format!("ns{}", i % 10);
+    let ns = format!("ns{}", i % namespaces());
     let v = json!({"apiVersion":"projectcalico.org/v3","kind":"NetworkPolicy",
         "metadata":{"name":format!("p{i}"),"namespace":ns},
-        "spec":{"tier":"default","order":1000,"selector":format!("app == 'app{}'", i % 50),
+        "spec":{"tier":"default","order":1000,"selector":format!("app == 'app{}'", i % combos()),
             "types":["Ingress"],
             "ingress":[{"action":"Allow","protocol":"TCP",
-                "source":{"selector":format!("app == 'app{}'", (i + 1) % 50)},
+                "source":{"selector":format!("app == 'app{}'", (i + 1) % combos())},
                 "destination":{"ports":[port]}}]}});
     (format!("{PREFIX}networkpolicies/{ns}/p{i}"), v.to_string())
 }
@@ -105,7 +121,7 @@ fn main() {
                "spec":{"order":1000000}})
         .to_string(),
     )];
-    for n in 0..10 {
+    for n in 0..namespaces() {
         seed.push((
             format!("{PREFIX}profiles/kns.ns{n}"),
             json!({"apiVersion":"projectcalico.org/v3","kind":"Profile",
@@ -190,6 +206,19 @@ fn main() {
         .filter(|l| l.starts_with("-A"))
         .count();
 
+    // The restart's floor: the two whole saves it must read, run concurrently (best of 3).
+    let save_floor = (0..3)
+        .map(|_| {
+            let t = Instant::now();
+            std::thread::scope(|s| {
+                let h = s.spawn(|| ns.ok("ip6tables-nft-save", &[]));
+                ns.ok("iptables-nft-save", &[]);
+                h.join().unwrap();
+            });
+            t.elapsed().as_secs_f64() * 1000.0
+        })
+        .fold(f64::MAX, f64::min);
+
     // Restart from the snapshot with etcd down: on the same kernel (rules still there, the usual
     // restart) and on an empty kernel (fresh netns), same state dir.
     std::thread::sleep(Duration::from_millis(1500));
@@ -199,7 +228,14 @@ fn main() {
     let ns2 = Netns::new();
     let restart_empty = restart(&ns2, &etcd, &state_dir);
 
-    println!("endpoints={ENDPOINTS} policies={POLICIES} changes={CHANGES} v4 filter rules={rules}");
+    println!(
+        "endpoints={ENDPOINTS} policies={POLICIES} combinations={} changes={CHANGES} v4 rules={rules} share_chains={}",
+        combos(),
+        std::env::var("FELIXRS_SHARE_CHAINS").unwrap_or_else(|_| "true".into())
+    );
+    println!(
+        "floor of a restart on the same kernel: v4 + v6 whole saves, concurrently: {save_floor:.0} ms"
+    );
     println!(
         "initial sync+program: {:.0} ms",
         initial.as_secs_f64() * 1000.0

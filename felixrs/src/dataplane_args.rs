@@ -73,6 +73,15 @@ pub struct DataplaneArgs {
         default_value = "log"
     )]
     pub log_action: LogTo,
+    /// Whether endpoints with the same tiers, policies and profiles share one policy chain
+    /// (`cali-si-`/`cali-so-`) instead of each repeating the jumps (Felix's layout: `false`).
+    #[arg(
+        long,
+        env = "FELIXRS_SHARE_CHAINS",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub share_chains: bool,
 }
 
 /// Where the Log action's packets go.
@@ -95,6 +104,7 @@ impl Default for DataplaneArgs {
             workload_source_spoofing: WorkloadSourceSpoofing::Disabled,
             log_denied: false,
             log_action: LogTo::Log,
+            share_chains: true,
         }
     }
 }
@@ -121,6 +131,7 @@ impl DataplaneArgs {
                     group: LOG_ACTION_NFLOG_GROUP,
                 },
             },
+            share_chains: self.share_chains,
             ..RenderConfig::default()
         }
     }

@@ -19,6 +19,7 @@ use iptables::apply::backend::{self, Backend};
 use iptables::apply::ipset::{self, ActualSet};
 use iptables::apply::kernel::{ActualTable, scan_save};
 use iptables::apply::{DesiredTable, ExecRunner, Runner, TableName};
+use iptables::render::Renderer;
 use iptables::render::ir::Match;
 use iptables::render::trace::{self, Effect, Outcome, Packet, RendererRules};
 use iptables::render::{names, static_chains};
@@ -542,12 +543,26 @@ struct Owner {
     tier: Option<String>,
 }
 
-/// The owner of each policy, profile and endpoint chain, with its direction.
-fn chain_owners(outputs: &[Output]) -> BTreeMap<String, Owner> {
+/// The owner of each policy, profile, endpoint and shared policy chain, with its direction.
+fn chain_owners(outputs: &[Output], renderer: &Renderer) -> BTreeMap<String, Owner> {
     let mut owners = BTreeMap::new();
     for o in outputs {
         for ingress in [true, false] {
             let dir = if ingress { "ingress" } else { "egress" };
+            // The endpoint's shared chain: the policies of every endpoint with the same ones.
+            if let Output::EndpointUpdated(e) = o
+                && let Some(shared) = renderer.shared_chain(&e.id, ingress)
+            {
+                let others = renderer.shared_chain_users(shared).saturating_sub(1);
+                owners.entry(shared.to_string()).or_insert_with(|| Owner {
+                    verdicts: false,
+                    what: format!(
+                        "{dir} of endpoint {} (shared policy chain; {others} other endpoint(s) use it)",
+                        e.id
+                    ),
+                    tier: None,
+                });
+            }
             let (chain, verdicts, what, tier) = match o {
                 Output::PolicyUpdated(p) => (
                     names::policy_chain_name(&p.id, ingress),
@@ -651,7 +666,7 @@ fn describe_end(e: &End) -> String {
 fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
     let (pkt, from, to, t) = (&traced.packet, &traced.from, &traced.to, &traced.trace);
     let marks = *view.renderer.marks();
-    let owners = chain_owners(&view.outputs);
+    let owners = chain_owners(&view.outputs, &view.renderer);
     let family = if pkt.version() == IpVersion::V6 {
         "IPv6"
     } else {

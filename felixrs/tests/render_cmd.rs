@@ -53,6 +53,35 @@ fn renders_the_demo_cluster_for_node_1() {
     // node-2's pods get no endpoint chains on node-1: two local endpoints, two cali-tw chains.
     let tw = text.lines().filter(|l| l.starts_with(":cali-tw-")).count();
     assert_eq!(tw, 4, "two endpoints x two families:\n{text}");
+    // Their policies are in shared chains (db-0 and web-0 have different policies: one each,
+    // per direction and family), which their own chains goto; the jumps name the policies.
+    let shared = |p: &str| text.lines().filter(|l| l.starts_with(p)).count();
+    assert_eq!(shared(":cali-si-"), 4, "{text}");
+    assert_eq!(shared(":cali-so-"), 4, "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("-A cali-tw-") && l.contains(" -g cali-si-")),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.starts_with("-A cali-si-")
+            && l.contains("--comment \"NetworkPolicy shop/knp.default.db-from-web\"")),
+        "{text}"
+    );
+}
+
+#[test]
+fn share_chains_false_renders_felix_inlined_endpoint_chains() {
+    let (text, _) = render(&["--share-chains", "false"], &[]);
+    assert!(
+        !text.contains("cali-si-") && !text.contains("cali-so-"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("-A cali-tw-") && l.contains("Drop if no profiles matched")),
+        "{text}"
+    );
 }
 
 #[test]

@@ -53,6 +53,11 @@ fn a_denied_connection_names_the_rule_that_dropped_it() {
             && text.contains("End of tier default"),
         "{text}"
     );
+    // The tier's drop is in web's shared policy chain, reached by a goto from its own chain.
+    assert!(
+        text.contains("(shared policy chain; ") && text.contains("=> goto cali-so-"),
+        "{text}"
+    );
     // An address the security tier blocks, towards web's http port.
     let (ok, text, err) = trace("--from 198.51.100.7 --to shop/web-0 --port 8080");
     assert!(ok, "{err}");

@@ -6,8 +6,9 @@
 //! * a policy's chain (`cali-pi-`/`cali-po-`): its rules that set the accept bit (Allow), set the
 //!   pass bit (Pass), DROP (Deny, also a policy rendered fail-closed) or log (Log);
 //! * a profile's chain (`cali-pri-`/`cali-pro-`): the same, under the profile;
-//! * an endpoint's chain (`cali-tw-`/`cali-fw-`): the "End of tier T" DROP (a tier-end drop of T,
-//!   summed over endpoints) and the final "Drop if no profiles matched" (a profile-end drop).
+//! * an endpoint's chain (`cali-tw-`/`cali-fw-`), or the shared chain it goes to (`cali-si-`/
+//!   `cali-so-`): the "End of tier T" DROP (a tier-end drop of T, summed over endpoints) and the
+//!   final "Drop if no profiles matched" (a profile-end drop).
 //!
 //! Everything else (bookkeeping marks, RETURNs, jumps) counts towards nothing: a packet is
 //! counted once per verdict it got. [`scan_counters`] reads `iptables-save -c` text with a line
@@ -17,7 +18,7 @@
 //! directions × the actions their rules use, plus tiers × 2; [`Tally::capped`] bounds them
 //! further for metrics.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use calc_graph::proto::{IpVersion, PolicyKind};
 
@@ -175,30 +176,47 @@ impl Attribution {
                 });
             }
         }
+        // With shared chains the endpoint's chain only goes to its shared chain (`cali-si-`/
+        // `cali-so-`), which holds the drops; each shared chain is attributed once.
+        let mut seen = BTreeSet::new();
         for ep in renderer.local_endpoints() {
             for ingress in [true, false] {
-                let chain = names::endpoint_chain_name(&ep.interface_name, ingress);
-                a.add_chain(renderer, v, &chain, |rule| {
-                    if rule.target != Some(Target::Drop) {
-                        return None;
+                let own = names::endpoint_chain_name(&ep.interface_name, ingress);
+                let shared = renderer
+                    .chain(v, TableName::Filter, &own)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|r| match &r.target {
+                        Some(Target::Goto(c)) => Some(c.clone()),
+                        _ => None,
+                    });
+                let chains: Vec<String> = std::iter::once(own.clone()).chain(shared).collect();
+                for chain in chains {
+                    if !seen.insert(chain.clone()) {
+                        continue;
                     }
-                    let comment = rule.comments.first()?;
-                    let (source, tier) = if comment == NO_PROFILE {
-                        (Source::ProfileEnd, String::new())
-                    } else {
-                        let tier = comment
-                            .strip_prefix(END_OF_TIER)?
-                            .strip_suffix(END_OF_TIER_TAIL)?;
-                        (Source::TierEnd, tier.to_string())
-                    };
-                    Some(CounterKey {
-                        source,
-                        tier,
-                        name: String::new(),
-                        direction: dir(ingress),
-                        action: Action::Deny,
-                    })
-                });
+                    a.add_chain(renderer, v, &chain, |rule| {
+                        if rule.target != Some(Target::Drop) {
+                            return None;
+                        }
+                        let comment = rule.comments.first()?;
+                        let (source, tier) = if comment == NO_PROFILE {
+                            (Source::ProfileEnd, String::new())
+                        } else {
+                            let tier = comment
+                                .strip_prefix(END_OF_TIER)?
+                                .strip_suffix(END_OF_TIER_TAIL)?;
+                            (Source::TierEnd, tier.to_string())
+                        };
+                        Some(CounterKey {
+                            source,
+                            tier,
+                            name: String::new(),
+                            direction: dir(ingress),
+                            action: Action::Deny,
+                        })
+                    });
+                }
             }
         }
         a

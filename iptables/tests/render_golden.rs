@@ -206,8 +206,64 @@ fn third_positive_block_clears_tb_first() {
 /// calico-felix.md §2.4: the ingress chain of pod default/nginx with one k8s NP (v3.32+ names).
 #[test]
 fn endpoint_chain_matches_felix_example() {
+    let r = felix_example(false);
+    let chain = r
+        .chain(IpVersion::V4, TableName::Filter, "cali-tw-calic440f455693")
+        .unwrap();
+    assert_eq!(felix_lines(chain), FELIX_EXAMPLE);
+    felix_example_rest(&r);
+}
+
+/// The same pod with shared chains: its own chain is a goto to the shared chain, which is the
+/// example's chain with each jump naming its policy or profile.
+#[test]
+fn shared_endpoint_chain_is_the_felix_chain_behind_a_goto() {
+    let r = felix_example(true);
+    let own = felix_lines(
+        r.chain(IpVersion::V4, TableName::Filter, "cali-tw-calic440f455693")
+            .unwrap(),
+    );
+    assert_eq!(own.len(), 1, "{own:?}");
+    let shared = own[0].strip_prefix("--goto ").expect("a goto");
+    assert!(
+        shared.starts_with("cali-si-") && shared.len() == 28,
+        "{shared}"
+    );
+    let body = felix_lines(r.chain(IpVersion::V4, TableName::Filter, shared).unwrap());
+    let mut want: Vec<String> = FELIX_EXAMPLE.iter().map(|l| l.to_string()).collect();
+    for (i, name) in [
+        (4, "NetworkPolicy default/allow-foo"),
+        (7, "Profile kns.default"),
+        (9, "Profile ksa.default.default"),
+    ] {
+        want[i] = format!("-m comment --comment \"{name}\" {}", want[i]);
+    }
+    assert_eq!(body, want);
+    felix_example_rest(&r);
+}
+
+const FELIX_EXAMPLE: [&str; 12] = [
+    "-m conntrack --ctstate RELATED,ESTABLISHED --jump ACCEPT",
+    "-m conntrack --ctstate INVALID --jump DROP",
+    "--jump MARK --set-mark 0/0x30000",
+    "-m comment --comment \"Start of tier default\" --jump MARK --set-mark 0/0x20000",
+    "-m mark --mark 0/0x20000 --jump cali-pi-np/default/allow-foo",
+    "-m comment --comment \"Return if policy accepted\" -m mark --mark 0x10000/0x10000 --jump RETURN",
+    "-m comment --comment \"End of tier default. Drop if no policies passed packet\" -m mark --mark 0/0x20000 --jump DROP",
+    "--jump cali-pri-kns.default",
+    "-m comment --comment \"Return if profile accepted\" -m mark --mark 0x10000/0x10000 --jump RETURN",
+    "--jump cali-pri-ksa.default.default",
+    "-m comment --comment \"Return if profile accepted\" -m mark --mark 0x10000/0x10000 --jump RETURN",
+    "-m comment --comment \"Drop if no profiles matched\" --jump DROP",
+];
+
+fn felix_example(share_chains: bool) -> Renderer {
     use calc_graph::proto::{Output, PolicyId, PolicyKind};
-    let mut r = Renderer::new(RenderConfig::default()).unwrap();
+    let mut r = Renderer::new(RenderConfig {
+        share_chains,
+        ..RenderConfig::default()
+    })
+    .unwrap();
     // The v3.32+ id of a KDD k8s policy is `knp/default/allow-foo`; our NetworkPolicy ids are
     // `np/...`, so check the chain-name hash separately and the chain structure here.
     let id = PolicyId {
@@ -236,26 +292,11 @@ fn endpoint_chain_matches_felix_example() {
     ]);
     assert!(errs.is_empty(), "{errs:?}");
     assert!(r.flush().is_empty());
-    let chain = r
-        .chain(IpVersion::V4, TableName::Filter, "cali-tw-calic440f455693")
-        .unwrap();
-    assert_eq!(
-        felix_lines(chain),
-        [
-            "-m conntrack --ctstate RELATED,ESTABLISHED --jump ACCEPT",
-            "-m conntrack --ctstate INVALID --jump DROP",
-            "--jump MARK --set-mark 0/0x30000",
-            "-m comment --comment \"Start of tier default\" --jump MARK --set-mark 0/0x20000",
-            "-m mark --mark 0/0x20000 --jump cali-pi-np/default/allow-foo",
-            "-m comment --comment \"Return if policy accepted\" -m mark --mark 0x10000/0x10000 --jump RETURN",
-            "-m comment --comment \"End of tier default. Drop if no policies passed packet\" -m mark --mark 0/0x20000 --jump DROP",
-            "--jump cali-pri-kns.default",
-            "-m comment --comment \"Return if profile accepted\" -m mark --mark 0x10000/0x10000 --jump RETURN",
-            "--jump cali-pri-ksa.default.default",
-            "-m comment --comment \"Return if profile accepted\" -m mark --mark 0x10000/0x10000 --jump RETURN",
-            "-m comment --comment \"Drop if no profiles matched\" --jump DROP",
-        ]
-    );
+    r
+}
+
+/// The policy, profile and dispatch chains of the example (the same with or without sharing).
+fn felix_example_rest(r: &Renderer) {
     // Profile chains as Felix: allow-all is one rule (trailing RETURN stripped) with the comment;
     // an empty profile is a counter-only rule.
     let kns = r

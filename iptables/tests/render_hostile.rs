@@ -102,9 +102,10 @@ fn hostile_policy_profile_tier_and_annotation_values_stay_in_their_tokens() {
         let pol_chains: Vec<_> = filter
             .chains
             .keys()
-            .filter(|n| n.starts_with("cali-p"))
+            .filter(|n| n.starts_with("cali-p") || n.starts_with("cali-s"))
             .collect();
-        assert_eq!(pol_chains.len(), names.len() * 4, "{pol_chains:?}");
+        // 4 per name (policy and profile, in and out) + the shared in and out chains.
+        assert_eq!(pol_chains.len(), names.len() * 4 + 2, "{pol_chains:?}");
         for name in pol_chains {
             let rules = r.chain(v, TableName::Filter, name).unwrap();
             let targets: Vec<_> = rules.iter().map(|r| r.target.clone()).collect();
@@ -116,9 +117,7 @@ fn hostile_policy_profile_tier_and_annotation_values_stay_in_their_tokens() {
         }
     }
     // The endpoint's chain has one jump per tier policy and one per profile, nothing more.
-    let tw = r
-        .chain(IpVersion::V4, TableName::Filter, "cali-tw-cali12345")
-        .unwrap();
+    let tw = endpoint_rules(&r, IpVersion::V4, "cali-tw-cali12345").unwrap();
     let jumps = tw
         .iter()
         .filter(|r| matches!(r.target, Some(iptables::render::ir::Target::Jump(_))))

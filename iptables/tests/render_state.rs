@@ -107,12 +107,17 @@ fn chains_exist_only_while_referenced() {
     r.flush();
     assert!(r.chain(IpVersion::V4, F, "cali-pi-gnp/unused").is_none());
     r.take_delta(IpVersion::V4);
-    // Removing the endpoint removes its chains and every chain only it referenced.
-    r.apply(Output::EndpointRemoved(EndpointId {
+    // Removing the endpoint removes its chains and every chain only it referenced (its shared
+    // policy chains too: it was their only user).
+    let web = EndpointId {
         namespace: "prod".into(),
         name: "web".into(),
-    }))
-    .unwrap();
+    };
+    let shared: Vec<String> = [true, false]
+        .map(|i| r.shared_chain(&web, i).unwrap().to_string())
+        .into();
+    assert!(shared.iter().all(|s| r.shared_chain_users(s) == 1));
+    r.apply(Output::EndpointRemoved(web)).unwrap();
     r.flush();
     let mut removed: Vec<String> = r
         .take_delta(IpVersion::V4)
@@ -122,18 +127,21 @@ fn chains_exist_only_while_referenced() {
         .map(|(_, n, _)| n)
         .collect();
     removed.sort();
-    assert_eq!(
-        removed,
-        [
-            "cali-fw-cali1111",
-            "cali-pi-np/prod/a",
-            "cali-pi-np/prod/b",
-            "cali-po-np/prod/a",
-            "cali-pri-kns.prod",
-            "cali-pro-kns.prod",
-            "cali-tw-cali1111"
-        ]
-    );
+    let mut want: Vec<String> = [
+        "cali-fw-cali1111",
+        "cali-pi-np/prod/a",
+        "cali-pi-np/prod/b",
+        "cali-po-np/prod/a",
+        "cali-pri-kns.prod",
+        "cali-pro-kns.prod",
+        "cali-tw-cali1111",
+    ]
+    .map(String::from)
+    .into();
+    want.extend(shared);
+    want.sort();
+    assert_eq!(removed, want);
+    assert_eq!(r.shared_chain_count(), 0);
     let d = r.desired(IpVersion::V4);
     assert_eq!(
         d.tables[&F].chains["cali-to-wl-dispatch"].len(),
@@ -214,7 +222,7 @@ fn ip_sets_are_split_by_family_and_emitted_only_where_referenced() {
     assert_eq!(d6.ip_sets["cali60s:both"].kind, SetKind::Net);
     // The dual-stack endpoint is protected in both families.
     for v in [IpVersion::V4, IpVersion::V6] {
-        let tw = r.chain(v, F, "cali-tw-cali2").unwrap();
+        let tw = endpoint_rules(&r, v, "cali-tw-cali2").unwrap();
         assert!(
             tw.iter()
                 .any(|x| x.target == Some(Target::Jump("cali-pi-np/ns/p".into())))

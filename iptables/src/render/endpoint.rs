@@ -1,9 +1,20 @@
-//! Per-endpoint chains `cali-tw-<iface>` / `cali-fw-<iface>` (§2.4, `endpointIptablesChain`).
+//! Per-endpoint chains `cali-tw-<iface>` / `cali-fw-<iface>` (§2.4, `endpointIptablesChain`), and
+//! the shared policy chains `cali-si-<hash>` / `cali-so-<hash>` they go to when chains are shared.
 //!
 //! Invariant (fail closed): every path through an endpoint chain ends in ACCEPT (established
 //! only), RETURN with the accept bit set (a policy or profile allowed), or DROP. A direction with
 //! at least one policy in a tier whose default action is Deny ends that tier with a DROP; a
 //! direction with no policies falls through to the profiles, then to "Drop if no profiles matched".
+//!
+//! Sharing: an endpoint chain is a *preamble* (conntrack, mark clear, encap drops) and a *policy
+//! part* (tiers, policies, profiles, final DROP). Neither holds anything of the pod itself: the
+//! preamble is the same for every pod and the policy part depends only on the endpoint's ordered
+//! tiers → policies and its profiles (what is per pod is elsewhere: the interface match in the
+//! dispatch tree, the anti-spoofing check in raw `cali-PREROUTING`). With sharing on, both are one
+//! chain named after a hash of its rules (content-addressed, `cali-si-`/`cali-so-`), and the
+//! endpoint's own chain is a single `--goto` to it; every path through the shared chain ends in
+//! ACCEPT, RETURN (accept bit set) or DROP, exactly as the inlined chain's, so the verdicts and
+//! the order of evaluation are those of Felix's layout.
 
 use calc_graph::proto::{Action, LocalEndpoint, Protocol};
 
@@ -18,7 +29,8 @@ pub const NO_MATCH: &str = "__NO_MATCH__";
 /// The VXLAN port whose packets workloads may not send (Felix `VXLANPort`).
 pub const VXLAN_PORT: u16 = 4789;
 
-/// Renders one direction of an endpoint; `ingress` = `cali-tw-` (traffic to the workload).
+/// Renders one direction of an endpoint, inlined (Felix's form); `ingress` = `cali-tw-` (traffic
+/// to the workload).
 pub fn endpoint_chain(
     ep: &LocalEndpoint,
     ingress: bool,
@@ -26,8 +38,32 @@ pub fn endpoint_chain(
     allow_encap: bool,
     deny_log: Option<DenyLog>,
 ) -> (String, Vec<Rule>) {
-    let dir = if ingress { 'I' } else { 'E' };
     let name = names::endpoint_chain_name(&ep.interface_name, ingress);
+    let mut rules = preamble(ingress, marks, allow_encap);
+    rules.extend(policy_rules(ep, ingress, marks, false, deny_log));
+    (name, rules)
+}
+
+/// One direction of an endpoint with sharing: its own chain (a goto) and the shared chain
+/// `(name, rules)` it goes to (the inlined chain's rules, each jump naming its policy or profile).
+pub fn shared_endpoint_chains(
+    ep: &LocalEndpoint,
+    ingress: bool,
+    marks: &MarkBits,
+    allow_encap: bool,
+    deny_log: Option<DenyLog>,
+) -> ((String, Vec<Rule>), (String, Vec<Rule>)) {
+    let mut shared_rules = preamble(ingress, marks, allow_encap);
+    shared_rules.extend(policy_rules(ep, ingress, marks, true, deny_log));
+    let shared = names::shared_chain_name(&shared_rules, ingress);
+    let rules = vec![Rule::new(vec![], Target::Goto(shared.clone()))];
+    let own = names::endpoint_chain_name(&ep.interface_name, ingress);
+    ((own, rules), (shared, shared_rules))
+}
+
+/// What every endpoint chain starts with: conntrack, clearing the verdict bits, and (egress)
+/// the encap drops. Nothing in it depends on the endpoint.
+fn preamble(ingress: bool, marks: &MarkBits, allow_encap: bool) -> Vec<Rule> {
     let mut rules = vec![
         Rule::new(
             vec![Match::Conntrack {
@@ -73,6 +109,22 @@ pub fn endpoint_chain(
                 .with_comment("Drop IPinIP encapped packets originating in workloads"),
         );
     }
+    rules
+}
+
+/// The tiers, policies and profiles of one direction, ending in "Drop if no profiles matched".
+/// `annotate` (shared chains) adds the policy or profile id as a comment on each jump, so a
+/// hashed chain name can be read back to the policies. `deny_log` adds an NFLOG rule before
+/// every tier-end and "no profile" DROP.
+fn policy_rules(
+    ep: &LocalEndpoint,
+    ingress: bool,
+    marks: &MarkBits,
+    annotate: bool,
+    deny_log: Option<DenyLog>,
+) -> Vec<Rule> {
+    let dir = if ingress { 'I' } else { 'E' };
+    let mut rules = Vec::new();
     let pass_clear = Match::Mark {
         value: 0,
         mask: marks.pass,
@@ -98,7 +150,12 @@ pub fn endpoint_chain(
         );
         for p in policies {
             let chain = names::policy_chain_name(p, ingress);
-            rules.push(Rule::new(vec![pass_clear.clone()], Target::Jump(chain)));
+            let jump = Rule::new(vec![pass_clear.clone()], Target::Jump(chain));
+            rules.push(if annotate {
+                jump.with_comment(&format!("{p}"))
+            } else {
+                jump
+            });
             rules.push(
                 Rule::new(vec![accepted.clone()], Target::Return)
                     .with_comment("Return if policy accepted"),
@@ -121,10 +178,15 @@ pub fn endpoint_chain(
         }
     }
     for profile in &ep.profile_ids {
-        rules.push(Rule::new(
+        let jump = Rule::new(
             vec![],
             Target::Jump(names::profile_chain_name(profile, ingress)),
-        ));
+        );
+        rules.push(if annotate {
+            jump.with_comment(&format!("Profile {profile}"))
+        } else {
+            jump
+        });
         rules.push(
             Rule::new(vec![accepted.clone()], Target::Return)
                 .with_comment("Return if profile accepted"),
@@ -134,5 +196,5 @@ pub fn endpoint_chain(
         rules.push(d.rule(vec![], ingress, &format!("DR{dir}"), NO_MATCH));
     }
     rules.push(Rule::new(vec![], Target::Drop).with_comment("Drop if no profiles matched"));
-    (name, rules)
+    rules
 }

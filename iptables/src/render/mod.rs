@@ -8,9 +8,12 @@
 //! * hooks: `INPUT`/`FORWARD`/`OUTPUT` -> `cali-INPUT`/`cali-FORWARD`/`cali-OUTPUT` at the top;
 //!   `FORWARD` ends with "Policy explicitly accepted packet." ACCEPT + set-accept-mark (appended);
 //!   nat `PREROUTING`/`OUTPUT` (top) and `POSTROUTING` (appended) -> `cali-PREROUTING`/...
-//! * `cali-FORWARD` -> `cali-from-wl-dispatch` / `cali-to-wl-dispatch` (prefix tree, §2.3) ->
-//!   `cali-fw-<iface>` / `cali-tw-<iface>` -> `cali-pi-`/`cali-po-` (policies), `cali-pri-`/`cali-pro-`
-//!   (profiles). `cali-INPUT` -> `cali-wl-to-host` -> `cali-from-wl-dispatch`.
+//! * `cali-FORWARD` -> `cali-from-wl-dispatch` / `cali-to-wl-dispatch` (prefix tree, §2.3, split
+//!   further above 16 names per bin) -> `cali-fw-<iface>` / `cali-tw-<iface>` -> (with
+//!   [`RenderConfig::share_chains`], the default: `--goto` the shared `cali-so-<hash>` /
+//!   `cali-si-<hash>` of every endpoint with the same tiers, policies and profiles ->)
+//!   `cali-pi-`/`cali-po-` (policies), `cali-pri-`/`cali-pro-` (profiles). `cali-INPUT` ->
+//!   `cali-wl-to-host` -> `cali-from-wl-dispatch`.
 //! * Verdicts are mark bits ([`marks`]); rules are rendered per §4 ([`rule`]); names per §5
 //!   ([`names`]); every rule's `cali:` id is Felix's SHA-224 chain over Felix's input syntax
 //!   ([`hash`], [`ir::Rule::felix_text`]), so our ids equal Felix's for identical rules.
@@ -54,7 +57,10 @@
 //! * nat: the hook chains, `cali-nat-outgoing` from the IP pools ([`nat`]: masquerade from
 //!   natOutgoing pools to destinations outside every pool), and the empty `cali-fip-dnat`/
 //!   `cali-fip-snat` (no floating IPs); no tunnel-device MASQUERADE rules (no IPIP/VXLAN/WireGuard).
-//! * No policy-group chains (`cali-gi-`/`cali-go-`, §2.5): each endpoint jumps to each policy.
+//! * No policy-group chains (`cali-gi-`/`cali-go-`, §2.5). Instead, and going further, whole
+//!   endpoint chains are shared ([`endpoint`]): the kernel's rule count grows with the number of
+//!   distinct policy combinations on the node, not with its pods. `share_chains: false` renders
+//!   Felix's per-endpoint chains (each endpoint jumps to each policy).
 //! * No staged policies, no QoS, no flow logs (the NFLOG rules of §4.3 with flow logs on).
 //! * IPv6 neighbour discovery (ICMPv6 130-133, 135, 136) is accepted where Felix accepts it: at the
 //!   top of `cali-wl-to-host` (workload -> host, before egress policy). NDP never crosses
@@ -92,6 +98,7 @@ pub mod marks;
 pub mod names;
 pub mod nat;
 pub mod rule;
+mod shared;
 mod state;
 pub mod static_chains;
 pub mod trace;
@@ -147,6 +154,10 @@ pub struct RenderConfig {
     pub masquerade_random_fully: bool,
     /// Log denied packets via NFLOG (off by default, as in Felix without flow logs).
     pub deny_log: Option<DenyLog>,
+    /// Endpoints with the same tiers → policies and profiles (per direction) share one
+    /// content-addressed policy chain (`cali-si-`/`cali-so-`); their own chains keep only the
+    /// per-pod preamble and a goto. Off: Felix's inlined endpoint chains.
+    pub share_chains: bool,
 }
 
 impl Default for RenderConfig {
@@ -161,6 +172,7 @@ impl Default for RenderConfig {
             workload_source_spoofing: SourceSpoofing::Disabled,
             masquerade_random_fully: true,
             deny_log: None,
+            share_chains: true,
         }
     }
 }

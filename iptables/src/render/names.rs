@@ -8,7 +8,9 @@
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use calc_graph::proto::{IpSetId, IpVersion, PolicyId, PolicyKind};
-use sha2::{Digest, Sha256};
+use sha2::{Digest, Sha224, Sha256};
+
+use super::ir::Rule;
 
 /// `iptables.MaxChainNameLength`.
 pub const MAX_CHAIN_NAME_LEN: usize = 28;
@@ -21,6 +23,12 @@ pub const PROFILE_IN_PREFIX: &str = "cali-pri-";
 pub const PROFILE_OUT_PREFIX: &str = "cali-pro-";
 pub const TO_WORKLOAD_PREFIX: &str = "cali-tw-";
 pub const FROM_WORKLOAD_PREFIX: &str = "cali-fw-";
+/// Shared (content-addressed) policy chains of endpoints, ingress (to the workload).
+pub const SHARED_IN_PREFIX: &str = "cali-si-";
+/// Shared (content-addressed) policy chains of endpoints, egress (from the workload).
+pub const SHARED_OUT_PREFIX: &str = "cali-so-";
+/// Characters of hash in a shared chain name (120 bits; `cali-si-` + 20 = 28, the limit).
+const SHARED_HASH_LEN: usize = 20;
 
 /// Characters a resource-derived chain-name suffix may keep verbatim. Anything else forces the
 /// hashed form (Felix never sees such names because Calico validation rejects them).
@@ -90,6 +98,32 @@ pub fn endpoint_chain_name(iface: &str, ingress: bool) -> String {
         FROM_WORKLOAD_PREFIX
     };
     length_limited_id(prefix, iface, MAX_CHAIN_NAME_LEN)
+}
+
+/// `cali-si-<20>` (ingress) or `cali-so-<20>` (egress): the first 20 characters of
+/// base64url(SHA-224) over the direction and each rule's Felix text, one per line. Equal rules
+/// give the same name (endpoints with the same tiers, policies and profiles share the chain);
+/// different rules give different names but for a 120-bit collision.
+pub fn shared_chain_name(rules: &[Rule], ingress: bool) -> String {
+    let (prefix, dir) = if ingress {
+        (SHARED_IN_PREFIX, "ingress")
+    } else {
+        (SHARED_OUT_PREFIX, "egress")
+    };
+    let mut h = Sha224::new();
+    h.update(dir.as_bytes());
+    h.update(b"\n");
+    for r in rules {
+        h.update(r.felix_text().as_bytes());
+        h.update(b"\n");
+    }
+    let hash = URL_SAFE_NO_PAD.encode(h.finalize());
+    format!("{prefix}{}", &hash[..SHARED_HASH_LEN])
+}
+
+/// Whether a chain name is one of the shared endpoint policy chains.
+pub fn is_shared_chain(name: &str) -> bool {
+    name.starts_with(SHARED_IN_PREFIX) || name.starts_with(SHARED_OUT_PREFIX)
 }
 
 /// Whether an interface name is usable verbatim in `--in-interface` / `--out-interface`: 1 to 15

@@ -20,6 +20,7 @@ use super::hash::escape_comment;
 use super::ir::{Rule, Target};
 use super::marks::MarkBits;
 use super::rule::{RuleCtx, render_profile_rules, render_rules};
+use super::shared::SharedChains;
 use super::{
     RenderConfig, RenderError, SourceSpoofing, dispatch, endpoint, names, nat, static_chains,
 };
@@ -30,6 +31,8 @@ struct EpRefs {
     iface: String,
     policies: Vec<(PolicyId, bool)>,
     profiles: Vec<(String, bool)>,
+    /// The shared policy chains its chains go to, `(ingress, name)` (empty without sharing).
+    shared: Vec<(bool, String)>,
 }
 
 /// Consumes calc-graph outputs and keeps the desired dataplane state for both families.
@@ -47,6 +50,7 @@ pub struct Renderer {
     ep_refs: HashMap<EndpointId, EpRefs>,
     policy_refs: HashMap<(PolicyId, bool), usize>,
     profile_refs: HashMap<(String, bool), usize>,
+    shared: SharedChains,
     dirty_policies: HashSet<PolicyId>,
     dirty_profiles: HashSet<String>,
     dirty_endpoints: HashSet<EndpointId>,
@@ -102,6 +106,7 @@ impl Renderer {
             ep_refs: HashMap::new(),
             policy_refs: HashMap::new(),
             profile_refs: HashMap::new(),
+            shared: SharedChains::default(),
             dirty_policies: HashSet::new(),
             dirty_profiles: HashSet::new(),
             dirty_endpoints: HashSet::new(),
@@ -323,7 +328,7 @@ impl Renderer {
 
         for id in std::mem::take(&mut self.dirty_endpoints) {
             let old = self.ep_refs.remove(&id);
-            let new = self.endpoints.get(&id).map(|ep| EpRefs {
+            let mut new = self.endpoints.get(&id).map(|ep| EpRefs {
                 iface: ep.interface_name.clone(),
                 policies: ep
                     .tiers
@@ -338,8 +343,9 @@ impl Renderer {
                     .iter()
                     .flat_map(|p| [(p.clone(), true), (p.clone(), false)])
                     .collect(),
+                shared: Vec::new(),
             });
-            if let Some(new) = &new {
+            if let Some(new) = &mut new {
                 for k in &new.policies {
                     *self.policy_refs.entry(k.clone()).or_default() += 1;
                     touched_policies.insert(k.0.clone());
@@ -349,16 +355,31 @@ impl Renderer {
                     touched_profiles.insert(k.0.clone());
                 }
                 let ep = &self.endpoints[&id];
-                for fam in &mut self.families {
-                    for ingress in [true, false] {
-                        let (name, rules) = endpoint::endpoint_chain(
+                for ingress in [true, false] {
+                    let encap = self.cfg.allow_encap_from_workloads;
+                    let (name, rules) = if self.cfg.share_chains {
+                        let (own, (shared, shared_rules)) = endpoint::shared_endpoint_chains(
                             ep,
                             ingress,
                             &self.marks,
-                            self.cfg.allow_encap_from_workloads,
+                            encap,
                             self.cfg.deny_log,
                         );
-                        fam.set_chain(TableName::Filter, name, rules);
+                        // First user: the chain is created in the same flush (and so the same
+                        // transaction) as the endpoint chain that goes to it.
+                        if self.shared.acquire(&shared) {
+                            for fam in &mut self.families {
+                                let rules = shared_rules.clone();
+                                fam.set_chain(TableName::Filter, shared.clone(), rules);
+                            }
+                        }
+                        new.shared.push((ingress, shared));
+                        own
+                    } else {
+                        endpoint::endpoint_chain(ep, ingress, &self.marks, encap, self.cfg.deny_log)
+                    };
+                    for fam in &mut self.families {
+                        fam.set_chain(TableName::Filter, name.clone(), rules.clone());
                     }
                 }
             }
@@ -370,6 +391,14 @@ impl Renderer {
                 for k in &old.profiles {
                     decrement(&mut self.profile_refs, k);
                     touched_profiles.insert(k.0.clone());
+                }
+                // After the new references were taken: a chain still in use stays untouched.
+                for (_, name) in &old.shared {
+                    if self.shared.release(name) {
+                        for fam in &mut self.families {
+                            fam.remove_chain(TableName::Filter, name);
+                        }
+                    }
                 }
                 if new.as_ref().is_none_or(|n| n.iface != old.iface) {
                     for fam in &mut self.families {
@@ -670,6 +699,26 @@ impl Renderer {
             .filter(|(t, _)| *t == table)
             .map(|(_, n)| n.as_str())
             .collect()
+    }
+
+    /// The shared policy chain an endpoint's ingress (`cali-tw-`) or egress (`cali-fw-`) chain
+    /// goes to; `None` without sharing or for an unknown endpoint.
+    pub fn shared_chain(&self, ep: &EndpointId, ingress: bool) -> Option<&str> {
+        let refs = self.ep_refs.get(ep)?;
+        refs.shared
+            .iter()
+            .find(|(i, _)| *i == ingress)
+            .map(|(_, n)| n.as_str())
+    }
+
+    /// How many endpoint chains go to the shared chain `name` (0 if it does not exist).
+    pub fn shared_chain_users(&self, name: &str) -> usize {
+        self.shared.users(name)
+    }
+
+    /// How many shared policy chains exist (each is in both families).
+    pub fn shared_chain_count(&self) -> usize {
+        self.shared.len()
     }
 
     /// The members of an IP set in family `v` by kernel name (for the evaluator).

@@ -163,3 +163,23 @@ pub fn assert_parses_back(r: &iptables::render::Renderer, v: IpVersion) -> usize
     }
     checked
 }
+
+/// An endpoint chain's rules as if inlined: a final `--goto` to its shared policy chain
+/// (`cali-si-`/`cali-so-`) is replaced by that chain's rules, so tests can read the tiers,
+/// policies and profiles of an endpoint with or without sharing.
+pub fn endpoint_rules(
+    r: &iptables::render::Renderer,
+    v: IpVersion,
+    chain: &str,
+) -> Option<Vec<iptables::render::ir::Rule>> {
+    use iptables::apply::TableName;
+    use iptables::render::ir::Target;
+    let mut rules = r.chain(v, TableName::Filter, chain)?.to_vec();
+    if let Some(Target::Goto(shared)) = rules.last().and_then(|l| l.target.clone())
+        && iptables::render::names::is_shared_chain(&shared)
+    {
+        rules.pop();
+        rules.extend_from_slice(r.chain(v, TableName::Filter, &shared)?);
+    }
+    Some(rules)
+}
