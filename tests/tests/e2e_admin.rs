@@ -148,8 +148,21 @@ fn kernel_reads_like_calico(env: &mut Env) -> Result<Vec<String>> {
     let out = node.ns.exec(&["iptables-save", "-t", "filter"])?;
     let out = String::from_utf8_lossy(&out.stdout).into_owned();
     let iface = env.cluster.pod("x/a").iface.clone();
-    let tw = format!("-A cali-tw-{iface} ");
-    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with(&tw)).collect();
+    let chain_lines = |chain: &str| -> Vec<&str> {
+        let prefix = format!("-A {chain} ");
+        out.lines().filter(|l| l.starts_with(&prefix)).collect()
+    };
+    // With shared chains (the default) the endpoint's chain is one goto to its shared chain
+    // (`cali-si-<hash>`), which holds the tiers; inlined, the endpoint's chain holds them.
+    let own = format!("cali-tw-{iface}");
+    let shared = chain_lines(&own).iter().find_map(|l| {
+        l.split(" -g ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .map(str::to_string)
+    });
+    let chain = shared.unwrap_or(own);
+    let lines: Vec<&str> = chain_lines(&chain);
     let find = |needle: &str| lines.iter().position(|l| l.contains(needle));
     let mut failures = Vec::new();
     let wanted = [
@@ -161,9 +174,9 @@ fn kernel_reads_like_calico(env: &mut Env) -> Result<Vec<String>> {
     let mut at = Vec::new();
     for w in wanted {
         match find(w) {
-            None => failures.push(format!("cali-tw-{iface} has no rule commented {w:?}")),
+            None => failures.push(format!("{chain} has no rule commented {w:?}")),
             Some(i) if at.last().is_some_and(|l| i < *l) => {
-                failures.push(format!("{w:?} is out of order in cali-tw-{iface}"))
+                failures.push(format!("{w:?} is out of order in {chain}"))
             }
             Some(i) => at.push(i),
         }
@@ -177,13 +190,11 @@ fn kernel_reads_like_calico(env: &mut Env) -> Result<Vec<String>> {
     if let [admin, default, _, baseline] = at[..] {
         let jumps = |a: usize, b: usize| lines[a..b].iter().any(|l| l.contains("-j cali-pi-"));
         if !jumps(admin, default) || !jumps(default, baseline) || !jumps(baseline, lines.len()) {
-            failures.push(format!(
-                "a tier block of cali-tw-{iface} jumps to no policy chain"
-            ));
+            failures.push(format!("a tier block of {chain} jumps to no policy chain"));
         }
     }
     if failures.is_empty() && lines.is_empty() {
-        failures.push(format!("no cali-tw-{iface} chain"));
+        failures.push(format!("no {chain} chain"));
     }
     Ok(failures)
 }
