@@ -42,8 +42,9 @@ echo "==> cargo build (binaries the end-to-end tests run)"
 cargo build --workspace --bins --locked
 echo "==> cargo test"
 # The kernel tests are I/O bound and isolated by network namespace, so a few threads per binary is fine.
+# --no-fail-fast: one failing test binary must not hide the results of the others.
 set +e
-cargo test --workspace --locked -- --test-threads=4 2>&1 | tee -a "$log"
+cargo test --workspace --locked --no-fail-fast -- --test-threads=4 2>&1 | tee -a "$log"
 status=${PIPESTATUS[0]}
 set -e
 echo "==> fuzz targets, bounded (stable)"
