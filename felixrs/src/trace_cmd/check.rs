@@ -1,0 +1,173 @@
+//! `felixrs trace --check-kernel`: does the kernel hold the rules and IP set members the packet's
+//! traced path went through?
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use calc_graph::proto::IpVersion;
+use iptables::apply::backend::{self, Backend};
+use iptables::apply::ipset::{self, ActualSet};
+use iptables::apply::kernel::{ActualTable, scan_save};
+use iptables::apply::{DesiredTable, ExecRunner, Runner, TableName};
+use iptables::render::ir::Match;
+use iptables::render::trace::Effect;
+
+use anyhow::bail;
+
+use super::Traced;
+use crate::render_cmd::NodeView;
+
+/// Every chain the packet entered, in order: those with a matched rule, and those jumped to
+/// (whose rules may all have missed, e.g. because a rule was gone or a set lacked a member).
+fn entered_chains(traced: &Traced) -> Vec<&str> {
+    let mut chains: Vec<&str> = Vec::new();
+    for step in &traced.trace.steps {
+        let targets = match &step.effect {
+            Effect::Jump(c) | Effect::Goto(c) => Some(c.as_str()),
+            _ => None,
+        };
+        for c in std::iter::once(step.chain.as_str()).chain(targets) {
+            if !chains.contains(&c) {
+                chains.push(c);
+            }
+        }
+    }
+    chains
+}
+
+/// How the kernel's filter table differs from the chains a trace went through: the first rule of
+/// each entered chain that is missing, extra or replaced (compared by `cali:` ids, position by
+/// position), and rules of other owners ahead of our hook in the kernel chain. Empty when the
+/// kernel holds what was traced.
+pub fn check_kernel(traced: &Traced, desired: &DesiredTable, actual: &ActualTable) -> Vec<String> {
+    let mut out = Vec::new();
+    let hook_chain = traced.path.kernel_chain();
+    let ours = traced.path.our_chain();
+    let kernel_rules = actual.chains.get(hook_chain).map_or(&[][..], Vec::as_slice);
+    match kernel_rules
+        .iter()
+        .position(|r| r.hash.is_some() && r.target.as_deref() == Some(ours))
+    {
+        None => out.push(format!(
+            "{hook_chain} has no hook to {ours}: none of our rules run"
+        )),
+        Some(i) => {
+            for (n, r) in kernel_rules[..i].iter().enumerate() {
+                out.push(format!(
+                    "{hook_chain} rule {} is not ours and runs before {ours}: -A {hook_chain} {}",
+                    n + 1,
+                    r.spec
+                ));
+            }
+        }
+    }
+    for chain in entered_chains(traced) {
+        let want: Vec<&str> = desired
+            .chains
+            .get(chain)
+            .map(|c| c.iter().map(|r| r.hash.as_str()).collect())
+            .unwrap_or_default();
+        let Some(rules) = actual.chains.get(chain) else {
+            out.push(format!("{chain} is missing"));
+            continue;
+        };
+        let got: Vec<Option<&str>> = rules.iter().map(|r| r.hash.as_deref()).collect();
+        let len = want.len().max(got.len());
+        if let Some(i) = (0..len).find(|&i| got.get(i).copied().flatten() != want.get(i).copied()) {
+            let got = match got.get(i) {
+                None => "nothing".to_string(),
+                Some(None) => "a rule without our id".to_string(),
+                Some(Some(h)) => format!("cali:{h}"),
+            };
+            let want = want
+                .get(i)
+                .map_or("nothing".to_string(), |h| format!("cali:{h}"));
+            out.push(format!(
+                "{chain} rule {}: the kernel has {got} where the rendered rules have {want}",
+                i + 1
+            ));
+        }
+    }
+    out
+}
+
+/// This host's filter table (backend detected as the agent does) and our IP sets, for family `v`.
+pub(super) fn read_kernel(
+    v: IpVersion,
+) -> anyhow::Result<(String, ActualTable, BTreeMap<String, ActualSet>)> {
+    let runner = ExecRunner::new();
+    let run = |program: &str, args: &[&str]| -> anyhow::Result<String> {
+        let out = runner
+            .run(program, args, None)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        if !out.status.success() {
+            bail!(
+                "{program} {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let mode = backend::resolve(&runner, Backend::Auto)
+        .map_err(|e| anyhow::anyhow!("detecting the iptables backend: {e}"))?;
+    let program = mode.save_program(v);
+    let actual = scan_save(&run(&program, &["-t", "filter"])?)
+        .remove(&TableName::Filter)
+        .unwrap_or_default();
+    let sets = ipset::parse_save(v, &run("ipset", &["save"])?);
+    Ok((program, actual, sets))
+}
+
+/// How our IP sets in the kernel differ from what the rules of the traversed chains expect: sets
+/// missing, members missing or extra (a few of each named). Empty when they agree.
+pub fn check_sets(
+    view: &NodeView,
+    traced: &Traced,
+    actual: &BTreeMap<String, ActualSet>,
+) -> Vec<String> {
+    let v = traced.packet.version();
+    let mut names = BTreeSet::new();
+    for chain in entered_chains(traced) {
+        let rules = view
+            .renderer
+            .chain(v, TableName::Filter, chain)
+            .unwrap_or_default();
+        for r in rules {
+            for m in &r.matches {
+                if let Match::Set { name, .. } = m {
+                    names.insert(name.clone());
+                }
+            }
+        }
+    }
+    let desired = &view.renderer.desired_ref(v).ip_sets;
+    let sample = |s: &BTreeSet<&String>| {
+        let first: Vec<&str> = s.iter().take(3).map(|m| m.as_str()).collect();
+        let more = s.len().saturating_sub(3);
+        if more > 0 {
+            format!("{} and {more} more", first.join(", "))
+        } else {
+            first.join(", ")
+        }
+    };
+    let mut out = Vec::new();
+    for name in names {
+        let want: BTreeSet<String> = desired
+            .get(&name)
+            .map(|spec| spec.members.iter().flat_map(ipset::member_texts).collect())
+            .unwrap_or_default();
+        let Some(got) = actual.get(&name) else {
+            out.push(format!("ip set {name} is missing"));
+            continue;
+        };
+        let missing: BTreeSet<&String> = want.difference(&got.members).collect();
+        let extra: BTreeSet<&String> = got.members.difference(&want).collect();
+        if !missing.is_empty() {
+            out.push(format!("ip set {name} lacks {}", sample(&missing)));
+        }
+        if !extra.is_empty() {
+            out.push(format!("ip set {name} also holds {}", sample(&extra)));
+        }
+    }
+    out
+}
