@@ -106,8 +106,15 @@ fn dropping_etcd_kills_it_and_removes_the_temp_dir() {
 /// attempt finds its client port held, a later one gets it.
 #[test]
 fn a_port_taken_at_start_is_retried() {
-    let port = felixrs_test_support::free_port();
-    let held = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    // Another process may take a port between `free_port` and our bind; pick again until we hold one.
+    let (port, held) = (0..100)
+        .find_map(|_| {
+            let port = felixrs_test_support::free_port();
+            std::net::TcpListener::bind(("127.0.0.1", port))
+                .ok()
+                .map(|l| (port, l))
+        })
+        .expect("no port could be held for the test");
     let release = std::thread::spawn(move || {
         std::thread::sleep(std::time::Duration::from_millis(400));
         drop(held);
