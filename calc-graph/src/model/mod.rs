@@ -23,6 +23,7 @@
 //!
 //! Invariant: for a resource that decodes, `from_json(to_json(r)) == r`.
 
+pub mod domain;
 pub mod endpoint;
 mod error;
 pub mod ippool;
@@ -41,6 +42,7 @@ pub mod schema;
 pub mod tier;
 mod validate;
 
+pub use domain::{DomainError, DomainPattern};
 pub use endpoint::{
     EndpointPort, HostEndpoint, HostEndpointSpec, IpNat, WorkloadEndpoint, WorkloadEndpointSpec,
 };

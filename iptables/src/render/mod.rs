@@ -90,6 +90,7 @@
 //!   an endpoint jumping to a policy the renderer has never seen jumps to a DROP chain too.
 
 pub mod dispatch;
+pub mod domains;
 pub mod endpoint;
 mod family;
 pub mod hash;
@@ -106,6 +107,7 @@ pub mod trace_kernel;
 
 use calc_graph::proto::{EndpointId, PolicyId};
 
+pub use domains::{ActiveDomainSet, DomainMembers, LearnedAddr, NothingLearned};
 pub use marks::MarkBits;
 pub use rule::{DenyLog, LogAction, RuleError};
 pub use state::{Delta, Renderer, SetChange};
