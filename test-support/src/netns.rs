@@ -185,11 +185,31 @@ impl Default for Netns {
     }
 }
 
+/// Whether the named namespace is the one of pid 1 or of this process (by inode): then its
+/// "pids" are the host's processes, which a guard must never kill.
+pub fn shares_a_host_namespace(name: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let ino = |p: &str| std::fs::metadata(p).map(|m| (m.dev(), m.ino())).ok();
+    let Some(named) = ino(&format!("/run/netns/{name}")) else {
+        return false;
+    };
+    [ino("/proc/1/ns/net"), ino("/proc/self/ns/net")]
+        .into_iter()
+        .any(|host| host == Some(named))
+}
+
 impl Drop for Netns {
     fn drop(&mut self) {
         // Kill what still runs inside (agents, etcd) so the namespace can go away; never ourselves.
         let me = std::process::id().to_string();
-        if let Ok(out) = Command::new("ip")
+        if shares_a_host_namespace(&self.name) {
+            // `ip netns pids` would list every process of the host (the lead's shell was killed
+            // this way once, when a name was bound to the host's namespace): kill nothing.
+            eprintln!(
+                "warning: netns {} is the host's or this process's namespace; killing nothing",
+                self.name
+            );
+        } else if let Ok(out) = Command::new("ip")
             .args(["netns", "pids", &self.name])
             .output()
         {

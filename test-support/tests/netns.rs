@@ -55,6 +55,34 @@ fn processes_inside_are_killed_with_the_namespace() {
     assert!(!status.success(), "sleep finished instead of being killed");
 }
 
+/// A guard whose name ends up bound to the host's namespace must not kill the host's processes
+/// (`ip netns pids` then lists all of them; it once killed the shell running the tests).
+#[test]
+fn a_guard_bound_to_the_host_namespace_kills_nothing() {
+    let ns = Netns::with_tag("host");
+    let file = netns::path(ns.name());
+    let file = file.to_str().unwrap();
+    assert!(!netns::shares_a_host_namespace(ns.name()));
+    let ok = |args: &[&str]| {
+        let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+    };
+    ok(&["umount", file]);
+    ok(&["mount", "--bind", "/proc/self/ns/net", file]);
+    if !netns::shares_a_host_namespace(ns.name()) {
+        // Dropping the guard now would kill every process on the host: leak it instead.
+        std::mem::forget(ns);
+        panic!("{file} is bound to this process's namespace but not recognised as such");
+    }
+    let mut bystander = Command::new("sleep").arg("30").spawn().unwrap();
+    drop(ns);
+    let alive = bystander.try_wait().unwrap().is_none();
+    let _ = bystander.kill();
+    let _ = bystander.wait();
+    assert!(alive, "the guard killed a process of the host's namespace");
+    assert!(!std::path::Path::new(file).exists(), "{file} left behind");
+}
+
 #[test]
 fn in_netns_moves_only_the_helper_thread() {
     let pair = VethPair::new();
