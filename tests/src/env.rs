@@ -1,7 +1,7 @@
 //! A running end-to-end environment: the two-node netns cluster of the standard layout, a server in
 //! every pod, a real etcd and one real `felixrs agent` per node, with the real `policy-controller`
-//! syncing each step's manifests. Used by the admin-policy phase (`tests/e2e_admin.rs`); the main
-//! NetworkPolicy run (`tests/e2e.rs`) keeps its own copy for now.
+//! syncing each step's manifests. Used by the main NetworkPolicy run (`tests/e2e.rs`) and the
+//! admin-policy phase (`tests/e2e_admin.rs`).
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -94,6 +94,11 @@ impl Env {
         }
         self.latencies.push(start.elapsed());
         Ok(rev)
+    }
+
+    /// Probes every cell of `expect` over IPv4; see [`Env::check_over`].
+    pub fn check(&self, expect: &Expect) -> Result<Vec<String>> {
+        self.check_over(expect, Family::V4)
     }
 
     /// Probes every cell of `expect` to the destinations' `family` addresses; cells that disagree are

@@ -17,6 +17,7 @@ pub mod fuzz;
 pub mod harness;
 pub mod nat;
 pub mod ship;
+pub mod spoof;
 pub mod strict;
 pub mod traffic;
 pub mod world;

@@ -7,179 +7,21 @@
 //! Prints a PASS/FAIL line per case, `N passed, M failed`, and the programming latency.
 
 use std::net::IpAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
-use felixrs_e2e::cases::{self, Case, Expect, Step, T80};
+use felixrs_e2e::cases::{self, Expect, Step, T80};
 use felixrs_e2e::cases_v6;
-use felixrs_e2e::cluster::Cluster;
-use felixrs_e2e::driver::{
-    Agent, Etcd, binary, controller_sync, controller_sync_report, start_etcd,
-};
+use felixrs_e2e::driver::{binary, controller_sync_report};
+use felixrs_e2e::env::Env;
 use felixrs_e2e::ship;
-use felixrs_e2e::traffic::{Probe, Servers, connect, probe_many};
+use felixrs_e2e::spoof::{allowed_source_prefixes, protect_step, spoofed_source_is_dropped};
+use felixrs_e2e::traffic::{Servers, connect, probe_many};
 use felixrs_e2e::world::{self, Family, PlacedPod};
 use felixrs_test_support::require_root;
 
 const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
 const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
-
-struct Env {
-    cluster: Cluster,
-    _servers: Vec<Servers>,
-    agents: Vec<Agent>,
-    etcd: Etcd,
-    work: tempfile::TempDir,
-    latencies: Vec<Duration>,
-}
-
-impl Env {
-    fn placed(&self) -> Vec<PlacedPod> {
-        self.cluster.placed_pods()
-    }
-
-    /// Writes the step's manifests, runs the controller, and waits for every agent to apply them.
-    fn apply_step(&mut self, step: &Step) -> Result<i64> {
-        let dir = self.work.path().join("manifests");
-        std::fs::create_dir_all(&dir)?;
-        std::fs::write(
-            dir.join("cluster.yaml"),
-            world::manifests(step, &self.placed()),
-        )?;
-        let rev = controller_sync(&self.cluster.infra, &self.etcd.client_url(), &dir)?;
-        let start = Instant::now();
-        for a in &mut self.agents {
-            a.wait_applied(rev, APPLY_TIMEOUT)?;
-        }
-        self.latencies.push(start.elapsed());
-        Ok(rev)
-    }
-
-    /// Probes every cell of `expect` over IPv4; see [`Env::check_over`].
-    fn check(&self, expect: &Expect) -> Result<Vec<String>> {
-        self.check_over(expect, Family::V4)
-    }
-
-    /// Probes every cell of `expect` to the destinations' `family` addresses; cells that disagree are
-    /// probed twice more before they count.
-    fn check_over(&self, expect: &Expect, family: Family) -> Result<Vec<String>> {
-        let ns_of = |id: &str| self.cluster.pod(id).ns.name().to_string();
-        let ip_of = |id: &str| {
-            let p = self.cluster.pod(id);
-            match family {
-                Family::V4 => IpAddr::V4(p.ip),
-                Family::V6 => IpAddr::V6(p.ip6),
-            }
-        };
-        let jobs: Vec<(String, IpAddr, Probe)> = expect
-            .cells
-            .iter()
-            .map(|(f, t, p, _)| (ns_of(f), ip_of(t), *p))
-            .collect();
-        let mut results = probe_many(&jobs, PROBE_TIMEOUT)?;
-        for _ in 0..2 {
-            let bad: Vec<usize> = (0..jobs.len())
-                .filter(|&i| results[i] != expect.cells[i].3)
-                .collect();
-            if bad.is_empty() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(300));
-            let again: Vec<_> = bad.iter().map(|&i| jobs[i].clone()).collect();
-            for (k, r) in probe_many(&again, PROBE_TIMEOUT)?.into_iter().enumerate() {
-                results[bad[k]] = r;
-            }
-        }
-        Ok(expect
-            .cells
-            .iter()
-            .zip(&results)
-            .filter(|(c, got)| c.3 != **got)
-            .map(|((f, t, p, want), _)| {
-                format!(
-                    "{f} -> {t} {p}: expected {}, got {}",
-                    if *want { "allow" } else { "deny" },
-                    if *want { "deny" } else { "allow" }
-                )
-            })
-            .collect())
-    }
-
-    /// Empties every pod's and node's IPv6 neighbour cache, so each probe needs neighbour discovery
-    /// between pod and node to succeed under the policy in force (NDP must survive policy, as in Felix).
-    fn forget_neighbours(&self) -> Result<()> {
-        let pods = self.cluster.pods.iter().map(|p| &p.ns);
-        for ns in pods.chain(self.cluster.nodes.iter().map(|n| &n.ns)) {
-            ns.exec(&["ip", "-6", "neigh", "flush", "all"])?;
-        }
-        Ok(())
-    }
-
-    fn run_case(&mut self, case: &Case, family: Family) -> Result<Vec<String>> {
-        let ids: Vec<String> = self.placed().iter().map(PlacedPod::id).collect();
-        let mut failures = Vec::new();
-        for (i, step) in case.steps.iter().enumerate() {
-            self.apply_step(step)
-                .with_context(|| format!("step {}", i + 1))?;
-            let mut expect = Expect::all_allowed(&ids, &step.probes);
-            (step.expect)(&mut expect);
-            if family == Family::V6 {
-                self.forget_neighbours()?;
-            }
-            for f in self.check_over(&expect, family)? {
-                failures.push(format!("step {}: {f}", i + 1));
-            }
-        }
-        Ok(failures)
-    }
-}
-
-fn start_env() -> Result<Env> {
-    let work = tempfile::Builder::new().prefix("felixrs-e2e").tempdir()?;
-    let mut cluster = Cluster::new(2)?;
-    let layout = cases::standard_layout();
-    for p in &layout {
-        let node = cluster
-            .nodes
-            .iter()
-            .position(|n| n.name == p.node_name)
-            .context("layout names a known node")?;
-        cluster.add_pod(&p.namespace, &p.name, node)?;
-    }
-    let placed: Vec<_> = cluster
-        .placed_pods()
-        .iter()
-        .map(|p| (p.id(), p.ip, p.ip6))
-        .collect();
-    let want: Vec<_> = layout.iter().map(|p| (p.id(), p.ip, p.ip6)).collect();
-    assert_eq!(
-        placed, want,
-        "cluster addresses match the evaluator's layout"
-    );
-    let servers = cluster
-        .pods
-        .iter()
-        .map(|p| Servers::start(p.ns.name()))
-        .collect::<Result<Vec<_>>>()?;
-    let etcd = start_etcd(&cluster.infra, "10.77.0.1", work.path());
-    let mut agents = Vec::new();
-    for n in &cluster.nodes {
-        agents.push(Agent::start(
-            &n.ns,
-            &n.name,
-            &etcd.client_url(),
-            work.path(),
-        )?);
-    }
-    Ok(Env {
-        cluster,
-        _servers: servers,
-        agents,
-        etcd,
-        work,
-        latencies: Vec::new(),
-    })
-}
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
@@ -187,23 +29,6 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     }
     let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[idx]
-}
-
-/// A policy that denies x/a -> x/b (x/b accepts only from x/c), used by the reliability scenarios.
-const PROTECT_XB: &str = r#"
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: protect-x-b, namespace: x}
-spec:
-  podSelector: {matchLabels: {pod: b}}
-  ingress: [{from: [{podSelector: {matchLabels: {pod: c}}}]}]
-"#;
-
-fn protect_step() -> Step {
-    Step::new(vec![PROTECT_XB], vec![T80], |e| {
-        e.deny("*/*", "x/b");
-        e.allow("x/c", "x/b");
-    })
 }
 
 fn node_of(env: &Env, pod: &str) -> usize {
@@ -560,215 +385,6 @@ fn new_pod_fail_closed(env: &mut Env) -> Result<Vec<String>> {
     Ok(failures)
 }
 
-/// Runs `conntrack <command>` (`-L` or `-D`) in namespace `ns` on the flows whose original
-/// direction is UDP `src`:`sport` -> `dst`:80, returning the flow lines it printed.
-fn on_udp_flows(
-    ns: &felixrs_test_support::netns::Netns,
-    command: &str,
-    src: IpAddr,
-    sport: u16,
-    dst: IpAddr,
-) -> Result<Vec<String>> {
-    let (src, dst, sport) = (src.to_string(), dst.to_string(), sport.to_string());
-    let family = if dst.contains(':') { "ipv6" } else { "ipv4" };
-    // Exit status 1 with "0 flow entries" is the normal answer when nothing matches.
-    let out = ns.exec_unchecked(&[
-        "conntrack",
-        command,
-        "-f",
-        family,
-        "-p",
-        "udp",
-        "--orig-src",
-        &src,
-        "--orig-dst",
-        &dst,
-        "--sport",
-        &sport,
-        "--dport",
-        "80",
-    ])?;
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.contains(&format!("sport={sport} dport=80")))
-        .map(str::to_string)
-        .collect())
-}
-
-/// The conntrack flows of UDP `src`:`sport` -> `dst`:80 in `ns`, one line each.
-fn udp_flows(
-    ns: &felixrs_test_support::netns::Netns,
-    src: IpAddr,
-    sport: u16,
-    dst: IpAddr,
-) -> Result<Vec<String>> {
-    on_udp_flows(ns, "-L", src, sport, dst)
-}
-
-/// Deletes the flows [`udp_flows`] would list.
-fn delete_udp_flows(
-    ns: &felixrs_test_support::netns::Netns,
-    src: IpAddr,
-    sport: u16,
-    dst: IpAddr,
-) -> Result<()> {
-    on_udp_flows(ns, "-D", src, sport, dst).map(drop)
-}
-
-/// Sends three UDP datagrams to `dst`:80 from `src`:`sport`, inside namespace `ns`.
-fn send_udp(ns: &str, src: IpAddr, sport: u16, dst: IpAddr) -> Result<()> {
-    let ns = ns.to_string();
-    std::thread::spawn(move || -> Result<()> {
-        felixrs_test_support::netns::enter(&ns)?;
-        let sock = std::net::UdpSocket::bind((src, sport)).context("bind")?;
-        for _ in 0..3 {
-            sock.send_to(b"spoofed?", (dst, 80)).context("send")?;
-        }
-        Ok(())
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("sender panicked"))?
-}
-
-/// Adds `src` to the eth0 of pod namespace `ns`, sends three UDP datagrams from `src`:`sport` to
-/// `dst`:80, waits for them to cross the cluster and removes the address again.
-fn send_from_extra_address(
-    ns: &felixrs_test_support::netns::Netns,
-    src: IpAddr,
-    sport: u16,
-    dst: IpAddr,
-) -> Result<()> {
-    let claimed = match src {
-        IpAddr::V4(_) => format!("{src}/32"),
-        IpAddr::V6(_) => format!("{src}/128"),
-    };
-    let mut add = vec!["ip", "addr", "add", claimed.as_str(), "dev", "eth0"];
-    if src.is_ipv6() {
-        add.push("nodad");
-    }
-    ns.exec(&add)?;
-    let sent = send_udp(ns.name(), src, sport, dst);
-    std::thread::sleep(Duration::from_millis(300));
-    ns.exec(&["ip", "addr", "del", claimed.as_str(), "dev", "eth0"])?;
-    sent
-}
-
-/// x/b accepts only x/c. Pod x/a takes x/c's address as its own source: the node must drop those
-/// packets before conntrack or any policy sees them (raw-table reverse-path check), so nothing of
-/// them is tracked on x/a's node nor reaches x/b's. The real x/c's datagrams are the control: they
-/// are tracked on x/b's node, which shows the observation works.
-///
-/// Both source ports lie below the kernel's ephemeral range (32768-60999), and flows are matched by
-/// their whole original tuple, so no earlier probe's flow can be mistaken for one of these.
-fn spoofed_source_is_dropped(env: &mut Env) -> Result<Vec<String>> {
-    env.apply_step(&protect_step())?;
-    let (a, b, c) = (
-        env.cluster.pod("x/a"),
-        env.cluster.pod("x/b"),
-        env.cluster.pod("x/c"),
-    );
-    let (a_node, b_node) = (&env.cluster.nodes[a.node].ns, &env.cluster.nodes[b.node].ns);
-    let (spoofed, control) = (20678, 20679);
-    let mut failures = Vec::new();
-    for (family, c_ip, b_ip) in [
-        ("v4", IpAddr::V4(c.ip), IpAddr::V4(b.ip)),
-        ("v6", IpAddr::V6(c.ip6), IpAddr::V6(b.ip6)),
-    ] {
-        for ns in [a_node, b_node] {
-            for port in [spoofed, control] {
-                delete_udp_flows(ns, c_ip, port, b_ip)?;
-            }
-        }
-        send_from_extra_address(&a.ns, c_ip, spoofed, b_ip)?;
-        send_udp(c.ns.name(), c_ip, control, b_ip)?;
-        std::thread::sleep(Duration::from_millis(300));
-        if udp_flows(b_node, c_ip, control, b_ip)?.is_empty() {
-            failures.push(format!(
-                "{family}: x/c's own datagrams to x/b were not tracked on x/b's node: the check observes nothing"
-            ));
-        }
-        let at_a = udp_flows(a_node, c_ip, spoofed, b_ip)?;
-        let at_b = udp_flows(b_node, c_ip, spoofed, b_ip)?;
-        if !at_a.is_empty() || !at_b.is_empty() {
-            failures.push(format!(
-                "{family}: x/a's datagrams claiming x/c's address passed its node ({} flows there, {} on x/b's node): {:?}",
-                at_a.len(),
-                at_b.len(),
-                at_a.iter().chain(&at_b).collect::<Vec<_>>()
-            ));
-        }
-        for ns in [a_node, b_node] {
-            for port in [spoofed, control] {
-                delete_udp_flows(ns, c_ip, port, b_ip)?;
-            }
-        }
-    }
-    Ok(failures)
-}
-
-/// x/a's `cni.projectcalico.org/allowedSourcePrefixes` allows it `10.78.200.0/24` and
-/// `fd78:c8::/64` (the agents run with `--workload-source-spoofing Any`): its datagrams from an
-/// address there cross both nodes, while x/c's address stays forbidden to it. Once the annotation
-/// is gone, so is the allowance.
-fn allowed_source_prefixes(env: &mut Env) -> Result<Vec<String>> {
-    const PREFIXES: &str = r#"["10.78.200.0/24", "fd78:c8::/64"]"#;
-    let annotated = Step {
-        pod_annotations: vec![(
-            "x/a",
-            "cni.projectcalico.org/allowedSourcePrefixes",
-            PREFIXES,
-        )],
-        ..Step::new(vec![], vec![T80], |_| {})
-    };
-    let plain = Step::new(vec![], vec![T80], |_| {});
-    let extra_v4: IpAddr = "10.78.200.5".parse()?;
-    let extra_v6: IpAddr = "fd78:c8::5".parse()?;
-    let mut failures = Vec::new();
-    for (annotation, port) in [(true, 20680), (false, 20681)] {
-        env.apply_step(if annotation { &annotated } else { &plain })?;
-        let (a, b, c) = (
-            env.cluster.pod("x/a"),
-            env.cluster.pod("x/b"),
-            env.cluster.pod("x/c"),
-        );
-        let (a_node, b_node) = (&env.cluster.nodes[a.node].ns, &env.cluster.nodes[b.node].ns);
-        for (family, extra, c_ip, b_ip) in [
-            ("v4", extra_v4, IpAddr::V4(c.ip), IpAddr::V4(b.ip)),
-            ("v6", extra_v6, IpAddr::V6(c.ip6), IpAddr::V6(b.ip6)),
-        ] {
-            for src in [extra, c_ip] {
-                for ns in [a_node, b_node] {
-                    delete_udp_flows(ns, src, port, b_ip)?;
-                }
-                send_from_extra_address(&a.ns, src, port, b_ip)?;
-                let at_a = udp_flows(a_node, src, port, b_ip)?;
-                let at_b = udp_flows(b_node, src, port, b_ip)?;
-                let allowed = annotation && src == extra;
-                let passed = !at_a.is_empty() && !at_b.is_empty();
-                let stopped = at_a.is_empty() && at_b.is_empty();
-                let state = if annotation { "with" } else { "without" };
-                if allowed && !passed {
-                    failures.push(format!(
-                        "{family}: {state} the annotation, x/a's datagrams from {src} did not cross both nodes ({} flows on its node, {} on x/b's)",
-                        at_a.len(),
-                        at_b.len()
-                    ));
-                }
-                if !allowed && !stopped {
-                    failures.push(format!(
-                        "{family}: {state} the annotation, x/a's datagrams from {src} passed its node: {:?}",
-                        at_a.iter().chain(&at_b).collect::<Vec<_>>()
-                    ));
-                }
-                for ns in [a_node, b_node] {
-                    delete_udp_flows(ns, src, port, b_ip)?;
-                }
-            }
-        }
-    }
-    Ok(failures)
-}
-
 const DENY_EGRESS_XA: &str = r#"
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
@@ -858,7 +474,7 @@ fn netpol_conformance_and_reliability() {
     require_root();
     binary("felixrs");
     binary("policy-controller");
-    let mut env = start_env().expect("cluster, etcd and agents start");
+    let mut env = Env::start().expect("cluster, etcd and agents start");
     let mut passed = 0;
     let mut failed = 0;
     let mut report = |name: &str, result: Result<Vec<String>>| match result {
