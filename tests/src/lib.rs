@@ -16,6 +16,7 @@ pub mod evaluator;
 pub mod fuzz;
 pub mod harness;
 pub mod nat;
+pub mod report;
 pub mod ship;
 pub mod spoof;
 pub mod strict;

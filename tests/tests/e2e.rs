@@ -14,6 +14,7 @@ use felixrs_e2e::cases::{self, Expect, Step, T80};
 use felixrs_e2e::cases_v6;
 use felixrs_e2e::driver::{binary, controller_sync_report};
 use felixrs_e2e::env::Env;
+use felixrs_e2e::report::Tally;
 use felixrs_e2e::ship;
 use felixrs_e2e::spoof::{allowed_source_prefixes, protect_step, spoofed_source_is_dropped};
 use felixrs_e2e::traffic::{Servers, connect, probe_many};
@@ -475,25 +476,8 @@ fn netpol_conformance_and_reliability() {
     binary("felixrs");
     binary("policy-controller");
     let mut env = Env::start().expect("cluster, etcd and agents start");
-    let mut passed = 0;
-    let mut failed = 0;
-    let mut report = |name: &str, result: Result<Vec<String>>| match result {
-        Ok(f) if f.is_empty() => {
-            passed += 1;
-            println!("PASS {name}");
-        }
-        Ok(f) => {
-            failed += 1;
-            println!("FAIL {name}");
-            for line in f {
-                println!("    {line}");
-            }
-        }
-        Err(e) => {
-            failed += 1;
-            println!("FAIL {name}: {e:#}");
-        }
-    };
+    let mut tally = Tally::default();
+    let mut report = |name: &str, result: Result<Vec<String>>| tally.record(name, result);
     for case in cases::all() {
         let r = env.run_case(&case, Family::V4);
         report(case.name, r);
@@ -550,6 +534,7 @@ fn netpol_conformance_and_reliability() {
         percentile(&lat, 0.5),
         percentile(&lat, 0.99)
     );
+    let Tally { passed, failed } = tally;
     println!("{passed} passed, {failed} failed");
     if failed > 0 {
         for a in &env.agents {

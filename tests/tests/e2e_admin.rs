@@ -18,6 +18,7 @@ use felixrs_e2e::admin_cases;
 use felixrs_e2e::cases::{Step, T80, T81};
 use felixrs_e2e::driver::binary;
 use felixrs_e2e::env::Env;
+use felixrs_e2e::report::Tally;
 use felixrs_e2e::traffic::{Probe, Servers, probe_many};
 use felixrs_e2e::world::Family;
 use felixrs_test_support::require_root;
@@ -205,25 +206,8 @@ fn admin_policy_conformance_on_the_kernel() {
     binary("felixrs");
     binary("policy-controller");
     let mut env = Env::start().expect("cluster, etcd and agents start");
-    let mut passed = 0;
-    let mut failed = 0;
-    let mut report = |name: &str, result: Result<Vec<String>>| match result {
-        Ok(f) if f.is_empty() => {
-            passed += 1;
-            println!("PASS {name}");
-        }
-        Ok(f) => {
-            failed += 1;
-            println!("FAIL {name}");
-            for line in f {
-                println!("    {line}");
-            }
-        }
-        Err(e) => {
-            failed += 1;
-            println!("FAIL {name}: {e:#}");
-        }
-    };
+    let mut tally = Tally::default();
+    let mut report = |name: &str, result: Result<Vec<String>>| tally.record(name, result);
     for case in admin_cases::all() {
         let r = env.run_case(&case, Family::V4);
         report(case.name, r);
@@ -239,6 +223,7 @@ fn admin_policy_conformance_on_the_kernel() {
     );
     let r = kernel_reads_like_calico(&mut env);
     report("the kernel's tier chains read like Calico's", r);
+    let Tally { passed, failed } = tally;
     println!("{passed} passed, {failed} failed");
     if failed > 0 {
         for a in &env.agents {

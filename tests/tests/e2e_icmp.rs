@@ -12,6 +12,7 @@ use felixrs_e2e::cases_icmp::{self, PING, RAW};
 use felixrs_e2e::cluster::GATEWAY6;
 use felixrs_e2e::driver::binary;
 use felixrs_e2e::harness::{Harness, PROBE_TIMEOUT};
+use felixrs_e2e::report::Tally;
 use felixrs_e2e::traffic::{Probe, Proto, Servers, probe_many};
 use felixrs_e2e::world::Family;
 use felixrs_test_support::require_root;
@@ -147,24 +148,8 @@ fn icmp_and_l3_default_deny() {
     binary("felixrs");
     binary("policy-controller");
     let mut h = Harness::start().expect("cluster, etcd and agents start");
-    let (mut passed, mut failed) = (0, 0);
-    let mut report = |name: &str, result: Result<Vec<String>>| match result {
-        Ok(f) if f.is_empty() => {
-            passed += 1;
-            println!("PASS {name}");
-        }
-        Ok(f) => {
-            failed += 1;
-            println!("FAIL {name}");
-            for line in f {
-                println!("    {line}");
-            }
-        }
-        Err(e) => {
-            failed += 1;
-            println!("FAIL {name}: {e:#}");
-        }
-    };
+    let mut tally = Tally::default();
+    let mut report = |name: &str, result: Result<Vec<String>>| tally.record(name, result);
     let cases = cases_icmp::all();
     for (family, case) in &cases {
         let label = match family {
@@ -184,6 +169,7 @@ fn icmp_and_l3_default_deny() {
         "pod to its own node, every protocol, both families: egress policy, then DefaultEndpointToHostAction (kernel and trace)",
         r,
     );
+    let Tally { passed, failed } = tally;
     println!("{passed} passed, {failed} failed");
     if failed > 0 {
         for a in &h.agents {

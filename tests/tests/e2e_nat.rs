@@ -24,6 +24,7 @@ use felixrs_e2e::nat::{
     self, INTERNET_IP, INTERNET_IP6, PodSpec, ServicePort, WHOAMI_PORT, WhoAmI, foreign_nat_lines,
     ip_pool, resolve_a, resolve_a_tcp, seen_as,
 };
+use felixrs_e2e::report::Tally;
 use felixrs_e2e::traffic::{Probe, Proto, Servers, probe_once};
 use felixrs_test_support::{require_root, require_tools};
 
@@ -463,25 +464,8 @@ fn nat_outgoing_services_and_dns() {
     binary("policy-controller");
     let started = Instant::now();
     let mut env = start_env().expect("cluster, internet host, etcd, dnsmasq and agents start");
-    let mut passed = 0;
-    let mut failed = 0;
-    let mut report = |name: &str, result: Result<Vec<String>>| match result {
-        Ok(f) if f.is_empty() => {
-            passed += 1;
-            println!("PASS {name}");
-        }
-        Ok(f) => {
-            failed += 1;
-            println!("FAIL {name}");
-            for line in f {
-                println!("    {line}");
-            }
-        }
-        Err(e) => {
-            failed += 1;
-            println!("FAIL {name}: {e:#}");
-        }
-    };
+    let mut tally = Tally::default();
+    let mut report = |name: &str, result: Result<Vec<String>>| tally.record(name, result);
     let r = nat_outgoing(&mut env);
     report(
         "nat-outgoing (IPv4 and IPv6): internet sees the node, pods see the pod; plain pool unmasqueraded; disabled pool keeps NAT",
@@ -507,6 +491,7 @@ fn nat_outgoing_services_and_dns() {
         "agent restart: NAT kept throughout, nat rules not rewritten",
         r,
     );
+    let Tally { passed, failed } = tally;
     println!(
         "{passed} passed, {failed} failed in {:?}",
         started.elapsed()
