@@ -60,16 +60,17 @@ pub type IsSet = fn(&Rule) -> bool;
 /// an unknown field) fails safe. An Allow rule is not rendered; a Deny or Log rule is rendered
 /// with its other matches, so it denies (logs) at least what was written; a Pass rule becomes a
 /// Deny of its other matches (dropping it would let a later Allow of its tier take what it passed). When a field
-/// becomes enforced (e.g. `domains` with FQDN policy), remove it here.
+/// becomes enforced, remove it here (as `destination.domains` was with FQDN policy).
 pub const UNENFORCED_RULE_FIELDS: &[(&str, IsSet)] = &[
     // L7: enforced by Calico's Envoy/Dikastes, never by iptables.
     ("http", |r| r.http.is_some()),
     // Kubernetes Service matches: no Service data reaches the agent.
     ("source.services", |r| r.source.services.is_some()),
     ("destination.services", |r| r.destination.services.is_some()),
-    // DNS (FQDN) policy, Calico Enterprise's `domains`.
+    // DNS (FQDN) policy, Calico Enterprise's `domains`: a source has no domain name. (A
+    // `destination.domains` is enforced in egress Allow rules; the graph's rule scanner fails
+    // every other use of it safe, with the reason.)
     ("source.domains", |r| !r.source.domains.is_empty()),
-    ("destination.domains", |r| !r.destination.domains.is_empty()),
 ];
 
 impl Rule {

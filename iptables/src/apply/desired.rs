@@ -16,6 +16,7 @@
 //!   never the temporary prefix `cali4t`/`cali6t`; members are typed and of the set's family.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 
 use calc_graph::proto::Protocol;
 pub use calc_graph::proto::{IpSetKind, IpSetMember, IpVersion};
@@ -110,11 +111,18 @@ pub struct DesiredTable {
 }
 
 /// The desired content of one of our IP sets.
+///
+/// A domain set ([`IpSetKind::Domain`], `hash:ip ... timeout 0`) has no `members`: its addresses
+/// belong to the DNS learner and expire in the kernel. `learned` (address → seconds left) is what
+/// the learner knew when the set was rendered; the applier writes it only when it *creates* the
+/// set, and never diffs or removes a domain set's members afterwards.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IpSetSpec {
     pub kind: IpSetKind,
     pub maxelem: u32,
     pub members: BTreeSet<IpSetMember>,
+    /// Domain sets only: the members to create the set with, each with its timeout in seconds.
+    pub learned: BTreeMap<IpAddr, u32>,
 }
 
 impl IpSetSpec {
@@ -123,6 +131,16 @@ impl IpSetSpec {
             kind,
             maxelem: DEFAULT_MAXELEM,
             members: members.into_iter().collect(),
+            learned: BTreeMap::new(),
+        }
+    }
+
+    /// A domain set, created with `learned` (address, seconds left) members. A zero timeout
+    /// would be permanent in the kernel: such an entry (already expired) is left out.
+    pub fn domain(learned: impl IntoIterator<Item = (IpAddr, u32)>) -> Self {
+        IpSetSpec {
+            learned: learned.into_iter().filter(|(_, t)| *t > 0).collect(),
+            ..IpSetSpec::new(IpSetKind::Domain, [])
         }
     }
 }
@@ -220,6 +238,19 @@ pub fn validate_set(family: IpVersion, name: &str, spec: &IpSetSpec) -> Result<(
     }
     for m in &spec.members {
         validate_member(family, name, spec.kind, m)?;
+    }
+    for addr in spec.learned.keys() {
+        let bad = |reason: &str| ApplyError::InvalidMember {
+            set: name.to_string(),
+            member: addr.to_string(),
+            reason: reason.to_string(),
+        };
+        if spec.kind != IpSetKind::Domain {
+            return Err(bad("only domain sets have learned members"));
+        }
+        if addr.is_ipv6() != (family == IpVersion::V6) {
+            return Err(bad("member is not of the set's IP family"));
+        }
     }
     Ok(())
 }

@@ -5,6 +5,11 @@
 //!   a changed `maxelem` goes through a temporary `cali4t<N>` set and `swap` (the only way to
 //!   change an in-use set); a changed type (which the kernel cannot swap) goes through
 //!   `destroy` + `create`, allowed only while nothing references the set.
+//! * Domain sets (FQDN policy, `hash:ip ... timeout 0`): created (and filled with the learned
+//!   members the desired state carries, `add <set> <addr> timeout <secs> -exist`) when missing,
+//!   re-created when the kernel's set is not a `hash:ip` with timeout support, and otherwise left
+//!   alone: the DNS learner owns their members and the kernel expires them, so the applier never
+//!   diffs, deletes or flushes them.
 //! * Phase 3 (after iptables): `destroy` every set of ours (`cali4*` / `cali6*`, leftover temp sets
 //!   included) that is not desired.
 //!
@@ -29,8 +34,13 @@ pub struct ActualSet {
     /// `hash:net`, `hash:ip,port`, … as `ipset save` prints it.
     pub type_name: String,
     pub maxelem: u32,
-    /// Members in `ipset save` text form.
+    /// The header's default `timeout` (`Some(0)` for our domain sets); `None` without timeout
+    /// support.
+    pub timeout: Option<u32>,
+    /// Members in `ipset save` text form (without their `timeout`).
     pub members: BTreeSet<String>,
+    /// The seconds left of each member that has a timeout (sets with timeout support).
+    pub member_timeouts: BTreeMap<String, u32>,
     /// The spec this content was written from, when we wrote it (not when read from the kernel):
     /// an unchanged spec is recognised without rendering its members again.
     pub written: Option<IpSetSpec>,
@@ -41,7 +51,29 @@ pub fn type_name(kind: IpSetKind) -> &'static str {
     match kind {
         IpSetKind::Net => "hash:net",
         IpSetKind::IpPort => "hash:ip,port",
+        IpSetKind::Domain => "hash:ip",
     }
+}
+
+impl ActualSet {
+    /// Whether the kernel's set can stand for a desired set of `kind` without being re-created
+    /// (same type; a domain set also needs timeout support).
+    pub fn fits(&self, kind: IpSetKind) -> bool {
+        self.type_name == type_name(kind) && (kind != IpSetKind::Domain || self.timeout.is_some())
+    }
+
+    /// A set with per-member timeouts (a domain set): its members change without us.
+    pub fn is_timed(&self) -> bool {
+        self.timeout.is_some()
+    }
+}
+
+/// `<word> <value>` after `word` in a list of words.
+fn value_after(words: &[&str], word: &str) -> Option<u32> {
+    words
+        .windows(2)
+        .find(|w| w[0] == word)
+        .and_then(|w| w[1].parse().ok())
 }
 
 fn family_name(family: IpVersion) -> &'static str {
@@ -78,17 +110,15 @@ pub fn parse_save(family: IpVersion, text: &str) -> BTreeMap<String, ActualSet> 
             (Some("create"), Some(name)) if is_our_set(family, name) => {
                 let type_name = words.next().unwrap_or_default().to_string();
                 let rest: Vec<&str> = words.collect();
-                let maxelem = rest
-                    .windows(2)
-                    .find(|w| w[0] == "maxelem")
-                    .and_then(|w| w[1].parse().ok())
-                    .unwrap_or(0);
+                let maxelem = value_after(&rest, "maxelem").unwrap_or(0);
                 out.insert(
                     name.to_string(),
                     ActualSet {
                         type_name,
                         maxelem,
+                        timeout: value_after(&rest, "timeout"),
                         members: BTreeSet::new(),
+                        member_timeouts: BTreeMap::new(),
                         written: None,
                     },
                 );
@@ -96,6 +126,10 @@ pub fn parse_save(family: IpVersion, text: &str) -> BTreeMap<String, ActualSet> 
             (Some("add"), Some(name)) => {
                 if let (Some(set), Some(member)) = (out.get_mut(name), words.next()) {
                     set.members.insert(member.to_string());
+                    let rest: Vec<&str> = words.collect();
+                    if let Some(t) = value_after(&rest, "timeout") {
+                        set.member_timeouts.insert(member.to_string(), t);
+                    }
                 }
             }
             _ => {}
@@ -134,20 +168,47 @@ pub fn plan_updates(
         validate_set(family, name, spec)?;
         let want = desired_texts(spec);
         let ty = type_name(spec.kind);
+        let domain = spec.kind == IpSetKind::Domain;
         let create = |p: &mut String, n: &str| {
-            let _ = writeln!(p, "create {n} {ty} family {fam} maxelem {}", spec.maxelem);
+            let timeout = if domain { " timeout 0" } else { "" };
+            let _ = writeln!(
+                p,
+                "create {n} {ty} family {fam}{timeout} maxelem {}",
+                spec.maxelem
+            );
         };
         let fill = |p: &mut String, n: &str, members: &mut dyn Iterator<Item = &String>| {
             for m in members {
                 let _ = writeln!(p, "add {n} {m}");
             }
+            // `-exist`: the learner may have written the same address first; its entry is
+            // refreshed, never an error that fails the whole restore.
+            for (addr, secs) in &spec.learned {
+                let _ = writeln!(p, "add {n} {addr} timeout {secs} -exist");
+            }
         };
+        if domain {
+            match actual_set {
+                Some(a) if a.fits(spec.kind) => {}
+                Some(_) => {
+                    plan.retyped.push(name.clone());
+                    let _ = writeln!(p, "destroy {name}");
+                    create(&mut p, name);
+                    fill(&mut p, name, &mut want.iter());
+                }
+                None => {
+                    create(&mut p, name);
+                    fill(&mut p, name, &mut want.iter());
+                }
+            }
+            continue;
+        }
         match actual_set {
             None => {
                 create(&mut p, name);
                 fill(&mut p, name, &mut want.iter());
             }
-            Some(a) if a.type_name != ty => {
+            Some(a) if !a.fits(spec.kind) => {
                 plan.retyped.push(name.clone());
                 let _ = writeln!(p, "destroy {name}");
                 create(&mut p, name);
@@ -209,12 +270,23 @@ pub fn after_updates(
         {
             continue;
         }
+        let domain = spec.kind == IpSetKind::Domain;
+        if domain && actual.get(name).is_some_and(|a| a.fits(spec.kind)) {
+            // Left alone by phase 1: the kernel's members are the learner's.
+            continue;
+        }
+        let learned = spec.learned.iter().map(|(a, t)| (a.to_string(), *t));
         actual.insert(
             name.clone(),
             ActualSet {
                 type_name: type_name(spec.kind).to_string(),
                 maxelem: spec.maxelem,
-                members: desired_texts(spec),
+                timeout: domain.then_some(0),
+                members: desired_texts(spec)
+                    .into_iter()
+                    .chain(learned.clone().map(|(a, _)| a))
+                    .collect(),
+                member_timeouts: learned.collect(),
                 written: Some(spec.clone()),
             },
         );

@@ -11,11 +11,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use calc_graph::proto::{
-    ActivePolicy, ActiveProfile, EndpointId, IpPool, IpSetId, IpSetKind, IpSetMember, IpVersion,
-    LocalEndpoint, Output, PolicyId,
+    ActivePolicy, ActiveProfile, DomainPattern, EndpointId, IpPool, IpSetId, IpSetKind,
+    IpSetMember, IpVersion, LocalEndpoint, Output, PolicyId,
 };
 
-use super::domains::{ActiveDomainSet, DomainMembers, NothingLearned};
+use super::domains::{ActiveDomainSet, DomainMembers, LearnedAddr, NothingLearned};
 pub use super::family::{Delta, SetChange};
 use super::family::{Family, hash_hooks};
 use super::hash::escape_comment;
@@ -68,6 +68,8 @@ pub struct Renderer {
     in_sync: bool,
     /// What the DNS learner knows: fills a domain set when it is first created.
     domain_members: Arc<dyn DomainMembers>,
+    /// The patterns of each domain set (also in `ip_sets`, as an empty [`IpSetKind::Domain`]).
+    domain_patterns: HashMap<IpSetId, Arc<[DomainPattern]>>,
 }
 
 fn valid_prefix(p: &str) -> bool {
@@ -123,6 +125,7 @@ impl Renderer {
             families: [Family::new(IpVersion::V4), Family::new(IpVersion::V6)],
             in_sync: false,
             domain_members: Arc::new(NothingLearned),
+            domain_patterns: HashMap::new(),
         };
         for fam in &mut r.families {
             for (name, rules) in static_chains::filter_chains(&r.cfg, &r.marks, fam.version) {
@@ -157,7 +160,42 @@ impl Renderer {
     /// rule of that family references the set). After a successful apply these are the sets in
     /// the kernel; the learner adds each newly learned address to every one whose patterns match.
     pub fn active_domain_sets(&self) -> Vec<ActiveDomainSet> {
-        Vec::new()
+        let mut out: Vec<ActiveDomainSet> = (self.domain_patterns.iter())
+            .filter_map(|(id, patterns)| {
+                let [v4, v6] = [IpVersion::V4, IpVersion::V6].map(|v| {
+                    let name = names::ipset_name(v, id);
+                    self.family(v)
+                        .state
+                        .ip_sets
+                        .contains_key(&name)
+                        .then_some(name)
+                });
+                (v4.is_some() || v6.is_some()).then(|| ActiveDomainSet {
+                    patterns: patterns.to_vec(),
+                    v4_set: v4,
+                    v6_set: v6,
+                })
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// The patterns of the domain set with kernel name `name` (either family), if it is one.
+    pub fn domain_set_patterns(&self, name: &str) -> Option<&[DomainPattern]> {
+        let id = self.set_ids.get(name)?;
+        self.domain_patterns.get(id).map(|p| &p[..])
+    }
+
+    /// The learner's current members of a domain set in family `v` (for the evaluator and
+    /// `felixrs trace`); `None` if `name` is not a domain set of the desired state.
+    pub fn domain_set_members(&self, v: IpVersion, name: &str) -> Option<Vec<LearnedAddr>> {
+        let patterns = self.domain_set_patterns(name)?;
+        self.family(v).set_refs.contains_key(name).then(|| {
+            let mut learned = self.domain_members.learned(patterns);
+            learned.retain(|l| l.addr.is_ipv6() == (v == IpVersion::V6));
+            learned
+        })
     }
 
     pub fn marks(&self) -> &MarkBits {
@@ -203,6 +241,18 @@ impl Renderer {
                 self.dirty_policies.extend(self.waiting_policies.drain());
                 self.dirty_profiles.extend(self.waiting_profiles.drain());
             }
+            Output::DomainSetCreated { id, patterns } => {
+                check_set(&id, IpSetKind::Domain, &[])?;
+                for v in [IpVersion::V4, IpVersion::V6] {
+                    self.set_ids.insert(names::ipset_name(v, &id), id.clone());
+                }
+                self.ip_sets
+                    .insert(id.clone(), (IpSetKind::Domain, BTreeSet::new()));
+                self.domain_patterns.insert(id.clone(), patterns);
+                self.mark_set_changed(&id);
+                self.dirty_policies.extend(self.waiting_policies.drain());
+                self.dirty_profiles.extend(self.waiting_profiles.drain());
+            }
             Output::IpSetMembersAdded { id, members }
             | Output::IpSetMembersRemoved { id, members }
                 if !self.ip_sets.contains_key(&id) =>
@@ -226,6 +276,7 @@ impl Renderer {
             }
             Output::IpSetRemoved(id) => {
                 self.ip_sets.remove(&id);
+                self.domain_patterns.remove(&id);
                 self.mark_set_changed(&id);
             }
             Output::PolicyUpdated(p) => {
@@ -650,6 +701,16 @@ impl Renderer {
 
     fn set_spec(&self, v: IpVersion, name: &str) -> IpSetSpec {
         let id = self.set_ids.get(name);
+        if let Some(patterns) = id.and_then(|id| self.domain_patterns.get(id)) {
+            // Created full: every unexpired address already learned for its patterns. The
+            // applier uses these members only when it creates the set (the learner owns them).
+            let learned = self.domain_members.learned(patterns);
+            return IpSetSpec::domain(
+                (learned.into_iter())
+                    .filter(|l| l.addr.is_ipv6() == (v == IpVersion::V6))
+                    .map(|l| (l.addr, l.remaining_secs)),
+            );
+        }
         match id.and_then(|id| self.ip_sets.get(id)) {
             Some((kind, members)) => IpSetSpec::new(
                 *kind,
@@ -659,14 +720,11 @@ impl Renderer {
                     .flat_map(split_zero_prefix),
             ),
             // Referenced but removed by the graph: keep an empty set so no rule dangles.
-            None => {
-                let kind = if id.is_some_and(|i| i.starts_with("n:")) {
-                    IpSetKind::IpPort
-                } else {
-                    IpSetKind::Net
-                };
-                IpSetSpec::new(kind, [])
-            }
+            None => match id {
+                Some(i) if i.starts_with("n:") => IpSetSpec::new(IpSetKind::IpPort, []),
+                Some(i) if i.starts_with("d:") => IpSetSpec::domain([]),
+                _ => IpSetSpec::new(IpSetKind::Net, []),
+            },
         }
     }
 
@@ -773,10 +831,10 @@ fn check_set(id: &str, kind: IpSetKind, members: &[IpSetMember]) -> Result<(), R
             (IpSetKind::Net, IpSetMember::Net(_)) | (IpSetKind::IpPort, IpSetMember::IpPort { .. })
         );
         if !ok {
-            let kind = if kind == IpSetKind::Net {
-                "hash:net"
-            } else {
-                "hash:ip,port"
+            let kind = match kind {
+                IpSetKind::Net => "hash:net",
+                IpSetKind::IpPort => "hash:ip,port",
+                IpSetKind::Domain => "domain (no members from the graph)",
             };
             return Err(RenderError::InvalidIpSetMember {
                 id: id.to_string(),
