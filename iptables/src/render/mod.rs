@@ -47,7 +47,8 @@
 //! * No IPIP/VXLAN/WireGuard/IPVS/BPF rules in `cali-INPUT`/`cali-OUTPUT`; no `cali-cidr-block`.
 //!   The per-workload "Drop VXLAN/IPinIP encapped packets originating in workloads" rules are kept
 //!   (Felix's default) unless `allow_encap_from_workloads`.
-//! * mangle is not programmed and raw holds only the anti-spoofing check (no untracked, pre-DNAT or
+//! * mangle holds only the DNS hold of FQDN policy ([`dns_hold`]: trusted servers' responses to
+//!   workloads go to the learner's NFQUEUE), and only with trusted servers; raw holds only the anti-spoofing check (no untracked, pre-DNAT or
 //!   HEP policy). raw `cali-PREROUTING` is `-i cali+ -m rpfilter --invert -j DROP`: Felix's strict
 //!   RPF check without its mark bookkeeping. With [`SourceSpoofing::Any`] a `-i cali+ -j
 //!   cali-rpf-skip` comes first, and `cali-rpf-skip` ACCEPTs (ends raw for) `-i <iface> -s <prefix>`
@@ -90,6 +91,7 @@
 //!   an endpoint jumping to a policy the renderer has never seen jumps to a DROP chain too.
 
 pub mod dispatch;
+pub mod dns_hold;
 pub mod domains;
 pub mod endpoint;
 mod family;

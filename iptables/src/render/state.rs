@@ -24,7 +24,8 @@ use super::marks::MarkBits;
 use super::rule::{RuleCtx, render_profile_rules, render_rules};
 use super::shared::SharedChains;
 use super::{
-    RenderConfig, RenderError, SourceSpoofing, dispatch, endpoint, names, nat, static_chains,
+    RenderConfig, RenderError, SourceSpoofing, dispatch, dns_hold, endpoint, names, nat,
+    static_chains,
 };
 use crate::apply::{DesiredState, IpSetSpec, TableName};
 
@@ -137,10 +138,17 @@ impl Renderer {
             for (name, rules) in static_chains::raw_chains(&r.cfg) {
                 fam.set_chain(TableName::Raw, name, rules);
             }
+            for (name, rules) in dns_hold::mangle_chains(&r.cfg, fam.version) {
+                fam.set_chain(TableName::Mangle, name, rules);
+            }
             let hooks = [
                 (TableName::Filter, static_chains::filter_hooks(&r.marks)),
                 (TableName::Nat, static_chains::nat_hooks()),
                 (TableName::Raw, static_chains::raw_hooks()),
+                (
+                    TableName::Mangle,
+                    dns_hold::mangle_hooks(&r.cfg, fam.version),
+                ),
             ];
             for (table, list) in hooks {
                 fam.add_hooks(hash_hooks(table, list));
