@@ -394,4 +394,112 @@ create cali60v6 hash:net family inet6 hashsize 1024 maxelem 1048576
         assert_eq!(del, ["cali40p"]);
         assert_eq!(render_deletions(&del), "destroy cali40p\n");
     }
+
+    /// `ipset save` of sets with timeout support, as this kernel prints it (kernel-extensions.md).
+    const SAVE_TIMEOUTS: &str = "create cali40d:abc hash:ip family inet hashsize 1024 maxelem 1048576 timeout 0 bucketsize 12 initval 0x0a4e5f8a
+add cali40d:abc 10.0.0.2 timeout 9
+add cali40d:abc 10.0.0.1 timeout 70
+add cali40d:abc 10.0.0.3 timeout 0
+create cali40d:old hash:ip family inet hashsize 1024 maxelem 1048576 bucketsize 12 initval 0x1
+add cali40d:old 10.0.0.1
+create to-ip hash:ip family inet hashsize 1024 maxelem 65536 timeout 300 bucketsize 12 initval 0x70fd210e
+add to-ip 10.0.0.1 timeout 59
+";
+
+    #[test]
+    fn parse_reads_timeouts_of_headers_and_members() {
+        let sets = parse_save(IpVersion::V4, SAVE_TIMEOUTS);
+        assert_eq!(
+            sets.keys().collect::<Vec<_>>(),
+            ["cali40d:abc", "cali40d:old"]
+        );
+        let d = &sets["cali40d:abc"];
+        assert_eq!(
+            (d.type_name.as_str(), d.maxelem, d.timeout),
+            ("hash:ip", 1_048_576, Some(0))
+        );
+        assert!(d.fits(IpSetKind::Domain) && d.is_timed());
+        assert_eq!(
+            d.members.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+        );
+        assert_eq!(d.member_timeouts["10.0.0.1"], 70);
+        assert_eq!(d.member_timeouts["10.0.0.2"], 9);
+        assert_eq!(d.member_timeouts["10.0.0.3"], 0);
+        // Without timeout support the set cannot stand for a domain set.
+        let old = &sets["cali40d:old"];
+        assert_eq!(old.timeout, None);
+        assert!(old.member_timeouts.is_empty());
+        assert!(!old.fits(IpSetKind::Domain) && !old.fits(IpSetKind::Net));
+        // The plain sets of the other fixture have no timeouts.
+        assert!(
+            parse_save(IpVersion::V4, SAVE)
+                .values()
+                .all(|s| !s.is_timed())
+        );
+    }
+
+    fn domain(learned: &[(&str, u32)]) -> IpSetSpec {
+        IpSetSpec::domain(learned.iter().map(|(a, t)| (a.parse().unwrap(), *t)))
+    }
+
+    #[test]
+    fn domain_sets_are_created_full_and_never_diffed() {
+        let mut desired = BTreeMap::new();
+        desired.insert(
+            "cali40d:new".to_string(),
+            domain(&[("10.0.0.9", 60), ("10.0.0.8", 5), ("10.0.0.7", 0)]),
+        );
+        let plan = plan_updates(IpVersion::V4, &desired, &BTreeMap::new()).unwrap();
+        assert_eq!(
+            plan.payload,
+            "create cali40d:new hash:ip family inet timeout 0 maxelem 1048576\n\
+             add cali40d:new 10.0.0.8 timeout 5 -exist\n\
+             add cali40d:new 10.0.0.9 timeout 60 -exist\n",
+            "an expired (0 s) entry would be permanent: left out"
+        );
+        // The kernel's set (learner's members, other timeouts) is left alone, whatever the
+        // desired state's learned members now are; the one without timeouts is re-created.
+        let mut actual = parse_save(IpVersion::V4, SAVE_TIMEOUTS);
+        let mut desired = BTreeMap::new();
+        desired.insert("cali40d:abc".to_string(), domain(&[("10.0.0.5", 30)]));
+        desired.insert("cali40d:old".to_string(), domain(&[]));
+        let plan = plan_updates(IpVersion::V4, &desired, &actual).unwrap();
+        assert_eq!(
+            plan.payload,
+            "destroy cali40d:old\ncreate cali40d:old hash:ip family inet timeout 0 maxelem 1048576\n"
+        );
+        assert_eq!(plan.retyped, ["cali40d:old"]);
+        after_updates(&desired, &mut actual);
+        assert_eq!(
+            actual["cali40d:abc"].members.len(),
+            3,
+            "the kernel's members kept"
+        );
+        assert!(actual["cali40d:old"].fits(IpSetKind::Domain));
+        assert!(
+            plan_updates(IpVersion::V4, &desired, &actual)
+                .unwrap()
+                .payload
+                .is_empty()
+        );
+        // Gone from the desired state: destroyed in phase 3 like any set of ours.
+        assert_eq!(
+            plan_deletions(&BTreeMap::new(), &actual),
+            ["cali40d:abc", "cali40d:old"]
+        );
+    }
+
+    #[test]
+    fn learned_members_are_validated_like_members() {
+        let mut desired = BTreeMap::new();
+        desired.insert("cali40d:x".to_string(), domain(&[("fd00::1", 60)]));
+        let err = plan_updates(IpVersion::V4, &desired, &BTreeMap::new()).unwrap_err();
+        assert!(err.to_string().contains("fd00::1"), "{err}");
+        let mut net = IpSetSpec::new(IpSetKind::Net, []);
+        net.learned.insert("10.0.0.1".parse().unwrap(), 5);
+        desired.clear();
+        desired.insert("cali40s:x".to_string(), net);
+        assert!(plan_updates(IpVersion::V4, &desired, &BTreeMap::new()).is_err());
+    }
 }

@@ -134,14 +134,27 @@ pub struct Trace {
 }
 
 impl Trace {
-    /// The domain rule that allowed an accepted packet: "allowed by domain rule example.com".
-    /// Only egress Allow rules match domain sets (every other use fails safe), and the first
-    /// Allow of a direction ends its policy evaluation, so when the packet is accepted the last
-    /// rule that matched through a domain set is the one that allowed its egress.
-    pub fn deciding_domain_hit(&self) -> Option<&DomainHit> {
-        (self.outcome == Outcome::Accept)
-            .then(|| self.domain_hits.last())
-            .flatten()
+    /// The domain hit of a matched rule (`chain`, 1-based `rule`), if it matched through one.
+    pub fn domain_hit_at(&self, chain: &str, rule: usize) -> Option<&DomainHit> {
+        self.domain_hits
+            .iter()
+            .find(|h| h.chain == chain && h.rule == rule)
+    }
+
+    /// The domain rule that allowed the packet ("allowed by domain rule example.com"): the rule
+    /// that set the accept bit (`accept`, [`super::MarkBits::accept`]) matched through a domain
+    /// set, and the packet was accepted (ACCEPT, or `cali-FORWARD` returned with the accept bit).
+    pub fn deciding_domain_hit(&self, accept: u32) -> Option<&DomainHit> {
+        let accepted = self.outcome == Outcome::Accept
+            || (self.outcome == Outcome::Return && self.mark & accept != 0);
+        if !accepted {
+            return None;
+        }
+        let step = self
+            .steps
+            .iter()
+            .find(|s| matches!(s.effect, Effect::Mark(m) if m & accept != 0))?;
+        self.domain_hit_at(&step.chain, step.rule)
     }
 }
 
