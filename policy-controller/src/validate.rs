@@ -104,6 +104,14 @@ pub fn failed_safe_reports(r: &CalicoResource) -> Vec<SkipReport> {
                 format!("not enforced by this dataplane; {effect}"),
             ));
         }
+        // `destination.domains` outside an enforced use (FQDN policy: egress Allow rules).
+        for (f, reason) in rule.rejected_domain_fields(at.starts_with("spec.egress")) {
+            out.push(SkipReport::new(
+                &obj,
+                format!("{at}.{f}"),
+                format!("{reason}; {effect}"),
+            ));
+        }
     }
     out
 }

@@ -517,61 +517,17 @@ fn scan_rule(
     })
 }
 
-/// Why a rule's `destination.domains` cannot be enforced as written, as (field, reason) pairs
-/// relative to the rule; `Ok(None)` without domains, `Ok(Some(set))` when enforced.
-///
-/// Enforced only in egress Allow rules (a destination match in the domain set, AND-ed with the
-/// rule's other matches) and never together with another destination address match (Calico
-/// Enterprise forbids the combination); every other use fails the rule safe with the reason.
-/// A bad name is never dropped from the list alone (that would change what the rule allows).
+/// A rule's enforced `destination.domains` as a domain set (`Ok(None)` without domains), or why
+/// it cannot be enforced as written ([`Rule::rejected_domain_fields`]).
 fn scan_domains(rule: &Rule, egress: bool) -> Result<Option<DomainSetSpec>, Vec<(String, String)>> {
-    let d = &rule.destination;
-    if d.domains.is_empty() {
-        return Ok(None);
+    let rejected = rule.rejected_domain_fields(egress);
+    if !rejected.is_empty() {
+        return Err(rejected);
     }
-    let whole = |reason: String| Err(vec![("destination.domains".to_string(), reason)]);
-    if !egress {
-        return whole("domains are enforced only in egress rules".into());
-    }
-    if rule.action != Action::Allow {
-        return whole(format!(
-            "domains are enforced only in Allow rules, not {:?}",
-            rule.action
-        ));
-    }
-    let mut problems = Vec::new();
-    let mut patterns = Vec::new();
-    for (i, raw) in d.domains.iter().enumerate() {
-        match DomainPattern::parse(raw) {
-            Ok(p) => patterns.push(p),
-            Err(e) => problems.push((format!("destination.domains[{i}]"), e.to_string())),
-        }
-    }
-    let others: Vec<&str> = [
-        ("nets", !d.nets.is_empty()),
-        ("notNets", !d.not_nets.is_empty()),
-        ("selector", d.selector.is_some()),
-        ("notSelector", d.not_selector.is_some()),
-        ("namespaceSelector", d.namespace_selector.is_some()),
-        ("serviceAccounts", d.service_accounts.is_some()),
-    ]
-    .into_iter()
-    .filter(|(_, set)| *set)
-    .map(|(name, _)| name)
-    .collect();
-    if !others.is_empty() {
-        problems.push((
-            "destination.domains".to_string(),
-            format!(
-                "domains cannot be combined with destination.{}",
-                others.join(", destination.")
-            ),
-        ));
-    }
-    if !problems.is_empty() {
-        return Err(problems);
-    }
-    Ok(Some(DomainSetSpec::new(patterns)))
+    let patterns: Vec<DomainPattern> = (rule.destination.domains.iter())
+        .filter_map(|d| DomainPattern::parse(d).ok())
+        .collect();
+    Ok((!patterns.is_empty()).then(|| DomainSetSpec::new(patterns)))
 }
 
 /// Scans a policy's or profile's rules. `ns` is the namespace of a NetworkPolicy (`None` for
