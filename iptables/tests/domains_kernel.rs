@@ -78,6 +78,8 @@ fn start() -> Renderer {
         ("www.example.com", learned("93.184.216.34", 600)),
         ("example.com", learned("2606:2800:220:1::1", 300)),
         ("unrelated.org", learned("1.2.3.4", 600)),
+        // A DNS TTL may be up to 2^31 - 1: cut to the kernel's limit, never a failed restore.
+        ("huge.example.com", learned("93.184.216.99", u32::MAX)),
     ])));
     let pol = mk_np("prod", "to-example");
     let mut ep = mk_endpoint(
@@ -155,7 +157,10 @@ fn domain_sets_on_the_kernel(backend: Backend) {
         let header = set_header(&ns, set, "Header");
         assert!(header.contains(" timeout 0"), "{header}");
         assert_eq!(set_header(&ns, set, "References"), "1");
-        let members = timed_members(&ns, set);
+        let members: Vec<(String, u32)> = timed_members(&ns, set)
+            .into_iter()
+            .filter(|m| m.0 != "93.184.216.99")
+            .collect();
         assert_eq!(members.len(), 1, "{members:?}");
         assert_eq!(members[0].0, addr);
         assert!(
@@ -163,6 +168,12 @@ fn domain_sets_on_the_kernel(backend: Backend) {
             "{members:?}: timeout from the learner"
         );
     }
+    let huge = timed_members(&ns, SET4);
+    assert!(
+        huge.iter()
+            .any(|(a, t)| a == "93.184.216.99" && *t > 2_000_000 && *t <= 2_147_483),
+        "{huge:?}"
+    );
     // The rule references the set as a destination match.
     let filter = save_family(&ns, mode, V::V4, "filter");
     assert!(
@@ -236,7 +247,7 @@ fn domain_sets_on_the_kernel(backend: Backend) {
     assert!(repaired.is_none_or(|rep| rep.ipset_updates.is_empty()));
     a.refresh(&r.desired(*v)).unwrap();
     let members: Vec<String> = timed_members(&ns, SET4).into_iter().map(|m| m.0).collect();
-    assert_eq!(members, ["10.77.0.1", "93.184.216.34"]);
+    assert_eq!(members, ["10.77.0.1", "93.184.216.34", "93.184.216.99"]);
 
     // The policy loses its domain rule; the graph then removes the set: rules go first, then
     // the set is destroyed (the kernel refuses to destroy a referenced set).

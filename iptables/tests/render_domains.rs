@@ -246,6 +246,10 @@ fn the_trace_matches_learned_addresses_and_names_the_domain_rule() {
         pats(&["*.example.com", "example.com"]).to_vec()
     );
     assert_eq!(hit.remaining_secs, Some(60));
+    assert_eq!(
+        hit.to_string(),
+        "domain rule *.example.com, example.com (93.184.216.34 in cali40d:domain-set-of-example, 60 s left)"
+    );
     let t = probe("2606:2800:220:1::1", 443);
     assert!(allowed(&t), "{t:?}");
     assert_eq!(
@@ -409,4 +413,22 @@ fn hostile_names_never_reach_a_payload() {
         }
         assert_parses_back(&r, v);
     }
+}
+
+/// Incremental = from scratch: a domain set arriving in its own batch, before the policy that
+/// references it, gives the same desired state as one batch.
+#[test]
+fn incremental_rendering_of_domain_sets_equals_a_single_batch() {
+    let all = outputs(domain_rule(None));
+    let whole = renderer(learned(), domain_rule(None));
+    let mut inc = Renderer::new(RenderConfig::default()).unwrap();
+    inc.set_domain_members(learned());
+    for o in all {
+        assert_eq!(inc.apply_all([o]), vec![]);
+        assert_eq!(inc.flush(), vec![]);
+    }
+    for v in [IpVersion::V4, IpVersion::V6] {
+        assert_eq!(inc.desired(v), whole.desired(v));
+    }
+    assert_eq!(inc.active_domain_sets(), whole.active_domain_sets());
 }

@@ -35,6 +35,8 @@ pub const HASH_LEN: usize = 16;
 pub const MAX_CHAIN_LEN: usize = 28;
 /// Longest IP set name the kernel accepts.
 pub const MAX_SET_NAME_LEN: usize = 31;
+/// The longest member timeout the kernel accepts, in seconds (`ipset`: 0-2147483).
+pub const MAX_SET_TIMEOUT: u32 = 2_147_483;
 /// Felix's default `maxelem` for our sets.
 pub const DEFAULT_MAXELEM: u32 = 1_048_576;
 
@@ -136,10 +138,15 @@ impl IpSetSpec {
     }
 
     /// A domain set, created with `learned` (address, seconds left) members. A zero timeout
-    /// would be permanent in the kernel: such an entry (already expired) is left out.
+    /// would be permanent in the kernel: such an entry (already expired) is left out; one above
+    /// the kernel's limit ([`MAX_SET_TIMEOUT`], a DNS TTL may be up to 2^31 - 1) is cut to it, so
+    /// it never fails the whole `ipset restore`.
     pub fn domain(learned: impl IntoIterator<Item = (IpAddr, u32)>) -> Self {
         IpSetSpec {
-            learned: learned.into_iter().filter(|(_, t)| *t > 0).collect(),
+            learned: (learned.into_iter())
+                .filter(|(_, t)| *t > 0)
+                .map(|(a, t)| (a, t.min(MAX_SET_TIMEOUT)))
+                .collect(),
             ..IpSetSpec::new(IpSetKind::Domain, [])
         }
     }
@@ -250,6 +257,9 @@ pub fn validate_set(family: IpVersion, name: &str, spec: &IpSetSpec) -> Result<(
         }
         if addr.is_ipv6() != (family == IpVersion::V6) {
             return Err(bad("member is not of the set's IP family"));
+        }
+        if !(1..=MAX_SET_TIMEOUT).contains(&spec.learned[addr]) {
+            return Err(bad("timeout must be 1-2147483 seconds"));
         }
     }
     Ok(())

@@ -448,15 +448,21 @@ add to-ip 10.0.0.1 timeout 59
         let mut desired = BTreeMap::new();
         desired.insert(
             "cali40d:new".to_string(),
-            domain(&[("10.0.0.9", 60), ("10.0.0.8", 5), ("10.0.0.7", 0)]),
+            domain(&[
+                ("10.0.0.9", 60),
+                ("10.0.0.8", 5),
+                ("10.0.0.7", 0),
+                ("10.0.0.6", u32::MAX),
+            ]),
         );
         let plan = plan_updates(IpVersion::V4, &desired, &BTreeMap::new()).unwrap();
         assert_eq!(
             plan.payload,
             "create cali40d:new hash:ip family inet timeout 0 maxelem 1048576\n\
+             add cali40d:new 10.0.0.6 timeout 2147483 -exist\n\
              add cali40d:new 10.0.0.8 timeout 5 -exist\n\
              add cali40d:new 10.0.0.9 timeout 60 -exist\n",
-            "an expired (0 s) entry would be permanent: left out"
+            "an expired (0 s) entry would be permanent: left out; a huge TTL is cut to the kernel's limit"
         );
         // The kernel's set (learner's members, other timeouts) is left alone, whatever the
         // desired state's learned members now are; the one without timeouts is re-created.

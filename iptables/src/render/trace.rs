@@ -122,6 +122,28 @@ pub struct DomainHit {
     pub remaining_secs: Option<u32>,
 }
 
+impl std::fmt::Display for DomainHit {
+    /// `domain rule *.example.com, example.com (93.184.216.34 in cali40d:…, 60 s left)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.patterns.iter().map(DomainPattern::as_str).collect();
+        write!(
+            f,
+            "domain rule {} ({} in {}",
+            if names.is_empty() {
+                "(patterns unknown)".to_string()
+            } else {
+                names.join(", ")
+            },
+            self.addr,
+            self.set
+        )?;
+        match self.remaining_secs {
+            Some(s) => write!(f, ", {s} s left)"),
+            None => write!(f, ")"),
+        }
+    }
+}
+
 /// A whole trace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trace {
