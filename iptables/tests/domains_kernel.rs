@@ -294,3 +294,109 @@ fn domain_sets_on_the_kernel_nft() {
 fn domain_sets_on_the_kernel_legacy() {
     domain_sets_on_the_kernel(Backend::Legacy);
 }
+
+/// Forwarded packets: a pod's egress to a domain rule reaches exactly the learned addresses; an
+/// address the learner adds later is reachable at once (no apply), and denied again when its
+/// entry expires in the kernel (no agent work).
+#[test]
+fn a_domain_rule_allows_exactly_the_learned_addresses() {
+    use felixrs_test_support::netns::veth;
+    use support::tcp;
+    let (pod, node, outside) = (kernel_netns(), kernel_netns(), kernel_netns());
+    veth(&outside, "fxa", &node, "fxh");
+    veth(&pod, "eth0", &node, "cali12345");
+    for a in ["10.99.0.1/24", "10.99.0.2/24"] {
+        outside.ok("ip", &["addr", "add", a, "dev", "fxa"]);
+    }
+    outside.ok("ip", &["route", "add", "default", "via", "10.99.0.254"]);
+    node.ok("ip", &["addr", "add", "10.99.0.254/24", "dev", "fxh"]);
+    node.ok("ip", &["addr", "add", "10.98.0.1/24", "dev", "cali12345"]);
+    node.ok("sysctl", &["-qw", "net.ipv4.ip_forward=1"]);
+    pod.ok("ip", &["addr", "add", "10.98.0.2/24", "dev", "eth0"]);
+    pod.ok("ip", &["route", "add", "default", "via", "10.98.0.1"]);
+    for a in ["10.99.0.1", "10.99.0.2"] {
+        tcp::serve(&outside, a, 8080);
+    }
+    assert!(
+        tcp::connects_eventually(&pod, "10.99.0.2", 8080),
+        "no routing before policy"
+    );
+
+    let mut r = Renderer::new(RenderConfig::default()).unwrap();
+    r.set_domain_members(Arc::new(Learned(vec![(
+        "api.example.com",
+        learned("10.99.0.1", 600),
+    )])));
+    let pol = mk_np("default", "to-api");
+    let rule = ParsedRule {
+        protocol: Some(Protocol::Tcp),
+        dst_ports: ports(&[(8080, 8080)]),
+        dst_domain_ip_set_ids: vec![SET.into()],
+        ..mk_allow()
+    };
+    let ep = mk_endpoint(
+        "default",
+        "pod",
+        "cali12345",
+        &["10.98.0.2/32"],
+        vec![mk_tier("default", vec![], vec![pol.clone()])],
+        &["kns.default"],
+    );
+    let errors = r.apply_all([
+        Output::DomainSetCreated {
+            id: SET.into(),
+            patterns: vec![DomainPattern::parse("api.example.com").unwrap()].into(),
+        },
+        Output::PolicyUpdated(mk_policy(pol, vec![], vec![rule])),
+        Output::ProfileUpdated(mk_profile(
+            "kns.default",
+            vec![mk_allow()],
+            vec![mk_allow()],
+        )),
+        Output::EndpointUpdated(ep),
+        Output::InSync,
+    ]);
+    assert_eq!(errors, vec![]);
+    assert_eq!(r.flush(), vec![]);
+    let mut applier = Applier::new(
+        runner(&node),
+        ApplierConfig {
+            backend: Backend::Nft,
+            ..ApplierConfig::default()
+        },
+    );
+    applier.apply(&r.desired(V::V4)).unwrap();
+
+    assert!(
+        tcp::connects_eventually(&pod, "10.99.0.1", 8080),
+        "learned address denied"
+    );
+    assert!(
+        !tcp::connects(&pod, "10.99.0.2", 8080),
+        "an address never in an answer must stay denied"
+    );
+    // The learner adds an address with a short TTL: allowed at once, without an apply ...
+    node.ok("ipset", &["add", SET4, "10.99.0.2", "timeout", "3"]);
+    assert!(
+        tcp::connects_eventually(&pod, "10.99.0.2", 8080),
+        "a newly learned address is denied"
+    );
+    // ... and denied again once the kernel expired it (polled, with a generous deadline).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while tcp::connects(&pod, "10.99.0.2", 8080) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "an expired address is still allowed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert!(
+        !set_members(&node, SET4)
+            .iter()
+            .any(|m| m.starts_with("10.99.0.2 "))
+    );
+    assert!(
+        tcp::connects_eventually(&pod, "10.99.0.1", 8080),
+        "the unexpired address stays allowed"
+    );
+}
