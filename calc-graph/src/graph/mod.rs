@@ -17,11 +17,15 @@
 //! * rule scanning ([`rules`]) of active policies and profiles into IP set ids;
 //! * IP sets ([`ipsets`]): one per selector / named port used by an active rule, with members
 //!   from every endpoint and network set in the cluster; a set no rule needs any more lingers
-//!   (bounded, [`CalcGraph::set_ip_set_lingering`]) so that a flapping policy is cheap;
+//!   (bounded, [`CalcGraph::set_ip_set_lingering`]) so that a flapping policy is cheap; one
+//!   domain set (`d:<hash>`, FQDN policy) per distinct `destination.domains` list of an active
+//!   egress Allow rule, with its patterns and no members (the agent learns those from DNS),
+//!   referenced while a policy's rules need it ([`policies`]);
 //! * per local endpoint, the ordered tiers and policies per direction ([`resolver`]);
 //! * IP pools (every valid pool, disabled ones included, as Felix's `IPAMPoolUpdate`s: the
 //!   dataplane's nat-outgoing needs every pool on every node);
-//! * output sequencing and coalescing ([`sequencer`]).
+//! * output sequencing and coalescing ([`sequencer`]), asking the graph's current state
+//!   ([`desired`]).
 //!
 //! Everything is incremental: selectors are indexed by label posting lists ([`index`]), so a pod
 //! change evaluates only the selectors that mention one of its labels (plus the few that cannot
@@ -43,9 +47,11 @@
 //!   workload endpoint's tiers.
 //! * Staged policies are ignored; other kinds are ignored.
 //! * A field the agent does not enforce never widens a rule: a rule with a field of
-//!   [`crate::model::UNENFORCED_RULE_FIELDS`] (`http`, `services`, `domains`) or an unknown
-//!   field fails safe: an Allow/Pass rule is not rendered (nothing is opened), a Deny/Log rule is
-//!   rendered with only its enforced matches (it denies more). Each is kept as a
+//!   [`crate::model::UNENFORCED_RULE_FIELDS`] (`http`, `services`, `source.domains`), a
+//!   `destination.domains` outside an egress Allow rule or with a bad name
+//!   ([`crate::model::Rule::rejected_domain_fields`]), or an unknown field fails safe: an Allow
+//!   rule is not rendered (nothing is opened), a Deny/Log rule is rendered with only its
+//!   enforced matches (it denies more), a Pass rule becomes a Deny of them. Each is kept as a
 //!   [`FailedSafeRule`] for [`CalcGraph::failed_safe_rules`] while the policy stands.
 //! * Before `InSync`, `flush` returns nothing (as Felix's PolicyResolver); the first flush after
 //!   it returns the complete state followed by `Output::InSync`.
