@@ -249,6 +249,17 @@ fn domain_sets_on_the_kernel(backend: Backend) {
     let members: Vec<String> = timed_members(&ns, SET4).into_iter().map(|m| m.0).collect();
     assert_eq!(members, ["10.77.0.1", "93.184.216.34", "93.184.216.99"]);
 
+    // The DNS hold's hook deleted behind our back is drift, repaired by the fast check.
+    let list = mode.list_program(V::V4);
+    ns.ok(&list, &["-t", "mangle", "-D", "POSTROUTING", "1"]);
+    let (drift, repaired) = a.check_drift(&r.desired(*v)).unwrap();
+    assert!(
+        drift.drifted.iter().any(|d| d.contains("POSTROUTING")),
+        "{drift:?}"
+    );
+    assert!(repaired.is_some_and(|rep| rep.iptables.contains_key(&TableName::Mangle)));
+    assert_in_sync(&ns, mode, &r.desired(*v));
+
     // The policy loses its domain rule; the graph then removes the set: rules go first, then
     // the set is destroyed (the kernel refuses to destroy a referenced set).
     r.apply(Output::PolicyUpdated(policy(false, true))).unwrap();
