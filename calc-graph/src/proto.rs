@@ -4,12 +4,19 @@
 //! the spirit of Felix's `proto` package. Selectors and named ports never reach the dataplane: the
 //! graph has already replaced them with IP set ids, so the renderer needs no selector logic.
 //!
-//! Ordering guarantee of a flushed batch (see `graph`): `IpSetCreated` / member deltas, then
+//! Ordering guarantee of a flushed batch (see `graph`): `IpSetCreated` / `DomainSetCreated` /
+//! member deltas, then
 //! `PolicyUpdated`, then `ProfileUpdated`, then `EndpointUpdated`; then removals in reverse:
 //! `EndpointRemoved`, `ProfileRemoved`, `PolicyRemoved`, `IpSetRemoved`; then `IpPoolUpdated` /
 //! `IpPoolRemoved` (as Felix sends IP-pool updates after the policy state); `InSync` last (once).
 //! Nothing references an IP set, policy or profile that an earlier output has not created; pools
 //! reference nothing (the dataplane derives its all-pools / masquerade-pools sets from them).
+//!
+//! Domain sets (`d:<hash>`, FQDN policy) follow the same rule: a `DomainSetCreated` comes in the
+//! creation group, before any `PolicyUpdated`/`ProfileUpdated` whose rules name it in
+//! `dst_domain_ip_set_ids`, and its `IpSetRemoved` comes after the last policy or profile that
+//! referenced it was updated or removed. The graph never sends members for a domain set (the
+//! agent's DNS learner owns them); it only sends the patterns it stands for.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -17,10 +24,11 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
+pub use crate::model::DomainPattern;
 pub use crate::model::primitives::{Action, IcmpFields, IpVersion, Protocol};
 
 /// An IP set id as Felix computes it: `s:<hash>` for a selector set, `n:<hash>` for a named-port
-/// set (see the graph's `ipset_id` helpers). The dataplane turns it into kernel set names
+/// set (see the graph's `ipset_id` helpers), `d:<hash>` for a domain set (FQDN policy). The dataplane turns it into kernel set names
 /// `cali40<id>` / `cali60<id>` cut to 31 characters.
 pub type IpSetId = String;
 
@@ -31,6 +39,9 @@ pub enum IpSetKind {
     Net,
     /// `hash:ip,port`: named-port members (`10.0.0.5,tcp:8080`).
     IpPort,
+    /// `hash:ip ... timeout 0`: addresses learned from DNS for a rule's `destination.domains`,
+    /// each with its own timeout. The graph knows only the patterns ([`Output::DomainSetCreated`]).
+    Domain,
 }
 
 /// A member of an IP set. Both families live in one logical set; the dataplane splits them into
@@ -103,6 +114,9 @@ pub struct ParsedRule {
     pub not_dst_named_port_ip_set_ids: Vec<IpSetId>,
     pub dst_ip_set_ids: Vec<IpSetId>,
     pub not_dst_ip_set_ids: Vec<IpSetId>,
+    /// `destination.domains`: the destination is in one of these domain sets (`d:<hash>`; the
+    /// graph emits at most one per rule, and never together with `dst_nets` or `dst_ip_set_ids`).
+    pub dst_domain_ip_set_ids: Vec<IpSetId>,
 
     /// `metadata.annotations` of the rule, rendered as `key=value` comments.
     pub annotations: Vec<(String, String)>,
@@ -234,6 +248,13 @@ pub enum Output {
         /// Every member, sorted. Shared with the graph's own copy, so emitting (or cloning) a large
         /// set is a reference count, not a copy.
         members: Arc<[IpSetMember]>,
+    },
+    /// A domain set (`d:<hash>`, kind [`IpSetKind::Domain`]) some active rule references: the
+    /// sorted, deduplicated, normalised patterns it stands for. Its addresses are learned from
+    /// DNS by the agent, never sent by the graph; it is removed with [`Output::IpSetRemoved`].
+    DomainSetCreated {
+        id: IpSetId,
+        patterns: Arc<[DomainPattern]>,
     },
     IpSetMembersAdded {
         id: IpSetId,

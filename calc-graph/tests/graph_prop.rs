@@ -125,6 +125,14 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// `destination.domains` lists of generated rules (the empty one: no domains).
+const DOMAIN_LISTS: &[&[&str]] = &[
+    &[],
+    &["example.com", "*.example.com"],
+    &["*.Example.com.", "example.com"],
+    &["bad..name"],
+];
+
 fn policy_name(idx: u8, sec: bool) -> String {
     if sec {
         format!("sec.p{idx}")
@@ -227,6 +235,16 @@ fn to_update(op: &Op) -> Option<Update> {
                             1 => vec![Port::Number(80)],
                             2 => vec![Port::Named("http".into())],
                             3 => vec![Port::Number(80), Port::Named("http".into())],
+                            _ => vec![],
+                        },
+                        // Domain rules (FQDN policy): a rule with no source selector names one
+                        // of a few lists (shared between rules and policies, some invalid, and
+                        // in ingress or Deny rules failing safe), so domain sets come and go too.
+                        domains: match (src, nssel) {
+                            (None, 0) => DOMAIN_LISTS[ports as usize % DOMAIN_LISTS.len()]
+                                .iter()
+                                .map(|d| d.to_string())
+                                .collect(),
                             _ => vec![],
                         },
                         ..EntityRule::default()
@@ -372,6 +390,7 @@ fn run_ops(ops: &[Op], linger: (usize, usize), reoptimize: u64) -> Result<(), Te
     prop_assert!(errors.is_empty(), "unexpected errors: {errors:?}");
     let want = expected(&state, NODE);
     prop_assert_eq!(&dp.sets, &want.sets);
+    prop_assert_eq!(&dp.domains, &want.domains);
     prop_assert_eq!(&dp.policies, &want.policies);
     prop_assert_eq!(&dp.profiles, &want.profiles);
     prop_assert_eq!(&dp.endpoints, &want.endpoints);

@@ -690,7 +690,7 @@ fn rules_with_unknown_or_unenforced_fields_fail_safe_and_are_tracked() {
         reports,
         vec![
             "globalnetworkpolicies/g spec.ingress[0]: Allow rule not rendered: unknown field source.selectr",
-            "globalnetworkpolicies/g spec.ingress[2]: Deny rule rendered with only its enforced matches: unenforced field destination.domains",
+            "globalnetworkpolicies/g spec.ingress[2]: Deny rule rendered with only its enforced matches: destination.domains: domains are enforced only in egress rules",
         ]
     );
     // Fixed: the reports go; deleted: nothing is left either.

@@ -131,6 +131,7 @@ pub fn render_node(
                     .iter()
                     .map(|f| format!("unenforced field {f}")),
             )
+            .chain(r.rejected_fields.iter().cloned())
             .collect();
         format!(
             "failed safe: {} {}: {} rule {}: {}",

@@ -8,6 +8,8 @@
 //!   (networking.k8s.io/v1) field makes the controller keep the last good version.
 //! * The property: random unknown/unsupported fields injected into random rules of random
 //!   policies never make a packet allowed that the policies without those rules deny.
+//! * `destination.domains` is enforced in egress Allow rules (FQDN policy): with nothing learned
+//!   from DNS such a rule opens nothing either, and is not reported; every other use fails safe.
 
 use std::net::IpAddr;
 
@@ -324,6 +326,14 @@ fn no_unknown_or_unenforced_rule_field_widens_a_rule() {
                 let (without, _) = verdicts(&mk(rest.clone()));
                 let what = format!("{action} {dir} rule with {field}");
                 assert_no_wider(&with, &without, &what);
+                if field == "destination.domains" && dir == "egress" && action == "Allow" {
+                    // Enforced (FQDN policy): matches the learned addresses of its names only;
+                    // with nothing learned it opens nothing, and nothing is reported.
+                    assert_eq!(reports, Vec::<String>::new(), "{what}");
+                    assert_eq!(with, without, "{what}");
+                    cases += 1;
+                    continue;
+                }
                 assert_eq!(reports.len(), 1, "{what}: {reports:?}");
                 assert!(
                     reports[0].contains(&format!("spec.{dir}[0]")),
@@ -455,6 +465,54 @@ fn arb_rule() -> impl Strategy<Value = Value> {
         })
 }
 
+/// Whether injecting `path` into rule `r` makes an enforced domain rule (FQDN policy: an egress
+/// Allow whose destination has no other address match), which is not reported.
+fn enforced_domains(r: &Value, path: &str, ingress: bool) -> bool {
+    let other = [
+        "nets",
+        "notNets",
+        "selector",
+        "notSelector",
+        "namespaceSelector",
+    ];
+    path == "destination.domains"
+        && !ingress
+        && r["action"] == json!("Allow")
+        && other.iter().all(|f| r["destination"].get(f).is_none())
+}
+
+/// The number of injections that fail their rule safe (and so are reported).
+fn reported_injections(pols: &[Pol]) -> usize {
+    let mut n = 0;
+    for p in pols {
+        for (rules, ingress) in [(&p.ingress, true), (&p.egress, false)] {
+            for (r, inj) in rules {
+                if let Some((path, _)) = inj {
+                    let path = effective_path(r, path, ingress);
+                    if !enforced_domains(r, path, ingress) {
+                        n += 1;
+                    }
+                }
+            }
+        }
+    }
+    n
+}
+
+/// `http` is injected only where validation allows it (ingress Allow rules, TCP or no
+/// protocol, as Calico's); elsewhere `destination.domains` stands in.
+fn effective_path<'a>(r: &Value, path: &'a str, ingress: bool) -> &'a str {
+    let http_ok = r["action"] == json!("Allow")
+        && ingress
+        && matches!(r.get("protocol"), None | Some(Value::String(_)))
+        && r.get("protocol") != Some(&json!("UDP"));
+    if path == "http" && !http_ok {
+        "destination.domains"
+    } else {
+        path
+    }
+}
+
 /// An unknown or unsupported field to inject (path relative to the rule, value).
 fn arb_injection() -> impl Strategy<Value = (String, Value)> {
     prop_oneof![
@@ -517,17 +575,13 @@ fn build(pols: &[Pol], injected: bool) -> Vec<(String, Value)> {
                     (Some(_), false) => None,
                     (Some((path, v)), true) => {
                         let mut r = r.clone();
-                        // Validation allows `http` only on ingress Allow rules, TCP or no protocol (as Calico's).
-                        let http_ok = r["action"] == json!("Allow")
-                            && ingress
-                            && matches!(r.get("protocol"), None | Some(Value::String(_)))
-                            && r.get("protocol") != Some(&json!("UDP"));
-                        let (path, v) = if path == "http" && !http_ok {
-                            ("destination.domains", &json!(["example.com"]))
+                        let at = effective_path(&r, path, ingress);
+                        let v = if at == path {
+                            v.clone()
                         } else {
-                            (path.as_str(), v)
+                            json!(["example.com"])
                         };
-                        set_path(&mut r, path, v.clone());
+                        set_path(&mut r, at, v);
                         Some(r)
                     }
                     (None, _) => Some(r.clone()),
@@ -555,11 +609,7 @@ proptest! {
     ) {
         let (with, reports) = verdicts(&build(&pols, true));
         let (without, _) = verdicts(&build(&pols, false));
-        let injected: usize = pols
-            .iter()
-            .map(|p| p.ingress.iter().chain(&p.egress).filter(|(_, i)| i.is_some()).count())
-            .sum();
-        prop_assert_eq!(reports.len(), injected);
+        prop_assert_eq!(reports.len(), reported_injections(&pols));
         for ((w, wo), p) in with.iter().zip(&without).zip(packets()) {
             prop_assert!(
                 !*w || *wo,

@@ -206,7 +206,7 @@ spec:
     let (text, stderr) = render(&[], &[&typo]);
     for want in [
         "failed safe: globalnetworkpolicies/strict-typo spec.ingress[0]: Allow rule not rendered: unknown field spec.ingress[0].source.selectr",
-        "failed safe: globalnetworkpolicies/strict-typo spec.ingress[1]: Deny rule rendered with only its enforced matches: unenforced field spec.ingress[1].destination.domains",
+        "failed safe: globalnetworkpolicies/strict-typo spec.ingress[1]: Deny rule rendered with only its enforced matches: spec.ingress[1].destination.domains: domains are enforced only in egress rules",
     ] {
         assert!(stderr.contains(want), "missing {want:?} in:\n{stderr}");
     }

@@ -31,7 +31,7 @@ fn mk_matching(family: IpVersion, set: &str, kind: IpSetKind) -> DesiredState {
     let mut s = DesiredState::new(family);
     let mut t = DesiredTable::default();
     let dir = match kind {
-        IpSetKind::Net => "src",
+        IpSetKind::Net | IpSetKind::Domain => "src",
         IpSetKind::IpPort => "src,src",
     };
     let body = format!("-m set --match-set {set} {dir} -j ACCEPT");
@@ -49,6 +49,13 @@ fn mk_matching(family: IpVersion, set: &str, kind: IpSetKind) -> DesiredState {
             protocol: calc_graph::proto::Protocol::Tcp,
             port: 8080,
         },
+        (_, IpSetKind::Domain) => {
+            s.ip_sets.insert(
+                set.into(),
+                IpSetSpec::domain([("10.1.2.3".parse().unwrap(), 300)]),
+            );
+            return s;
+        }
     };
     s.ip_sets.insert(set.into(), IpSetSpec::new(kind, [member]));
     s

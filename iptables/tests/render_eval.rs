@@ -130,6 +130,9 @@ fn direct_matches(
         &r.not_dst_ip_set_ids,
     ) && r.icmp.is_none_or(|f| icmp_matches(&f, pkt))
         && r.not_icmp.is_none_or(|f| !icmp_matches(&f, pkt))
+        // Domain sets (FQDN): the destination among the learned addresses.
+        && (r.dst_domain_ip_set_ids.iter())
+            .all(|id| in_set(sets, id, pkt.dst, pkt.proto, pkt.dport))
 }
 
 fn direct_verdict(
@@ -168,10 +171,30 @@ impl trace::Rules for OneChain<'_> {
         Some(
             spec.members
                 .iter()
-                .any(|m| trace::member_holds(m, addr, proto, port)),
+                .any(|m| trace::member_holds(m, addr, proto, port))
+                // A domain set as the applier creates it: full with the learned members.
+                || spec.learned.contains_key(&addr),
         )
     }
 }
+
+/// The learner of the property test: every pattern resolves to the same addresses.
+#[derive(Debug)]
+struct Resolved(Vec<IpAddr>);
+
+impl iptables::render::DomainMembers for Resolved {
+    fn learned(&self, _patterns: &[DomainPattern]) -> Vec<iptables::render::LearnedAddr> {
+        (self.0.iter())
+            .map(|a| iptables::render::LearnedAddr {
+                addr: *a,
+                remaining_secs: 60,
+            })
+            .collect()
+    }
+}
+
+/// The domain set of the property test's rules.
+const DOMAIN_SET: &str = "d:example";
 
 /// The packet as the evaluator takes it: conntrack NEW, from `eth0` out of the workload's `cali0`.
 fn traced(pkt: &Packet, mark: u32) -> trace::Packet {
@@ -299,6 +322,7 @@ fn arb_rule() -> impl Strategy<Value = ParsedRule> {
             prop::option::of((0u8..3, prop::option::of(0u8..2))),
             prop::option::of(0u8..3),
             any::<bool>(),
+            any::<bool>(),
         ),
     )
         .prop_map(
@@ -307,8 +331,11 @@ fn arb_rule() -> impl Strategy<Value = ParsedRule> {
                 (sp, nsp, dp, ndp),
                 (snp, nsnp, dnp, ndnp),
                 (ss, nss, ds, nds),
-                (icmp, not_icmp, ver),
+                (icmp, not_icmp, ver, dom),
             )| {
+                // A domain rule never has another destination address match (the graph's
+                // scanner fails such a rule safe).
+                let dom = dom && dn.is_empty() && ndn.is_empty() && ds.is_empty() && nds.is_empty();
                 let port_proto = matches!(protocol, Some(Protocol::Tcp | Protocol::Udp));
                 let icmp_proto = matches!(protocol, Some(Protocol::Icmp | Protocol::IcmpV6));
                 let keep = |p: Vec<PortRange>| if port_proto { p } else { Vec::new() };
@@ -340,6 +367,11 @@ fn arb_rule() -> impl Strategy<Value = ParsedRule> {
                     not_src_ip_set_ids: nss,
                     dst_ip_set_ids: ds,
                     not_dst_ip_set_ids: nds,
+                    dst_domain_ip_set_ids: if dom {
+                        vec![DOMAIN_SET.to_string()]
+                    } else {
+                        vec![]
+                    },
                     annotations: vec![],
                     ..Default::default()
                 }
@@ -401,14 +433,24 @@ proptest! {
         rules in prop::collection::vec(arb_rule(), 1..4),
         members in prop::collection::vec(arb_members(false), 3),
         named_members in prop::collection::vec(arb_members(true), 2),
+        resolved in prop::collection::vec((any::<bool>(), 0u8..8), 0..5),
         v6 in any::<bool>(),
         packets in prop::collection::vec(arb_packet(false), 48),
         junk in any::<u32>(),
     ) {
         let v = if v6 { IpVersion::V6 } else { IpVersion::V4 };
         let mut r = Renderer::new(RenderConfig::default()).unwrap();
+        let resolved: Vec<IpAddr> = resolved.iter().map(|(v6, i)| addr(*v6, *i)).collect();
+        r.set_domain_members(std::sync::Arc::new(Resolved(resolved.clone())));
         let mut sets: BTreeMap<String, Vec<IpSetMember>> = BTreeMap::new();
-        let mut outputs = Vec::new();
+        sets.insert(
+            DOMAIN_SET.to_string(),
+            resolved.iter().map(|a| IpSetMember::Net(IpNet::from(*a))).collect(),
+        );
+        let mut outputs = vec![Output::DomainSetCreated {
+            id: DOMAIN_SET.into(),
+            patterns: vec![DomainPattern::parse("example.com").unwrap()].into(),
+        }];
         for (id, m) in SETS.iter().zip(&members) {
             sets.insert(id.to_string(), m.clone());
             outputs.push(Output::IpSetCreated { id: id.to_string(), kind: IpSetKind::Net, members: m.clone().into() });

@@ -1,7 +1,9 @@
 //! Property test of Calico's tier semantics end to end through the pure pipeline: random Tiers
 //! (default action Deny or Pass, orders with ties), GlobalNetworkPolicies (tier, order or none,
 //! selectors that select the endpoint or not, types Ingress/Egress, rules with Allow, Deny, Pass and
-//! Log, protocols by name and number, ICMP/ICMPv6 types, notProtocol, nets and notNets) and the
+//! Log, protocols by name and number, ICMP/ICMPv6 types, notProtocol, nets and notNets,
+//! `destination.domains` — enforced in egress Allow rules against the learner's addresses, failed
+//! safe everywhere else) and the
 //! endpoint's profile, written as Calico v3 JSON, go through the calculation graph and the renderer;
 //! the verdict of the rendered chains (`iptables::render::trace`, from `cali-FORWARD`) for random IPv4
 //! and IPv6 packets into and out of the endpoint must equal a reference evaluation written here from
@@ -78,6 +80,33 @@ struct RuleG {
     icmp_type: Option<u8>,
     /// The peer's net: source for ingress, destination for egress; `(index, negated)`.
     peer_net: Option<(usize, bool)>,
+    /// `destination.domains: [api.example.com]`, whose learned addresses are [`LEARNED`].
+    domains: bool,
+}
+
+/// The addresses the learner has for `api.example.com` (one remote per family).
+const LEARNED: [&str; 2] = ["10.0.1.5", "fd00:1::5"];
+
+/// The learner of the test: [`LEARNED`] for any pattern matching `api.example.com`.
+#[derive(Debug)]
+struct Learner;
+
+impl iptables::render::DomainMembers for Learner {
+    fn learned(
+        &self,
+        patterns: &[calc_graph::model::DomainPattern],
+    ) -> Vec<iptables::render::LearnedAddr> {
+        if !patterns.iter().any(|p| p.matches("api.example.com")) {
+            return Vec::new();
+        }
+        LEARNED
+            .iter()
+            .map(|a| iptables::render::LearnedAddr {
+                addr: a.parse().unwrap(),
+                remaining_secs: 300,
+            })
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -131,9 +160,20 @@ fn arb_rule() -> impl Strategy<Value = RuleG> {
         prop::option::of((0usize..4, any::<bool>())),
         any::<bool>(),
         any::<bool>(),
+        prop::bool::weighted(0.3),
     )
         .prop_map(
-            |(action, protocol, not_protocol, port, icmp, peer_net, with_port, with_not)| {
+            |(
+                action,
+                protocol,
+                not_protocol,
+                port,
+                icmp,
+                peer_net,
+                with_port,
+                with_not,
+                domains,
+            )| {
                 let ported = matches!(protocol, Some(6 | 17));
                 let icmpish = matches!(protocol, Some(1 | 58));
                 RuleG {
@@ -145,6 +185,7 @@ fn arb_rule() -> impl Strategy<Value = RuleG> {
                     icmp_type: icmp
                         .filter(|t| icmpish && ((protocol == Some(1)) == matches!(t, 0 | 8))),
                     peer_net,
+                    domains,
                 }
             },
         )
@@ -267,6 +308,9 @@ fn rule_json(r: &RuleG, ingress: bool) -> Value {
     if let Some(port) = r.dst_port {
         dst["ports"] = json!([port]);
     }
+    if r.domains {
+        dst["domains"] = json!(["api.example.com"]);
+    }
     if ingress && peer != json!({}) {
         j["source"] = peer;
     }
@@ -342,8 +386,34 @@ fn documents(w: &WorldG) -> Vec<Value> {
 
 // === the reference ===
 
+/// Whether a domain rule is enforced (egress Allow, no other destination address match); any
+/// other rule with domains fails safe: Allow is dropped, Deny and Log keep their other matches,
+/// Pass becomes a Deny of them.
+fn domains_enforced(r: &RuleG, pkt: &PacketG) -> bool {
+    r.domains && !pkt.ingress && r.action == Act::Allow && r.peer_net.is_none()
+}
+
+/// The action a rule has as rendered for `pkt`'s direction (`None`: not rendered).
+fn effective_action(r: &RuleG, pkt: &PacketG) -> Option<Act> {
+    if !r.domains || domains_enforced(r, pkt) {
+        return Some(r.action);
+    }
+    match r.action {
+        Act::Allow => None,
+        Act::Pass => Some(Act::Deny),
+        a => Some(a),
+    }
+}
+
 fn rule_matches(r: &RuleG, pkt: &PacketG) -> bool {
     let remote: IpAddr = REMOTES[pkt.remote].parse().unwrap();
+    if domains_enforced(r, pkt)
+        && !LEARNED
+            .iter()
+            .any(|l| l.parse::<IpAddr>().unwrap() == remote)
+    {
+        return false;
+    }
     let peer_ok = r.peer_net.is_none_or(|(i, negated)| {
         let net: ipnet::IpNet = NETS[i].parse().unwrap();
         net.contains(&remote) != negated
@@ -359,9 +429,10 @@ fn rule_matches(r: &RuleG, pkt: &PacketG) -> bool {
 fn first_match(rules: &[RuleG], pkt: &PacketG) -> Option<Act> {
     rules
         .iter()
-        .filter(|r| r.action != Act::Log)
-        .find(|r| rule_matches(r, pkt))
-        .map(|r| r.action)
+        .filter_map(|r| Some((r, effective_action(r, pkt)?)))
+        .filter(|(_, a)| *a != Act::Log)
+        .find(|(r, _)| rule_matches(r, pkt))
+        .map(|(_, a)| a)
 }
 
 fn reference(w: &WorldG, pkt: &PacketG) -> bool {
@@ -445,6 +516,7 @@ fn render(w: &WorldG) -> Result<Renderer, String> {
         return Err(format!("graph rejected: {errors:?}"));
     }
     let mut r = Renderer::new(RenderConfig::default()).map_err(|e| e.to_string())?;
+    r.set_domain_members(std::sync::Arc::new(Learner));
     let errs = r.apply_all(outputs);
     if !errs.is_empty() {
         return Err(format!("renderer: {errs:?}"));
@@ -525,6 +597,7 @@ fn the_reference_follows_tiers_pass_and_defaults() {
         dst_port: None,
         icmp_type: None,
         peer_net: None,
+        domains: false,
     };
     let w = WorldG {
         tiers: vec![TierG {

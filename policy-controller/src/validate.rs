@@ -104,6 +104,14 @@ pub fn failed_safe_reports(r: &CalicoResource) -> Vec<SkipReport> {
                 format!("not enforced by this dataplane; {effect}"),
             ));
         }
+        // `destination.domains` outside an enforced use (FQDN policy: egress Allow rules).
+        for (f, reason) in rule.rejected_domain_fields(at.starts_with("spec.egress")) {
+            out.push(SkipReport::new(
+                &obj,
+                format!("{at}.{f}"),
+                format!("{reason}; {effect}"),
+            ));
+        }
     }
     out
 }
@@ -187,5 +195,39 @@ mod tests {
         );
         assert_eq!(c.skips[0].field, "spec.selectr");
         assert_eq!(c.skips[0].message, "spec.selectr: unknown field");
+    }
+
+    /// FQDN policy: `destination.domains` is enforced in egress Allow rules (stored, nothing
+    /// reported); every other use is stored and reported with the agent's reason.
+    #[test]
+    fn domain_rules_are_stored_and_misuses_reported_with_the_reason() {
+        let c = gnp(json!({"selector": "all()", "types": ["Ingress", "Egress"],
+            "ingress": [{"action": "Allow", "destination": {"domains": ["example.com"]}}],
+            "egress": [{"action": "Allow", "destination": {"domains": ["*.example.com"]}},
+                       {"action": "Allow", "destination": {"domains": ["ok.com", "a..b"]}},
+                       {"action": "Deny", "destination": {"domains": ["example.com"]}}]}));
+        assert!(c.resource.is_some(), "stored as written");
+        let fields: Vec<(&str, &str)> = c
+            .skips
+            .iter()
+            .map(|s| (s.field.as_str(), s.message.as_str()))
+            .collect();
+        assert_eq!(
+            fields,
+            vec![
+                (
+                    "spec.ingress[0].destination.domains",
+                    "domains are enforced only in egress rules; the agent does not render the rule"
+                ),
+                (
+                    "spec.egress[1].destination.domains[1]",
+                    "invalid domain name \"a..b\": empty label; the agent does not render the rule"
+                ),
+                (
+                    "spec.egress[2].destination.domains",
+                    "domains are enforced only in Allow rules, not Deny; the agent renders the rule with only its enforced matches"
+                ),
+            ]
+        );
     }
 }

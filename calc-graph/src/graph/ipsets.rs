@@ -18,13 +18,13 @@
 
 use std::sync::{Arc, OnceLock};
 
-use crate::model::Protocol;
+use crate::model::{DomainPattern, Protocol};
 use crate::proto::{IpSetId, IpSetKind, IpSetMember};
 
 use super::index::{MatchEvent, SelId, SelectorIndex};
 use super::intern::{FxMap, Interner};
 use super::labels::{ItemData, ItemId, LabelStore};
-use super::rules::IpSetSpec;
+use super::rules::{DomainSetSpec, IpSetSpec};
 use super::sequencer::Sequencer;
 
 pub(crate) struct SetState {
@@ -58,6 +58,9 @@ pub(crate) const MAX_LINGERING_MEMBERS: usize = 100_000;
 
 /// Active (and lingering) IP sets.
 pub(crate) struct IpSets {
+    /// Active domain sets: patterns and users. They have no members here (the agent learns them
+    /// from DNS) and do not linger: reviving one costs nothing.
+    domains: FxMap<IpSetId, (Arc<[DomainPattern]>, u32)>,
     /// Lingering bounds (sets, members).
     pub limits: (usize, usize),
     sets: FxMap<IpSetId, SetState>,
@@ -74,6 +77,7 @@ pub(crate) struct IpSets {
 impl Default for IpSets {
     fn default() -> Self {
         IpSets {
+            domains: FxMap::default(),
             limits: (MAX_LINGERING_SETS, MAX_LINGERING_MEMBERS),
             sets: FxMap::default(),
             by_sel: FxMap::default(),
@@ -122,9 +126,38 @@ impl IpSets {
         self.sets.get(id).filter(|s| s.users > 0)
     }
 
-    /// Number of active sets.
+    /// Number of active sets (domain sets included).
     pub(crate) fn len(&self) -> usize {
-        self.active
+        self.active + self.domains.len()
+    }
+
+    /// The patterns of an active domain set.
+    pub(crate) fn domain_patterns(&self, id: &str) -> Option<Arc<[DomainPattern]>> {
+        self.domains.get(id).map(|(p, _)| p.clone())
+    }
+
+    /// Takes a reference to a domain set, creating it if new.
+    pub(crate) fn activate_domain(&mut self, spec: &DomainSetSpec, seq: &mut Sequencer) {
+        let entry = self
+            .domains
+            .entry(spec.id.clone())
+            .or_insert_with(|| (spec.patterns.clone(), 0));
+        entry.1 += 1;
+        if entry.1 == 1 {
+            seq.set_dirty(&spec.id);
+        }
+    }
+
+    /// Drops a reference to a domain set; the last one removes it.
+    pub(crate) fn deactivate_domain(&mut self, id: &IpSetId, seq: &mut Sequencer) {
+        let Some(entry) = self.domains.get_mut(id) else {
+            return;
+        };
+        entry.1 -= 1;
+        if entry.1 == 0 {
+            self.domains.remove(id);
+            seq.set_dirty(id);
+        }
     }
 
     /// Number of lingering sets.

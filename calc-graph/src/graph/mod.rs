@@ -17,11 +17,15 @@
 //! * rule scanning ([`rules`]) of active policies and profiles into IP set ids;
 //! * IP sets ([`ipsets`]): one per selector / named port used by an active rule, with members
 //!   from every endpoint and network set in the cluster; a set no rule needs any more lingers
-//!   (bounded, [`CalcGraph::set_ip_set_lingering`]) so that a flapping policy is cheap;
+//!   (bounded, [`CalcGraph::set_ip_set_lingering`]) so that a flapping policy is cheap; one
+//!   domain set (`d:<hash>`, FQDN policy) per distinct `destination.domains` list of an active
+//!   egress Allow rule, with its patterns and no members (the agent learns those from DNS),
+//!   referenced while a policy's rules need it ([`policies`]);
 //! * per local endpoint, the ordered tiers and policies per direction ([`resolver`]);
 //! * IP pools (every valid pool, disabled ones included, as Felix's `IPAMPoolUpdate`s: the
 //!   dataplane's nat-outgoing needs every pool on every node);
-//! * output sequencing and coalescing ([`sequencer`]).
+//! * output sequencing and coalescing ([`sequencer`]), asking the graph's current state
+//!   ([`desired`]).
 //!
 //! Everything is incremental: selectors are indexed by label posting lists ([`index`]), so a pod
 //! change evaluates only the selectors that mention one of its labels (plus the few that cannot
@@ -43,18 +47,22 @@
 //!   workload endpoint's tiers.
 //! * Staged policies are ignored; other kinds are ignored.
 //! * A field the agent does not enforce never widens a rule: a rule with a field of
-//!   [`crate::model::UNENFORCED_RULE_FIELDS`] (`http`, `services`, `domains`) or an unknown
-//!   field fails safe: an Allow/Pass rule is not rendered (nothing is opened), a Deny/Log rule is
-//!   rendered with only its enforced matches (it denies more). Each is kept as a
+//!   [`crate::model::UNENFORCED_RULE_FIELDS`] (`http`, `services`, `source.domains`), a
+//!   `destination.domains` outside an egress Allow rule or with a bad name
+//!   ([`crate::model::Rule::rejected_domain_fields`]), or an unknown field fails safe: an Allow
+//!   rule is not rendered (nothing is opened), a Deny/Log rule is rendered with only its
+//!   enforced matches (it denies more), a Pass rule becomes a Deny of them. Each is kept as a
 //!   [`FailedSafeRule`] for [`CalcGraph::failed_safe_rules`] while the policy stands.
 //! * Before `InSync`, `flush` returns nothing (as Felix's PolicyResolver); the first flush after
 //!   it returns the complete state followed by `Output::InSync`.
 
 mod convert;
+mod desired;
 mod index;
 mod intern;
 mod ipsets;
 mod labels;
+mod policies;
 mod remote;
 mod resolver;
 mod rules;
@@ -70,8 +78,7 @@ use crate::proto::{
 };
 
 use convert::{
-    LocalEp, PolicyDraft, build_policy, check, hep_item, split_nets, str_pairs, wep_item,
-    wep_labels,
+    LocalEp, build_policy, check, hep_item, split_nets, str_pairs, wep_item, wep_labels,
 };
 use index::{MatchEvent, SelId, SelectorIndex};
 use intern::{FxMap, FxSet, Interner};
@@ -82,7 +89,7 @@ use rules::{LABEL_NAMESPACE, ScannedRules};
 use sequencer::{Desired, Sequencer};
 
 pub use remote::LABEL_CLUSTER;
-pub use rules::{FailedSafeRule, named_port_set_id};
+pub use rules::{FailedSafeRule, domain_set_id, named_port_set_id};
 
 /// One input of the graph.
 // The agent's API is fixed (`value: Option<Resource>`); `InSync` is rare, so its size is moot.
@@ -643,184 +650,5 @@ impl CalcGraph {
                 self.seq.profile_dirty(name);
             }
         }
-    }
-
-    /// Takes references to `new`'s IP sets, then drops `old`'s (so shared sets never churn).
-    fn swap_set_refs(&mut self, new: Option<&ScannedRules>, old: Option<&ScannedRules>) {
-        for spec in new.map(|r| r.sets.as_slice()).unwrap_or(&[]) {
-            self.ipsets.activate(
-                spec,
-                &mut self.global,
-                &mut self.interner,
-                &self.store,
-                &mut self.seq,
-            );
-        }
-        for spec in old.map(|r| r.sets.as_slice()).unwrap_or(&[]) {
-            self.ipsets.deactivate(
-                &spec.id,
-                &mut self.global,
-                &mut self.interner,
-                &mut self.seq,
-            );
-        }
-    }
-
-    // --- policies ------------------------------------------------------------------------
-
-    fn apply_policy(&mut self, key: &ResourceKey, draft: Option<PolicyDraft>) {
-        let new = draft.map(|d| {
-            let (sel, _) =
-                self.local
-                    .add_selector(&mut self.interner, &d.selector, Some(&self.global));
-            self.policies_by_sel
-                .entry(sel)
-                .or_default()
-                .push(key.clone());
-            PolicyState {
-                id: d.id,
-                sel,
-                order: d.order,
-                ingress: d.ingress,
-                egress: d.egress,
-                untracked: d.untracked,
-                pre_dnat: d.pre_dnat,
-                apply_on_forward: d.apply_on_forward,
-                rules: d.rules,
-            }
-        });
-        let old = self.policies.remove(key);
-        let was_active = self.active_policies.remove(key);
-        let now_active = new
-            .as_ref()
-            .is_some_and(|p| !self.local.matches(p.sel).is_empty());
-
-        // Endpoints whose policy lists may change.
-        let mut touched: Vec<ItemId> = Vec::new();
-        for p in old.iter().chain(new.iter()) {
-            touched.extend(self.local.matches(p.sel).iter().copied());
-        }
-        for item in touched {
-            if let Some(ep) = self.local_eps.get(&item) {
-                self.seq.endpoint_dirty(&ep.id);
-            }
-        }
-
-        let new_rules = new.as_ref().filter(|_| now_active).map(|p| p.rules.clone());
-        let old_rules = old.as_ref().filter(|_| was_active).map(|p| p.rules.clone());
-        self.swap_set_refs(new_rules.as_deref(), old_rules.as_deref());
-
-        if let Some(o) = old {
-            self.seq.policy_dirty(&o.id);
-            self.policy_keys.remove(&o.id);
-            if let Some(v) = self.policies_by_sel.get_mut(&o.sel) {
-                if let Some(pos) = v.iter().position(|k| k == key) {
-                    v.swap_remove(pos);
-                }
-                if v.is_empty() {
-                    self.policies_by_sel.remove(&o.sel);
-                }
-            }
-            self.local.remove_selector(&mut self.interner, o.sel);
-        }
-        if let Some(n) = new {
-            self.seq.policy_dirty(&n.id);
-            self.policy_keys.insert(n.id.clone(), key.clone());
-            if now_active {
-                self.active_policies.insert(key.clone());
-            }
-            self.policies.insert(key.clone(), n);
-        }
-    }
-
-    fn sync_policy_activity(&mut self, key: &ResourceKey) {
-        let Some(p) = self.policies.get(key) else {
-            return;
-        };
-        let want = !self.local.matches(p.sel).is_empty();
-        let is = self.active_policies.contains(key);
-        if want == is {
-            return;
-        }
-        let rules = p.rules.clone();
-        let id = p.id.clone();
-        if want {
-            self.swap_set_refs(Some(&rules), None);
-            self.active_policies.insert(key.clone());
-        } else {
-            self.swap_set_refs(None, Some(&rules));
-            self.active_policies.remove(key);
-        }
-        self.seq.policy_dirty(&id);
-    }
-}
-
-impl Desired for CalcGraph {
-    fn ip_pool(&self, name: &str) -> Option<IpPool> {
-        self.pools.get(name).cloned()
-    }
-
-    fn ip_set(&self, id: &str) -> Option<(IpSetKind, Arc<[IpSetMember]>)> {
-        let set = self.ipsets.get(id)?;
-        Some((set.kind, set.sorted_members()))
-    }
-
-    fn ip_set_active(&self, id: &str) -> bool {
-        self.ipsets.get(id).is_some()
-    }
-
-    fn policy(&self, id: &PolicyId) -> Option<ActivePolicy> {
-        let key = self.policy_keys.get(id)?;
-        if !self.active_policies.contains(key) {
-            return None;
-        }
-        let p = &self.policies[key];
-        Some(ActivePolicy {
-            id: p.id.clone(),
-            order: p.order,
-            inbound_rules: p.rules.inbound.clone(),
-            outbound_rules: p.rules.outbound.clone(),
-            untracked: p.untracked,
-            pre_dnat: p.pre_dnat,
-            apply_on_forward: p.apply_on_forward,
-        })
-    }
-
-    fn profile(&self, id: &str) -> Option<ActiveProfile> {
-        let rules = self.active_profiles.get(id)?;
-        Some(ActiveProfile {
-            id: id.to_string(),
-            inbound_rules: rules.inbound.clone(),
-            outbound_rules: rules.outbound.clone(),
-        })
-    }
-
-    fn endpoint(&self, id: &EndpointId) -> Option<LocalEndpoint> {
-        let item = *self.ep_items.get(id)?;
-        let ep = self.local_eps.get(&item)?;
-        let mut refs = Vec::new();
-        for sel in self.local.item_matches(item) {
-            for key in self.policies_by_sel.get(sel).into_iter().flatten() {
-                let p = &self.policies[key];
-                if p.untracked || p.pre_dnat {
-                    continue;
-                }
-                refs.push(PolicyRef {
-                    id: &p.id,
-                    order: p.order,
-                    ingress: p.ingress,
-                    egress: p.egress,
-                });
-            }
-        }
-        Some(LocalEndpoint {
-            id: ep.id.clone(),
-            interface_name: ep.interface_name.clone(),
-            ipv4_nets: ep.ipv4_nets.clone(),
-            ipv6_nets: ep.ipv6_nets.clone(),
-            tiers: resolver::resolve_tiers(refs, &self.tiers),
-            profile_ids: ep.profiles.clone(),
-            allow_spoofed_source_prefixes: ep.allow_spoofed_source_prefixes.clone(),
-        })
     }
 }

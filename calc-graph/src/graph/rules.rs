@@ -15,10 +15,11 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::sync::Arc;
 
 use crate::model::{
-    Action, EntityRule, GlobalNetworkPolicySpec, NetworkPolicySpec, Port, Protocol, Rule,
-    ServiceAccountMatch,
+    Action, DomainPattern, EntityRule, GlobalNetworkPolicySpec, NetworkPolicySpec, Port, Protocol,
+    Rule, ServiceAccountMatch,
 };
 use crate::proto::{IpSetId, IpSetKind, ParsedRule, PortRange};
 use crate::selector::{self, Expr, Selector, make_unique_id};
@@ -65,6 +66,32 @@ impl IpSetSpec {
     }
 }
 
+/// A domain set some active rule needs: the patterns of one rule's `destination.domains`,
+/// normalised, sorted and deduplicated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DomainSetSpec {
+    pub id: IpSetId,
+    pub patterns: Arc<[DomainPattern]>,
+}
+
+impl DomainSetSpec {
+    fn new(mut patterns: Vec<DomainPattern>) -> DomainSetSpec {
+        patterns.sort();
+        patterns.dedup();
+        DomainSetSpec {
+            id: domain_set_id(&patterns),
+            patterns: patterns.into(),
+        }
+    }
+}
+
+/// A domain set's id: `d:` + base64url(SHA-224("d:" + the patterns joined by `,`)), in the
+/// hashing style of the selector and named-port sets. `patterns` are sorted and deduplicated.
+pub fn domain_set_id(patterns: &[DomainPattern]) -> IpSetId {
+    let text: Vec<&str> = patterns.iter().map(DomainPattern::as_str).collect();
+    make_unique_id("d", &text.join(","))
+}
+
 /// Felix's named-port set id: `n:` + base64url(SHA-224("n:" + selectorUID + "," + proto + "," +
 /// portName)), `proto` being `tcp`, `udp` or `sctp`.
 pub fn named_port_set_id(selector: &Selector, protocol: Protocol, port_name: &str) -> IpSetId {
@@ -86,6 +113,8 @@ pub(crate) struct ScannedRules {
     pub outbound: Vec<ParsedRule>,
     /// Every IP set the rules reference, without duplicates.
     pub sets: Vec<IpSetSpec>,
+    /// Every domain set the rules reference, without duplicates.
+    pub domain_sets: Vec<DomainSetSpec>,
     /// Rules with a field the agent does not enforce (or does not know), and what was done.
     pub failed_safe: Vec<FailedSafeRule>,
 }
@@ -104,6 +133,9 @@ pub struct FailedSafeRule {
     pub unknown: Vec<String>,
     /// Known but unenforced fields, relative to the rule (`http`).
     pub unenforced: Vec<&'static str>,
+    /// Fields enforced only in some uses, used otherwise, each with the reason, relative to the
+    /// rule: (`destination.domains[1]`, `invalid domain name "a..b": empty label`).
+    pub rejected: Vec<(String, String)>,
 }
 
 impl FailedSafeRule {
@@ -119,6 +151,7 @@ impl FailedSafeRule {
             .iter()
             .map(String::as_str)
             .chain(self.unenforced.iter().copied())
+            .chain(self.rejected.iter().map(|(f, _)| f.as_str()))
             .map(|f| format!("{}.{f}", self.rule))
     }
 }
@@ -140,6 +173,10 @@ impl fmt::Display for FailedSafeRule {
         }
         for u in &self.unenforced {
             write!(f, "{sep}unenforced field {u}")?;
+            sep = ", ";
+        }
+        for (field, reason) in &self.rejected {
+            write!(f, "{sep}{field}: {reason}")?;
             sep = ", ";
         }
         Ok(())
@@ -439,6 +476,7 @@ fn scan_rule(
     ns: Option<&str>,
     field: Field<'_>,
     sets: &mut Vec<IpSetSpec>,
+    domain_set: Option<IpSetId>,
 ) -> Result<ParsedRule, String> {
     let src = scan_side(&rule.source, ns, rule.protocol, &Sub(field, "source"), sets)?;
     let dst = scan_side(
@@ -471,11 +509,25 @@ fn scan_rule(
         not_dst_named_port_ip_set_ids: dst.not_named,
         dst_ip_set_ids: dst.sets,
         not_dst_ip_set_ids: dst.not_sets,
+        dst_domain_ip_set_ids: domain_set.into_iter().collect(),
         annotations: rule
             .annotations()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
     })
+}
+
+/// A rule's enforced `destination.domains` as a domain set (`Ok(None)` without domains), or why
+/// it cannot be enforced as written ([`Rule::rejected_domain_fields`]).
+fn scan_domains(rule: &Rule, egress: bool) -> Result<Option<DomainSetSpec>, Vec<(String, String)>> {
+    let rejected = rule.rejected_domain_fields(egress);
+    if !rejected.is_empty() {
+        return Err(rejected);
+    }
+    let patterns: Vec<DomainPattern> = (rule.destination.domains.iter())
+        .filter_map(|d| DomainPattern::parse(d).ok())
+        .collect();
+    Ok((!patterns.is_empty()).then(|| DomainSetSpec::new(patterns)))
 }
 
 /// Scans a policy's or profile's rules. `ns` is the namespace of a NetworkPolicy (`None` for
@@ -492,12 +544,17 @@ pub(crate) fn scan_rules(
     ] {
         for (i, rule) in rules.iter().enumerate() {
             let field = RuleField(dir, i);
-            if rule.fails_safe() {
+            let (domains, rejected) = match scan_domains(rule, dir == "egress") {
+                Ok(d) => (d, Vec::new()),
+                Err(rejected) => (None, rejected),
+            };
+            if rule.fails_safe() || !rejected.is_empty() {
                 let note = FailedSafeRule {
                     rule: field.to_string(),
                     action: rule.action,
                     unknown: rule.unknown_fields.clone(),
                     unenforced: rule.unenforced_fields(),
+                    rejected,
                 };
                 let rendered = note.rendered();
                 out.failed_safe.push(note);
@@ -505,15 +562,22 @@ pub(crate) fn scan_rules(
                     continue;
                 }
                 // Deny and Log keep their known matches: they deny (log) at least what was
-                // written; scan_rule reads no unenforced field. Pass denies them.
-                let mut scanned = scan_rule(rule, ns, &field, &mut out.sets)?;
+                // written; scan_rule reads no unenforced field (nor the domains). Pass denies them.
+                let mut scanned = scan_rule(rule, ns, &field, &mut out.sets, None)?;
                 if rule.action == Action::Pass {
                     scanned.action = Some(Action::Deny);
                 }
                 parsed.push(scanned);
                 continue;
             }
-            parsed.push(scan_rule(rule, ns, &field, &mut out.sets)?);
+            let domain_set = domains.map(|spec| {
+                let id = spec.id.clone();
+                if !out.domain_sets.iter().any(|d| d.id == id) {
+                    out.domain_sets.push(spec);
+                }
+                id
+            });
+            parsed.push(scan_rule(rule, ns, &field, &mut out.sets, domain_set)?);
         }
     }
     Ok(out)
@@ -529,6 +593,7 @@ pub(crate) fn deny_all() -> ScannedRules {
         inbound: vec![deny.clone()],
         outbound: vec![deny],
         sets: Vec::new(),
+        domain_sets: Vec::new(),
         failed_safe: Vec::new(),
     }
 }

@@ -8,7 +8,7 @@
 //! nothing. IP set members are tracked as deltas against the emitted membership: an add cancels a
 //! pending remove of the same member and vice versa.
 //!
-//! Order of a flushed batch (see `proto`): `IpSetCreated`, member deltas, `PolicyUpdated`,
+//! Order of a flushed batch (see `proto`): `IpSetCreated` and `DomainSetCreated`, member deltas, `PolicyUpdated`,
 //! `ProfileUpdated`, `EndpointUpdated`, then `EndpointRemoved`, `ProfileRemoved`, `PolicyRemoved`,
 //! `IpSetRemoved`, then `IpPoolUpdated`, `IpPoolRemoved`, and `InSync` once. Within a group, outputs are sorted by id. Because the graph's
 //! desired state is closed (every active policy's sets are active, every local endpoint's policies
@@ -24,8 +24,8 @@ use std::sync::Arc;
 use super::intern::{FxMap, FxSet};
 
 use crate::proto::{
-    ActivePolicy, ActiveProfile, EndpointId, IpPool, IpSetId, IpSetKind, IpSetMember,
-    LocalEndpoint, Output, PolicyId,
+    ActivePolicy, ActiveProfile, DomainPattern, EndpointId, IpPool, IpSetId, IpSetKind,
+    IpSetMember, LocalEndpoint, Output, PolicyId,
 };
 
 /// The graph's current desired state, queried on flush.
@@ -33,6 +33,8 @@ pub(crate) trait Desired {
     /// Kind and full sorted membership of an active set, `None` if inactive.
     fn ip_set(&self, id: &str) -> Option<(IpSetKind, Arc<[IpSetMember]>)>;
     fn ip_set_active(&self, id: &str) -> bool;
+    /// The patterns of an active domain set, `None` for any other id.
+    fn domain_patterns(&self, id: &str) -> Option<Arc<[DomainPattern]>>;
     fn policy(&self, id: &PolicyId) -> Option<ActivePolicy>;
     fn profile(&self, id: &str) -> Option<ActiveProfile>;
     fn endpoint(&self, id: &EndpointId) -> Option<LocalEndpoint>;
@@ -198,7 +200,10 @@ impl Sequencer {
                 continue;
             }
             if !emitted {
-                if let Some((kind, members)) = d.ip_set(&id) {
+                if let Some(patterns) = d.domain_patterns(&id) {
+                    self.emitted_sets.insert(id.clone());
+                    created.push(Output::DomainSetCreated { id, patterns });
+                } else if let Some((kind, members)) = d.ip_set(&id) {
                     self.emitted_sets.insert(id.clone());
                     created.push(Output::IpSetCreated { id, kind, members });
                 }

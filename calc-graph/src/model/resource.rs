@@ -480,7 +480,7 @@ mod tests {
             "metadata": {"name": "g"},
             "spec": {"ingress": [{"action": "Allow", "source": {"selectr": "x == 'y'"}},
                                  {"action": "Deny", "http": {"methods": ["GET"]}}],
-                     "egress": [{"action": "Allow", "destination": {"domains": ["example.com"]}}]}
+                     "egress": [{"action": "Allow", "source": {"domains": ["example.com"]}}]}
         });
         let r = Resource::from_value(doc.clone()).unwrap();
         let Resource::GlobalNetworkPolicy(p) = &r else {
@@ -490,10 +490,8 @@ mod tests {
         assert!(p.spec.ingress[0].fails_safe());
         assert!(p.spec.ingress[1].unknown_fields.is_empty());
         assert_eq!(p.spec.ingress[1].unenforced_fields(), vec!["http"]);
-        assert_eq!(
-            p.spec.egress[0].unenforced_fields(),
-            vec!["destination.domains"]
-        );
+        // `destination.domains` is enforced (in egress Allow rules, see the graph's scanner).
+        assert_eq!(p.spec.egress[0].unenforced_fields(), vec!["source.domains"]);
 
         let mut bad = doc.clone();
         bad["spec"]["selectr"] = json!("all()");

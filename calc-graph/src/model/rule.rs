@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
+use super::domain::DomainPattern;
 use super::metadata::{empty_as_none, nets, null_as_default};
 use super::primitives::{Action, IcmpFields, IpVersion, Port, Protocol};
 
@@ -60,16 +61,17 @@ pub type IsSet = fn(&Rule) -> bool;
 /// an unknown field) fails safe. An Allow rule is not rendered; a Deny or Log rule is rendered
 /// with its other matches, so it denies (logs) at least what was written; a Pass rule becomes a
 /// Deny of its other matches (dropping it would let a later Allow of its tier take what it passed). When a field
-/// becomes enforced (e.g. `domains` with FQDN policy), remove it here.
+/// becomes enforced, remove it here (as `destination.domains` was with FQDN policy).
 pub const UNENFORCED_RULE_FIELDS: &[(&str, IsSet)] = &[
     // L7: enforced by Calico's Envoy/Dikastes, never by iptables.
     ("http", |r| r.http.is_some()),
     // Kubernetes Service matches: no Service data reaches the agent.
     ("source.services", |r| r.source.services.is_some()),
     ("destination.services", |r| r.destination.services.is_some()),
-    // DNS (FQDN) policy, Calico Enterprise's `domains`.
+    // DNS (FQDN) policy, Calico Enterprise's `domains`: a source has no domain name. (A
+    // `destination.domains` is enforced in egress Allow rules; the graph's rule scanner fails
+    // every other use of it safe, with the reason.)
     ("source.domains", |r| !r.source.domains.is_empty()),
-    ("destination.domains", |r| !r.destination.domains.is_empty()),
 ];
 
 impl Rule {
@@ -98,6 +100,61 @@ impl Rule {
             .filter(|(_, is_set)| is_set(self))
             .map(|(name, _)| *name)
             .collect()
+    }
+
+    /// Why the rule's `destination.domains` cannot be enforced as written, as (field, reason)
+    /// pairs relative to the rule; empty when it has none or they are enforced. `egress`: the rule
+    /// is an egress rule.
+    ///
+    /// Domains (FQDN policy) are enforced only in egress Allow rules (a destination match in the
+    /// learned addresses of the names, AND-ed with the rule's other matches), never together
+    /// with another destination address match (Calico Enterprise forbids the combination), and
+    /// only when every name is valid ([`DomainPattern::parse`]); every other use makes the rule
+    /// fail safe with these reasons. A bad name is never dropped from the list alone (that would
+    /// change what the rule allows).
+    pub fn rejected_domain_fields(&self, egress: bool) -> Vec<(String, String)> {
+        let d = &self.destination;
+        if d.domains.is_empty() {
+            return Vec::new();
+        }
+        let whole = |reason: String| vec![("destination.domains".to_string(), reason)];
+        if !egress {
+            return whole("domains are enforced only in egress rules".into());
+        }
+        if self.action != Action::Allow {
+            return whole(format!(
+                "domains are enforced only in Allow rules, not {:?}",
+                self.action
+            ));
+        }
+        let mut problems: Vec<(String, String)> = (d.domains.iter().enumerate())
+            .filter_map(|(i, raw)| {
+                let e = DomainPattern::parse(raw).err()?;
+                Some((format!("destination.domains[{i}]"), e.to_string()))
+            })
+            .collect();
+        let others: Vec<&str> = [
+            ("nets", !d.nets.is_empty()),
+            ("notNets", !d.not_nets.is_empty()),
+            ("selector", d.selector.is_some()),
+            ("notSelector", d.not_selector.is_some()),
+            ("namespaceSelector", d.namespace_selector.is_some()),
+            ("serviceAccounts", d.service_accounts.is_some()),
+        ]
+        .into_iter()
+        .filter(|(_, set)| *set)
+        .map(|(name, _)| name)
+        .collect();
+        if !others.is_empty() {
+            problems.push((
+                "destination.domains".to_string(),
+                format!(
+                    "domains cannot be combined with destination.{}",
+                    others.join(", destination.")
+                ),
+            ));
+        }
+        problems
     }
 
     /// Whether the rule must fail safe: it has an unknown or an unenforced field.

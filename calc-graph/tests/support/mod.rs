@@ -277,6 +277,8 @@ pub fn members(dp: &Dataplane, id: &str) -> Vec<String> {
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Dataplane {
     pub sets: BTreeMap<String, (IpSetKind, BTreeSet<IpSetMember>)>,
+    /// The patterns of each domain set in `sets`.
+    pub domains: BTreeMap<String, Vec<calc_graph::proto::DomainPattern>>,
     pub policies: BTreeMap<PolicyId, ActivePolicy>,
     pub profiles: BTreeMap<String, ActiveProfile>,
     pub endpoints: BTreeMap<EndpointId, LocalEndpoint>,
@@ -294,11 +296,12 @@ fn rule_sets(r: &calc_graph::proto::ParsedRule) -> impl Iterator<Item = &String>
         .chain(&r.not_src_named_port_ip_set_ids)
         .chain(&r.dst_named_port_ip_set_ids)
         .chain(&r.not_dst_named_port_ip_set_ids)
+        .chain(&r.dst_domain_ip_set_ids)
 }
 
 fn rank(o: &Output) -> u8 {
     match o {
-        Output::IpSetCreated { .. } => 0,
+        Output::IpSetCreated { .. } | Output::DomainSetCreated { .. } => 0,
         Output::IpSetMembersAdded { .. } | Output::IpSetMembersRemoved { .. } => 1,
         Output::PolicyUpdated(_) => 2,
         Output::ProfileUpdated(_) => 3,
@@ -315,7 +318,9 @@ fn rank(o: &Output) -> u8 {
 
 fn object(o: &Output) -> String {
     match o {
-        Output::IpSetCreated { id, .. } | Output::IpSetRemoved(id) => format!("set {id}"),
+        Output::IpSetCreated { id, .. }
+        | Output::DomainSetCreated { id, .. }
+        | Output::IpSetRemoved(id) => format!("set {id}"),
         Output::IpSetMembersAdded { id, .. } => format!("set+ {id}"),
         Output::IpSetMembersRemoved { id, .. } => format!("set- {id}"),
         Output::PolicyUpdated(p) => format!("policy {}", p.id),
@@ -359,7 +364,24 @@ impl Dataplane {
                 self.sets
                     .insert(id.clone(), (*kind, members.iter().cloned().collect()));
             }
+            Output::DomainSetCreated { id, patterns } => {
+                if self.sets.contains_key(id) {
+                    return Err(format!("set {id} created twice"));
+                }
+                if !id.starts_with("d:") || patterns.is_empty() {
+                    return Err(format!("domain set {id} with patterns {patterns:?}"));
+                }
+                if !patterns.windows(2).all(|w| w[0] < w[1]) {
+                    return Err(format!("domain set {id}: patterns not sorted/unique"));
+                }
+                self.sets
+                    .insert(id.clone(), (IpSetKind::Domain, BTreeSet::new()));
+                self.domains.insert(id.clone(), patterns.to_vec());
+            }
             Output::IpSetMembersAdded { id, members } => {
+                if self.domains.contains_key(id) {
+                    return Err(format!("members sent for domain set {id}"));
+                }
                 let set = self
                     .sets
                     .get_mut(id)
@@ -385,6 +407,7 @@ impl Dataplane {
                 if self.sets.remove(id).is_none() {
                     return Err(format!("removed unknown set {id}"));
                 }
+                self.domains.remove(id);
                 for p in self.policies.values() {
                     if p.inbound_rules
                         .iter()

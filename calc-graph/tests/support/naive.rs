@@ -168,7 +168,43 @@ fn policies(res: &BTreeMap<ResourceKey, Resource>) -> Vec<NaivePolicy> {
 /// (selector, named port) of each set a rule uses, keyed by id.
 type SetDefs = BTreeMap<String, (Selector, Option<(Protocol, String)>)>;
 
-fn parse_rule(r: &Rule, ns: Option<&str>, defs: &mut SetDefs) -> ParsedRule {
+/// Patterns of each domain set a rule uses, keyed by id.
+type DomainDefs = BTreeMap<String, Vec<calc_graph::model::DomainPattern>>;
+
+/// A rule as the dataplane gets it; `None` when it fails safe by being dropped. Domains
+/// (`destination.domains`, all names valid) are enforced in egress Allow rules only; elsewhere a
+/// Deny keeps its other matches and an Allow is dropped.
+fn parse_rule(
+    r: &Rule,
+    ns: Option<&str>,
+    egress: bool,
+    defs: &mut SetDefs,
+    domains: &mut DomainDefs,
+) -> Option<ParsedRule> {
+    let mut domain_set = None;
+    if !r.destination.domains.is_empty() {
+        let parsed: Result<Vec<_>, _> = (r.destination.domains.iter())
+            .map(|d| calc_graph::model::DomainPattern::parse(d))
+            .collect();
+        match parsed {
+            Ok(mut pats) if egress && r.action == Action::Allow => {
+                pats.sort();
+                pats.dedup();
+                let text: Vec<&str> = pats.iter().map(|p| p.as_str()).collect();
+                let id = calc_graph::selector::make_unique_id("d", &text.join(","));
+                domains.insert(id.clone(), pats);
+                domain_set = Some(id);
+            }
+            _ if r.action == Action::Allow => return None,
+            _ => {}
+        }
+    }
+    let mut out = parse_rule_sets(r, ns, defs);
+    out.dst_domain_ip_set_ids.extend(domain_set);
+    Some(out)
+}
+
+fn parse_rule_sets(r: &Rule, ns: Option<&str>, defs: &mut SetDefs) -> ParsedRule {
     let src = &r.source;
     let ns_part = match (&src.namespace_selector, ns) {
         (Some(s), _) => Some(parse(s).unwrap().rewrite_namespace_selector().canonical()),
@@ -243,6 +279,7 @@ pub fn expected(res: &BTreeMap<ResourceKey, Resource>, node: &str) -> Dataplane 
         ..Dataplane::default()
     };
     let mut defs = SetDefs::new();
+    let mut domains = DomainDefs::new();
 
     // Local endpoints and the policies matching each.
     let mut locals = Vec::new();
@@ -277,12 +314,12 @@ pub fn expected(res: &BTreeMap<ResourceKey, Resource>, node: &str) -> Dataplane 
                 inbound_rules: p
                     .ingress
                     .iter()
-                    .map(|r| parse_rule(r, ns, &mut defs))
+                    .filter_map(|r| parse_rule(r, ns, false, &mut defs, &mut domains))
                     .collect(),
                 outbound_rules: p
                     .egress
                     .iter()
-                    .map(|r| parse_rule(r, ns, &mut defs))
+                    .filter_map(|r| parse_rule(r, ns, true, &mut defs, &mut domains))
                     .collect(),
                 untracked: false,
                 pre_dnat: false,
@@ -298,12 +335,12 @@ pub fn expected(res: &BTreeMap<ResourceKey, Resource>, node: &str) -> Dataplane 
                     p.spec
                         .ingress
                         .iter()
-                        .map(|r| parse_rule(r, None, &mut defs))
+                        .filter_map(|r| parse_rule(r, None, false, &mut defs, &mut domains))
                         .collect(),
                     p.spec
                         .egress
                         .iter()
-                        .map(|r| parse_rule(r, None, &mut defs))
+                        .filter_map(|r| parse_rule(r, None, true, &mut defs, &mut domains))
                         .collect(),
                 ),
                 _ => {
@@ -396,6 +433,11 @@ pub fn expected(res: &BTreeMap<ResourceKey, Resource>, node: &str) -> Dataplane 
         );
     }
 
+    for (id, pats) in domains {
+        dp.sets
+            .insert(id.clone(), (IpSetKind::Domain, BTreeSet::new()));
+        dp.domains.insert(id, pats);
+    }
     // Set membership by brute force.
     for (id, (sel, np)) in defs {
         let mut members = BTreeSet::new();

@@ -151,6 +151,11 @@ impl Pipeline for GraphPipeline {
                     .iter()
                     .map(|f| format!("{}.{f}", r.rule))
                     .collect(),
+                rejected_fields: r
+                    .rejected
+                    .iter()
+                    .map(|(f, reason)| format!("{}.{f}: {reason}", r.rule))
+                    .collect(),
                 rendered: r.rendered(),
             })
             .collect()

@@ -97,6 +97,10 @@ pub struct FailedSafeRuleStatus {
     /// `unknown` or `unenforced` field paths, with the rule's: `spec.ingress[0].source.selectr`.
     pub unknown_fields: Vec<String>,
     pub unenforced_fields: Vec<String>,
+    /// Fields enforced only in some uses, used otherwise, with the reason and the rule's path:
+    /// `spec.egress[0].destination.domains[1]: invalid domain name "a..b": empty label`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rejected_fields: Vec<String>,
     /// Whether the rule is rendered at all (Deny/Log, with only its enforced matches).
     pub rendered: bool,
 }

@@ -16,6 +16,7 @@
 //!   never the temporary prefix `cali4t`/`cali6t`; members are typed and of the set's family.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 
 use calc_graph::proto::Protocol;
 pub use calc_graph::proto::{IpSetKind, IpSetMember, IpVersion};
@@ -34,6 +35,8 @@ pub const HASH_LEN: usize = 16;
 pub const MAX_CHAIN_LEN: usize = 28;
 /// Longest IP set name the kernel accepts.
 pub const MAX_SET_NAME_LEN: usize = 31;
+/// The longest member timeout the kernel accepts, in seconds (`ipset`: 0-2147483).
+pub const MAX_SET_TIMEOUT: u32 = 2_147_483;
 /// Felix's default `maxelem` for our sets.
 pub const DEFAULT_MAXELEM: u32 = 1_048_576;
 
@@ -110,11 +113,18 @@ pub struct DesiredTable {
 }
 
 /// The desired content of one of our IP sets.
+///
+/// A domain set ([`IpSetKind::Domain`], `hash:ip ... timeout 0`) has no `members`: its addresses
+/// belong to the DNS learner and expire in the kernel. `learned` (address → seconds left) is what
+/// the learner knew when the set was rendered; the applier writes it only when it *creates* the
+/// set, and never diffs or removes a domain set's members afterwards.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IpSetSpec {
     pub kind: IpSetKind,
     pub maxelem: u32,
     pub members: BTreeSet<IpSetMember>,
+    /// Domain sets only: the members to create the set with, each with its timeout in seconds.
+    pub learned: BTreeMap<IpAddr, u32>,
 }
 
 impl IpSetSpec {
@@ -123,6 +133,21 @@ impl IpSetSpec {
             kind,
             maxelem: DEFAULT_MAXELEM,
             members: members.into_iter().collect(),
+            learned: BTreeMap::new(),
+        }
+    }
+
+    /// A domain set, created with `learned` (address, seconds left) members. A zero timeout
+    /// would be permanent in the kernel: such an entry (already expired) is left out; one above
+    /// the kernel's limit ([`MAX_SET_TIMEOUT`], a DNS TTL may be up to 2^31 - 1) is cut to it, so
+    /// it never fails the whole `ipset restore`.
+    pub fn domain(learned: impl IntoIterator<Item = (IpAddr, u32)>) -> Self {
+        IpSetSpec {
+            learned: (learned.into_iter())
+                .filter(|(_, t)| *t > 0)
+                .map(|(a, t)| (a, t.min(MAX_SET_TIMEOUT)))
+                .collect(),
+            ..IpSetSpec::new(IpSetKind::Domain, [])
         }
     }
 }
@@ -220,6 +245,22 @@ pub fn validate_set(family: IpVersion, name: &str, spec: &IpSetSpec) -> Result<(
     }
     for m in &spec.members {
         validate_member(family, name, spec.kind, m)?;
+    }
+    for addr in spec.learned.keys() {
+        let bad = |reason: &str| ApplyError::InvalidMember {
+            set: name.to_string(),
+            member: addr.to_string(),
+            reason: reason.to_string(),
+        };
+        if spec.kind != IpSetKind::Domain {
+            return Err(bad("only domain sets have learned members"));
+        }
+        if addr.is_ipv6() != (family == IpVersion::V6) {
+            return Err(bad("member is not of the set's IP family"));
+        }
+        if !(1..=MAX_SET_TIMEOUT).contains(&spec.learned[addr]) {
+            return Err(bad("timeout must be 1-2147483 seconds"));
+        }
     }
     Ok(())
 }

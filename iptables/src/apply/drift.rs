@@ -2,8 +2,8 @@
 //!
 //! The periodic full refresh (re-read everything, repair) stays the backstop; between two, the
 //! chains through which every packet enters our rules are checked: the kernel chains holding
-//! our hooks (`INPUT`, `FORWARD`, `OUTPUT` of filter) and our root chains (`cali-INPUT`,
-//! `cali-FORWARD`, `cali-OUTPUT`). Each is listed with `iptables -S CHAIN` (one chain printed, not
+//! our hooks (`INPUT`, `FORWARD`, `OUTPUT` of filter; mangle `POSTROUTING` with the DNS hold) and
+//! our root chains (`cali-INPUT`, `cali-FORWARD`, `cali-OUTPUT`; mangle `cali-POSTROUTING`). Each is listed with `iptables -S CHAIN` (one chain printed, not
 //! the table) and compared, by `cali:` ids and jump targets, with the applier's kernel view.
 //! A chain that differs is put into the view as the kernel has it, and the next apply rewrites
 //! exactly that chain (a displaced hook is deleted and re-inserted, a flushed or edited chain is
@@ -20,13 +20,16 @@ use super::read::read_tables;
 use super::runner::Runner;
 
 /// The chains the fast check lists, per table.
-pub const CHECKED: [(TableName, &str); 6] = [
+/// mangle's are checked only when desired (the DNS hold of FQDN policy).
+pub const CHECKED: [(TableName, &str); 8] = [
     (TableName::Filter, "FORWARD"),
     (TableName::Filter, "INPUT"),
     (TableName::Filter, "OUTPUT"),
     (TableName::Filter, "cali-FORWARD"),
     (TableName::Filter, "cali-INPUT"),
     (TableName::Filter, "cali-OUTPUT"),
+    (TableName::Mangle, "POSTROUTING"),
+    (TableName::Mangle, "cali-POSTROUTING"),
 ];
 
 /// One chain as the kernel has it now; `None` when the chain does not exist.

@@ -263,7 +263,12 @@ impl<R: Runner> Applier<R> {
         let view_sets = &self.view().sets;
         drift.sets = view_sets
             .iter()
-            .filter(|(name, set)| sizes.get(*name) != Some(&set.members.len()))
+            // A domain set's members come and go without us (learner, kernel timeouts): only
+            // its absence is drift.
+            .filter(|(name, set)| match sizes.get(*name) {
+                None => true,
+                Some(n) => !set.is_timed() && *n != set.members.len(),
+            })
             .map(|(name, _)| name.clone())
             .collect();
         if !drift.sets.is_empty() {

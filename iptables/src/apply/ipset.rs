@@ -5,6 +5,11 @@
 //!   a changed `maxelem` goes through a temporary `cali4t<N>` set and `swap` (the only way to
 //!   change an in-use set); a changed type (which the kernel cannot swap) goes through
 //!   `destroy` + `create`, allowed only while nothing references the set.
+//! * Domain sets (FQDN policy, `hash:ip ... timeout 0`): created (and filled with the learned
+//!   members the desired state carries, `add <set> <addr> timeout <secs> -exist`) when missing,
+//!   re-created when the kernel's set is not a `hash:ip` with timeout support, and otherwise left
+//!   alone: the DNS learner owns their members and the kernel expires them, so the applier never
+//!   diffs, deletes or flushes them.
 //! * Phase 3 (after iptables): `destroy` every set of ours (`cali4*` / `cali6*`, leftover temp sets
 //!   included) that is not desired.
 //!
@@ -29,8 +34,13 @@ pub struct ActualSet {
     /// `hash:net`, `hash:ip,port`, … as `ipset save` prints it.
     pub type_name: String,
     pub maxelem: u32,
-    /// Members in `ipset save` text form.
+    /// The header's default `timeout` (`Some(0)` for our domain sets); `None` without timeout
+    /// support.
+    pub timeout: Option<u32>,
+    /// Members in `ipset save` text form (without their `timeout`).
     pub members: BTreeSet<String>,
+    /// The seconds left of each member that has a timeout (sets with timeout support).
+    pub member_timeouts: BTreeMap<String, u32>,
     /// The spec this content was written from, when we wrote it (not when read from the kernel):
     /// an unchanged spec is recognised without rendering its members again.
     pub written: Option<IpSetSpec>,
@@ -41,7 +51,29 @@ pub fn type_name(kind: IpSetKind) -> &'static str {
     match kind {
         IpSetKind::Net => "hash:net",
         IpSetKind::IpPort => "hash:ip,port",
+        IpSetKind::Domain => "hash:ip",
     }
+}
+
+impl ActualSet {
+    /// Whether the kernel's set can stand for a desired set of `kind` without being re-created
+    /// (same type; a domain set also needs timeout support).
+    pub fn fits(&self, kind: IpSetKind) -> bool {
+        self.type_name == type_name(kind) && (kind != IpSetKind::Domain || self.timeout.is_some())
+    }
+
+    /// A set with per-member timeouts (a domain set): its members change without us.
+    pub fn is_timed(&self) -> bool {
+        self.timeout.is_some()
+    }
+}
+
+/// `<word> <value>` after `word` in a list of words.
+fn value_after(words: &[&str], word: &str) -> Option<u32> {
+    words
+        .windows(2)
+        .find(|w| w[0] == word)
+        .and_then(|w| w[1].parse().ok())
 }
 
 fn family_name(family: IpVersion) -> &'static str {
@@ -78,17 +110,15 @@ pub fn parse_save(family: IpVersion, text: &str) -> BTreeMap<String, ActualSet> 
             (Some("create"), Some(name)) if is_our_set(family, name) => {
                 let type_name = words.next().unwrap_or_default().to_string();
                 let rest: Vec<&str> = words.collect();
-                let maxelem = rest
-                    .windows(2)
-                    .find(|w| w[0] == "maxelem")
-                    .and_then(|w| w[1].parse().ok())
-                    .unwrap_or(0);
+                let maxelem = value_after(&rest, "maxelem").unwrap_or(0);
                 out.insert(
                     name.to_string(),
                     ActualSet {
                         type_name,
                         maxelem,
+                        timeout: value_after(&rest, "timeout"),
                         members: BTreeSet::new(),
+                        member_timeouts: BTreeMap::new(),
                         written: None,
                     },
                 );
@@ -96,6 +126,10 @@ pub fn parse_save(family: IpVersion, text: &str) -> BTreeMap<String, ActualSet> 
             (Some("add"), Some(name)) => {
                 if let (Some(set), Some(member)) = (out.get_mut(name), words.next()) {
                     set.members.insert(member.to_string());
+                    let rest: Vec<&str> = words.collect();
+                    if let Some(t) = value_after(&rest, "timeout") {
+                        set.member_timeouts.insert(member.to_string(), t);
+                    }
                 }
             }
             _ => {}
@@ -134,20 +168,47 @@ pub fn plan_updates(
         validate_set(family, name, spec)?;
         let want = desired_texts(spec);
         let ty = type_name(spec.kind);
+        let domain = spec.kind == IpSetKind::Domain;
         let create = |p: &mut String, n: &str| {
-            let _ = writeln!(p, "create {n} {ty} family {fam} maxelem {}", spec.maxelem);
+            let timeout = if domain { " timeout 0" } else { "" };
+            let _ = writeln!(
+                p,
+                "create {n} {ty} family {fam}{timeout} maxelem {}",
+                spec.maxelem
+            );
         };
         let fill = |p: &mut String, n: &str, members: &mut dyn Iterator<Item = &String>| {
             for m in members {
                 let _ = writeln!(p, "add {n} {m}");
             }
+            // `-exist`: the learner may have written the same address first; its entry is
+            // refreshed, never an error that fails the whole restore.
+            for (addr, secs) in &spec.learned {
+                let _ = writeln!(p, "add {n} {addr} timeout {secs} -exist");
+            }
         };
+        if domain {
+            match actual_set {
+                Some(a) if a.fits(spec.kind) => {}
+                Some(_) => {
+                    plan.retyped.push(name.clone());
+                    let _ = writeln!(p, "destroy {name}");
+                    create(&mut p, name);
+                    fill(&mut p, name, &mut want.iter());
+                }
+                None => {
+                    create(&mut p, name);
+                    fill(&mut p, name, &mut want.iter());
+                }
+            }
+            continue;
+        }
         match actual_set {
             None => {
                 create(&mut p, name);
                 fill(&mut p, name, &mut want.iter());
             }
-            Some(a) if a.type_name != ty => {
+            Some(a) if !a.fits(spec.kind) => {
                 plan.retyped.push(name.clone());
                 let _ = writeln!(p, "destroy {name}");
                 create(&mut p, name);
@@ -209,12 +270,23 @@ pub fn after_updates(
         {
             continue;
         }
+        let domain = spec.kind == IpSetKind::Domain;
+        if domain && actual.get(name).is_some_and(|a| a.fits(spec.kind)) {
+            // Left alone by phase 1: the kernel's members are the learner's.
+            continue;
+        }
+        let learned = spec.learned.iter().map(|(a, t)| (a.to_string(), *t));
         actual.insert(
             name.clone(),
             ActualSet {
                 type_name: type_name(spec.kind).to_string(),
                 maxelem: spec.maxelem,
-                members: desired_texts(spec),
+                timeout: domain.then_some(0),
+                members: desired_texts(spec)
+                    .into_iter()
+                    .chain(learned.clone().map(|(a, _)| a))
+                    .collect(),
+                member_timeouts: learned.collect(),
                 written: Some(spec.clone()),
             },
         );
@@ -321,5 +393,119 @@ create cali60v6 hash:net family inet6 hashsize 1024 maxelem 1048576
         let del = plan_deletions(&desired, &actual);
         assert_eq!(del, ["cali40p"]);
         assert_eq!(render_deletions(&del), "destroy cali40p\n");
+    }
+
+    /// `ipset save` of sets with timeout support, as this kernel prints it (kernel-extensions.md).
+    const SAVE_TIMEOUTS: &str = "create cali40d:abc hash:ip family inet hashsize 1024 maxelem 1048576 timeout 0 bucketsize 12 initval 0x0a4e5f8a
+add cali40d:abc 10.0.0.2 timeout 9
+add cali40d:abc 10.0.0.1 timeout 70
+add cali40d:abc 10.0.0.3 timeout 0
+create cali40d:old hash:ip family inet hashsize 1024 maxelem 1048576 bucketsize 12 initval 0x1
+add cali40d:old 10.0.0.1
+create to-ip hash:ip family inet hashsize 1024 maxelem 65536 timeout 300 bucketsize 12 initval 0x70fd210e
+add to-ip 10.0.0.1 timeout 59
+";
+
+    #[test]
+    fn parse_reads_timeouts_of_headers_and_members() {
+        let sets = parse_save(IpVersion::V4, SAVE_TIMEOUTS);
+        assert_eq!(
+            sets.keys().collect::<Vec<_>>(),
+            ["cali40d:abc", "cali40d:old"]
+        );
+        let d = &sets["cali40d:abc"];
+        assert_eq!(
+            (d.type_name.as_str(), d.maxelem, d.timeout),
+            ("hash:ip", 1_048_576, Some(0))
+        );
+        assert!(d.fits(IpSetKind::Domain) && d.is_timed());
+        assert_eq!(
+            d.members.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+        );
+        assert_eq!(d.member_timeouts["10.0.0.1"], 70);
+        assert_eq!(d.member_timeouts["10.0.0.2"], 9);
+        assert_eq!(d.member_timeouts["10.0.0.3"], 0);
+        // Without timeout support the set cannot stand for a domain set.
+        let old = &sets["cali40d:old"];
+        assert_eq!(old.timeout, None);
+        assert!(old.member_timeouts.is_empty());
+        assert!(!old.fits(IpSetKind::Domain) && !old.fits(IpSetKind::Net));
+        // The plain sets of the other fixture have no timeouts.
+        assert!(
+            parse_save(IpVersion::V4, SAVE)
+                .values()
+                .all(|s| !s.is_timed())
+        );
+    }
+
+    fn domain(learned: &[(&str, u32)]) -> IpSetSpec {
+        IpSetSpec::domain(learned.iter().map(|(a, t)| (a.parse().unwrap(), *t)))
+    }
+
+    #[test]
+    fn domain_sets_are_created_full_and_never_diffed() {
+        let mut desired = BTreeMap::new();
+        desired.insert(
+            "cali40d:new".to_string(),
+            domain(&[
+                ("10.0.0.9", 60),
+                ("10.0.0.8", 5),
+                ("10.0.0.7", 0),
+                ("10.0.0.6", u32::MAX),
+            ]),
+        );
+        let plan = plan_updates(IpVersion::V4, &desired, &BTreeMap::new()).unwrap();
+        assert_eq!(
+            plan.payload,
+            "create cali40d:new hash:ip family inet timeout 0 maxelem 1048576\n\
+             add cali40d:new 10.0.0.6 timeout 2147483 -exist\n\
+             add cali40d:new 10.0.0.8 timeout 5 -exist\n\
+             add cali40d:new 10.0.0.9 timeout 60 -exist\n",
+            "an expired (0 s) entry would be permanent: left out; a huge TTL is cut to the kernel's limit"
+        );
+        // The kernel's set (learner's members, other timeouts) is left alone, whatever the
+        // desired state's learned members now are; the one without timeouts is re-created.
+        let mut actual = parse_save(IpVersion::V4, SAVE_TIMEOUTS);
+        let mut desired = BTreeMap::new();
+        desired.insert("cali40d:abc".to_string(), domain(&[("10.0.0.5", 30)]));
+        desired.insert("cali40d:old".to_string(), domain(&[]));
+        let plan = plan_updates(IpVersion::V4, &desired, &actual).unwrap();
+        assert_eq!(
+            plan.payload,
+            "destroy cali40d:old\ncreate cali40d:old hash:ip family inet timeout 0 maxelem 1048576\n"
+        );
+        assert_eq!(plan.retyped, ["cali40d:old"]);
+        after_updates(&desired, &mut actual);
+        assert_eq!(
+            actual["cali40d:abc"].members.len(),
+            3,
+            "the kernel's members kept"
+        );
+        assert!(actual["cali40d:old"].fits(IpSetKind::Domain));
+        assert!(
+            plan_updates(IpVersion::V4, &desired, &actual)
+                .unwrap()
+                .payload
+                .is_empty()
+        );
+        // Gone from the desired state: destroyed in phase 3 like any set of ours.
+        assert_eq!(
+            plan_deletions(&BTreeMap::new(), &actual),
+            ["cali40d:abc", "cali40d:old"]
+        );
+    }
+
+    #[test]
+    fn learned_members_are_validated_like_members() {
+        let mut desired = BTreeMap::new();
+        desired.insert("cali40d:x".to_string(), domain(&[("fd00::1", 60)]));
+        let err = plan_updates(IpVersion::V4, &desired, &BTreeMap::new()).unwrap_err();
+        assert!(err.to_string().contains("fd00::1"), "{err}");
+        let mut net = IpSetSpec::new(IpSetKind::Net, []);
+        net.learned.insert("10.0.0.1".parse().unwrap(), 5);
+        desired.clear();
+        desired.insert("cali40s:x".to_string(), net);
+        assert!(plan_updates(IpVersion::V4, &desired, &BTreeMap::new()).is_err());
     }
 }

@@ -109,6 +109,13 @@ pub enum Match {
         per_second: u32,
         burst: u32,
     },
+    /// `-m udp --sport N` / `-m tcp --sport N` (the protocol must be matched too).
+    SrcPort {
+        proto: Protocol,
+        port: u16,
+    },
+    /// `-m conntrack --ctdir REPLY`: the packet goes in the reply direction of its connection.
+    CtDirReply,
 }
 
 /// A rule's target.
@@ -138,6 +145,11 @@ pub enum Target {
     /// `MASQUERADE [--random-fully]` (nat table; Felix's `MasqAction`).
     Masquerade {
         random_fully: bool,
+    },
+    /// `NFQUEUE --queue-num N` (mangle: DNS responses held for the learner). Without
+    /// `--queue-bypass`: with nobody bound to the queue the kernel drops the packet.
+    Nfqueue {
+        num: u16,
     },
 }
 
@@ -331,6 +343,21 @@ impl Rule {
                         burst: (*burst != 5).then_some(*burst),
                     });
                 }
+                Match::SrcPort { proto, port } => {
+                    let ports = model::Ports {
+                        sport: Some(model::Negatable::is(model::PortRange::single(*port))),
+                        dport: None,
+                    };
+                    r.matches.push(if proto.number() == 17 {
+                        model::Match::Udp(ports)
+                    } else {
+                        model::Match::Tcp(ports)
+                    });
+                }
+                Match::CtDirReply => r.matches.push(model::Match::Generic {
+                    module: model::Word::new("conntrack")?,
+                    args: vec![model::Arg::bare("--ctdir")?, model::Arg::bare("REPLY")?],
+                }),
                 Match::Rpfilter { negated } => {
                     let mut args = Vec::new();
                     if *negated {
@@ -370,6 +397,13 @@ impl Rule {
                     } else {
                         Vec::new()
                     },
+                },
+                Target::Nfqueue { num } => model::Target::Generic {
+                    name: model::Word::new("NFQUEUE")?,
+                    args: vec![
+                        model::Arg::bare("--queue-num")?,
+                        model::Arg::bare(num.to_string())?,
+                    ],
                 },
             }),
         };
@@ -500,6 +534,10 @@ fn write_match(s: &mut String, m: &Match) {
         Match::Rpfilter { negated } => {
             write!(s, "-m rpfilter{}", if *negated { " --invert" } else { "" })
         }
+        Match::SrcPort { proto, port } => {
+            write!(s, "-m {} --sport {port}", felix_proto(*proto))
+        }
+        Match::CtDirReply => write!(s, "-m conntrack --ctdir REPLY"),
         Match::Limit { per_second, burst } => {
             write!(
                 s,
@@ -532,6 +570,7 @@ fn write_target(s: &mut String, t: &Target) {
             "--jump MASQUERADE{}",
             if *random_fully { " --random-fully" } else { "" }
         ),
+        Target::Nfqueue { num } => write!(s, "--jump NFQUEUE --queue-num {num}"),
     };
 }
 

@@ -47,7 +47,8 @@
 //! * No IPIP/VXLAN/WireGuard/IPVS/BPF rules in `cali-INPUT`/`cali-OUTPUT`; no `cali-cidr-block`.
 //!   The per-workload "Drop VXLAN/IPinIP encapped packets originating in workloads" rules are kept
 //!   (Felix's default) unless `allow_encap_from_workloads`.
-//! * mangle is not programmed and raw holds only the anti-spoofing check (no untracked, pre-DNAT or
+//! * mangle holds only the DNS hold of FQDN policy ([`dns_hold`]: trusted servers' responses to
+//!   workloads go to the learner's NFQUEUE), and only with trusted servers; raw holds only the anti-spoofing check (no untracked, pre-DNAT or
 //!   HEP policy). raw `cali-PREROUTING` is `-i cali+ -m rpfilter --invert -j DROP`: Felix's strict
 //!   RPF check without its mark bookkeeping. With [`SourceSpoofing::Any`] a `-i cali+ -j
 //!   cali-rpf-skip` comes first, and `cali-rpf-skip` ACCEPTs (ends raw for) `-i <iface> -s <prefix>`
@@ -90,6 +91,7 @@
 //!   an endpoint jumping to a policy the renderer has never seen jumps to a DROP chain too.
 
 pub mod dispatch;
+pub mod dns_hold;
 pub mod domains;
 pub mod endpoint;
 mod family;
@@ -104,6 +106,8 @@ mod state;
 pub mod static_chains;
 pub mod trace;
 pub mod trace_kernel;
+
+use std::net::SocketAddr;
 
 use calc_graph::proto::{EndpointId, PolicyId};
 
@@ -133,6 +137,9 @@ pub enum SourceSpoofing {
     Any,
 }
 
+/// The NFQUEUE number DNS responses are held on unless configured otherwise.
+pub const DEFAULT_DNS_QUEUE_NUM: u16 = 100;
+
 /// Renderer configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RenderConfig {
@@ -160,6 +167,14 @@ pub struct RenderConfig {
     /// content-addressed policy chain (`cali-si-`/`cali-so-`); their own chains keep only the
     /// per-pod preamble and a goto. Off: Felix's inlined endpoint chains.
     pub share_chains: bool,
+    /// DNS servers whose responses to local workloads are held (NFQUEUE) until the learner has
+    /// put their addresses into the domain sets (FQDN policy, issue 16). Per family, only when
+    /// servers of that family are listed: mangle `cali-POSTROUTING` queues their UDP and TCP
+    /// responses (`-s <server> --sport <port>`) towards workload interfaces. Empty: nothing is
+    /// queued (and so nothing learned).
+    pub dns_trusted_servers: Vec<SocketAddr>,
+    /// The NFQUEUE number the learner binds (`--dns-queue-num`, default 100).
+    pub dns_queue_num: u16,
 }
 
 impl Default for RenderConfig {
@@ -175,6 +190,8 @@ impl Default for RenderConfig {
             masquerade_random_fully: true,
             deny_log: None,
             share_chains: true,
+            dns_trusted_servers: Vec::new(),
+            dns_queue_num: DEFAULT_DNS_QUEUE_NUM,
         }
     }
 }

@@ -292,7 +292,14 @@ pub fn render_rule(
     };
     let src_sets = set(&rule.src_ip_set_ids, "source selector")?;
     let not_src_sets = set(&rule.not_src_ip_set_ids, "source notSelector")?;
-    let dst_sets = set(&rule.dst_ip_set_ids, "destination selector")?;
+    let mut dst_sets = set(&rule.dst_ip_set_ids, "destination selector")?;
+    // `destination.domains`: the destination in the domain set, matched as Felix matches a
+    // destination IP set (`-m set --match-set cali40d:... dst`). The graph sends one set per rule;
+    // several would be alternatives (an OR block).
+    let mut dst_domains = set(&rule.dst_domain_ip_set_ids, "destination domains")?;
+    if dst_domains.len() == 1 {
+        dst_sets.append(&mut dst_domains);
+    }
     let not_dst_sets = set(&rule.not_dst_ip_set_ids, "destination notSelector")?;
     let mut src_named = set(&rule.src_named_port_ip_set_ids, "source named ports")?;
     let not_src_named = set(
@@ -344,6 +351,19 @@ pub fn render_rule(
             }
             blocks.positive(alts);
         }
+    }
+    if dst_domains.len() > 1 {
+        let alts = dst_domains
+            .drain(..)
+            .map(|name| {
+                vec![Match::Set {
+                    name,
+                    flags: SetFlags::Dst,
+                    negated: false,
+                }]
+            })
+            .collect();
+        blocks.positive(alts);
     }
     let mut src_nets = src_nets;
     let mut dst_nets = dst_nets;

@@ -8,11 +8,17 @@
 //! * Set names in rules are only produced for ids the graph created (else the rule fails closed).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 use calc_graph::proto::{
-    ActivePolicy, ActiveProfile, EndpointId, IpPool, IpSetId, IpSetKind, IpSetMember, IpVersion,
-    LocalEndpoint, Output, PolicyId,
+    ActivePolicy, ActiveProfile, DomainPattern, EndpointId, IpPool, IpSetId, IpSetKind,
+    IpSetMember, IpVersion, LocalEndpoint, Output, PolicyId,
 };
+
+use super::domains::{DomainMembers, NothingLearned};
+mod sets;
+
+use sets::{check_set, families_of};
 
 pub use super::family::{Delta, SetChange};
 use super::family::{Family, hash_hooks};
@@ -22,9 +28,9 @@ use super::marks::MarkBits;
 use super::rule::{RuleCtx, render_profile_rules, render_rules};
 use super::shared::SharedChains;
 use super::{
-    RenderConfig, RenderError, SourceSpoofing, dispatch, endpoint, names, nat, static_chains,
+    RenderConfig, RenderError, SourceSpoofing, dispatch, dns_hold, endpoint, names, static_chains,
 };
-use crate::apply::{DesiredState, IpSetSpec, TableName};
+use crate::apply::{DesiredState, TableName};
 
 /// What an endpoint's chains reference, for reference counting.
 struct EpRefs {
@@ -64,6 +70,10 @@ pub struct Renderer {
     pools_dirty: bool,
     families: [Family; 2],
     in_sync: bool,
+    /// What the DNS learner knows: fills a domain set when it is first created.
+    domain_members: Arc<dyn DomainMembers>,
+    /// The patterns of each domain set (also in `ip_sets`, as an empty [`IpSetKind::Domain`]).
+    domain_patterns: HashMap<IpSetId, Arc<[DomainPattern]>>,
 }
 
 fn valid_prefix(p: &str) -> bool {
@@ -118,6 +128,8 @@ impl Renderer {
             pools_dirty: false,
             families: [Family::new(IpVersion::V4), Family::new(IpVersion::V6)],
             in_sync: false,
+            domain_members: Arc::new(NothingLearned),
+            domain_patterns: HashMap::new(),
         };
         for fam in &mut r.families {
             for (name, rules) in static_chains::filter_chains(&r.cfg, &r.marks, fam.version) {
@@ -129,10 +141,17 @@ impl Renderer {
             for (name, rules) in static_chains::raw_chains(&r.cfg) {
                 fam.set_chain(TableName::Raw, name, rules);
             }
+            for (name, rules) in dns_hold::mangle_chains(&r.cfg, fam.version) {
+                fam.set_chain(TableName::Mangle, name, rules);
+            }
             let hooks = [
                 (TableName::Filter, static_chains::filter_hooks(&r.marks)),
                 (TableName::Nat, static_chains::nat_hooks()),
                 (TableName::Raw, static_chains::raw_hooks()),
+                (
+                    TableName::Mangle,
+                    dns_hold::mangle_hooks(&r.cfg, fam.version),
+                ),
             ];
             for (table, list) in hooks {
                 fam.add_hooks(hash_hooks(table, list));
@@ -185,6 +204,18 @@ impl Renderer {
                 self.dirty_policies.extend(self.waiting_policies.drain());
                 self.dirty_profiles.extend(self.waiting_profiles.drain());
             }
+            Output::DomainSetCreated { id, patterns } => {
+                check_set(&id, IpSetKind::Domain, &[])?;
+                for v in [IpVersion::V4, IpVersion::V6] {
+                    self.set_ids.insert(names::ipset_name(v, &id), id.clone());
+                }
+                self.ip_sets
+                    .insert(id.clone(), (IpSetKind::Domain, BTreeSet::new()));
+                self.domain_patterns.insert(id.clone(), patterns);
+                self.mark_set_changed(&id);
+                self.dirty_policies.extend(self.waiting_policies.drain());
+                self.dirty_profiles.extend(self.waiting_profiles.drain());
+            }
             Output::IpSetMembersAdded { id, members }
             | Output::IpSetMembersRemoved { id, members }
                 if !self.ip_sets.contains_key(&id) =>
@@ -208,6 +239,7 @@ impl Renderer {
             }
             Output::IpSetRemoved(id) => {
                 self.ip_sets.remove(&id);
+                self.domain_patterns.remove(&id);
                 self.mark_set_changed(&id);
             }
             Output::PolicyUpdated(p) => {
@@ -248,20 +280,6 @@ impl Renderer {
             .into_iter()
             .filter_map(|o| self.apply(o).err())
             .collect()
-    }
-
-    fn mark_set_changed(&mut self, id: &str) {
-        self.mark_set_changed_in(id, [true, true]);
-    }
-
-    /// Marks the set changed in the families flagged `[v4, v6]` where it is referenced.
-    fn mark_set_changed_in(&mut self, id: &str, which: [bool; 2]) {
-        for (fam, _) in self.families.iter_mut().zip(which).filter(|(_, w)| *w) {
-            let name = names::ipset_name(fam.version, id);
-            if fam.set_refs.contains_key(&name) {
-                fam.set_changed(&name);
-            }
-        }
     }
 
     fn update_endpoint(&mut self, ep: LocalEndpoint) -> Result<(), RenderError> {
@@ -498,33 +516,6 @@ impl Renderer {
         errors
     }
 
-    /// The pool sets' members and `cali-nat-outgoing`. A pool change that keeps some pool
-    /// masquerading in a family only changes set members: the chain is identical, so not rewritten.
-    fn render_pools(&mut self) {
-        let (all, masq) = nat::pool_sets(self.pools.values());
-        for (id, members) in [(nat::ALL_POOLS_SET_ID, all), (nat::MASQ_POOLS_SET_ID, masq)] {
-            for v in [IpVersion::V4, IpVersion::V6] {
-                self.set_ids
-                    .insert(names::ipset_name(v, id), id.to_string());
-            }
-            let changed: Vec<IpSetMember> = match self.ip_sets.get(id) {
-                Some((_, old)) => old.symmetric_difference(&members).cloned().collect(),
-                None => members.iter().cloned().collect(),
-            };
-            self.ip_sets
-                .insert(id.to_string(), (IpSetKind::Net, members));
-            self.mark_set_changed_in(id, families_of(&changed));
-        }
-        for fam in &mut self.families {
-            let rules = nat::nat_outgoing_rules(
-                fam.version,
-                self.pools.values(),
-                self.cfg.masquerade_random_fully,
-            );
-            fam.set_chain(TableName::Nat, static_chains::NAT_OUTGOING.into(), rules);
-        }
-    }
-
     fn ctx<'a>(
         &'a self,
         v: IpVersion,
@@ -630,28 +621,6 @@ impl Renderer {
         self.family(v).state.clone()
     }
 
-    fn set_spec(&self, v: IpVersion, name: &str) -> IpSetSpec {
-        let id = self.set_ids.get(name);
-        match id.and_then(|id| self.ip_sets.get(id)) {
-            Some((kind, members)) => IpSetSpec::new(
-                *kind,
-                members
-                    .iter()
-                    .filter(|m| m.is_ipv6() == (v == IpVersion::V6))
-                    .flat_map(split_zero_prefix),
-            ),
-            // Referenced but removed by the graph: keep an empty set so no rule dangles.
-            None => {
-                let kind = if id.is_some_and(|i| i.starts_with("n:")) {
-                    IpSetKind::IpPort
-                } else {
-                    IpSetKind::Net
-                };
-                IpSetSpec::new(kind, [])
-            }
-        }
-    }
-
     /// What changed in family `v` since the previous call (call [`flush`](Self::flush) first).
     pub fn take_delta(&mut self, v: IpVersion) -> Delta {
         let fi = usize::from(v == IpVersion::V6);
@@ -720,14 +689,6 @@ impl Renderer {
     pub fn shared_chain_count(&self) -> usize {
         self.shared.len()
     }
-
-    /// The members of an IP set in family `v` by kernel name (for the evaluator).
-    pub fn set_members(&self, v: IpVersion, name: &str) -> Option<IpSetSpec> {
-        self.family(v)
-            .set_refs
-            .contains_key(name)
-            .then(|| self.set_spec(v, name))
-    }
 }
 
 fn decrement<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, k: &K) {
@@ -743,55 +704,4 @@ fn fail_closed(comment: &str, why: &str) -> Vec<Rule> {
     let mut r = Rule::new(vec![], Target::Drop);
     r.comments = vec![escape_comment(comment), escape_comment(why)];
     vec![r]
-}
-
-fn check_set(id: &str, kind: IpSetKind, members: &[IpSetMember]) -> Result<(), RenderError> {
-    if !names::is_valid_ipset_id(&id.to_string()) {
-        return Err(RenderError::InvalidIpSetId { id: id.to_string() });
-    }
-    for m in members {
-        let ok = matches!(
-            (kind, m),
-            (IpSetKind::Net, IpSetMember::Net(_)) | (IpSetKind::IpPort, IpSetMember::IpPort { .. })
-        );
-        if !ok {
-            let kind = if kind == IpSetKind::Net {
-                "hash:net"
-            } else {
-                "hash:ip,port"
-            };
-            return Err(RenderError::InvalidIpSetMember {
-                id: id.to_string(),
-                member: format!("{m:?}"),
-                kind,
-            });
-        }
-    }
-    Ok(())
-}
-
-/// `[has v4 members, has v6 members]`.
-fn families_of(members: &[IpSetMember]) -> [bool; 2] {
-    [
-        members.iter().any(|m| !m.is_ipv6()),
-        members.iter().any(IpSetMember::is_ipv6),
-    ]
-}
-
-/// The kernel's `hash:net` cannot hold a `/0`; like Felix, store it as the two `/1` halves.
-fn split_zero_prefix(m: &IpSetMember) -> Vec<IpSetMember> {
-    match m {
-        IpSetMember::Net(n) if n.prefix_len() == 0 => {
-            let halves: [&str; 2] = if n.addr().is_ipv6() {
-                ["::/1", "8000::/1"]
-            } else {
-                ["0.0.0.0/1", "128.0.0.0/1"]
-            };
-            halves
-                .iter()
-                .map(|h| IpSetMember::Net(h.parse().expect("valid literal")))
-                .collect()
-        }
-        other => vec![other.clone()],
-    }
 }

@@ -36,7 +36,7 @@ fn accepted(m: &MarkBits) -> Match {
     }
 }
 
-fn wildcard(prefix: &str) -> String {
+pub(super) fn wildcard(prefix: &str) -> String {
     format!("{prefix}+")
 }
 

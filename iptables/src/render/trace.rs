@@ -10,7 +10,7 @@
 
 use std::net::IpAddr;
 
-use calc_graph::proto::{IpSetMember, IpVersion};
+use calc_graph::proto::{DomainPattern, IpSetMember, IpVersion};
 
 use super::Renderer;
 use super::ir::{CtStates, Match, Rule, SetFlags, Side, Target};
@@ -107,6 +107,43 @@ pub enum Outcome {
     Return,
 }
 
+/// A matched rule that matched through a domain set (`destination.domains`): which set, the
+/// patterns it stands for, and the address found in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainHit {
+    pub chain: String,
+    /// 1-based, as [`Step::rule`].
+    pub rule: usize,
+    pub set: String,
+    pub patterns: Vec<DomainPattern>,
+    pub addr: IpAddr,
+    /// Seconds the address has left in the set (from the learner, or the kernel's entry);
+    /// `None` when unknown or permanent.
+    pub remaining_secs: Option<u32>,
+}
+
+impl std::fmt::Display for DomainHit {
+    /// `domain rule *.example.com, example.com (93.184.216.34 in cali40d:…, 60 s left)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.patterns.iter().map(DomainPattern::as_str).collect();
+        write!(
+            f,
+            "domain rule {} ({} in {}",
+            if names.is_empty() {
+                "(patterns unknown)".to_string()
+            } else {
+                names.join(", ")
+            },
+            self.addr,
+            self.set
+        )?;
+        match self.remaining_secs {
+            Some(s) => write!(f, ", {s} s left)"),
+            None => write!(f, ")"),
+        }
+    }
+}
+
 /// A whole trace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trace {
@@ -114,6 +151,33 @@ pub struct Trace {
     pub outcome: Outcome,
     /// The mark when the trace ended.
     pub mark: u32,
+    /// The matched rules (of `steps`) that matched through a domain set, in order.
+    pub domain_hits: Vec<DomainHit>,
+}
+
+impl Trace {
+    /// The domain hit of a matched rule (`chain`, 1-based `rule`), if it matched through one.
+    pub fn domain_hit_at(&self, chain: &str, rule: usize) -> Option<&DomainHit> {
+        self.domain_hits
+            .iter()
+            .find(|h| h.chain == chain && h.rule == rule)
+    }
+
+    /// The domain rule that allowed the packet ("allowed by domain rule example.com"): the rule
+    /// that set the accept bit (`accept`, [`super::MarkBits::accept`]) matched through a domain
+    /// set, and the packet was accepted (ACCEPT, or `cali-FORWARD` returned with the accept bit).
+    pub fn deciding_domain_hit(&self, accept: u32) -> Option<&DomainHit> {
+        let accepted = self.outcome == Outcome::Accept
+            || (self.outcome == Outcome::Return && self.mark & accept != 0);
+        if !accepted {
+            return None;
+        }
+        let step = self
+            .steps
+            .iter()
+            .find(|s| matches!(s.effect, Effect::Mark(m) if m & accept != 0))?;
+        self.domain_hit_at(&step.chain, step.rule)
+    }
 }
 
 /// Why a packet could not be traced.
@@ -133,6 +197,12 @@ pub enum TraceError {
         rule: usize,
         what: &'static str,
     },
+    #[error("{chain} rule {rule}: the {what} target cannot be traced")]
+    UnsupportedTarget {
+        chain: String,
+        rule: usize,
+        what: &'static str,
+    },
     #[error("jumps nest deeper than {MAX_DEPTH} at {chain}")]
     TooDeep { chain: String },
 }
@@ -143,6 +213,14 @@ pub trait Rules {
     /// Whether set `name` holds the address (one-dimensional set) or the address, protocol and
     /// port (two-dimensional set); `None` if there is no such set.
     fn set_contains(&self, name: &str, addr: IpAddr, proto: u8, port: u16) -> Option<bool>;
+    /// The patterns of set `name` when it is a domain set (FQDN policy); `None` otherwise.
+    fn domain_set(&self, _name: &str) -> Option<Vec<DomainPattern>> {
+        None
+    }
+    /// The seconds `addr` has left in domain set `name`, when known.
+    fn domain_remaining(&self, _name: &str, _addr: IpAddr) -> Option<u32> {
+        None
+    }
 }
 
 /// A renderer's chains of one family and table.
@@ -158,12 +236,29 @@ impl Rules for RendererRules<'_> {
     }
 
     fn set_contains(&self, name: &str, addr: IpAddr, proto: u8, port: u16) -> Option<bool> {
+        // A domain set holds what the learner knows now (the renderer's `DomainMembers`).
+        if let Some(learned) = self.renderer.domain_set_members(self.version, name) {
+            return Some(learned.iter().any(|l| l.addr == addr));
+        }
         let spec = self.renderer.set_members(self.version, name)?;
         Some(
             spec.members
                 .iter()
                 .any(|m| member_holds(m, addr, proto, port)),
         )
+    }
+
+    fn domain_set(&self, name: &str) -> Option<Vec<DomainPattern>> {
+        self.renderer.domain_set_patterns(name).map(<[_]>::to_vec)
+    }
+
+    fn domain_remaining(&self, name: &str, addr: IpAddr) -> Option<u32> {
+        let learned = self.renderer.domain_set_members(self.version, name)?;
+        learned
+            .iter()
+            .filter(|l| l.addr == addr)
+            .map(|l| l.remaining_secs)
+            .max()
     }
 }
 
@@ -187,6 +282,7 @@ pub fn trace(rules: &dyn Rules, start: &str, pkt: &Packet) -> Result<Trace, Trac
         pkt,
         mark: pkt.mark,
         steps: Vec::new(),
+        domain_hits: Vec::new(),
     };
     let Some(chain) = rules.chain(start) else {
         return Err(TraceError::MissingChain {
@@ -199,6 +295,7 @@ pub fn trace(rules: &dyn Rules, start: &str, pkt: &Packet) -> Result<Trace, Trac
         steps: t.steps,
         outcome,
         mark: t.mark,
+        domain_hits: t.domain_hits,
     })
 }
 
@@ -207,6 +304,7 @@ struct Tracer<'a> {
     pkt: &'a Packet,
     mark: u32,
     steps: Vec<Step>,
+    domain_hits: Vec<DomainHit>,
 }
 
 fn iface_matches(pattern: &str, iface: &str) -> bool {
@@ -228,6 +326,7 @@ impl Tracer<'_> {
             if !self.matches(name, index, rule)? {
                 continue;
             }
+            self.record_domain_hits(name, index, rule);
             let mut step = |effect| {
                 self.steps.push(Step {
                     chain: name.to_string(),
@@ -272,6 +371,13 @@ impl Tracer<'_> {
                     step(Effect::Goto(next.clone()));
                     return self.enter(name, next, depth + 1);
                 }
+                Some(Target::Nfqueue { .. }) => {
+                    return Err(TraceError::UnsupportedTarget {
+                        chain: name.to_string(),
+                        rule: index,
+                        what: "NFQUEUE",
+                    });
+                }
             }
         }
         Ok(Outcome::Return)
@@ -284,6 +390,28 @@ impl Tracer<'_> {
             from: from.to_string(),
         })?;
         self.run(name, chain, depth)
+    }
+
+    /// A matched rule's positive destination matches on domain sets.
+    fn record_domain_hits(&mut self, chain: &str, index: usize, rule: &Rule) {
+        for m in &rule.matches {
+            if let Match::Set {
+                name,
+                flags: SetFlags::Dst,
+                negated: false,
+            } = m
+                && let Some(patterns) = self.rules.domain_set(name)
+            {
+                self.domain_hits.push(DomainHit {
+                    chain: chain.to_string(),
+                    rule: index,
+                    set: name.clone(),
+                    patterns,
+                    addr: self.pkt.dst,
+                    remaining_secs: self.rules.domain_remaining(name, self.pkt.dst),
+                });
+            }
+        }
     }
 
     fn matches(&self, chain: &str, rule: usize, r: &Rule) -> Result<bool, TraceError> {
@@ -362,6 +490,14 @@ impl Tracer<'_> {
             }
             // A rate limit lets one traced packet through.
             Match::Limit { .. } => true,
+            Match::SrcPort { proto, port } => proto.number() == pkt.proto && *port == pkt.sport,
+            Match::CtDirReply => {
+                return Err(TraceError::Unsupported {
+                    chain: chain.to_string(),
+                    rule,
+                    what: "-m conntrack --ctdir",
+                });
+            }
             Match::Rpfilter { .. } => {
                 return Err(TraceError::Unsupported {
                     chain: chain.to_string(),

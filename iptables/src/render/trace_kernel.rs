@@ -14,12 +14,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use super::ir::{Match, Rule, Target};
-use super::trace::{ConntrackState, Packet, Rules};
+use super::trace::{ConntrackState, DomainHit, Packet, Rules, Trace};
 use crate::apply::ipset::ActualSet;
 use crate::model::{
     self, Addr, CtState, IcmpType, Iface, Negatable, PortRange, PortsKind, Protocol, SetDir,
     TableLine,
 };
+use calc_graph::proto::DomainPattern;
 
 /// A rule that never matches (no mark is ever equal to 1 under an empty mask).
 fn never() -> Match {
@@ -48,6 +49,20 @@ pub struct KernelRules {
     /// The kernel's text of each rule (`-A CHAIN …`, without counters), by chain, for reports.
     pub texts: HashMap<String, Vec<String>>,
     pub assumptions: Vec<Assumption>,
+    /// Rules whose destination is in one of our domain sets (sets with timeouts) as the kernel
+    /// has it, decided when the rules were prepared (see [`KernelRules::domain_hits`]).
+    pub domain_matches: Vec<KernelDomainMatch>,
+}
+
+/// A kernel rule whose positive `--match-set <domain set> dst` holds the packet's destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelDomainMatch {
+    pub chain: String,
+    /// 1-based position in the chain.
+    pub rule: usize,
+    pub set: String,
+    /// The kernel's seconds left for the destination's entry (`None`: permanent).
+    pub remaining_secs: Option<u32>,
 }
 
 impl KernelRules {
@@ -67,7 +82,16 @@ impl KernelRules {
                 TableLine::Rule(r) | TableLine::Insert { rule: r, .. } => {
                     let chain = r.chain.as_str().to_string();
                     let index = k.chains.get(&chain).map_or(0, Vec::len) + 1;
-                    let (rule, notes) = convert(r, sets, pkt);
+                    let mut domain = Vec::new();
+                    let (rule, notes) = convert(r, sets, pkt, &mut domain);
+                    for (set, remaining_secs) in domain {
+                        k.domain_matches.push(KernelDomainMatch {
+                            chain: chain.clone(),
+                            rule: index,
+                            set,
+                            remaining_secs,
+                        });
+                    }
                     for what in notes {
                         k.assumptions.push(Assumption {
                             chain: chain.clone(),
@@ -107,6 +131,34 @@ impl KernelRules {
             }
         }
         k
+    }
+
+    /// The domain hits of the rules `trace` matched (the kernel's set contents decided
+    /// membership; `patterns` names a domain set's patterns, e.g. from the renderer's
+    /// [`Renderer::domain_set_patterns`](super::Renderer::domain_set_patterns); a set it does
+    /// not know is reported with no patterns).
+    pub fn domain_hits(
+        &self,
+        trace: &Trace,
+        pkt: &Packet,
+        patterns: &dyn Fn(&str) -> Option<Vec<DomainPattern>>,
+    ) -> Vec<DomainHit> {
+        let mut out = Vec::new();
+        for step in &trace.steps {
+            for m in &self.domain_matches {
+                if m.chain == step.chain && m.rule == step.rule {
+                    out.push(DomainHit {
+                        chain: m.chain.clone(),
+                        rule: m.rule,
+                        set: m.set.clone(),
+                        patterns: patterns(&m.set).unwrap_or_default(),
+                        addr: pkt.dst,
+                        remaining_secs: m.remaining_secs,
+                    });
+                }
+            }
+        }
+        out
     }
 
     /// The kernel's text of rule `rule` (1-based) of `chain`.
@@ -185,6 +237,7 @@ fn convert(
     r: &model::Rule,
     sets: &BTreeMap<String, ActualSet>,
     pkt: &Packet,
+    domain: &mut Vec<(String, Option<u32>)>,
 ) -> (Rule, Vec<String>) {
     let mut notes = Vec::new();
     let mut matches = Vec::new();
@@ -269,6 +322,11 @@ fn convert(
                         .members
                         .iter()
                         .any(|m| set_member_holds(m, a, pkt.proto, port));
+                    // A domain set (timeouts: FQDN policy) holding the destination.
+                    if hit && !*negated && set.is_timed() && dirs.first() == Some(&SetDir::Dst) {
+                        let left = set.member_timeouts.get(&a.to_string()).copied();
+                        domain.push((name.as_str().to_string(), left));
+                    }
                     check(hit, *negated);
                 }
                 None => {

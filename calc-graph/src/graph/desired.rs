@@ -1,0 +1,82 @@
+//! The graph's current desired state, as the sequencer asks for it on flush.
+
+use crate::proto::DomainPattern;
+
+use super::*;
+
+impl Desired for CalcGraph {
+    fn ip_pool(&self, name: &str) -> Option<IpPool> {
+        self.pools.get(name).cloned()
+    }
+
+    fn ip_set(&self, id: &str) -> Option<(IpSetKind, Arc<[IpSetMember]>)> {
+        if self.ipsets.domain_patterns(id).is_some() {
+            return Some((IpSetKind::Domain, Arc::from(Vec::new())));
+        }
+        let set = self.ipsets.get(id)?;
+        Some((set.kind, set.sorted_members()))
+    }
+
+    fn domain_patterns(&self, id: &str) -> Option<Arc<[DomainPattern]>> {
+        self.ipsets.domain_patterns(id)
+    }
+
+    fn ip_set_active(&self, id: &str) -> bool {
+        self.ipsets.get(id).is_some() || self.ipsets.domain_patterns(id).is_some()
+    }
+
+    fn policy(&self, id: &PolicyId) -> Option<ActivePolicy> {
+        let key = self.policy_keys.get(id)?;
+        if !self.active_policies.contains(key) {
+            return None;
+        }
+        let p = &self.policies[key];
+        Some(ActivePolicy {
+            id: p.id.clone(),
+            order: p.order,
+            inbound_rules: p.rules.inbound.clone(),
+            outbound_rules: p.rules.outbound.clone(),
+            untracked: p.untracked,
+            pre_dnat: p.pre_dnat,
+            apply_on_forward: p.apply_on_forward,
+        })
+    }
+
+    fn profile(&self, id: &str) -> Option<ActiveProfile> {
+        let rules = self.active_profiles.get(id)?;
+        Some(ActiveProfile {
+            id: id.to_string(),
+            inbound_rules: rules.inbound.clone(),
+            outbound_rules: rules.outbound.clone(),
+        })
+    }
+
+    fn endpoint(&self, id: &EndpointId) -> Option<LocalEndpoint> {
+        let item = *self.ep_items.get(id)?;
+        let ep = self.local_eps.get(&item)?;
+        let mut refs = Vec::new();
+        for sel in self.local.item_matches(item) {
+            for key in self.policies_by_sel.get(sel).into_iter().flatten() {
+                let p = &self.policies[key];
+                if p.untracked || p.pre_dnat {
+                    continue;
+                }
+                refs.push(PolicyRef {
+                    id: &p.id,
+                    order: p.order,
+                    ingress: p.ingress,
+                    egress: p.egress,
+                });
+            }
+        }
+        Some(LocalEndpoint {
+            id: ep.id.clone(),
+            interface_name: ep.interface_name.clone(),
+            ipv4_nets: ep.ipv4_nets.clone(),
+            ipv6_nets: ep.ipv6_nets.clone(),
+            tiers: resolver::resolve_tiers(refs, &self.tiers),
+            profile_ids: ep.profiles.clone(),
+            allow_spoofed_source_prefixes: ep.allow_spoofed_source_prefixes.clone(),
+        })
+    }
+}
