@@ -4,8 +4,8 @@ use std::net::{IpAddr, SocketAddr};
 
 /// The default DNS port of a trusted server given without one.
 pub const DNS_PORT: u16 = 53;
-/// `--dns-queue-num`'s default.
-pub const DEFAULT_QUEUE_NUM: u16 = 100;
+/// `--dns-queue-num`'s default (the renderer's).
+pub const DEFAULT_QUEUE_NUM: u16 = iptables::render::DEFAULT_DNS_QUEUE_NUM;
 /// `--dns-max-learned`'s default.
 pub const DEFAULT_MAX_LEARNED: usize = 100_000;
 

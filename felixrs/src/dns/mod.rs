@@ -13,8 +13,10 @@
 //! * [`queue`]: the NFQUEUE thread (nfq crate).
 //! * [`persist`]: `<state-dir>/dns-learned.json`.
 //! * [`metrics`]: `felixrs_dns_*`.
+//! * [`agent`]: the learner inside `felixrs agent` (queue thread, persister).
 //! * [`config`]: the flags' values (`--dns-trusted-servers` and friends).
 
+pub mod agent;
 pub mod answer;
 pub mod config;
 pub mod learned;

@@ -126,6 +126,39 @@ impl QueueLoop {
     }
 }
 
+/// Binds queue `num` and runs the loop on its own thread; while binding fails (another process
+/// holds the queue, or the kernel refuses) it logs and retries every 5 s. Responses meanwhile are
+/// dropped by the kernel (no one bound, no bypass): delayed, never let through unlearned.
+pub fn spawn_retrying(num: u16, learner: Arc<Learner>) -> QueueThread {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let handle = std::thread::Builder::new()
+        .name("dns-queue".into())
+        .spawn(move || {
+            let mut attempts = 0u64;
+            while !s.load(Ordering::SeqCst) {
+                match QueueLoop::bind(num) {
+                    Ok(q) => {
+                        q.run(&learner, &s);
+                        return;
+                    }
+                    Err(error) => {
+                        if attempts % 12 == 0 {
+                            tracing::error!(%error, queue = num, "cannot hold DNS responses; the kernel drops them until the queue is bound (retrying every 5 s)");
+                        }
+                        attempts += 1;
+                        std::thread::park_timeout(Duration::from_secs(5));
+                    }
+                }
+            }
+        })
+        .expect("spawn dns queue thread");
+    QueueThread {
+        stop,
+        handle: Some(handle),
+    }
+}
+
 impl QueueThread {
     /// Asks the loop to stop after its current batch (see the module docs).
     pub fn stop(&self) {
