@@ -14,6 +14,7 @@
 //! * [`persist`]: `<state-dir>/dns-learned.json`.
 //! * [`metrics`]: `felixrs_dns_*`.
 //! * [`agent`]: the learner inside `felixrs agent` (queue thread, persister).
+//! * [`trace`]: what `felixrs trace` says about domain rules (the learned map from its file).
 //! * [`config`]: the flags' values (`--dns-trusted-servers` and friends).
 
 pub mod agent;
@@ -26,5 +27,6 @@ pub mod packet;
 pub mod persist;
 pub mod queue;
 pub mod setwriter;
+pub mod trace;
 
 pub use learner::{Learner, LearnerConfig, Verdict};
