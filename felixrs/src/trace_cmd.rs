@@ -572,10 +572,6 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
     let _ = writeln!(s, "rules the packet matched, in order:");
     let mut deciders = Vec::new();
     let mut mark = pkt.mark;
-    let domain_sets = view.renderer.active_domain_sets();
-    // The rules matched so far in each chain (a domain set may sit in an OR block before the
-    // rule that sets the accept bit).
-    let mut matched: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for step in &t.steps {
         // As iptables-save prints it, with the `cali:` id to find it in the kernel's rules.
         let rule = view
@@ -588,7 +584,6 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
         let text = rule
             .map(|r| format!("(cali:{}) {}", r.hash, r.body))
             .unwrap_or_default();
-        matched.entry(&step.chain).or_default().push(text.clone());
         let owner = owners.get(&step.chain);
         let label = owner.map(|o| format!(" [{}]", o.what)).unwrap_or_default();
         let effect = match &step.effect {
@@ -628,14 +623,12 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
                 step.chain, step.rule
             ));
             if verb == "allowed"
-                && let Some(d) = explain_domain(
-                    view.learned.as_deref(),
-                    &domain_sets,
-                    &matched[step.chain.as_str()],
-                    pkt.dst,
-                )
+                && let Some(hit) = t.domain_hit_at(&step.chain, step.rule)
             {
-                deciders.push(format!("allowed by {d}"));
+                deciders.push(format!(
+                    "allowed by {}",
+                    explain_domain(view.learned.as_deref(), hit)
+                ));
             }
         }
         if let Effect::Mark(m) = step.effect {

@@ -3,11 +3,11 @@
 //! agent's were filled, and a packet allowed through a domain set is explained as "allowed by
 //! domain rule example.com (learned 12 s ago, TTL 60 s)".
 
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use calc_graph::model::DomainPattern;
-use iptables::render::{ActiveDomainSet, DomainMembers, LearnedAddr};
+use iptables::render::trace::DomainHit;
+use iptables::render::{DomainMembers, LearnedAddr};
 
 use super::learned::LearnedMap;
 use super::learner::{Clock, SystemClock};
@@ -42,49 +42,27 @@ impl DomainMembers for LearnedFile {
     }
 }
 
-/// The kernel set names a rule's text matches destinations against (`--match-set NAME dst`).
-fn dst_sets(rule: &str) -> Vec<&str> {
-    let t: Vec<&str> = rule.split_whitespace().collect();
-    t.windows(3)
-        .filter(|w| w[0] == "--match-set" && w[2] == "dst")
-        .map(|w| w[1].trim_matches('"'))
-        .collect()
-}
-
 fn secs(ms: u64) -> u64 {
     ms / 1000
 }
 
-/// "domain rule example.com (learned 12 s ago, TTL 60 s)" for the first domain set among
-/// `rules` (the rules the packet matched in the deciding chain, as iptables-save prints them)
-/// that `dst` is learned for; `None` when no domain set decided.
-pub fn explain(
-    learned: Option<&LearnedFile>,
-    sets: &[ActiveDomainSet],
-    rules: &[String],
-    dst: IpAddr,
-) -> Option<String> {
-    let set = rules.iter().flat_map(|r| dst_sets(r)).find_map(|name| {
-        sets.iter()
-            .find(|s| s.v4_set.as_deref() == Some(name) || s.v6_set.as_deref() == Some(name))
-    })?;
-    let patterns: Vec<&str> = set.patterns.iter().map(DomainPattern::as_str).collect();
+/// "domain rule example.com (learned 12 s ago, TTL 60 s)" for the domain set a packet was allowed
+/// through (the evaluator's [`DomainHit`]), from the learned map when one was read, else from
+/// what the evaluator knows (the address in the set and its time left).
+pub fn explain(learned: Option<&LearnedFile>, hit: &DomainHit) -> String {
     let Some(file) = learned else {
-        return Some(format!(
-            "domain rule {} (no learned DNS map read: give --state-dir or --dns-learned)",
-            patterns.join(", ")
-        ));
+        return hit.to_string();
     };
     // The name that keeps the address allowed longest.
     let best = file
         .map
-        .entries_of(dst, file.now_ms)
+        .entries_of(hit.addr, file.now_ms)
         .into_iter()
-        .filter(|(n, _)| set.patterns.iter().any(|p| p.matches(n)))
+        .filter(|(n, _)| hit.patterns.iter().any(|p| p.matches(n)))
         .max_by_key(|(_, e)| e.expires_at_ms);
-    Some(match best {
+    match best {
         Some((name, e)) => {
-            let pattern = set
+            let pattern = hit
                 .patterns
                 .iter()
                 .find(|p| p.matches(&name))
@@ -101,22 +79,25 @@ pub fn explain(
             )
         }
         None => format!(
-            "domain rule {} ({dst} is not learned for it in {})",
-            patterns.join(", "),
+            "{hit}, not learned for it in {}",
             file.path.display()
         ),
-    })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::IpAddr;
 
-    fn set(p: &[&str]) -> ActiveDomainSet {
-        ActiveDomainSet {
+    fn hit(p: &[&str], addr: IpAddr) -> DomainHit {
+        DomainHit {
+            chain: "cali-po-x".into(),
+            rule: 1,
+            set: "cali40d:abc".into(),
             patterns: p.iter().map(|p| DomainPattern::parse(p).unwrap()).collect(),
-            v4_set: Some("cali40d:abc".into()),
-            v6_set: None,
+            addr,
+            remaining_secs: Some(48),
         }
     }
 
@@ -131,36 +112,19 @@ mod tests {
             map,
             now_ms: 1_012_400,
         };
-        let rules = vec![
-            "-m set --match-set cali40d:abc dst -j MARK --set-xmark 0x10000/0x10000".to_string(),
-        ];
         assert_eq!(
-            explain(Some(&file), &[set(&["example.com"])], &rules, dst).unwrap(),
+            explain(Some(&file), &hit(&["example.com"], dst)),
             "domain rule example.com (learned 12 s ago, TTL 60 s)"
         );
         assert_eq!(
-            explain(Some(&file), &[set(&["*.example.com"])], &rules, dst).unwrap(),
+            explain(Some(&file), &hit(&["*.example.com"], dst)),
             "domain rule *.example.com (api.example.com learned 12 s ago, TTL 30 s)"
         );
         let other: IpAddr = "192.0.2.9".parse().unwrap();
-        assert!(
-            explain(Some(&file), &[set(&["example.com"])], &rules, other)
-                .unwrap()
-                .contains("not learned")
-        );
-        assert!(
-            explain(None, &[set(&["example.com"])], &rules, dst)
-                .unwrap()
-                .contains("no learned DNS map")
-        );
+        assert!(explain(Some(&file), &hit(&["example.com"], other)).contains("not learned"));
         assert_eq!(
-            explain(
-                Some(&file),
-                &[set(&["example.com"])],
-                &["-j ACCEPT".into()],
-                dst
-            ),
-            None
+            explain(None, &hit(&["example.com"], dst)),
+            "domain rule example.com (192.0.2.1 in cali40d:abc, 48 s left)"
         );
     }
 }
