@@ -115,14 +115,26 @@ fn with_trusted_servers_the_queue_is_bound_and_metrics_exported() {
         ],
     );
     let l = a.wait_for("learning DNS names from the trusted servers' responses");
-    assert!(l.contains("10.96.0.10:53") && l.contains("[fd00::10]:5353"), "{l}");
-    assert!(l.contains("min_ttl=30") && l.contains("max_learned=500"), "{l}");
+    assert!(
+        l.contains("10.96.0.10:53") && l.contains("[fd00::10]:5353"),
+        "{l}"
+    );
+    assert!(
+        l.contains("min_ttl=30") && l.contains("max_learned=500"),
+        "{l}"
+    );
     a.wait_for("holding DNS responses until their addresses are allowed");
-    assert!(!a.seen.iter().any(|l| l.contains("no --dns-trusted-servers")));
+    assert!(
+        !a.seen
+            .iter()
+            .any(|l| l.contains("no --dns-trusted-servers"))
+    );
     // The queue is bound in the agent's namespace (the kernel lists it).
     let queues = ns.ok("cat", &["/proc/net/netfilter/nfnetlink_queue"]);
     assert!(
-        queues.lines().any(|l| l.split_whitespace().next() == Some("77")),
+        queues
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some("77")),
         "queue 77 not bound: {queues:?}"
     );
     let body = ns.in_thread(move || {

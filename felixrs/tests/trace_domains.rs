@@ -101,7 +101,8 @@ fn a_learned_address_is_allowed_by_its_domain_rule_with_age_and_ttl() {
         .find(|l| l.contains("allowed by domain rule api.example.com (learned "))
         .unwrap_or_else(|| panic!("no domain line in:\n{text}"));
     assert!(
-        line.ends_with("(learned 12 s ago, TTL 60 s)") || line.ends_with("(learned 13 s ago, TTL 60 s)"),
+        line.ends_with("(learned 12 s ago, TTL 60 s)")
+            || line.ends_with("(learned 13 s ago, TTL 60 s)"),
         "{line}"
     );
     // A wildcard names the learned name too.

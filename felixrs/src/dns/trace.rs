@@ -78,10 +78,7 @@ pub fn explain(learned: Option<&LearnedFile>, hit: &DomainHit) -> String {
                 e.ttl_secs
             )
         }
-        None => format!(
-            "{hit}, not learned for it in {}",
-            file.path.display()
-        ),
+        None => format!("{hit}, not learned for it in {}", file.path.display()),
     }
 }
 
