@@ -11,8 +11,8 @@
 //! * [`learner`]: the lock that ties them together, verdicts, active sets, the `DomainMembers`
 //!   the renderer fills new sets from.
 //! * [`queue`]: the NFQUEUE thread (nfq crate).
-//! * [`persist`]: `<state-dir>/dns-learned.json`.
-//! * [`metrics`]: `felixrs_dns_*`.
+//! * [`persist`]: the map in `<state-dir>/dns-learned.json`.
+//! * [`metrics`]: the `felixrs_dns_*` metrics.
 //! * [`agent`]: the learner inside `felixrs agent` (queue thread, persister).
 //! * [`trace`]: what `felixrs trace` says about domain rules (the learned map from its file).
 //! * [`config`]: the flags' values (`--dns-trusted-servers` and friends).

@@ -143,7 +143,7 @@ pub fn spawn_retrying(num: u16, learner: Arc<Learner>) -> QueueThread {
                         return;
                     }
                     Err(error) => {
-                        if attempts % 12 == 0 {
+                        if attempts.is_multiple_of(12) {
                             tracing::error!(%error, queue = num, "cannot hold DNS responses; the kernel drops them until the queue is bound (retrying every 5 s)");
                         }
                         attempts += 1;
