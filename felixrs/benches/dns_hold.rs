@@ -152,6 +152,21 @@ fn ipv4_udp(dns: &[u8]) -> Vec<u8> {
     p
 }
 
+/// Encoding and atomically writing a full map (`--dns-max-learned` entries): seconds, bytes.
+fn persist_full(entries: usize) -> (f64, usize) {
+    let mut map = LearnedMap::new(entries);
+    for i in 0..entries {
+        let addr = std::net::Ipv4Addr::from(0x0a00_0000 | i as u32);
+        map.learn(&format!("n{i}.example.com"), addr.into(), 300, 1_000_000);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(felixrs::dns::persist::FILE_NAME);
+    let t = Instant::now();
+    let bytes = felixrs::dns::persist::encode(&map);
+    felixrs::dns::persist::save(&path, &bytes).unwrap();
+    (t.elapsed().as_secs_f64(), bytes.len())
+}
+
 fn main() {
     let n: usize = std::env::args()
         .skip(1)
@@ -223,5 +238,11 @@ fn main() {
     println!(
         "learner alone (parse + learn, null writer, batches of 64): {:.0} responses/s",
         learner_alone(10 * n)
+    );
+    let (secs, bytes) = persist_full(100_000);
+    println!(
+        "persisting a full map (100,000 entries): {:.0} ms, {:.1} MB",
+        secs * 1000.0,
+        bytes as f64 / 1e6
     );
 }
