@@ -672,6 +672,129 @@ mod tests {
         assert_eq!(rec.log.lock().unwrap().len(), 1);
     }
 
+    /// A kernel in miniature: `add -exist` replaces a member's expiry.
+    #[derive(Default, Clone)]
+    struct Kernel(
+        Arc<Mutex<BTreeMap<(String, IpAddr), u64>>>,
+        Arc<ManualClock>,
+    );
+
+    impl SetWriter for Kernel {
+        fn add(&mut self, adds: &[SetAdd]) -> Vec<Result<(), WriteError>> {
+            let now = self.1.now_ms();
+            let mut k = self.0.lock().unwrap();
+            for a in adds {
+                assert!(a.timeout_secs >= 1, "timeout 0 means forever");
+                k.insert(
+                    (a.set.clone(), a.addr),
+                    now + u64::from(a.timeout_secs) * 1000,
+                );
+            }
+            adds.iter().map(|_| Ok(())).collect()
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Answer(usize, usize, u32),
+        Wait(u64),
+        Activate(Vec<bool>),
+    }
+
+    const NAMES: [&str; 4] = [
+        "a.example.com",
+        "b.example.com",
+        "example.com",
+        "x.other.org",
+    ];
+    const ADDRS: [&str; 3] = ["192.0.2.1", "192.0.2.2", "2001:db8::1"];
+
+    fn all_sets() -> Vec<ActiveDomainSet> {
+        vec![
+            set(&["*.example.com"], "cali40d:w", "cali60d:w"),
+            set(&["example.com", "x.other.org"], "cali40d:e", "cali60d:e"),
+            ActiveDomainSet {
+                patterns: vec![DomainPattern::parse("b.example.com").unwrap()],
+                v4_set: Some("cali40d:b".into()),
+                v6_set: None,
+            },
+        ]
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            3 => (0..NAMES.len(), 0..ADDRS.len(), 0..120u32).prop_map(|(n, a, t)| Step::Answer(n, a, t)),
+            2 => (0..90_000u64).prop_map(Step::Wait),
+            1 => prop::collection::vec(any::<bool>(), 3).prop_map(Step::Activate),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever the order of answers, time and set activations: every address the learner
+        /// says a set allows (its `DomainMembers` answer) is in that kernel set for at least as
+        /// long, no set is written that is not active, and every release came after its writes.
+        #[test]
+        fn the_kernel_always_allows_what_the_map_says(steps in proptest::collection::vec(step(), 1..40)) {
+            let clock = Arc::new(ManualClock(AtomicU64::new(5_000_000)));
+            let kernel = Kernel(Arc::default(), clock.clone());
+            let l = Learner::new(
+                LearnerConfig {
+                    trusted_servers: vec![
+                        format!("{SERVER}:53").parse().unwrap(),
+                        "[fd00::53]:53".parse().unwrap(),
+                    ],
+                    min_ttl: 0,
+                    max_learned: 1000,
+                    persist_path: None,
+                },
+                LearnedMap::new(1000),
+                Box::new(kernel.clone()),
+                clock.clone(),
+                DnsMetrics::default(),
+            );
+            let mut active: Vec<ActiveDomainSet> = Vec::new();
+            for s in steps {
+                match s {
+                    Step::Answer(n, a, ttl) => {
+                        let dns = response(&format!("{}.", NAMES[n]), &[Rr::Addr(&format!("{}.", NAMES[n]), ADDRS[a], ttl)]);
+                        let pkt = if ADDRS[a].contains(':') {
+                            udp(ip("fd00::53"), 53, ip("fd00::9"), 1, &dns)
+                        } else {
+                            resp(SERVER, 53, &dns)
+                        };
+                        proptest::prop_assert_eq!(l.handle(&[&pkt]), vec![Verdict::Release]);
+                    }
+                    Step::Wait(ms) => { clock.0.fetch_add(ms, Ordering::SeqCst); }
+                    Step::Activate(pick) => {
+                        let next: Vec<ActiveDomainSet> = all_sets().into_iter().zip(pick).filter(|(_, p)| *p).map(|(s, _)| s).collect();
+                        // A set that goes away is destroyed in the kernel (with its members).
+                        let names: Vec<String> = next.iter().flat_map(|s| s.v4_set.iter().chain(&s.v6_set).cloned()).collect();
+                        kernel.0.lock().unwrap().retain(|(set, _), _| names.contains(set));
+                        active = next.clone();
+                        l.set_active(next);
+                    }
+                }
+                let now = clock.now_ms();
+                let k = kernel.0.lock().unwrap().clone();
+                for ((set, _), _) in &k {
+                    proptest::prop_assert!(active.iter().any(|s| s.v4_set.as_deref() == Some(set) || s.v6_set.as_deref() == Some(set)), "{} written but not active", set);
+                }
+                for s in &active {
+                    for la in l.learned(&s.patterns) {
+                        let name = if la.addr.is_ipv6() { &s.v6_set } else { &s.v4_set };
+                        let Some(name) = name else { continue };
+                        let exp = k.get(&(name.clone(), la.addr)).copied().unwrap_or(0);
+                        proptest::prop_assert!(
+                            exp >= now + u64::from(la.remaining_secs) * 1000 - 999,
+                            "{} in {}: kernel until {}, map says {} s from {}", la.addr, name, exp, la.remaining_secs, now
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_map_persists_and_reloads_without_expired_entries() {
         let dir = tempfile::tempdir().unwrap();
