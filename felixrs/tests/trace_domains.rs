@@ -138,3 +138,40 @@ fn a_missing_learned_file_is_an_error_naming_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/nonexistent/dns-learned.json"), "{err}");
 }
+
+/// On the node: `--state-dir` reads the agent's snapshot and its `dns-learned.json` beside it.
+#[test]
+fn the_state_dir_brings_its_learned_map() {
+    use felixrs::agent::snapshot::{Snapshot, SnapshotStore};
+    let dir = tempfile::tempdir().unwrap();
+    let m = manifests(dir.path());
+    let set = policy_controller::load_manifests(&m, &policy_controller::ConvertOptions::default())
+        .unwrap();
+    let state = dir.path().join("state");
+    let kvs = set
+        .resources
+        .into_iter()
+        .map(|(k, r)| (k.as_str().into(), r.json.as_bytes().into()))
+        .collect();
+    SnapshotStore::new(&state)
+        .save(&Snapshot { revision: 7, kvs })
+        .unwrap();
+    std::fs::copy(learned_file(dir.path()), state.join("dns-learned.json")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_felixrs"))
+        .args(["trace", "--node-name", "node-1", "--state-dir"])
+        .arg(&state)
+        .args(["--from", "shop/web-0", "--to", "192.0.2.1", "--port", "443"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(verdict(&text).starts_with("ACCEPT"), "{text}");
+    assert!(
+        text.contains("allowed by domain rule api.example.com (learned "),
+        "{text}"
+    );
+}
