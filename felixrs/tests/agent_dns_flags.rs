@@ -153,6 +153,7 @@ fn with_trusted_servers_the_queue_is_bound_and_metrics_exported() {
         "felixrs_dns_responses_held_total ",
         "felixrs_dns_hold_seconds_bucket",
         "felixrs_dns_learned_evictions_total ",
+        "felixrs_dns_queue_bound 1",
     ] {
         assert!(body.contains(m), "{m} missing from /metrics:\n{body}");
     }

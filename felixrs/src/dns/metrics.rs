@@ -20,6 +20,8 @@ pub struct DnsMetrics {
     pub hold_seconds: Histogram,
     pub responses_dropped: Family<Vec<(String, String)>, Counter>,
     pub evictions: Counter,
+    /// 1 while the agent is bound to the hold queue (0: the kernel drops every held response).
+    pub queue_bound: Gauge,
 }
 
 impl Default for DnsMetrics {
@@ -32,6 +34,7 @@ impl Default for DnsMetrics {
             hold_seconds: Histogram::new(exponential_buckets(0.000_01, 2.0, 16)),
             responses_dropped: Family::default(),
             evictions: Counter::default(),
+            queue_bound: Gauge::default(),
         }
     }
 }
@@ -75,6 +78,11 @@ impl DnsMetrics {
             "dns_learned_evictions",
             "Learned (name, address) entries evicted by --dns-max-learned",
             self.evictions.clone(),
+        );
+        r.register(
+            "dns_queue_bound",
+            "1 while the agent holds DNS responses on its NFQUEUE; 0: no one is bound and the kernel drops them",
+            self.queue_bound.clone(),
         );
     }
 }

@@ -123,6 +123,7 @@ impl QueueLoop {
             }
         }
         let _ = self.queue.unbind(self.num);
+        learner.metrics.queue_bound.set(0);
     }
 }
 
