@@ -1,7 +1,9 @@
 //! `felixrs agent` and the DNS flags, through the binary in a throwaway namespace (root): without
 //! `--dns-trusted-servers` it says at start that DNS names in policy match nothing; with them it
-//! binds the hold queue and exports the `felixrs_dns_*` metrics. No etcd is needed: the agent
-//! starts, waits for one and never writes the kernel before it is in sync.
+//! starts the learner and exports the `felixrs_dns_*` metrics, but does not bind the hold queue
+//! before its first apply (with no etcd and no snapshot there is none): until then the kernel
+//! drops held responses rather than the agent releasing them unlearned. No etcd is needed: the
+//! agent starts, waits for one and never writes the kernel before it is in sync.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -95,7 +97,7 @@ fn without_trusted_servers_the_agent_says_names_match_nothing() {
 }
 
 #[test]
-fn with_trusted_servers_the_queue_is_bound_and_metrics_exported() {
+fn with_trusted_servers_the_learner_starts_and_the_queue_waits_for_the_first_apply() {
     let ns = Netns::with_tag("dnsflag");
     let dir = tempfile::tempdir().unwrap();
     let health: SocketAddr = "127.0.0.1:9099".parse().unwrap();
@@ -123,19 +125,10 @@ fn with_trusted_servers_the_queue_is_bound_and_metrics_exported() {
         l.contains("min_ttl=30") && l.contains("max_learned=500"),
         "{l}"
     );
-    a.wait_for("holding DNS responses until their addresses are allowed");
     assert!(
         !a.seen
             .iter()
             .any(|l| l.contains("no --dns-trusted-servers"))
-    );
-    // The queue is bound in the agent's namespace (the kernel lists it).
-    let queues = ns.ok("cat", &["/proc/net/netfilter/nfnetlink_queue"]);
-    assert!(
-        queues
-            .lines()
-            .any(|l| l.split_whitespace().next() == Some("77")),
-        "queue 77 not bound: {queues:?}"
     );
     let body = ns.in_thread(move || {
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -153,8 +146,17 @@ fn with_trusted_servers_the_queue_is_bound_and_metrics_exported() {
         "felixrs_dns_responses_held_total ",
         "felixrs_dns_hold_seconds_bucket",
         "felixrs_dns_learned_evictions_total ",
-        "felixrs_dns_queue_bound 1",
+        "felixrs_dns_queue_bound 0",
     ] {
         assert!(body.contains(m), "{m} missing from /metrics:\n{body}");
     }
+    // Not in sync, nothing applied: the queue is not bound (the kernel lists no queue 77).
+    let queues = ns.ok("cat", &["/proc/net/netfilter/nfnetlink_queue"]);
+    assert!(
+        !queues
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some("77")),
+        "queue 77 bound before the first apply: {queues:?}"
+    );
+    assert!(!a.seen.iter().any(|l| l.contains("holding DNS responses")));
 }

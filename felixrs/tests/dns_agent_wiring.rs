@@ -1,7 +1,8 @@
 //! The learner wired into the agent's dataplane (`KernelDataplane::with_learner`) on the real
 //! kernel, in a throwaway node namespace (root): the persisted learned map is loaded before the
 //! first apply, so the domain set the first apply creates is created full; after the apply the
-//! learner knows the set by its kernel name; a response learned afterwards lands in the kernel set;
+//! learner knows the set by its kernel name; the hold queue is bound only then (not before the
+//! first apply); a response learned afterwards lands in the kernel set;
 //! the hold rule for the trusted server is in mangle `cali-POSTROUTING`; and the map is persisted
 //! for the next start.
 
@@ -124,7 +125,28 @@ fn the_first_apply_creates_domain_sets_full_and_later_answers_reach_them() {
     )
     .unwrap()
     .with_learner(learner.clone());
+    // The agent's queue thread, in the node's namespace: it waits for the first apply.
+    let queue = {
+        let l = learner.clone();
+        node.in_thread(move || felixrs::dns::queue::spawn_retrying(100, l))
+    };
+    let bound = || {
+        node.ok("cat", &["/proc/net/netfilter/nfnetlink_queue"])
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some("100"))
+    };
+    assert!(!bound(), "queue bound before the first apply");
+    assert_eq!(learner.metrics.queue_bound.get(), 0);
     dp.apply(view.outputs.clone()).expect("apply");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !bound() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "queue not bound after the apply"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    queue.stop();
 
     let active = learner.active();
     assert_eq!(active.len(), 1, "{active:?}");

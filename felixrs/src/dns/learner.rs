@@ -99,6 +99,8 @@ pub struct Learner {
     cfg: LearnerConfig,
     clock: Arc<dyn Clock>,
     pub metrics: DnsMetrics,
+    /// Set by the first [`Learner::set_active`]: the learner knows the kernel's domain sets.
+    programmed: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Learner {
@@ -127,6 +129,7 @@ impl Learner {
             cfg,
             clock,
             metrics,
+            programmed: std::sync::atomic::AtomicBool::new(false),
         };
         l.update_gauges(&l.lock().map);
         l
@@ -342,6 +345,7 @@ impl Learner {
             .filled
             .extend(new_sets.into_iter().filter(|s| !failed.contains(s)));
         inner.active = sets;
+        self.programmed.store(true, Ordering::SeqCst);
     }
 
     /// Expires entries (and updates the gauges); returns the map as JSON if it changed since the
@@ -369,6 +373,13 @@ impl Learner {
             tracing::error!(%error, "writing the learned DNS map failed");
             self.lock().dirty = true;
         }
+    }
+
+    /// Whether an apply has told the learner which domain sets the kernel has. Before that the
+    /// queue is not bound: a response held then would be released unlearned (no set known yet),
+    /// while an unbound queue has the kernel drop it and the client retry.
+    pub fn programmed(&self) -> bool {
+        self.programmed.load(Ordering::SeqCst)
     }
 
     /// A copy of the map (trace, tests).

@@ -127,9 +127,12 @@ impl QueueLoop {
     }
 }
 
-/// Binds queue `num` and runs the loop on its own thread; while binding fails (another process
-/// holds the queue, or the kernel refuses) it logs and retries every 5 s. Responses meanwhile are
-/// dropped by the kernel (no one bound, no bypass): delayed, never let through unlearned.
+/// Binds queue `num` and runs the loop on its own thread, once the learner knows the kernel's
+/// domain sets (after the agent's first successful apply: bound earlier, it would release
+/// responses unlearned after a restart, denying the connections that follow them); while binding
+/// fails (another process holds the queue, or the kernel refuses) it logs and retries every 5 s.
+/// Responses meanwhile are dropped by the kernel (no one bound, no bypass): delayed, never let
+/// through unlearned.
 pub fn spawn_retrying(num: u16, learner: Arc<Learner>) -> QueueThread {
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
@@ -137,6 +140,12 @@ pub fn spawn_retrying(num: u16, learner: Arc<Learner>) -> QueueThread {
         .name("dns-queue".into())
         .spawn(move || {
             let mut attempts = 0u64;
+            while !learner.programmed() {
+                if s.load(Ordering::SeqCst) {
+                    return;
+                }
+                std::thread::park_timeout(Duration::from_millis(20));
+            }
             while !s.load(Ordering::SeqCst) {
                 match QueueLoop::bind(num) {
                     Ok(q) => {
