@@ -1,7 +1,11 @@
 //! The dataplane settings `felixrs agent` and `felixrs render` share, so that `render` prints what
 //! the agent with the same flags would program.
 
+use std::net::SocketAddr;
+
 use iptables::render::{DenyLog, EndpointToHostAction, LogAction, RenderConfig, SourceSpoofing};
+
+use crate::dns::config::{DEFAULT_QUEUE_NUM, parse_trusted_server};
 
 /// Felix `WorkloadSourceSpoofing`: may pods send from the `allowedSourcePrefixes` they ask for?
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -82,6 +86,20 @@ pub struct DataplaneArgs {
         action = clap::ArgAction::Set
     )]
     pub share_chains: bool,
+    /// DNS servers whose responses to local pods teach the agent the addresses of the names in
+    /// `destination.domains` rules (`IP[:PORT]`, `[IPv6]:PORT`, comma separated; port 53 when
+    /// absent). Their responses are held until the addresses are allowed. No default: without
+    /// it nothing is learned and domain rules match nothing.
+    #[arg(
+        long,
+        env = "FELIXRS_DNS_TRUSTED_SERVERS",
+        value_delimiter = ',',
+        value_parser = parse_trusted_server
+    )]
+    pub dns_trusted_servers: Vec<SocketAddr>,
+    /// The NFQUEUE number DNS responses are held on.
+    #[arg(long, env = "FELIXRS_DNS_QUEUE_NUM", default_value_t = DEFAULT_QUEUE_NUM)]
+    pub dns_queue_num: u16,
 }
 
 /// Where the Log action's packets go.
@@ -105,6 +123,8 @@ impl Default for DataplaneArgs {
             log_denied: false,
             log_action: LogTo::Log,
             share_chains: true,
+            dns_trusted_servers: Vec::new(),
+            dns_queue_num: DEFAULT_QUEUE_NUM,
         }
     }
 }
@@ -132,6 +152,8 @@ impl DataplaneArgs {
                 },
             },
             share_chains: self.share_chains,
+            dns_trusted_servers: self.dns_trusted_servers.clone(),
+            dns_queue_num: self.dns_queue_num,
             ..RenderConfig::default()
         }
     }
@@ -177,6 +199,10 @@ mod tests {
             "Drop",
             "--workload-source-spoofing",
             "any",
+            "--dns-trusted-servers",
+            "10.96.0.10,[fd00::10]:5353",
+            "--dns-queue-num",
+            "7",
         ]);
         assert_eq!(c.dp.veth_prefix(), "tap");
         let cfg = c.dp.render_config();
@@ -187,6 +213,19 @@ mod tests {
             EndpointToHostAction::Drop
         );
         assert_eq!(cfg.workload_source_spoofing, SourceSpoofing::Any);
+        assert_eq!(
+            cfg.dns_trusted_servers,
+            [
+                "10.96.0.10:53".parse().unwrap(),
+                "[fd00::10]:5353".parse().unwrap()
+            ]
+        );
+        assert_eq!(cfg.dns_queue_num, 7);
+        let e = Cli::try_parse_from(["x", "--dns-trusted-servers", "dns.local"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("dns.local"), "{e}");
         assert!(Cli::try_parse_from(["x", "--mark-mask", "zz"]).is_err());
     }
 }

@@ -11,11 +11,13 @@
 //! * [`trace_kernel`]: `felixrs trace --kernel`, the packet through the kernel's own rules.
 //! * [`flows_cmd`]: `felixrs flows`, the packets our NFLOG rules log, with the deciding policy.
 //! * [`dataplane_args`]: the dataplane flags both share (mark mask, interface prefixes, ...).
+//! * [`dns`]: the DNS learner of FQDN egress policy (NFQUEUE, DNS parsing, learned map).
 #![forbid(unsafe_code)]
 
 pub mod agent;
 pub mod cleanup_cmd;
 pub mod dataplane_args;
+pub mod dns;
 pub mod flows_cmd;
 pub mod render_cmd;
 pub mod stats_cmd;

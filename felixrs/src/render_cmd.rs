@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 use calc_graph::proto::{IpVersion, Output};
@@ -23,6 +24,7 @@ use crate::agent::kernel::GraphPipeline;
 use crate::agent::snapshot::SnapshotStore;
 use crate::agent::state::Pipeline;
 use crate::dataplane_args::DataplaneArgs;
+use crate::dns::trace::LearnedFile;
 
 /// Where the cluster's objects come from: manifests, or the agent's snapshot.
 #[derive(Debug, Clone, clap::Args)]
@@ -74,6 +76,8 @@ pub struct NodeView {
     /// One line per rule that failed safe (`failed safe: <resource> spec.ingress[0]: ...`); also
     /// in `problems`.
     pub failed_safe: Vec<String>,
+    /// The learned DNS map the domain sets were filled from (`trace`).
+    pub learned: Option<Arc<LearnedFile>>,
 }
 
 /// Loads the objects and renders them for `node_name` with the agent's dataplane flags.
@@ -81,6 +85,16 @@ pub fn render_node(
     source: &SourceArgs,
     node_name: &str,
     dataplane: &DataplaneArgs,
+) -> anyhow::Result<NodeView> {
+    render_node_learned(source, node_name, dataplane, None)
+}
+
+/// [`render_node`] with domain sets filled from a learned DNS map, as the agent's are.
+pub fn render_node_learned(
+    source: &SourceArgs,
+    node_name: &str,
+    dataplane: &DataplaneArgs,
+    learned: Option<Arc<LearnedFile>>,
 ) -> anyhow::Result<NodeView> {
     let mut problems = Vec::new();
     let (resources, revision): (BTreeMap<String, Vec<u8>>, Option<i64>) = match &source.state_dir {
@@ -151,6 +165,9 @@ pub fn render_node(
     let outputs = pipeline.flush();
     let mut renderer =
         Renderer::new(dataplane.render_config()).map_err(|e| anyhow::anyhow!("renderer: {e}"))?;
+    if let Some(l) = &learned {
+        renderer.set_domain_members(l.clone());
+    }
     let mut errors = renderer.apply_all(outputs.clone());
     errors.extend(renderer.flush());
     problems.extend(errors.iter().map(|e| format!("render: {e}")));
@@ -161,6 +178,7 @@ pub fn render_node(
         outputs,
         problems,
         failed_safe,
+        learned,
     })
 }
 

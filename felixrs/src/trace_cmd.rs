@@ -26,7 +26,8 @@ use check::read_kernel;
 pub use check::{check_kernel, check_sets};
 
 use crate::dataplane_args::DataplaneArgs;
-use crate::render_cmd::{NodeView, SourceArgs, render_node};
+use crate::dns::trace::{LearnedFile, explain as explain_domain};
+use crate::render_cmd::{NodeView, SourceArgs, render_node_learned};
 
 /// `felixrs trace`.
 #[derive(Debug, Clone, clap::Args)]
@@ -50,6 +51,10 @@ pub struct Args {
     /// the verdicts differ.
     #[arg(long)]
     pub kernel: bool,
+    /// The agent's learned DNS map (`dns-learned.json`) to fill domain sets from; with
+    /// `--state-dir` its `dns-learned.json` is read when present.
+    #[arg(long)]
+    pub dns_learned: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub dataplane: DataplaneArgs,
 }
@@ -186,7 +191,19 @@ impl Args {
 
     /// The report, and the objects that were skipped or rendered fail-closed.
     pub fn trace(&self) -> anyhow::Result<(String, Vec<String>)> {
-        let view = render_node(&self.source, &self.node_name, &self.dataplane)?;
+        let learned_path = self.dns_learned.clone().or_else(|| {
+            let p = self
+                .source
+                .state_dir
+                .as_ref()?
+                .join(crate::dns::persist::FILE_NAME);
+            p.exists().then_some(p)
+        });
+        let learned = match learned_path {
+            Some(p) => Some(std::sync::Arc::new(LearnedFile::load(&p)?)),
+            None => None,
+        };
+        let view = render_node_learned(&self.source, &self.node_name, &self.dataplane, learned)?;
         let traced = trace_packet(&view, &self.node_name, &self.packet)?;
         let mut text = report(&view, &traced, &self.node_name);
         if !view.failed_safe.is_empty() {
@@ -605,6 +622,14 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
                 "{verb} by {what} ({} rule {}){why}",
                 step.chain, step.rule
             ));
+            if verb == "allowed"
+                && let Some(hit) = t.domain_hit_at(&step.chain, step.rule)
+            {
+                deciders.push(format!(
+                    "allowed by {}",
+                    explain_domain(view.learned.as_deref(), hit)
+                ));
+            }
         }
         if let Effect::Mark(m) = step.effect {
             mark = m;

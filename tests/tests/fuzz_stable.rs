@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use felixrs_e2e::fuzz::{Target, load_dict, load_seeds, run, save_crash};
 
+#[path = "../../fuzz/targets/dns_response.rs"]
+mod dns_response;
 #[path = "../../fuzz/targets/iptables_save.rs"]
 mod iptables_save;
 #[path = "../../fuzz/targets/manifest.rs"]
@@ -86,4 +88,9 @@ fn etcd_resource_decoding() {
 #[test]
 fn manifest_conversion() {
     fuzz("manifest", manifest::run, "manifest.dict");
+}
+
+#[test]
+fn dns_learner_path() {
+    fuzz("dns_response", dns_response::run, "dns_response.dict");
 }

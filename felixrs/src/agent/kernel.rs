@@ -31,6 +31,7 @@ use super::counters::{CounterHub, Published};
 use super::federation;
 use super::state::Pipeline;
 use super::status::FailedSafeRuleStatus;
+use crate::dns::Learner;
 
 /// The calculation graph fed with raw etcd keys and values.
 pub struct GraphPipeline {
@@ -179,6 +180,9 @@ pub struct KernelDataplane<R: Runner + Clone + 'static> {
     counters: Option<Arc<CounterHub>>,
     /// The filter chains changed since the attribution was last published.
     attribution_stale: bool,
+    /// The DNS learner (FQDN policy): fills new domain sets, and is told after each successful
+    /// program which domain sets the kernel has.
+    learner: Option<Arc<Learner>>,
 }
 
 impl<R: Runner + Clone + 'static> KernelDataplane<R> {
@@ -205,7 +209,17 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             stale_flows: BTreeSet::new(),
             counters: None,
             attribution_stale: true,
+            learner: None,
         })
+    }
+
+    /// Wires the DNS learner in: the renderer creates domain sets full of what it learned (the
+    /// persisted map included, so call this before the first apply), and after every successful
+    /// program the learner gets the domain sets now in the kernel.
+    pub fn with_learner(mut self, learner: Arc<Learner>) -> Self {
+        self.renderer.set_domain_members(learner.clone());
+        self.learner = Some(learner);
+        self
     }
 
     /// Publishes, after every program that changed the filter chains, what each rule of ours
@@ -311,6 +325,9 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             return Err(errors.join("; "));
         }
         self.publish_attribution();
+        if let Some(l) = &self.learner {
+            l.set_active(self.renderer.active_domain_sets());
+        }
         Ok(report)
     }
 }

@@ -12,6 +12,7 @@ use prometheus_client::registry::Registry;
 use std::sync::Arc;
 
 use super::counters::PolicyCounters;
+use crate::dns::metrics::DnsMetrics;
 
 /// Every metric the agent exports, with the registry that serves them.
 pub struct Metrics {
@@ -50,6 +51,8 @@ pub struct Metrics {
     pub remote_connected: Family<RemoteLabels, Gauge>,
     /// Per federated cluster: its keys (endpoints, profiles, network sets) in the agent's view.
     pub remote_keys: Family<RemoteLabels, Gauge>,
+    /// The DNS learner's (`felixrs_dns_*`, FQDN policy).
+    pub dns: DnsMetrics,
 }
 
 /// The label set of the per-remote-cluster metrics.
@@ -102,6 +105,7 @@ impl Metrics {
             drift_check_seconds: secs(),
             remote_connected: Family::default(),
             remote_keys: Family::default(),
+            dns: DnsMetrics::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -244,6 +248,7 @@ impl Metrics {
             "Federated cluster's endpoints, profiles and network sets held",
             m.remote_keys.clone(),
         );
+        m.dns.register(r);
         Self { registry, ..m }
     }
 

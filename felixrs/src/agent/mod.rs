@@ -73,6 +73,14 @@ fn parse_secs_or_zero(s: &str) -> Result<Duration, String> {
     parse_secs(s)
 }
 
+fn parse_max_learned(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("--dns-max-learned must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("invalid --dns-max-learned {s:?}: {e}")),
+    }
+}
+
 /// `felixrs agent`: the node agent.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -129,6 +137,19 @@ pub struct Args {
     /// Client key (PEM) for etcd TLS.
     #[arg(long, env = "FELIXRS_ETCD_KEY", requires = "etcd_cert")]
     pub etcd_key: Option<String>,
+    /// The least seconds a learned DNS address stays allowed (Felix's `DNSMinTTL`); 0: the
+    /// record's own TTL.
+    #[arg(long, env = "FELIXRS_DNS_MIN_TTL", default_value_t = 0)]
+    pub dns_min_ttl: u32,
+    /// The most (name, address) pairs the DNS learner keeps; beyond it the least recently learned
+    /// are forgotten (`felixrs_dns_learned_evictions_total`).
+    #[arg(
+        long,
+        env = "FELIXRS_DNS_MAX_LEARNED",
+        default_value_t = crate::dns::config::DEFAULT_MAX_LEARNED,
+        value_parser = parse_max_learned
+    )]
+    pub dns_max_learned: usize,
     /// tracing filter.
     #[arg(long, env = "FELIXRS_LOG", default_value = "info")]
     pub log: String,
@@ -152,6 +173,8 @@ impl Args {
             etcd_ca,
             etcd_cert,
             etcd_key,
+            dns_min_ttl,
+            dns_max_learned,
             log,
         } = self;
         tracing_subscriber::fmt()
@@ -164,9 +187,20 @@ impl Args {
         render.masquerade_random_fully =
             iptables::apply::detect_masquerade_fully_random(&ExecRunner::new());
         let counter_hub = counters::CounterHub::new();
-        let dataplane =
+        let hub = StatusHub::new(Metrics::new());
+        let mut dataplane =
             kernel::KernelDataplane::new(ExecRunner::new(), iptables_backend.into(), render)?
                 .with_counters(counter_hub.clone());
+        let dns = crate::dns::agent::start(
+            &dataplane_args,
+            dns_min_ttl,
+            dns_max_learned,
+            &state_dir,
+            hub.metrics.dns.clone(),
+        );
+        if let Some(d) = &dns {
+            dataplane = dataplane.with_learner(d.learner.clone());
+        }
         let pipeline = kernel::GraphPipeline::new(&node_name);
         let tls = EtcdTls {
             ca: etcd_ca,
@@ -188,7 +222,6 @@ impl Args {
             .enable_all()
             .build()
             .context("tokio runtime")?;
-        let hub = StatusHub::new(Metrics::new());
         let counter_thread = counters::spawn(
             ExecRunner::new(),
             counter_hub,
@@ -202,6 +235,9 @@ impl Args {
             runtime::run(cfg, datastore, pipeline, dataplane, hub, cancel).await
         });
         counter_thread.stop();
+        if let Some(d) = dns {
+            d.stop();
+        }
         result
     }
 }
