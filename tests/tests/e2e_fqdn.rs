@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use felixrs_e2e::cluster::Cluster;
 use felixrs_e2e::dns;
-use felixrs_e2e::driver::{Agent, Etcd, Proc, binary, controller_sync, start_etcd, wait_for};
+use felixrs_e2e::driver::{
+    Agent, Etcd, HEALTH_ADDR, Proc, binary, controller_sync, http_get, start_etcd, wait_for,
+};
 use felixrs_e2e::fqdn::{self, *};
 use felixrs_e2e::nat::{PodSpec, WHOAMI_PORT, WhoAmI, seen_as};
 use felixrs_test_support::netns::Netns;
@@ -389,6 +391,19 @@ fn ttl_expiry_and_min_ttl(env: &mut Env) -> Result<()> {
     Ok(())
 }
 
+/// A counter or gauge from the agent's `/metrics` (0 when absent).
+fn metric(agent: &Agent, name: &str) -> u64 {
+    let Ok((200, body)) = http_get(&agent.netns, HEALTH_ADDR, "/metrics") else {
+        return 0;
+    };
+    body.lines()
+        .filter_map(|l| l.strip_prefix(name))
+        .filter_map(|rest| rest.split_whitespace().last())
+        .filter_map(|v| v.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
 /// The first packet right after each answer is let through, for many fresh addresses
 /// (`RACE_NAMES` names, each resolved once, one UDP datagram sent the moment the answer is in):
 /// the hold makes the set hold the address before the pod sees it. A never-resolved address of
@@ -436,7 +451,22 @@ fn first_packet_race(env: &mut Env) -> Result<()> {
             race_addr(RACE_NAMES)
         );
     }
-    println!("    {} first packets, none lost", sent.len());
+    // And each of those answers went through the hold (the agents counted them).
+    let held: u64 = env
+        .agents
+        .iter()
+        .map(|a| metric(a, "felixrs_dns_responses_held_total"))
+        .sum();
+    if held < sent.len() as u64 {
+        bail!(
+            "the agents held {held} responses, fewer than the {} answers",
+            sent.len()
+        );
+    }
+    println!(
+        "    {} first packets, none lost; {held} responses held",
+        sent.len()
+    );
     Ok(())
 }
 
