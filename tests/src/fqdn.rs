@@ -94,9 +94,13 @@ pub const NEVER_IP6: Ipv6Addr = outside6(0x21);
 pub const CLOSED: &str = "closed.fqdn.test";
 pub const CLOSED_IP: Ipv4Addr = outside(22);
 
+/// Allowed by a network-policy-api ClusterNetworkPolicy `domainNames` peer (through the controller).
+pub const CNP_NAME: &str = "cnp.fqdn.test";
+pub const CNP_IP: Ipv4Addr = outside(23);
+
 /// Every single address of the outside host the cases use (the race range aside).
 pub fn outside_addrs() -> Vec<IpAddr> {
-    let mut v: Vec<IpAddr> = (11..=22).map(|n| outside(n).into()).collect();
+    let mut v: Vec<IpAddr> = (11..=23).map(|n| outside(n).into()).collect();
     v.push(API_IP6.into());
     v.push(NEVER_IP6.into());
     v
@@ -154,6 +158,7 @@ pub fn trusted_zone(work: &Path) -> Result<Vec<String>> {
         format!("--cname={ALIAS},mid.elsewhere.test"),
         format!("--host-record={SHORT},{SHORT_IP},{SHORT_TTL}"),
         format!("--host-record={CLOSED},{CLOSED_IP}"),
+        format!("--host-record={CNP_NAME},{CNP_IP}"),
     ])
 }
 
@@ -170,8 +175,9 @@ pub fn start_dns(pod: &Netns, ips: &[IpAddr], zone: &[String], work: &Path) -> R
     nat::start_dnsmasq_with(pod, ips, zone, work)
 }
 
-/// The test's world as manifests: namespaces, pods (with `labels`) and the Calico v3 policy that
-/// lets `app == 'client'` pods reach the DNS servers and, by name only, the outside host.
+/// The test's world as manifests: namespaces, pods (with `labels`), the Calico v3 policy that lets
+/// `app == 'client'` pods reach the DNS servers and, by name only, the outside host, and an admin
+/// ClusterNetworkPolicy whose `domainNames` peer admits [`CNP_NAME`].
 pub fn manifests(cluster: &Cluster, labels: &[nat::PodSpec<'_>]) -> String {
     let dns = cluster.pod("kube-system/dns");
     let rogue = cluster.pod("rogue/dns");
@@ -208,7 +214,22 @@ spec:
         dns6 = dns.ip6,
         who = nat::WHOAMI_PORT,
     );
-    nat::manifests(cluster, labels, &[policy])
+    let cnp = format!(
+        r#"apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {{name: fqdn-admin}}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {{pods: {{namespaceSelector: {{}}, podSelector: {{matchLabels: {{app: client}}}}}}}}
+  egress:
+  - action: Accept
+    to: [{{domainNames: [{CNP_NAME}]}}]
+    protocols: [{{tcp: {{destinationPort: {{number: {who}}}}}}}]
+"#,
+        who = nat::WHOAMI_PORT,
+    );
+    nat::manifests(cluster, labels, &[policy, cnp])
 }
 
 /// A UDP server on `0.0.0.0:port` in a namespace that records every datagram's payload; stopped

@@ -281,6 +281,15 @@ fn cname_chain(env: &mut Env) -> Result<()> {
     Ok(())
 }
 
+/// A ClusterNetworkPolicy (Admin tier) `domainNames` peer, converted by the controller into
+/// `destination.domains`, admits its name's address once resolved, and only then.
+fn admin_domain_names(env: &mut Env) -> Result<()> {
+    env.expect_denied("fq/client", CNP_IP, "not resolved yet")?;
+    env.resolve("fq/client", env.dns(), CNP_NAME, CNP_IP.into())?;
+    env.expect_allowed("fq/client", CNP_IP, "ClusterNetworkPolicy domainNames")?;
+    Ok(())
+}
+
 /// Forged answers open nothing: from an untrusted server the pod may query, from another pod
 /// (its own address, source port 53), and from another pod spoofing the trusted server's address.
 fn forged_answers(env: &mut Env) -> Result<()> {
@@ -558,7 +567,7 @@ fn fqdn_egress_policy() {
             println!("FAIL {name}: {e:#}");
         }
     };
-    let cases: [(&str, Case); 8] = [
+    let cases: [(&str, Case); 9] = [
         (
             "baseline: every address listens, clients reach none by default",
             baseline,
@@ -572,6 +581,10 @@ fn fqdn_egress_policy() {
             wildcard,
         ),
         ("CNAME chain from a listed name", cname_chain),
+        (
+            "ClusterNetworkPolicy domainNames through the controller",
+            admin_domain_names,
+        ),
         (
             "forged answers (untrusted server, pod to pod, spoofed trusted source) open nothing",
             forged_answers,
