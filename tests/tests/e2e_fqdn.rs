@@ -27,8 +27,10 @@ use felixrs_test_support::{require_root, require_tools};
 const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
 /// A connection attempt's timeout: a denied SYN is dropped, so a denial costs this much.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
-/// How long a DNS question waits for its answer.
-const DNS_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a DNS question waits for an answer that must come (generous: a loaded machine).
+const DNS_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long to wait for something that must not arrive (an answer, a spoofed datagram).
+const QUIET: Duration = Duration::from_secs(2);
 /// How long a check polls for an outcome that must come (absorbs a loaded machine).
 const SETTLE: Duration = Duration::from_secs(10);
 /// The node-2 agent's `--dns-min-ttl`.
@@ -327,7 +329,7 @@ fn forged_answers(env: &mut Env) -> Result<()> {
         "eth0",
     ])?;
     let forged = dns::response(0x4343, API, FORGED_SPOOF_IP.into(), LONG_TTL)?;
-    let rx = fqdn::receive_one(&env.ns("fq/client"), 5354, DNS_TIMEOUT)?;
+    let rx = fqdn::receive_one(&env.ns("fq/client"), 5354, QUIET)?;
     send_udp_from(
         &attacker,
         (dns_ip, 53).into(),
@@ -505,7 +507,7 @@ fn restarts(env: &mut Env) -> Result<()> {
     // Stopped: answers from the trusted server to this node's pods are held by nobody, so
     // dropped; node-2's pod still gets them (the server answers).
     env.agents[0].stop();
-    let closed = dns::ask(&env.ns("fq/client"), env.dns(), CLOSED, dns::A, DNS_TIMEOUT)?;
+    let closed = dns::ask(&env.ns("fq/client"), env.dns(), CLOSED, dns::A, QUIET)?;
     if closed.is_some() {
         bail!("agent stopped, yet the answer for {CLOSED} was delivered: {closed:?}");
     }
