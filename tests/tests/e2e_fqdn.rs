@@ -292,6 +292,45 @@ fn admin_domain_names(env: &mut Env) -> Result<()> {
     Ok(())
 }
 
+/// `felixrs trace` on node-1's state dir (snapshot and learned map, as the agent persisted them)
+/// explains an allowed packet by the domain rule and the learned name; an unanswered address of
+/// the same host is dropped.
+fn trace_explains(env: &mut Env) -> Result<()> {
+    let state = env.agents[0].state_dir.clone();
+    let trace = |to: IpAddr| -> Result<String> {
+        let out = std::process::Command::new(binary("felixrs"))
+            .args(["trace", "--state-dir"])
+            .arg(&state)
+            .args(["--node-name", "node-1", "--from", "fq/client", "--to"])
+            .arg(to.to_string())
+            .args(["--port", &WHOAMI_PORT.to_string()])
+            .output()?;
+        Ok(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    };
+    // The map is written at most a second after the answer.
+    let mut last = String::new();
+    let hit = wait_for(SETTLE, || {
+        last = trace(API_IP.into()).ok()?;
+        (last.contains("verdict: ACCEPT") && last.contains(&format!("domain rule {API}")))
+            .then_some(())
+    });
+    if hit.is_none() {
+        bail!("trace to {API_IP} does not name the domain rule {API}:\n{last}");
+    }
+    for l in last.lines().filter(|l| l.contains("domain rule")) {
+        println!("    trace: {}", l.trim());
+    }
+    let never = trace(NEVER_IP.into())?;
+    if !never.contains("verdict: DROP") {
+        bail!("trace to never-answered {NEVER_IP}:\n{never}");
+    }
+    Ok(())
+}
+
 /// Forged answers open nothing: from an untrusted server the pod may query, from another pod
 /// (its own address, source port 53), and from another pod spoofing the trusted server's address.
 fn forged_answers(env: &mut Env) -> Result<()> {
@@ -569,7 +608,7 @@ fn fqdn_egress_policy() {
             println!("FAIL {name}: {e:#}");
         }
     };
-    let cases: [(&str, Case); 9] = [
+    let cases: [(&str, Case); 10] = [
         (
             "baseline: every address listens, clients reach none by default",
             baseline,
@@ -586,6 +625,10 @@ fn fqdn_egress_policy() {
         (
             "ClusterNetworkPolicy domainNames through the controller",
             admin_domain_names,
+        ),
+        (
+            "felixrs trace explains a domain hit from the agent's state dir",
+            trace_explains,
         ),
         (
             "forged answers (untrusted server, pod to pod, spoofed trusted source) open nothing",
