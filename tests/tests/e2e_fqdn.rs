@@ -21,6 +21,7 @@ use felixrs_e2e::driver::{
 };
 use felixrs_e2e::fqdn::{self, *};
 use felixrs_e2e::nat::{PodSpec, WHOAMI_PORT, WhoAmI, seen_as};
+use felixrs_e2e::report::Tally;
 use felixrs_test_support::netns::Netns;
 use felixrs_test_support::{require_root, require_tools};
 
@@ -596,18 +597,7 @@ fn fqdn_egress_policy() {
     let started = Instant::now();
     let mut env = start_env().expect("cluster, outside host, dnsmasq, etcd and agents start");
     println!("cluster up in {:?}", started.elapsed());
-    let mut passed = 0;
-    let mut failed = 0;
-    let mut report = |name: &str, result: Result<()>| match result {
-        Ok(()) => {
-            passed += 1;
-            println!("PASS {name}");
-        }
-        Err(e) => {
-            failed += 1;
-            println!("FAIL {name}: {e:#}");
-        }
-    };
+    let mut tally = Tally::default();
     let cases: [(&str, Case); 10] = [
         (
             "baseline: every address listens, clients reach none by default",
@@ -650,8 +640,12 @@ fn fqdn_egress_policy() {
     for (name, case) in cases {
         let t = Instant::now();
         let r = case(&mut env);
-        report(&format!("{name} [{:.1?}]", t.elapsed()), r);
+        tally.record(
+            &format!("{name} [{:.1?}]", t.elapsed()),
+            r.map(|()| Vec::new()),
+        );
     }
+    let Tally { passed, failed } = tally;
     println!(
         "{passed} passed, {failed} failed in {:?}",
         started.elapsed()
