@@ -99,6 +99,11 @@ fn admin_policies_every_field() {
 }
 
 #[test]
+fn admin_domain_names_become_calico_domains() {
+    check("admin_domains");
+}
+
+#[test]
 fn invalid_admin_policies_name_the_field_and_fail_closed() {
     check("admin_invalid");
 }

@@ -325,6 +325,13 @@ impl Agent {
         &self.program
     }
 
+    /// SIGTERM the agent, as the kubelet stops it, and wait for it to exit (SIGKILL after 10 s).
+    pub fn stop(&mut self) {
+        if let Some(p) = self.proc.as_mut() {
+            p.terminate(Duration::from_secs(10));
+        }
+    }
+
     /// SIGKILL the agent, as a crash would; the kernel keeps whatever it had programmed.
     pub fn kill(&mut self) {
         self.proc = None;

@@ -15,19 +15,20 @@
 //! Only addresses assigned inside the test's namespaces are used; nothing leaves the machine.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use serde_json::json;
 
 use felixrs_test_support::netns::{Netns, enter, unique_name};
 
 use crate::cluster::Cluster;
+use crate::dns;
 use crate::driver::Proc;
 
 /// The internet host's address (TEST-NET-2).
@@ -329,6 +330,23 @@ pub fn start_dnsmasq(
     records: &[(&str, Ipv4Addr)],
     work: &Path,
 ) -> Result<Proc> {
+    let extra: Vec<String> = records
+        .iter()
+        .map(|(name, addr)| format!("--host-record={name},{addr}"))
+        .collect();
+    start_dnsmasq_with(pod, &[ip.into()], &extra, work)
+}
+
+/// `dnsmasq` (authoritative for nothing, no upstream, no hosts file) listening on `ips` port 53
+/// inside `pod`, with `extra` options (records, TTLs), logging every query to
+/// `work/dnsmasq-<first ip>.log`; killed on drop.
+pub fn start_dnsmasq_with(
+    pod: &Netns,
+    ips: &[IpAddr],
+    extra: &[String],
+    work: &Path,
+) -> Result<Proc> {
+    let ip = ips.first().context("dnsmasq needs an address")?;
     let mut args: Vec<String> = [
         "--keep-in-foreground",
         "--conf-file=/dev/null",
@@ -342,14 +360,14 @@ pub fn start_dnsmasq(
     .iter()
     .map(|s| s.to_string())
     .collect();
-    args.push(format!("--listen-address={ip}"));
+    for a in ips {
+        args.push(format!("--listen-address={a}"));
+    }
     args.push(format!(
         "--pid-file={}",
         work.join(format!("dnsmasq-{ip}.pid")).display()
     ));
-    for (name, addr) in records {
-        args.push(format!("--host-record={name},{addr}"));
-    }
+    args.extend(extra.iter().cloned());
     Proc::spawn(
         pod,
         Path::new("dnsmasq"),
@@ -366,116 +384,26 @@ pub fn resolve_a(
     name: &str,
     timeout: Duration,
 ) -> Result<Option<Ipv4Addr>> {
-    let ns = netns.to_string();
-    let name = name.to_string();
-    std::thread::spawn(move || -> Result<Option<Ipv4Addr>> {
-        enter(&ns)?;
-        let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
-        sock.set_read_timeout(Some(timeout))?;
-        sock.connect((server, 53))?;
-        let id: u16 = (std::process::id() as u16) ^ 0x4e41;
-        let query = dns_query(id, &name)?;
-        sock.send(&query)?;
-        let mut buf = [0u8; 512];
-        let n = match sock.recv(&mut buf) {
-            Ok(n) => n,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                return Ok(None);
-            }
-            Err(e) => return Err(e.into()),
-        };
-        parse_a(&buf[..n], id)
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("dns client panicked"))?
+    let got = dns::ask(netns, (server, 53).into(), name, dns::A, timeout)?;
+    Ok(first_v4(got))
 }
 
-/// [`resolve_a`] over TCP (RFC 1035 §4.2.2: each message is prefixed with its 2-byte length).
+/// [`resolve_a`] over TCP.
 pub fn resolve_a_tcp(
     netns: &str,
     server: Ipv4Addr,
     name: &str,
     timeout: Duration,
 ) -> Result<Option<Ipv4Addr>> {
-    let ns = netns.to_string();
-    let name = name.to_string();
-    std::thread::spawn(move || -> Result<Option<Ipv4Addr>> {
-        enter(&ns)?;
-        let Ok(mut s) = TcpStream::connect_timeout(&SocketAddr::from((server, 53)), timeout) else {
-            return Ok(None);
-        };
-        s.set_read_timeout(Some(timeout))?;
-        let id: u16 = (std::process::id() as u16) ^ 0x7443;
-        let query = dns_query(id, &name)?;
-        s.write_all(&(query.len() as u16).to_be_bytes())?;
-        s.write_all(&query)?;
-        let mut len = [0u8; 2];
-        if s.read_exact(&mut len).is_err() {
-            return Ok(None);
-        }
-        let mut msg = vec![0u8; u16::from_be_bytes(len) as usize];
-        if s.read_exact(&mut msg).is_err() {
-            return Ok(None);
-        }
-        parse_a(&msg, id)
+    let got = dns::ask_tcp(netns, (server, 53).into(), name, dns::A, timeout)?;
+    Ok(first_v4(got))
+}
+
+fn first_v4(answers: Option<Vec<dns::Answer>>) -> Option<Ipv4Addr> {
+    answers?.into_iter().find_map(|a| match a.addr {
+        IpAddr::V4(v4) => Some(v4),
+        IpAddr::V6(_) => None,
     })
-    .join()
-    .map_err(|_| anyhow::anyhow!("dns client panicked"))?
-}
-
-fn dns_query(id: u16, name: &str) -> Result<Vec<u8>> {
-    let mut q = Vec::with_capacity(32 + name.len());
-    q.extend_from_slice(&id.to_be_bytes());
-    q.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]); // RD; one question
-    for label in name.trim_end_matches('.').split('.') {
-        if label.is_empty() || label.len() > 63 {
-            bail!("bad DNS name {name:?}");
-        }
-        q.push(label.len() as u8);
-        q.extend_from_slice(label.as_bytes());
-    }
-    q.extend_from_slice(&[0, 0, 1, 0, 1]); // root, type A, class IN
-    Ok(q)
-}
-
-/// Skips a (possibly compressed) name at `i`; returns the offset after it.
-fn skip_name(m: &[u8], mut i: usize) -> Result<usize> {
-    loop {
-        let len = *m.get(i).context("truncated DNS name")? as usize;
-        if len == 0 {
-            return Ok(i + 1);
-        }
-        if len & 0xc0 == 0xc0 {
-            return Ok(i + 2);
-        }
-        i += 1 + len;
-    }
-}
-
-fn parse_a(m: &[u8], id: u16) -> Result<Option<Ipv4Addr>> {
-    if m.len() < 12 || m[..2] != id.to_be_bytes() {
-        bail!("not an answer to query {id}");
-    }
-    let qd = u16::from_be_bytes([m[4], m[5]]) as usize;
-    let an = u16::from_be_bytes([m[6], m[7]]) as usize;
-    let mut i = 12;
-    for _ in 0..qd {
-        i = skip_name(m, i)? + 4;
-    }
-    for _ in 0..an {
-        i = skip_name(m, i)?;
-        let h = m.get(i..i + 10).context("truncated DNS record")?;
-        let (rtype, len) = (
-            u16::from_be_bytes([h[0], h[1]]),
-            u16::from_be_bytes([h[8], h[9]]) as usize,
-        );
-        let data = m.get(i + 10..i + 10 + len).context("truncated DNS data")?;
-        if rtype == 1 && len == 4 {
-            return Ok(Some(Ipv4Addr::new(data[0], data[1], data[2], data[3])));
-        }
-        i += 10 + len;
-    }
-    Ok(None)
 }
 
 /// A pod of the test's world: (namespace, name, labels).
@@ -538,21 +466,6 @@ pub fn ip_pool(name: &str, cidr: &str, nat_outgoing: bool, disabled: bool) -> St
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn dns_query_and_answer() {
-        let q = dns_query(7, "web.svc.cluster.test").unwrap();
-        assert_eq!(&q[12..16], b"\x03web");
-        // An answer as dnsmasq writes it: the question, then a compressed-name A record.
-        let mut a = q.clone();
-        a[2] = 0x81;
-        a[3] = 0x80;
-        a[7] = 1;
-        a.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4, 10, 96, 0, 10]);
-        assert_eq!(parse_a(&a, 7).unwrap(), Some(Ipv4Addr::new(10, 96, 0, 10)));
-        assert!(parse_a(&a, 8).is_err());
-        assert!(dns_query(1, "a..b").is_err());
-    }
 
     #[test]
     fn kube_proxy_rules_are_one_nat_payload() {

@@ -176,6 +176,9 @@ pub struct EntityRule {
     pub ports: Vec<PortSpec>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub not_nets: Vec<String>,
+    /// Calico's `domains` (destination only): egress by DNS name.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub domains: Vec<String>,
 }
 
 /// A rule port as Calico's `numorstring.Port` writes it: a number, `"min:max"` or a name.

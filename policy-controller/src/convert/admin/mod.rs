@@ -27,9 +27,16 @@
 //! * `types` lists only the directions that have rules;
 //! * `nodes` peers (egress) select the nodes' network sets `knode.<node>` (the addresses in each Node's
 //!   status, see [`super::node_to_network_set`]), which are stored only while some policy uses them;
-//! * a rule that cannot be converted (`domainNames`, which the iptables dataplane cannot match, a bad CIDR,
-//!   port or selector) fails closed, as the API asks: a Deny or Pass rule becomes "Deny everything", an
-//!   Allow/Accept rule is dropped; each is reported with its field;
+//! * `domainNames` peers (egress, experimental in both API versions: AdminNetworkPolicy v1alpha1 and
+//!   ClusterNetworkPolicy v1alpha2; BaselineAdminNetworkPolicy has none) become Calico's
+//!   `destination.domains` (names normalised by `calc_graph::model::DomainPattern`: lowercase, no
+//!   trailing dot, one leading `*.` label at most), one Calico rule per peer like every other peer.
+//!   As upstream says, only in Allow (ANP) / Accept (CNP) rules, and, as NPEP-133 scopes it, only in the
+//!   admin tier (a Baseline CNP could allow what no NetworkPolicy can take back); 1-25 names, no named
+//!   ports. Anything else with `domainNames` fails closed (below), reported with the field;
+//! * a rule that cannot be converted (a bad CIDR, port, selector or domain name, a `domainNames` peer
+//!   where the API does not allow one) fails closed, as the API asks: a Deny or Pass rule becomes
+//!   "Deny everything", an Allow/Accept rule is dropped; each is reported with its field;
 //! * an invalid policy-level field (subject, priority, name) skips the object, keeping any stored
 //!   version (fail closed).
 
@@ -53,7 +60,9 @@ use super::v3::{self, EntityRule, PortSpec, Rule};
 use super::{
     CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, timestamp,
 };
-use calc_graph::model::{K8S_ADMIN_POLICY_PREFIXES, KUBE_ADMIN_TIER, KUBE_BASELINE_TIER};
+use calc_graph::model::{
+    DomainPattern, K8S_ADMIN_POLICY_PREFIXES, KUBE_ADMIN_TIER, KUBE_BASELINE_TIER,
+};
 
 /// GlobalNetworkPolicy name prefix of a converted AdminNetworkPolicy (Calico's
 /// `K8sAdminNetworkPolicyNamePrefix`).
@@ -72,6 +81,9 @@ pub const BANP_ORDER: f64 = 1000.0;
 pub const BANP_NAME: &str = "default";
 /// Rule annotation carrying the source rule's `name` (Calico's `AdminPolicyRuleNameLabel`).
 pub const RULE_NAME_ANNOTATION: &str = "name";
+
+/// The most names one `domainNames` peer may list (the API's `MaxItems`).
+pub const MAX_DOMAIN_NAMES: usize = 25;
 
 type FieldError = (String, String);
 
@@ -229,6 +241,8 @@ struct SourceRule<'a> {
     peers: &'a [Peer],
     peer_field: &'static str,
     ports: Result<ProtoPorts, FieldError>,
+    /// Whether a `domainNames` peer may appear in this rule, or why not.
+    domains: Result<(), &'static str>,
 }
 
 fn convert(
@@ -325,8 +339,8 @@ fn convert(
                 tier,
                 order,
                 &cnp_spec.subject,
-                cnp_rules(cnp_spec.ingress.as_deref(), true),
-                cnp_rules(cnp_spec.egress.as_deref(), false),
+                cnp_rules(cnp_spec.ingress.as_deref(), true, tier == KUBE_ADMIN_TIER),
+                cnp_rules(cnp_spec.egress.as_deref(), false, tier == KUBE_ADMIN_TIER),
             )
         }
     };
@@ -463,12 +477,12 @@ fn anp_rules(src: Source, list: Option<&[AnpRule]>, ingress: bool) -> Vec<Source
         .collect()
 }
 
-fn cnp_rules(list: Option<&[CnpRule]>, ingress: bool) -> Vec<SourceRule<'_>> {
+fn cnp_rules(list: Option<&[CnpRule]>, ingress: bool, admin: bool) -> Vec<SourceRule<'_>> {
     let dir = dir_name(ingress);
     list.unwrap_or_default()
         .iter()
         .enumerate()
-        .map(|(i, r)| cnp_rule(r, &format!("spec.{dir}[{i}]"), ingress))
+        .map(|(i, r)| cnp_rule(r, &format!("spec.{dir}[{i}]"), ingress, admin))
         .collect()
 }
 
@@ -488,17 +502,24 @@ fn anp_rule<'a>(src: Source, r: &'a AnpRule, field: &str, ingress: bool) -> Sour
         )),
         None => anp_ports(r.ports.as_deref(), field),
     };
+    let action = src.action(&r.action);
+    let domains = match (src, &action) {
+        (Source::Banp, _) => Err("a BaselineAdminNetworkPolicy has no domainNames peers"),
+        (_, Ok("Allow")) => Ok(()),
+        _ => Err("domainNames peers are allowed only in Allow rules"),
+    };
     SourceRule {
         field: field.to_string(),
         name: r.name.as_deref(),
-        action: src.action(&r.action),
+        action,
         peers: peers.unwrap_or_default(),
         peer_field,
         ports,
+        domains,
     }
 }
 
-fn cnp_rule<'a>(r: &'a CnpRule, field: &str, ingress: bool) -> SourceRule<'a> {
+fn cnp_rule<'a>(r: &'a CnpRule, field: &str, ingress: bool, admin: bool) -> SourceRule<'a> {
     let (peers, peer_field, wrong) = if ingress {
         (r.from.as_deref(), "from", r.to.as_ref().map(|_| "to"))
     } else {
@@ -514,13 +535,20 @@ fn cnp_rule<'a>(r: &'a CnpRule, field: &str, ingress: bool) -> SourceRule<'a> {
         )),
         None => cnp_ports(r.protocols.as_deref(), field),
     };
+    let action = Source::Cnp.action(&r.action);
+    let domains = match (admin, &action) {
+        (false, _) => Err("domainNames peers are allowed only in the Admin tier"),
+        (true, Ok("Allow")) => Ok(()),
+        _ => Err("domainNames peers are allowed only in Accept rules"),
+    };
     SourceRule {
         field: field.to_string(),
         name: r.name.as_deref(),
-        action: Source::Cnp.action(&r.action),
+        action,
         peers: peers.unwrap_or_default(),
         peer_field,
         ports,
+        domains,
     }
 }
 
@@ -530,6 +558,7 @@ fn peer_to_entities(
     peer: &Peer,
     ingress: bool,
     has_named: bool,
+    domains: Result<(), &'static str>,
 ) -> Result<Vec<EntityRule>, FieldError> {
     let set: Vec<&str> = [
         ("namespaces", peer.namespaces.is_some()),
@@ -635,11 +664,45 @@ fn peer_to_entities(
                 ..EntityRule::default()
             }])
         }
-        _ => Err((
-            ".domainNames".into(),
-            "domainNames peers are not supported by the iptables dataplane".into(),
-        )),
+        _ => {
+            let names = peer.domain_names.as_deref().expect("checked");
+            Ok(vec![EntityRule {
+                domains: domain_names(names, has_named, domains)?,
+                ..EntityRule::default()
+            }])
+        }
     }
+}
+
+/// A `domainNames` peer's names, validated and normalised (duplicates after normalisation dropped,
+/// order kept), or the first problem with its field (`.domainNames` or `.domainNames[k]`).
+fn domain_names(
+    names: &[String],
+    has_named: bool,
+    allowed: Result<(), &'static str>,
+) -> Result<Vec<String>, FieldError> {
+    allowed.map_err(|m| (".domainNames".to_string(), m.to_string()))?;
+    if has_named {
+        return Err((
+            ".domainNames".into(),
+            "a domainNames peer cannot be used with named ports".into(),
+        ));
+    }
+    if names.is_empty() || names.len() > MAX_DOMAIN_NAMES {
+        return Err((
+            ".domainNames".into(),
+            format!("{} domain names: want 1-{MAX_DOMAIN_NAMES}", names.len()),
+        ));
+    }
+    let mut out: Vec<String> = Vec::with_capacity(names.len());
+    for (k, n) in names.iter().enumerate() {
+        let p =
+            DomainPattern::parse(n).map_err(|e| (format!(".domainNames[{k}]"), e.to_string()))?;
+        if !out.iter().any(|o| o == p.as_str()) {
+            out.push(p.as_str().to_string());
+        }
+    }
+    Ok(out)
 }
 
 /// The selector of a `nodes` peer: the nodes' network sets (see [`super::node_to_network_set`]) whose
@@ -681,7 +744,7 @@ fn source_rule_to_calico(r: &SourceRule<'_>, ingress: bool) -> Result<Vec<Rule>,
     }
     let mut peers = Vec::new();
     for (j, p) in r.peers.iter().enumerate() {
-        let entities = peer_to_entities(p, ingress, has_named)
+        let entities = peer_to_entities(p, ingress, has_named, r.domains)
             .map_err(|(f, m)| (format!("{}.{}[{j}]{f}", r.field, r.peer_field), m))?;
         peers.extend(entities);
     }
