@@ -341,6 +341,12 @@ fn bare_cold(reports: &[ApplyReport; 2]) -> Duration {
 
 /// The two whole saves a restart reads, concurrently; returns (time, v4 + v6 bytes, v4 + v6 rules).
 fn saves(r: &ExecRunner) -> (Duration, usize, usize) {
+    let (took, bytes, rules, _) = saves_text(r);
+    (took, bytes, rules)
+}
+
+/// [`saves`], with the v4 save's text.
+fn saves_text(r: &ExecRunner) -> (Duration, usize, usize, String) {
     let t = Instant::now();
     let texts: Vec<String> = std::thread::scope(|s| {
         let hs: Vec<_> = SAVE
@@ -355,7 +361,8 @@ fn saves(r: &ExecRunner) -> (Duration, usize, usize) {
         .flat_map(|t| t.lines())
         .filter(|l| l.starts_with("-A") && l.contains("cali"))
         .count();
-    (took, texts.iter().map(String::len).sum(), rules)
+    let bytes = texts.iter().map(String::len).sum();
+    (took, bytes, rules, texts.into_iter().next().unwrap())
 }
 
 struct Layout {
@@ -622,7 +629,15 @@ fn main() {
             let floor = bare_cold(&reports);
             let (lines, bytes) = payload_lines(&reports);
             let runner = ExecRunner::in_netns(ns.name()).unwrap();
-            let (_, save_bytes, kernel_rules) = saves(&runner);
+            let (_, save_bytes, kernel_rules, v4_save) = saves_text(&runner);
+            let t = Instant::now();
+            let tables = black_box(iptables::apply::read_tables(&v4_save));
+            println!(
+                "  {name:8} the applier's parse of the v4 save ({} KiB, {} rules): {}",
+                v4_save.len() / 1024,
+                tables.values().map(|t| t.rule_count()).sum::<usize>(),
+                ms(t.elapsed())
+            );
             println!(
                 "  {name:8} render {} | cold payload {lines} rules, {} KiB | kernel (saves) {kernel_rules} rules, {} KiB | shared chains {}",
                 ms(median(renders)),

@@ -21,7 +21,7 @@ use calc_graph::proto::{EndpointId, IpVersion, Output, PolicyId};
 use iptables::apply::{
     Applier, ApplierConfig, Backend, DesiredState, Runner, TableName, backend, conntrack,
 };
-use iptables::render::{RenderConfig, Renderer};
+use iptables::render::{RenderConfig, RenderError, Renderer};
 use iptables::stats::Attribution;
 
 use std::sync::Arc;
@@ -270,12 +270,8 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
         }
     }
 
-    fn program(&mut self, refresh: bool) -> Result<ApplyReport, String> {
-        let mut report = ApplyReport {
-            local_endpoints: self.endpoints.len(),
-            active_policies: self.policies.len(),
-            ..ApplyReport::default()
-        };
+    /// Detects the iptables backend once (`Auto`), for both appliers.
+    fn detect_backend(&mut self) -> Result<(), String> {
         if self.detect {
             let d = backend::detect(&self.runner, Backend::Auto)
                 .map_err(|e| format!("iptables backend detection: {e}"))?;
@@ -284,6 +280,43 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             self.v6.use_detection(&d);
             self.detect = false;
         }
+        Ok(())
+    }
+
+    /// Renders `outputs`; an applier without a view of the kernel (the first apply after a
+    /// restart, or after a failure) reads it meanwhile, so a restart costs about the longer of
+    /// the two, not their sum. A failed read is left for the apply to retry and report.
+    fn render(&mut self, outputs: Vec<Output>) -> Vec<RenderError> {
+        let renderer = &mut self.renderer;
+        let appliers = [&mut self.v4, &mut self.v6];
+        // Undetected, each applier would detect on its own: leave it to program.
+        let read_ahead = !self.detect;
+        std::thread::scope(|s| {
+            for applier in appliers {
+                if read_ahead && !applier.has_view() {
+                    s.spawn(move || {
+                        if let Err(error) = applier.read_kernel() {
+                            tracing::warn!(%error, "reading the kernel ahead of the apply");
+                        }
+                    });
+                }
+            }
+            let mut errors = renderer.apply_all(outputs);
+            errors.extend(renderer.flush());
+            errors
+        })
+    }
+
+    fn program(&mut self, refresh: bool) -> Result<ApplyReport, String> {
+        let mut report = ApplyReport {
+            local_endpoints: self.endpoints.len(),
+            active_policies: self.policies.len(),
+            ..ApplyReport::default()
+        };
+        self.detect_backend()?;
+        // What changed since the last program: the appliers plan only that (a new view, after a
+        // restart or a failure, is planned whole).
+        let changes = [IpVersion::V4, IpVersion::V6].map(|v| self.renderer.take_changes(v));
         let renderer = &self.renderer;
         // Borrow the renderer's state: an owned copy of ~50k rules costs more than the diff.
         let run = |v: IpVersion, applier: &mut Applier<R>| {
@@ -291,7 +324,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             let res = if refresh {
                 applier.refresh(desired)
             } else {
-                applier.apply(desired)
+                applier.apply_changes(desired, &changes[usize::from(v == IpVersion::V6)])
             };
             (desired, res)
         };
@@ -367,9 +400,12 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
         for o in &outputs {
             self.track(o);
         }
-        let mut errors = self.renderer.apply_all(outputs);
-        errors.extend(self.renderer.flush());
-        for error in errors {
+        // Rendered whatever detection says (program reports a failed detection, and the
+        // outputs must not be lost).
+        if let Err(error) = self.detect_backend() {
+            tracing::warn!(%error, "before rendering");
+        }
+        for error in self.render(outputs) {
             // The object was rendered fail-closed (or left out); the rest is applied.
             tracing::warn!(%error, "render error");
         }

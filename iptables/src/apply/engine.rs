@@ -226,13 +226,18 @@ impl<R: Runner> Applier<R> {
         self.view = None;
     }
 
+    /// Whether the next apply plans against a view it already holds (no kernel read).
+    pub fn has_view(&self) -> bool {
+        self.view.is_some() && !self.config.reread_every_apply
+    }
+
     /// Reads the kernel now when the next apply would (no view yet, or after a failure or
     /// [`Self::invalidate`]), detecting the backend first if needed, and writes nothing: a caller
     /// can overlap the read with rendering (the agent does on its first apply after a restart,
     /// whose time is mostly these saves). The next apply plans against this view; its report
     /// counts these reads and saves.
     pub fn read_kernel(&mut self) -> Result<(), ApplyError> {
-        if self.view.is_some() && !self.config.reread_every_apply {
+        if self.has_view() || self.primed.is_some() {
             return Ok(());
         }
         self.saves.store(0, Ordering::Relaxed);
