@@ -631,6 +631,12 @@ fn main() {
             let runner = ExecRunner::in_netns(ns.name()).unwrap();
             let (_, save_bytes, kernel_rules, v4_save) = saves_text(&runner);
             let t = Instant::now();
+            black_box(iptables::parse::parse_save_lenient(&v4_save).unwrap());
+            println!("  {name:8} typed parse alone: {}", ms(t.elapsed()));
+            let t = Instant::now();
+            black_box(iptables::apply::kernel::scan_save(&v4_save));
+            println!("  {name:8} scan alone: {}", ms(t.elapsed()));
+            let t = Instant::now();
             let tables = black_box(iptables::apply::read_tables(&v4_save));
             println!(
                 "  {name:8} the applier's parse of the v4 save ({} KiB, {} rules): {}",
