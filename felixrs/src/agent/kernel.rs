@@ -272,34 +272,34 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
 
     /// Detects the iptables backend once (`Auto`), for both appliers.
     fn detect_backend(&mut self) -> Result<(), String> {
-        if self.detect {
-            let d = backend::detect(&self.runner, Backend::Auto)
-                .map_err(|e| format!("iptables backend detection: {e}"))?;
-            tracing::info!(backend = ?d.mode, reason = ?d.reason, saves = d.saves_run(), "iptables backend selected");
-            self.v4.use_detection(&d);
-            self.v6.use_detection(&d);
-            self.detect = false;
-        }
-        Ok(())
+        detect_for(&self.runner, &mut self.detect, [&mut self.v4, &mut self.v6])
     }
 
-    /// Renders `outputs`; an applier without a view of the kernel (the first apply after a
-    /// restart, or after a failure) reads it meanwhile, so a restart costs about the longer of
-    /// the two, not their sum. A failed read is left for the apply to retry and report.
+    /// Renders `outputs`; meanwhile, an applier without a view of the kernel (the first apply
+    /// after a restart, or after a failure) reads it, detecting the backend first if that is
+    /// still to do: a restart costs about the longer of rendering and the saves, not their sum.
+    /// A failed detection or read is left for `program` to retry and report.
     fn render(&mut self, outputs: Vec<Output>) -> Vec<RenderError> {
         let renderer = &mut self.renderer;
-        let appliers = [&mut self.v4, &mut self.v6];
-        // Undetected, each applier would detect on its own: leave it to program.
-        let read_ahead = !self.detect;
+        let (runner, detect) = (&self.runner, &mut self.detect);
+        let [v4, v6] = [&mut self.v4, &mut self.v6];
         std::thread::scope(|s| {
-            for applier in appliers {
-                if read_ahead && !applier.has_view() {
-                    s.spawn(move || {
-                        if let Err(error) = applier.read_kernel() {
-                            tracing::warn!(%error, "reading the kernel ahead of the apply");
+            if !(v4.has_view() && v6.has_view()) {
+                s.spawn(move || {
+                    if let Err(error) = detect_for(runner, detect, [&mut *v4, &mut *v6]) {
+                        tracing::warn!(%error, "reading the kernel ahead of the apply");
+                        return;
+                    }
+                    std::thread::scope(|s| {
+                        for applier in [v4, v6] {
+                            s.spawn(move || {
+                                if let Err(error) = applier.read_kernel() {
+                                    tracing::warn!(%error, "reading the kernel ahead of the apply");
+                                }
+                            });
                         }
                     });
-                }
+                });
             }
             let mut errors = renderer.apply_all(outputs);
             errors.extend(renderer.flush());
@@ -365,6 +365,25 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
     }
 }
 
+/// Detects the backend once (`detect` is cleared when done) and seeds both appliers with the
+/// saves detection read.
+fn detect_for<R: Runner + Clone + 'static>(
+    runner: &R,
+    detect: &mut bool,
+    appliers: [&mut Applier<R>; 2],
+) -> Result<(), String> {
+    if *detect {
+        let d = backend::detect(runner, Backend::Auto)
+            .map_err(|e| format!("iptables backend detection: {e}"))?;
+        tracing::info!(backend = ?d.mode, reason = ?d.reason, saves = d.saves_run(), "iptables backend selected");
+        for a in appliers {
+            a.use_detection(&d);
+        }
+        *detect = false;
+    }
+    Ok(())
+}
+
 impl<R: Runner + Clone + 'static> KernelDataplane<R> {
     /// Deletes the conntrack flows of addresses that left a local endpoint (called after a
     /// successful program: the endpoint's rules are gone). A failure is logged and counted; the
@@ -399,11 +418,6 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
     fn apply(&mut self, outputs: Vec<Output>) -> Result<ApplyReport, String> {
         for o in &outputs {
             self.track(o);
-        }
-        // Rendered whatever detection says (program reports a failed detection, and the
-        // outputs must not be lost).
-        if let Err(error) = self.detect_backend() {
-            tracing::warn!(%error, "before rendering");
         }
         for error in self.render(outputs) {
             // The object was rendered fail-closed (or left out); the rest is applied.

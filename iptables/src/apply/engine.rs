@@ -167,6 +167,9 @@ pub struct Applier<R: Runner> {
     sweep_due: bool,
     /// Reads and saves [`Self::read_kernel`] did ahead of the next apply, for its report.
     primed: Option<(u32, u32)>,
+    /// The other backend's tables, read with the view when no detection seed holds them, for
+    /// the sweep that follows.
+    other_read: Option<Result<BTreeMap<TableName, ActualTable>, ApplyError>>,
 }
 
 impl<R: Runner> Applier<R> {
@@ -185,6 +188,7 @@ impl<R: Runner> Applier<R> {
             saves: AtomicU32::new(0),
             sweep_due: false,
             primed: None,
+            other_read: None,
         }
     }
 
@@ -224,6 +228,7 @@ impl<R: Runner> Applier<R> {
     /// Forgets the kernel view; the next apply reads the kernel again.
     pub fn invalidate(&mut self) {
         self.view = None;
+        self.other_read = None;
     }
 
     /// Whether the next apply plans against a view it already holds (no kernel read).
@@ -269,11 +274,18 @@ impl<R: Runner> Applier<R> {
         self.mode()
     }
 
-    /// Reads the whole view (from detection's save of our backend when there is one).
+    /// Reads the whole view (from detection's save of our backend when there is one) and,
+    /// unless detection's save of it is at hand, the other backend's tables for the sweep.
     fn load_view(&mut self, mode: Mode) -> Result<(), ApplyError> {
         let own = self.seed.as_mut().and_then(|s| s.own.take());
-        let view = self.read_all(mode, own)?;
+        let other = self
+            .seed
+            .as_ref()
+            .is_none_or(|s| s.other.is_none())
+            .then(|| mode.other());
+        let (view, other_read) = self.read_all(mode, own, other)?;
         self.view = Some(view);
+        self.other_read = other_read;
         self.sweep_due = true;
         Ok(())
     }
@@ -508,9 +520,10 @@ impl<R: Runner> Applier<R> {
         report: &mut ApplyReport,
     ) -> Result<(), ApplyError> {
         let other = mode.other();
-        let read = match seed {
-            Some(text) => self.seeded_tables(other, text),
-            None => self.read_iptables(other, None),
+        let read = match (seed, self.other_read.take()) {
+            (Some(text), _) => self.seeded_tables(other, text),
+            (None, Some(read)) => read,
+            (None, None) => self.read_iptables(other, None),
         };
         let tables = match read {
             Ok(t) => t,
@@ -539,22 +552,38 @@ impl<R: Runner> Applier<R> {
         Ok(())
     }
 
-    /// The tables and our sets, read concurrently (two programs whose time is most of a
-    /// restart's).
-    fn read_all(&self, mode: Mode, seed: Option<String>) -> Result<KernelView, ApplyError> {
-        let (tables, sets) = std::thread::scope(|s| {
+    /// The tables and our sets, and the `other` backend's tables when asked, read concurrently
+    /// (programs whose time is most of a restart's). A failed read of the other backend is
+    /// returned as such, for the sweep to log.
+    #[allow(clippy::type_complexity)]
+    fn read_all(
+        &self,
+        mode: Mode,
+        seed: Option<String>,
+        other: Option<Mode>,
+    ) -> Result<
+        (
+            KernelView,
+            Option<Result<BTreeMap<TableName, ActualTable>, ApplyError>>,
+        ),
+        ApplyError,
+    > {
+        let (tables, sets, other_tables) = std::thread::scope(|s| {
             let sets = s.spawn(|| self.read_sets());
+            let other = other.map(|m| s.spawn(move || self.read_iptables(m, None)));
             let tables = match seed {
                 Some(text) => self.seeded_tables(mode, text),
                 None => self.read_iptables(mode, None),
             };
-            let sets = sets.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-            (tables, sets)
+            (tables, join(sets), other.map(join))
         });
-        Ok(KernelView {
-            tables: tables?,
-            sets: sets?,
-        })
+        Ok((
+            KernelView {
+                tables: tables?,
+                sets: sets?,
+            },
+            other_tables,
+        ))
     }
 
     /// Tables from a whole save detection read; a save that would fail [`Self::read_iptables`]'s
@@ -839,4 +868,9 @@ fn sets_in<'a>(
                 .filter_map(|n| desired.ip_sets.get_key_value(n)),
         ),
     }
+}
+
+/// A scoped thread's result; its panic goes on in the caller.
+fn join<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
 }
