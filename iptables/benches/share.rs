@@ -385,7 +385,8 @@ fn payload_lines(reports: &[ApplyReport; 2]) -> (usize, usize) {
 /// One change through the applier vs the bare restore of the same payload, `rounds` times: the
 /// change through the renderer and appliers (timed: render, flush, diff, restore), its revert
 /// through them (not timed), then the change's payloads bare (timed) and the revert's payloads
-/// bare (not timed), so the kernel and the appliers' views end every round where they began.
+/// bare (not timed; in odd rounds the bare pair runs first), so the kernel and the appliers'
+/// views end every round where they began.
 fn change_vs_bare(l: &mut Layout, rounds: usize, what: &str, change: &dyn Fn(&mut Renderer, bool)) {
     let runner = ExecRunner::in_netns(l.ns.name()).unwrap();
     let (mut ours, mut bare, mut ratios) = (vec![], vec![], vec![]);
@@ -407,7 +408,8 @@ fn change_vs_bare(l: &mut Layout, rounds: usize, what: &str, change: &dyn Fn(&mu
             });
         })
     };
-    for _ in 0..rounds {
+    let mut last: (Vec<(usize, String)>, Vec<(usize, String)>) = Default::default();
+    for round in 0..rounds {
         let mut step = |forward: bool| {
             let t = Instant::now();
             change(&mut l.renderer, forward);
@@ -441,12 +443,24 @@ fn change_vs_bare(l: &mut Layout, rounds: usize, what: &str, change: &dyn Fn(&mu
                 .collect();
             (took, payloads)
         };
+        // Odd rounds time the bare restores first (the previous round's payloads: the same
+        // change), so neither side always runs right after the other's revert.
+        let bare_first = round % 2 == 1 && !last.0.is_empty();
+        let mut b = Duration::ZERO;
+        if bare_first {
+            let t = Instant::now();
+            restore_all(&last.0);
+            b = t.elapsed();
+            restore_all(&last.1);
+        }
         let (o, fwd) = step(true);
         let (_, rev) = step(false);
-        let t = Instant::now();
-        restore_all(&fwd);
-        let b = t.elapsed();
-        restore_all(&rev);
+        if !bare_first {
+            let t = Instant::now();
+            restore_all(&fwd);
+            b = t.elapsed();
+            restore_all(&rev);
+        }
         size = (
             fwd.iter().map(|(_, p)| p.lines().count() - 2).sum(),
             fwd.iter().map(|(_, p)| p.len()).sum(),
@@ -454,6 +468,10 @@ fn change_vs_bare(l: &mut Layout, rounds: usize, what: &str, change: &dyn Fn(&mu
         ours.push(o);
         bare.push(b);
         ratios.push(o.as_secs_f64() / b.as_secs_f64());
+        if bare_first {
+            assert_eq!(fwd, last.0, "the bare restore timed another payload");
+        }
+        last = (fwd, rev);
     }
     ratios.sort_by(f64::total_cmp);
     println!(
