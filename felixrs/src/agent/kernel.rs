@@ -14,6 +14,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
 use calc_graph::graph::{CalcGraph, Update};
 use calc_graph::model::{CALICO_PREFIX, Kind, Resource, ResourceKey};
@@ -183,7 +184,14 @@ pub struct KernelDataplane<R: Runner + Clone + 'static> {
     /// The DNS learner (FQDN policy): fills new domain sets, and is told after each successful
     /// program which domain sets the kernel has.
     learner: Option<Arc<Learner>>,
+    /// When [`Dataplane::prepare`] read the kernel ahead of the first apply.
+    read_ahead_at: Option<Instant>,
 }
+
+/// A view read ahead of the first apply is used only while younger than this (the first batch
+/// follows the snapshot read and graph, a fraction of a second; after a slow datastore, the
+/// kernel is read again, with the render).
+const READ_AHEAD_MAX_AGE: Duration = Duration::from_secs(2);
 
 impl<R: Runner + Clone + 'static> KernelDataplane<R> {
     pub fn new(runner: R, backend: Backend, render: RenderConfig) -> anyhow::Result<Self> {
@@ -210,6 +218,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             counters: None,
             attribution_stale: true,
             learner: None,
+            read_ahead_at: None,
         })
     }
 
@@ -280,6 +289,14 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
     /// still to do: a restart costs about the longer of rendering and the saves, not their sum.
     /// A failed detection or read is left for `program` to retry and report.
     fn render(&mut self, outputs: Vec<Output>) -> Vec<RenderError> {
+        if self
+            .read_ahead_at
+            .take()
+            .is_some_and(|at| at.elapsed() > READ_AHEAD_MAX_AGE)
+        {
+            self.v4.invalidate();
+            self.v6.invalidate();
+        }
         let renderer = &mut self.renderer;
         let (runner, detect) = (&self.runner, &mut self.detect);
         let [v4, v6] = [&mut self.v4, &mut self.v6];
@@ -426,6 +443,31 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
         let mut report = self.program(false)?;
         self.remove_stale_flows(&mut report);
         Ok(report)
+    }
+
+    /// Detects the backend and reads the kernel (both families at once) while the snapshot or
+    /// the datastore is read and the graph computed, so the first apply finds its view ready.
+    fn prepare(&mut self) {
+        let started = Instant::now();
+        if let Err(error) = self.detect_backend() {
+            tracing::warn!(%error, "reading the kernel ahead of the first apply");
+            return;
+        }
+        let [v4, v6] = [&mut self.v4, &mut self.v6];
+        std::thread::scope(|s| {
+            for applier in [v4, v6] {
+                s.spawn(move || {
+                    if let Err(error) = applier.read_kernel() {
+                        tracing::warn!(%error, "reading the kernel ahead of the first apply");
+                    }
+                });
+            }
+        });
+        tracing::debug!(
+            took_ms = started.elapsed().as_millis(),
+            "kernel read ahead of the first apply"
+        );
+        self.read_ahead_at = Some(Instant::now());
     }
 
     fn refresh(&mut self) -> Result<ApplyReport, String> {
