@@ -382,6 +382,9 @@ fn payload_lines(reports: &[ApplyReport; 2]) -> (usize, usize) {
     (lines, bytes)
 }
 
+/// Restore payloads by family (0: IPv4, 1: IPv6).
+type Payloads = Vec<(usize, String)>;
+
 /// One change through the applier vs the bare restore of the same payload, `rounds` times: the
 /// change through the renderer and appliers (timed: render, flush, diff, restore), its revert
 /// through them (not timed), then the change's payloads bare (timed) and the revert's payloads
@@ -408,7 +411,7 @@ fn change_vs_bare(l: &mut Layout, rounds: usize, what: &str, change: &dyn Fn(&mu
             });
         })
     };
-    let mut last: (Vec<(usize, String)>, Vec<(usize, String)>) = Default::default();
+    let mut last: (Payloads, Payloads) = Default::default();
     for round in 0..rounds {
         let mut step = |forward: bool| {
             let t = Instant::now();
