@@ -436,19 +436,21 @@ impl Renderer {
 
         if std::mem::take(&mut self.dispatch_dirty) {
             let ifaces: Vec<&str> = self.iface_owner.keys().map(String::as_str).collect();
+            // The tree is the same in both families: built once.
+            let mut chains = dispatch::dispatch_chains(&ifaces, true);
+            chains.extend(dispatch::dispatch_chains(&ifaces, false));
+            let new_names: Vec<String> = chains.iter().map(|(n, _)| n.clone()).collect();
             for fam in &mut self.families {
-                let mut chains = dispatch::dispatch_chains(&ifaces, true);
-                chains.extend(dispatch::dispatch_chains(&ifaces, false));
-                let new_names: Vec<String> = chains.iter().map(|(n, _)| n.clone()).collect();
                 for old in std::mem::take(&mut fam.dispatch_names) {
                     if !new_names.contains(&old) {
                         fam.remove_chain(TableName::Filter, &old);
                     }
                 }
-                for (name, rules) in chains {
-                    fam.set_chain(TableName::Filter, name, rules);
+                // Only the chains on the changed interfaces' paths differ: copy those alone.
+                for (name, rules) in &chains {
+                    fam.set_chain_if_changed(TableName::Filter, name, rules);
                 }
-                fam.dispatch_names = new_names;
+                fam.dispatch_names = new_names.clone();
             }
         }
 
