@@ -229,6 +229,7 @@ impl<R: Runner> Applier<R> {
     pub fn invalidate(&mut self) {
         self.view = None;
         self.other_read = None;
+        self.primed = None;
     }
 
     /// Whether the next apply plans against a view it already holds (no kernel read).
