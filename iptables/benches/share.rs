@@ -17,12 +17,15 @@
 //!   (cached view) vs the bare `iptables-nft-restore` of the very same payload, alternating.
 
 use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use calc_graph::proto::*;
 use felixrs_test_support::netns::Netns;
 use iptables::apply::{
-    Applier, ApplierConfig, ApplyReport, Backend, DesiredState, ExecRunner, Runner, TableName,
+    Applier, ApplierConfig, ApplyReport, Backend, Changes, DesiredState, ExecRunner, Runner,
+    TableName,
 };
 use iptables::render::{RenderConfig, Renderer};
 
@@ -44,6 +47,11 @@ fn light() -> bool {
     std::env::var_os("SHARE_BENCH_LIGHT").is_some()
 }
 const SETS: usize = 500;
+
+/// `SHARE_BENCH_ONLY_SHARED=1`: skip the inlined layout (quicker runs while working on the shared one).
+fn only_shared() -> bool {
+    std::env::var_os("SHARE_BENCH_ONLY_SHARED").is_some()
+}
 
 fn net(s: &str) -> ipnet::IpNet {
     s.parse().unwrap()
@@ -204,10 +212,44 @@ fn render(inputs: &[Output], share_chains: bool) -> Renderer {
     r
 }
 
-fn new_appliers(ns: &Netns) -> [Applier<ExecRunner>; 2] {
+/// The real runner, adding the wall time spent in the programs it runs to `spent` (ns): an
+/// apply's time minus that is the applier's own cost (parse, plan, render of the payload).
+#[derive(Clone)]
+struct TimedRunner {
+    inner: ExecRunner,
+    spent: Arc<AtomicU64>,
+}
+
+impl Runner for TimedRunner {
+    fn run(
+        &self,
+        program: &str,
+        args: &[&str],
+        stdin: Option<&[u8]>,
+    ) -> Result<std::process::Output, iptables::apply::RunError> {
+        let t = Instant::now();
+        let out = self.inner.run(program, args, stdin);
+        self.spent
+            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        out
+    }
+}
+
+impl TimedRunner {
+    fn take(&self) -> Duration {
+        Duration::from_nanos(self.spent.swap(0, Ordering::Relaxed))
+    }
+}
+
+type BenchApplier = Applier<TimedRunner>;
+
+fn new_appliers(ns: &Netns) -> [BenchApplier; 2] {
     [IpVersion::V4, IpVersion::V6].map(|family| {
         Applier::new(
-            ExecRunner::in_netns(ns.name()).expect("valid netns name"),
+            TimedRunner {
+                inner: ExecRunner::in_netns(ns.name()).expect("valid netns name"),
+                spent: Arc::default(),
+            },
             ApplierConfig {
                 family,
                 backend: Backend::Nft,
@@ -218,13 +260,36 @@ fn new_appliers(ns: &Netns) -> [Applier<ExecRunner>; 2] {
 }
 
 /// Both families at once, as the agent's two apply threads.
-fn apply_both(appliers: &mut [Applier<ExecRunner>; 2], d: [&DesiredState; 2]) -> [ApplyReport; 2] {
+fn apply_both(appliers: &mut [BenchApplier; 2], d: [&DesiredState; 2]) -> [ApplyReport; 2] {
+    apply_both_timed(appliers, d, None).0
+}
+
+/// [`apply_both`], with each family's apply time.
+/// With `changes` (the renderer's change log of each family), as the agent: only those are
+/// planned.
+fn apply_both_timed(
+    appliers: &mut [BenchApplier; 2],
+    d: [&DesiredState; 2],
+    changes: Option<&[Changes; 2]>,
+) -> ([ApplyReport; 2], [Duration; 2]) {
     let [a4, a6] = appliers;
-    std::thread::scope(|s| {
-        let h = s.spawn(|| a6.apply(d[1]).unwrap());
-        let r4 = a4.apply(d[0]).unwrap();
-        [r4, h.join().unwrap()]
-    })
+    let go = |a: &mut BenchApplier, i: usize| match changes {
+        Some(c) => a.apply_changes(d[i], &c[i]).unwrap(),
+        None => a.apply(d[i]).unwrap(),
+    };
+    let ([r4, r6], took) = std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            let t = Instant::now();
+            let r = go(a6, 1);
+            (r, t.elapsed())
+        });
+        let t = Instant::now();
+        let r4 = go(a4, 0);
+        let t4 = t.elapsed();
+        let (r6, t6) = h.join().unwrap();
+        ([r4, r6], [t4, t6])
+    });
+    ([r4, r6], took)
 }
 
 fn run_ok(r: &ExecRunner, program: &str, args: &[&str], stdin: Option<&str>) -> String {
@@ -276,6 +341,12 @@ fn bare_cold(reports: &[ApplyReport; 2]) -> Duration {
 
 /// The two whole saves a restart reads, concurrently; returns (time, v4 + v6 bytes, v4 + v6 rules).
 fn saves(r: &ExecRunner) -> (Duration, usize, usize) {
+    let (took, bytes, rules, _) = saves_text(r);
+    (took, bytes, rules)
+}
+
+/// [`saves`], with the v4 save's text.
+fn saves_text(r: &ExecRunner) -> (Duration, usize, usize, String) {
     let t = Instant::now();
     let texts: Vec<String> = std::thread::scope(|s| {
         let hs: Vec<_> = SAVE
@@ -290,14 +361,15 @@ fn saves(r: &ExecRunner) -> (Duration, usize, usize) {
         .flat_map(|t| t.lines())
         .filter(|l| l.starts_with("-A") && l.contains("cali"))
         .count();
-    (took, texts.iter().map(String::len).sum(), rules)
+    let bytes = texts.iter().map(String::len).sum();
+    (took, bytes, rules, texts.into_iter().next().unwrap())
 }
 
 struct Layout {
     name: &'static str,
     renderer: Renderer,
     ns: Netns,
-    appliers: [Applier<ExecRunner>; 2],
+    appliers: [BenchApplier; 2],
 }
 
 fn payload_lines(reports: &[ApplyReport; 2]) -> (usize, usize) {
@@ -310,14 +382,20 @@ fn payload_lines(reports: &[ApplyReport; 2]) -> (usize, usize) {
     (lines, bytes)
 }
 
+/// Restore payloads by family (0: IPv4, 1: IPv6).
+type Payloads = Vec<(usize, String)>;
+
 /// One change through the applier vs the bare restore of the same payload, `rounds` times: the
 /// change through the renderer and appliers (timed: render, flush, diff, restore), its revert
 /// through them (not timed), then the change's payloads bare (timed) and the revert's payloads
-/// bare (not timed), so the kernel and the appliers' views end every round where they began.
+/// bare (not timed; in odd rounds the bare pair runs first), so the kernel and the appliers'
+/// views end every round where they began.
 fn change_vs_bare(l: &mut Layout, rounds: usize, what: &str, change: &dyn Fn(&mut Renderer, bool)) {
     let runner = ExecRunner::in_netns(l.ns.name()).unwrap();
     let (mut ours, mut bare, mut ratios) = (vec![], vec![], vec![]);
     let mut render_times = vec![];
+    let mut own_times = vec![];
+    let mut prog_times = vec![];
     let mut size = (0, 0);
     let restore_all = |payloads: &[(usize, String)]| {
         std::thread::scope(|s| {
@@ -333,16 +411,30 @@ fn change_vs_bare(l: &mut Layout, rounds: usize, what: &str, change: &dyn Fn(&mu
             });
         })
     };
-    for _ in 0..rounds {
+    let mut last: (Payloads, Payloads) = Default::default();
+    for round in 0..rounds {
         let mut step = |forward: bool| {
             let t = Instant::now();
             change(&mut l.renderer, forward);
             assert!(l.renderer.flush().is_empty());
             let rendered = t.elapsed();
+            let changes = [IpVersion::V4, IpVersion::V6].map(|v| l.renderer.take_changes(v));
             let d = [IpVersion::V4, IpVersion::V6].map(|v| l.renderer.desired_ref(v));
-            let reps = apply_both(&mut l.appliers, d);
+            for a in &l.appliers {
+                a.runner().take();
+            }
+            let (reps, each) = apply_both_timed(&mut l.appliers, d, Some(&changes));
             let took = t.elapsed();
-            render_times.push(rendered);
+            if forward {
+                render_times.push(rendered);
+                let progs = [0, 1].map(|i| l.appliers[i].runner().take());
+                prog_times.push(progs[0].max(progs[1]));
+                own_times.push(
+                    each[0]
+                        .saturating_sub(progs[0])
+                        .max(each[1].saturating_sub(progs[1])),
+                );
+            }
             for r in &reps {
                 assert!(r.ipset_updates.is_empty() && r.ipset_deletions.is_empty());
                 assert!(r.iptables.keys().all(|t| *t == TableName::Filter));
@@ -354,12 +446,24 @@ fn change_vs_bare(l: &mut Layout, rounds: usize, what: &str, change: &dyn Fn(&mu
                 .collect();
             (took, payloads)
         };
+        // Odd rounds time the bare restores first (the previous round's payloads: the same
+        // change), so neither side always runs right after the other's revert.
+        let bare_first = round % 2 == 1 && !last.0.is_empty();
+        let mut b = Duration::ZERO;
+        if bare_first {
+            let t = Instant::now();
+            restore_all(&last.0);
+            b = t.elapsed();
+            restore_all(&last.1);
+        }
         let (o, fwd) = step(true);
         let (_, rev) = step(false);
-        let t = Instant::now();
-        restore_all(&fwd);
-        let b = t.elapsed();
-        restore_all(&rev);
+        if !bare_first {
+            let t = Instant::now();
+            restore_all(&fwd);
+            b = t.elapsed();
+            restore_all(&rev);
+        }
         size = (
             fwd.iter().map(|(_, p)| p.lines().count() - 2).sum(),
             fwd.iter().map(|(_, p)| p.len()).sum(),
@@ -367,19 +471,134 @@ fn change_vs_bare(l: &mut Layout, rounds: usize, what: &str, change: &dyn Fn(&mu
         ours.push(o);
         bare.push(b);
         ratios.push(o.as_secs_f64() / b.as_secs_f64());
+        if bare_first {
+            assert_eq!(fwd, last.0, "the bare restore timed another payload");
+        }
+        last = (fwd, rev);
     }
     ratios.sort_by(f64::total_cmp);
     println!(
-        "  {:8} {what}: applier {} (render+flush {}) vs bare restore {} = {:.2}x (median per-round ratio {:.2}x); payload v4+v6 {} lines, {} bytes",
+        "  {:8} {what}: applier {} (render+flush {}, applier's own {}, its restores {}) vs bare restore {} = {:.2}x (median per-round ratio {:.2}x); payload v4+v6 {} lines, {} bytes",
         l.name,
         ms(median(ours.clone())),
         ms(median(render_times)),
+        ms(median(own_times)),
+        ms(median(prog_times)),
         ms(median(bare.clone())),
         median(ours).as_secs_f64() / median(bare).as_secs_f64(),
         ratios[ratios.len() / 2],
         size.0,
         size.1
     );
+}
+
+type Change = Box<dyn Fn(&mut Renderer, bool)>;
+
+/// The three changes: forward (`true`) and back.
+fn changes(n: usize) -> Vec<(&'static str, Change)> {
+    vec![
+        (
+            "one-policy change",
+            Box::new(|r: &mut Renderer, fwd: bool| {
+                r.apply(Output::PolicyUpdated(policy(0, u16::from(fwd))))
+                    .unwrap();
+            }),
+        ),
+        (
+            "one pod added",
+            Box::new(move |r: &mut Renderer, fwd: bool| {
+                let ep = endpoint(n, 3);
+                if fwd {
+                    r.apply(Output::EndpointUpdated(ep)).unwrap();
+                } else {
+                    r.apply(Output::EndpointRemoved(ep.id)).unwrap();
+                }
+            }),
+        ),
+        (
+            "one pod relabelled",
+            Box::new(|r: &mut Renderer, fwd: bool| {
+                let c = if fwd { 1 } else { 0 };
+                r.apply(Output::EndpointUpdated(endpoint(0, c))).unwrap();
+            }),
+        ),
+    ]
+}
+
+/// A kernel that holds nothing and takes every write: what is left of an apply is the applier's
+/// own work (plan, validate, render the payload, keep its view), without any program's time.
+struct NullRunner;
+
+impl Runner for NullRunner {
+    fn run(
+        &self,
+        _program: &str,
+        _args: &[&str],
+        _stdin: Option<&[u8]>,
+    ) -> Result<std::process::Output, iptables::apply::RunError> {
+        use std::os::unix::process::ExitStatusExt;
+        Ok(std::process::Output {
+            status: std::process::ExitStatus::from_raw(0),
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+        })
+    }
+}
+
+/// The applier's own cost per change (shared layout, one family at a time, in process: no
+/// kernel, no root), median of `rounds`; the change's render + flush is reported apart.
+fn own_cost(inputs: &[Output], n: usize, rounds: usize) {
+    let mut renderer = render(inputs, true);
+    let mut appliers = [IpVersion::V4, IpVersion::V6].map(|family| {
+        Applier::new(
+            NullRunner,
+            ApplierConfig {
+                family,
+                backend: Backend::Nft,
+                ..ApplierConfig::default()
+            },
+        )
+    });
+    for (a, v) in appliers.iter_mut().zip([IpVersion::V4, IpVersion::V6]) {
+        a.apply(renderer.desired_ref(v)).unwrap();
+        renderer.take_changes(v);
+    }
+    for (what, change) in changes(n) {
+        for whole in [true, false] {
+            let (mut own, mut rendered) = (vec![], vec![]);
+            for round in 0..rounds * 2 {
+                let fwd = round % 2 == 0;
+                let t = Instant::now();
+                change(&mut renderer, fwd);
+                assert!(renderer.flush().is_empty());
+                let r = t.elapsed();
+                let t = Instant::now();
+                for (a, v) in appliers.iter_mut().zip([IpVersion::V4, IpVersion::V6]) {
+                    let changes = renderer.take_changes(v);
+                    let rep = if whole {
+                        a.apply(renderer.desired_ref(v)).unwrap()
+                    } else {
+                        a.apply_changes(renderer.desired_ref(v), &changes).unwrap()
+                    };
+                    assert!(!rep.iptables.is_empty());
+                }
+                if fwd {
+                    own.push(t.elapsed());
+                    rendered.push(r);
+                }
+            }
+            println!(
+                "  shared   {what}: applier's own work (v4 + v6, one after the other, no programs), {}: {} (render+flush {})",
+                if whole {
+                    "whole plan (apply)"
+                } else {
+                    "change log (apply_changes)"
+                },
+                ms(median(own)),
+                ms(median(rendered))
+            );
+        }
+    }
 }
 
 fn main() {
@@ -395,6 +614,10 @@ fn main() {
         .unwrap_or_else(|| vec![250, 1000]);
     for n in sizes {
         let inputs = inputs(n);
+        if std::env::var_os("SHARE_BENCH_OWN_ONLY").is_some() {
+            own_cost(&inputs, n, rounds.max(20));
+            continue;
+        }
         println!(
             "== {n} endpoints, {COMBOS} combinations x {} policies of {} rule(s), {POLICIES} policies, {SETS} sets ==",
             per_combo(),
@@ -402,6 +625,9 @@ fn main() {
         );
         let mut layouts = Vec::new();
         for share in [false, true] {
+            if only_shared() && !share {
+                continue;
+            }
             let name = if share { "shared" } else { "inlined" };
             let mut renders = Vec::new();
             let mut r = None;
@@ -417,10 +643,28 @@ fn main() {
             let t = Instant::now();
             let reports = apply_both(&mut appliers, d);
             let cold = t.elapsed();
+            let mut renderer = renderer;
+            for v in [IpVersion::V4, IpVersion::V6] {
+                renderer.take_changes(v);
+            }
             let floor = bare_cold(&reports);
             let (lines, bytes) = payload_lines(&reports);
             let runner = ExecRunner::in_netns(ns.name()).unwrap();
-            let (_, save_bytes, kernel_rules) = saves(&runner);
+            let (_, save_bytes, kernel_rules, v4_save) = saves_text(&runner);
+            let t = Instant::now();
+            black_box(iptables::parse::parse_save_lenient(&v4_save).unwrap());
+            println!("  {name:8} typed parse alone: {}", ms(t.elapsed()));
+            let t = Instant::now();
+            black_box(iptables::apply::kernel::scan_save(&v4_save));
+            println!("  {name:8} scan alone: {}", ms(t.elapsed()));
+            let t = Instant::now();
+            let tables = black_box(iptables::apply::read_tables(&v4_save));
+            println!(
+                "  {name:8} the applier's parse of the v4 save ({} KiB, {} rules): {}",
+                v4_save.len() / 1024,
+                tables.values().map(|t| t.rule_count()).sum::<usize>(),
+                ms(t.elapsed())
+            );
             println!(
                 "  {name:8} render {} | cold payload {lines} rules, {} KiB | kernel (saves) {kernel_rules} rules, {} KiB | shared chains {}",
                 ms(median(renders)),
@@ -437,17 +681,43 @@ fn main() {
             // Restart on the programmed kernel: render from scratch + fresh appliers (v4 ∥ v6),
             // which read the kernel and find nothing to write; floor: the two saves.
             let (mut restarts, mut floors) = (vec![], vec![]);
+            let (mut r_render, mut r_read, mut r_progs, mut r_plan) =
+                (vec![], vec![], vec![], vec![]);
             for _ in 0..3 {
-                let t = Instant::now();
-                let fresh = render(&inputs, share);
+                // As the agent: the appliers read the kernel while the renderer renders.
                 let mut fresh_appliers = new_appliers(&ns);
+                let t = Instant::now();
+                let fresh = std::thread::scope(|s| {
+                    let [a4, a6] = &mut fresh_appliers;
+                    let read = |a: &mut BenchApplier| {
+                        let t = Instant::now();
+                        a.read_kernel().unwrap();
+                        t.elapsed()
+                    };
+                    let h4 = s.spawn(move || read(a4));
+                    let h6 = s.spawn(move || read(a6));
+                    let fresh = render(&inputs, share);
+                    r_render.push(t.elapsed());
+                    r_read.push(h4.join().unwrap().max(h6.join().unwrap()));
+                    fresh
+                });
+                let progs = [0, 1].map(|i| fresh_appliers[i].runner().take());
+                r_progs.push(progs[0].max(progs[1]));
                 let d = [IpVersion::V4, IpVersion::V6].map(|v| fresh.desired_ref(v));
-                let reps = apply_both(&mut fresh_appliers, d);
+                let (reps, each) = apply_both_timed(&mut fresh_appliers, d, None);
                 restarts.push(t.elapsed());
+                r_plan.push(each[0].max(each[1]));
                 assert!(reps.iter().all(ApplyReport::is_empty), "restart wrote");
                 floors.push(saves(&runner).0);
             }
             let (rs, fl) = (median(restarts), median(floors));
+            println!(
+                "  {name:8} restart: render {} | meanwhile read the kernel {} (of which the saves {}) | then plan {}",
+                ms(median(r_render)),
+                ms(median(r_read)),
+                ms(median(r_progs)),
+                ms(median(r_plan)),
+            );
             println!(
                 "  {name:8} restart (render + read kernel + diff, nothing to write): {} vs two concurrent saves {} = {:.2}x",
                 ms(rs),
@@ -462,22 +732,12 @@ fn main() {
             });
         }
         for l in &mut layouts {
-            change_vs_bare(l, rounds, "one-policy change", &|r, fwd| {
-                r.apply(Output::PolicyUpdated(policy(0, u16::from(fwd))))
-                    .unwrap();
-            });
-            change_vs_bare(l, rounds, "one pod added", &move |r, fwd| {
-                let ep = endpoint(n, 3);
-                if fwd {
-                    r.apply(Output::EndpointUpdated(ep)).unwrap();
-                } else {
-                    r.apply(Output::EndpointRemoved(ep.id)).unwrap();
-                }
-            });
-            change_vs_bare(l, rounds, "one pod relabelled", &|r, fwd| {
-                let c = if fwd { 1 } else { 0 };
-                r.apply(Output::EndpointUpdated(endpoint(0, c))).unwrap();
-            });
+            for (what, change) in changes(n) {
+                change_vs_bare(l, rounds, what, &*change);
+            }
+        }
+        if !only_shared() || std::env::var_os("SHARE_BENCH_OWN").is_some() {
+            own_cost(&inputs, n, rounds.max(20));
         }
     }
 }

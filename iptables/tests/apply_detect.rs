@@ -124,6 +124,33 @@ fn restarted_auto_applier_reads_each_save_once_and_still_repairs_drift() {
 }
 
 #[test]
+fn a_read_ahead_is_the_next_applys_read_and_its_view_is_planned_whole() {
+    let ns = kernel_netns();
+    let desired = mk_state();
+    let mut first = mk_auto(&ns);
+    assert!(!first.apply(&desired).unwrap().is_empty());
+    // Drift while the agent was down.
+    ns.ok("iptables-nft", &["-F", "cali-FORWARD"]);
+
+    // The restarted agent reads the kernel while it renders; reading again is a no-op.
+    let mut restarted = mk_auto(&ns);
+    assert!(!restarted.has_view());
+    restarted.read_kernel().unwrap();
+    restarted.read_kernel().unwrap();
+    assert!(restarted.has_view());
+    // The read and its save are the apply's; a new view is planned whole, whatever the
+    // change log says, so the drift is repaired.
+    let report = restarted
+        .apply_changes(&desired, &iptables::apply::Changes::default())
+        .unwrap();
+    assert_eq!((report.kernel_reads, report.saves), (1, 1), "{report:?}");
+    let filter = &report.iptables[&TableName::Filter];
+    assert!(filter.contains("-A cali-FORWARD "), "{filter}");
+    assert_in_sync(&ns, Mode::Nft, &desired);
+    assert_eq!(restarted.mode().unwrap(), Mode::Nft);
+}
+
+#[test]
 fn hint_detected_first_apply_only_reads_the_sets() {
     let ns = kernel_netns();
     ns.feed("iptables-nft-restore", &[], HINT);

@@ -144,6 +144,20 @@ fn switching_backend_sweeps_our_leftovers_from_the_old_one() {
     );
     assert_in_sync(&ns, Mode::Nft, &desired);
     assert!(nft.refresh(&desired).unwrap().is_empty());
+
+    // The same when the old backend was read ahead of the apply, with the view.
+    let ns = kernel_netns();
+    mk_applier(&ns, Mode::Legacy).apply(&desired).unwrap();
+    let mut nft = mk_applier(&ns, Mode::Nft);
+    nft.read_kernel().unwrap();
+    let report = nft.apply(&desired).unwrap();
+    assert!(
+        report.other_backend.contains_key(&TableName::Filter) && report.saves == 3,
+        "{report:?}"
+    );
+    let legacy = ns.ok("iptables-legacy-save", &[]);
+    assert!(!legacy.contains("cali"), "{legacy}");
+    assert_in_sync(&ns, Mode::Nft, &desired);
 }
 
 fn foreign_rules_survive(mode: Mode, file: &str) {

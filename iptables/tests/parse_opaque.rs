@@ -59,22 +59,39 @@ fn a_comment_with_a_raw_newline_is_kept_verbatim_and_round_trips() {
     assert_eq!(table.rules_of("FOREIGN").count(), 2);
 }
 
+/// In a kernel chain, where our rules are deleted by their spec, a rule the parser cannot type
+/// is never ours, whatever its comment says. In our own chains (addressed by position) the
+/// applier reads only each rule's first comment and target, as Felix does, so there a rule is
+/// ours by its `cali:` comment; positions stay true in both.
 #[test]
-fn the_applier_view_keeps_positions_and_never_owns_an_opaque_rule() {
-    let text = "*filter\n:cali-x - [0:0]\n\
+fn the_applier_view_keeps_positions_and_never_owns_an_opaque_rule_in_a_kernel_chain() {
+    let text = "*filter\n:INPUT ACCEPT [0:0]\n:cali-x - [0:0]\n\
+        -A INPUT -m comment --comment \"cali:DDDDDDDDDDDDDDDD\" -m tcp --no-such-option -j DROP\n\
+        -A INPUT -m comment --comment \"cali:EEEEEEEEEEEEEEEE\" -j cali-x\n\
         -A cali-x -m comment --comment \"cali:AAAAAAAAAAAAAAAA\" -j ACCEPT\n\
         -A cali-x -m comment --comment \"cali:BBBBBBBBBBBBBBBB\" -m tcp --no-such-option -j DROP\n\
+        -A cali-x -m comment --comment \"other\" -m tcp --no-such-option -j DROP\n\
         -A cali-x -m comment --comment \"cali:CCCCCCCCCCCCCCCC\" -j DROP\n\
         COMMIT\n";
     let (rs, warnings) = parse_save_lenient(text).unwrap();
     assert_eq!(rs.render(), text);
-    assert_eq!(warnings.len(), 1);
+    assert_eq!(warnings.len(), 3);
     let view = iptables::apply::read_tables(text);
-    let rules = &view[&TableName::Filter].chains["cali-x"];
-    let hashes: Vec<Option<&str>> = rules.iter().map(|r| r.hash.as_deref()).collect();
+    let hashes = |chain: &str| -> Vec<Option<String>> {
+        view[&TableName::Filter].chains[chain]
+            .iter()
+            .map(|r| r.hash.clone())
+            .collect()
+    };
+    assert_eq!(hashes("INPUT"), [None, Some("EEEEEEEEEEEEEEEE".into())]);
     assert_eq!(
-        hashes,
-        vec![Some("AAAAAAAAAAAAAAAA"), None, Some("CCCCCCCCCCCCCCCC")]
+        hashes("cali-x"),
+        [
+            Some("AAAAAAAAAAAAAAAA".into()),
+            Some("BBBBBBBBBBBBBBBB".into()),
+            None,
+            Some("CCCCCCCCCCCCCCCC".into())
+        ]
     );
 }
 

@@ -51,6 +51,10 @@ pub trait Dataplane: Send + 'static {
     fn apply(&mut self, outputs: Vec<Output>) -> Result<ApplyReport, String>;
     /// Re-reads the kernel and repairs drift.
     fn refresh(&mut self) -> Result<ApplyReport, String>;
+    /// Called once when the apply thread starts, before the first batch arrives (the snapshot or
+    /// the datastore is still being read): may read the kernel ahead, never writes. The default
+    /// does nothing.
+    fn prepare(&mut self) {}
     /// The fast drift check between refreshes: lists a few chains and repairs those that
     /// drifted. The default finds nothing.
     fn check_drift(&mut self) -> Result<Drift, String> {
@@ -104,6 +108,7 @@ fn run<D: Dataplane>(
     let mut pending_revision: Option<i64> = None;
     let mut next_refresh = Instant::now() + refresh;
     let mut next_drift = drift.map(|d| Instant::now() + d);
+    dp.prepare();
     loop {
         // The drift check runs when due even while batches keep coming (it would never see a
         // receive timeout on a busy node).

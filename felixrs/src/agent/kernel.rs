@@ -14,6 +14,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
 use calc_graph::graph::{CalcGraph, Update};
 use calc_graph::model::{CALICO_PREFIX, Kind, Resource, ResourceKey};
@@ -21,7 +22,7 @@ use calc_graph::proto::{EndpointId, IpVersion, Output, PolicyId};
 use iptables::apply::{
     Applier, ApplierConfig, Backend, DesiredState, Runner, TableName, backend, conntrack,
 };
-use iptables::render::{RenderConfig, Renderer};
+use iptables::render::{RenderConfig, RenderError, Renderer};
 use iptables::stats::Attribution;
 
 use std::sync::Arc;
@@ -183,7 +184,14 @@ pub struct KernelDataplane<R: Runner + Clone + 'static> {
     /// The DNS learner (FQDN policy): fills new domain sets, and is told after each successful
     /// program which domain sets the kernel has.
     learner: Option<Arc<Learner>>,
+    /// When [`Dataplane::prepare`] read the kernel ahead of the first apply.
+    read_ahead_at: Option<Instant>,
 }
+
+/// A view read ahead of the first apply is used only while younger than this (the first batch
+/// follows the snapshot read and graph, a fraction of a second; after a slow datastore, the
+/// kernel is read again, with the render).
+const READ_AHEAD_MAX_AGE: Duration = Duration::from_secs(2);
 
 impl<R: Runner + Clone + 'static> KernelDataplane<R> {
     pub fn new(runner: R, backend: Backend, render: RenderConfig) -> anyhow::Result<Self> {
@@ -210,6 +218,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             counters: None,
             attribution_stale: true,
             learner: None,
+            read_ahead_at: None,
         })
     }
 
@@ -270,20 +279,61 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
         }
     }
 
+    /// Detects the iptables backend once (`Auto`), for both appliers.
+    fn detect_backend(&mut self) -> Result<(), String> {
+        detect_for(&self.runner, &mut self.detect, [&mut self.v4, &mut self.v6])
+    }
+
+    /// Renders `outputs`; meanwhile, an applier without a view of the kernel (the first apply
+    /// after a restart, or after a failure) reads it, detecting the backend first if that is
+    /// still to do: a restart costs about the longer of rendering and the saves, not their sum.
+    /// A failed detection or read is left for `program` to retry and report.
+    fn render(&mut self, outputs: Vec<Output>) -> Vec<RenderError> {
+        if self
+            .read_ahead_at
+            .take()
+            .is_some_and(|at| at.elapsed() > READ_AHEAD_MAX_AGE)
+        {
+            self.v4.invalidate();
+            self.v6.invalidate();
+        }
+        let renderer = &mut self.renderer;
+        let (runner, detect) = (&self.runner, &mut self.detect);
+        let [v4, v6] = [&mut self.v4, &mut self.v6];
+        std::thread::scope(|s| {
+            if !(v4.has_view() && v6.has_view()) {
+                s.spawn(move || {
+                    if let Err(error) = detect_for(runner, detect, [&mut *v4, &mut *v6]) {
+                        tracing::warn!(%error, "reading the kernel ahead of the apply");
+                        return;
+                    }
+                    std::thread::scope(|s| {
+                        for applier in [v4, v6] {
+                            s.spawn(move || {
+                                if let Err(error) = applier.read_kernel() {
+                                    tracing::warn!(%error, "reading the kernel ahead of the apply");
+                                }
+                            });
+                        }
+                    });
+                });
+            }
+            let mut errors = renderer.apply_all(outputs);
+            errors.extend(renderer.flush());
+            errors
+        })
+    }
+
     fn program(&mut self, refresh: bool) -> Result<ApplyReport, String> {
         let mut report = ApplyReport {
             local_endpoints: self.endpoints.len(),
             active_policies: self.policies.len(),
             ..ApplyReport::default()
         };
-        if self.detect {
-            let d = backend::detect(&self.runner, Backend::Auto)
-                .map_err(|e| format!("iptables backend detection: {e}"))?;
-            tracing::info!(backend = ?d.mode, reason = ?d.reason, saves = d.saves_run(), "iptables backend selected");
-            self.v4.use_detection(&d);
-            self.v6.use_detection(&d);
-            self.detect = false;
-        }
+        self.detect_backend()?;
+        // What changed since the last program: the appliers plan only that (a new view, after a
+        // restart or a failure, is planned whole).
+        let changes = [IpVersion::V4, IpVersion::V6].map(|v| self.renderer.take_changes(v));
         let renderer = &self.renderer;
         // Borrow the renderer's state: an owned copy of ~50k rules costs more than the diff.
         let run = |v: IpVersion, applier: &mut Applier<R>| {
@@ -291,7 +341,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             let res = if refresh {
                 applier.refresh(desired)
             } else {
-                applier.apply(desired)
+                applier.apply_changes(desired, &changes[usize::from(v == IpVersion::V6)])
             };
             (desired, res)
         };
@@ -332,6 +382,25 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
     }
 }
 
+/// Detects the backend once (`detect` is cleared when done) and seeds both appliers with the
+/// saves detection read.
+fn detect_for<R: Runner + Clone + 'static>(
+    runner: &R,
+    detect: &mut bool,
+    appliers: [&mut Applier<R>; 2],
+) -> Result<(), String> {
+    if *detect {
+        let d = backend::detect(runner, Backend::Auto)
+            .map_err(|e| format!("iptables backend detection: {e}"))?;
+        tracing::info!(backend = ?d.mode, reason = ?d.reason, saves = d.saves_run(), "iptables backend selected");
+        for a in appliers {
+            a.use_detection(&d);
+        }
+        *detect = false;
+    }
+    Ok(())
+}
+
 impl<R: Runner + Clone + 'static> KernelDataplane<R> {
     /// Deletes the conntrack flows of addresses that left a local endpoint (called after a
     /// successful program: the endpoint's rules are gone). A failure is logged and counted; the
@@ -367,15 +436,38 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
         for o in &outputs {
             self.track(o);
         }
-        let mut errors = self.renderer.apply_all(outputs);
-        errors.extend(self.renderer.flush());
-        for error in errors {
+        for error in self.render(outputs) {
             // The object was rendered fail-closed (or left out); the rest is applied.
             tracing::warn!(%error, "render error");
         }
         let mut report = self.program(false)?;
         self.remove_stale_flows(&mut report);
         Ok(report)
+    }
+
+    /// Detects the backend and reads the kernel (both families at once) while the snapshot or
+    /// the datastore is read and the graph computed, so the first apply finds its view ready.
+    fn prepare(&mut self) {
+        let started = Instant::now();
+        if let Err(error) = self.detect_backend() {
+            tracing::warn!(%error, "reading the kernel ahead of the first apply");
+            return;
+        }
+        let [v4, v6] = [&mut self.v4, &mut self.v6];
+        std::thread::scope(|s| {
+            for applier in [v4, v6] {
+                s.spawn(move || {
+                    if let Err(error) = applier.read_kernel() {
+                        tracing::warn!(%error, "reading the kernel ahead of the first apply");
+                    }
+                });
+            }
+        });
+        tracing::debug!(
+            took_ms = started.elapsed().as_millis(),
+            "kernel read ahead of the first apply"
+        );
+        self.read_ahead_at = Some(Instant::now());
     }
 
     fn refresh(&mut self) -> Result<ApplyReport, String> {

@@ -12,6 +12,7 @@
 //!   rules is gone; a chain a foreign rule still jumps to is flushed but kept;
 //! * planning again against the result yields no ops (a second apply writes nothing).
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use super::desired::{
@@ -82,9 +83,56 @@ pub fn plan_table(
     desired: Option<&DesiredTable>,
     actual: &ActualTable,
 ) -> Result<Vec<Op>, ApplyError> {
+    plan(table, desired, actual, None)
+}
+
+/// [`plan_table`] looking only at `chains` (and at the hook rules, which are few): the same ops
+/// as [`plan_table`] whenever every other chain of ours in `actual` already matches `desired`,
+/// which holds after an apply for every chain the desired state has not changed since. This is
+/// how the applier plans a change in time proportional to the change, not to the table.
+pub fn plan_chains(
+    table: TableName,
+    desired: Option<&DesiredTable>,
+    actual: &ActualTable,
+    chains: &BTreeSet<String>,
+) -> Result<Vec<Op>, ApplyError> {
+    plan(table, desired, actual, Some(chains))
+}
+
+/// A chain's name and rules.
+type Named<'a, R> = (&'a String, &'a Vec<R>);
+
+fn plan(
+    table: TableName,
+    desired: Option<&DesiredTable>,
+    actual: &ActualTable,
+    scope: Option<&BTreeSet<String>>,
+) -> Result<Vec<Op>, ApplyError> {
     let empty = DesiredTable::default();
     let d = desired.unwrap_or(&empty);
-    for name in d.chains.keys() {
+    // The desired chains to write and our chains in the kernel to remove, in name order (as
+    // the whole-table plan lists them).
+    let (wanted, gone): (Vec<Named<DesiredRule>>, Vec<Named<ActualRule>>) = match scope {
+        None => (
+            d.chains.iter().collect(),
+            actual
+                .our_chains()
+                .filter(|(name, _)| !d.chains.contains_key(*name))
+                .collect(),
+        ),
+        Some(names) => (
+            names
+                .iter()
+                .filter_map(|n| d.chains.get_key_value(n))
+                .collect(),
+            names
+                .iter()
+                .filter(|n| is_our_chain(n) && !d.chains.contains_key(*n))
+                .filter_map(|n| actual.chains.get_key_value(n))
+                .collect(),
+        ),
+    };
+    for (name, _) in &wanted {
         validate_chain_name(table, name)?;
     }
     for h in &d.hooks {
@@ -99,10 +147,7 @@ pub fn plan_table(
     let mut hooks = Vec::new();
     let mut deletes = Vec::new();
 
-    for (name, rules) in actual.our_chains() {
-        if d.chains.contains_key(name) {
-            continue;
-        }
+    for (name, rules) in gone {
         if actual.foreign_references(name) {
             // Deleting would fail the whole transaction; flush so nothing of ours runs there.
             if !rules.is_empty() {
@@ -114,7 +159,7 @@ pub fn plan_table(
         deletes.push(Op::DeleteChain(name.clone()));
     }
 
-    for (name, rules) in &d.chains {
+    for (name, rules) in wanted {
         let Some(old) = actual.chains.get(name) else {
             declares.push(Op::Declare(name.clone()));
             for r in rules {

@@ -352,3 +352,44 @@ proptest! {
         prop_assert!(hashes_ok);
     }
 }
+
+/// The chains whose desired content differs between two states (present in one only, or with
+/// other rules): what the renderer's change log names.
+fn differing_chains(a: &DesiredTable, b: &DesiredTable) -> std::collections::BTreeSet<String> {
+    a.chains
+        .keys()
+        .chain(b.chains.keys())
+        .filter(|n| a.chains.get(*n) != b.chains.get(*n))
+        .cloned()
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+    /// After an apply of `first` (the view then matches it), planning `second` over only the
+    /// chains that changed (and any extra names: a change log may name a chain that changed
+    /// back) gives exactly the ops of the whole-table plan, and reaches the same table.
+    #[test]
+    fn planning_the_changed_chains_equals_planning_the_table(
+        (mut actual, _) in arb_actual(),
+        first in arb_desired(),
+        second in arb_desired(),
+        extra in proptest::sample::subsequence(
+            ["cali-a", "cali-b", "cali-c", "cali-d", "cali-zz", "FORWARD"].map(String::from).to_vec(),
+            0..=3,
+        ),
+    ) {
+        apply(TableName::Filter, Some(&first), &mut actual);
+        let mut changed = differing_chains(&first, &second);
+        changed.extend(extra);
+        let whole = plan_table(TableName::Filter, Some(&second), &actual).unwrap();
+        let scoped = plan_chains(TableName::Filter, Some(&second), &actual, &changed).unwrap();
+        prop_assert_eq!(&scoped, &whole);
+        // And nothing at all when nothing changed.
+        let none = plan_chains(TableName::Filter, Some(&first), &actual, &Default::default()).unwrap();
+        prop_assert!(none.is_empty(), "{:?}", none);
+        let mut after = actual.clone();
+        simulate(TableName::Filter, &mut after, &scoped).map_err(TestCaseError::fail)?;
+        prop_assert!(plan_table(TableName::Filter, Some(&second), &after).unwrap().is_empty());
+    }
+}

@@ -16,13 +16,14 @@
 //! so one apply never runs the same backend's save for its family twice. A seed is used by the
 //! next apply only, and dropped after it whatever happens.
 
-use std::cell::Cell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use super::backend::{self, Backend, Detection, Mode};
-use super::desired::{DesiredState, IpVersion, TableName, is_our_chain};
-use super::diff::{Op, plan_table, render, simulate};
+use super::changes::Changes;
+use super::desired::{DesiredState, IpSetSpec, IpVersion, TableName, is_our_chain};
+use super::diff::{Op, plan_chains, plan_table, render, simulate};
 use super::drift::{CHECKED, DriftReport, list_chain, same_rules, set_sizes};
 use super::error::{ApplyError, blame, clean_stderr, failed_line, payload_line};
 use super::ipset::{
@@ -116,6 +117,8 @@ static EMPTY_TABLE: ActualTable = ActualTable {
     chains: BTreeMap::new(),
 };
 
+static NO_NAMES: BTreeSet<String> = BTreeSet::new();
+
 /// What an apply would write to a kernel with nothing of ours in it: the phase-1 `ipset restore`
 /// payload, then one `iptables-restore --noflush` transaction per table, each preceded by a
 /// `# …` header line naming the tool (for `felixrs render`-style dry runs). Validates exactly as
@@ -159,7 +162,14 @@ pub struct Applier<R: Runner> {
     mode: Option<Mode>,
     view: Option<KernelView>,
     seed: Option<Seed>,
-    saves: Cell<u32>,
+    saves: AtomicU32,
+    /// The view was read and the other backend has not been swept since.
+    sweep_due: bool,
+    /// Reads and saves [`Self::read_kernel`] did ahead of the next apply, for its report.
+    primed: Option<(u32, u32)>,
+    /// The other backend's tables, read with the view when no detection seed holds them, for
+    /// the sweep that follows.
+    other_read: Option<Result<BTreeMap<TableName, ActualTable>, ApplyError>>,
 }
 
 impl<R: Runner> Applier<R> {
@@ -175,7 +185,10 @@ impl<R: Runner> Applier<R> {
             mode,
             view: None,
             seed: None,
-            saves: Cell::new(0),
+            saves: AtomicU32::new(0),
+            sweep_due: false,
+            primed: None,
+            other_read: None,
         }
     }
 
@@ -215,6 +228,67 @@ impl<R: Runner> Applier<R> {
     /// Forgets the kernel view; the next apply reads the kernel again.
     pub fn invalidate(&mut self) {
         self.view = None;
+        self.other_read = None;
+        self.primed = None;
+    }
+
+    /// Whether the next apply plans against a view it already holds (no kernel read).
+    pub fn has_view(&self) -> bool {
+        self.view.is_some() && !self.config.reread_every_apply
+    }
+
+    /// Reads the kernel now when the next apply would (no view yet, or after a failure or
+    /// [`Self::invalidate`]), detecting the backend first if needed, and writes nothing: a caller
+    /// can overlap the read with rendering (the agent does on its first apply after a restart,
+    /// whose time is mostly these saves). The next apply plans against this view; its report
+    /// counts these reads and saves.
+    pub fn read_kernel(&mut self) -> Result<(), ApplyError> {
+        if self.has_view() || self.primed.is_some() {
+            return Ok(());
+        }
+        self.saves.store(0, Ordering::Relaxed);
+        let result = self.ensure_mode().and_then(|mode| self.load_view(mode));
+        let saves = self.saves.load(Ordering::Relaxed);
+        match result {
+            Ok(()) => {
+                let (r, s) = self.primed.unwrap_or_default();
+                self.primed = Some((r + 1, s + saves));
+                Ok(())
+            }
+            Err(e) => {
+                self.seed = None;
+                self.invalidate();
+                Err(e)
+            }
+        }
+    }
+
+    /// The backend, detecting it (and seeding the next full read with detection's saves) on
+    /// first use.
+    fn ensure_mode(&mut self) -> Result<Mode, ApplyError> {
+        if self.mode.is_none() {
+            // Detecting now, the saves it reads are fresh: seed this apply with them.
+            let detection = backend::detect(&self.runner, self.config.backend)?;
+            tracing::info!(backend = ?detection.mode, reason = ?detection.reason, "iptables backend selected");
+            self.use_detection(&detection);
+        }
+        self.mode()
+    }
+
+    /// Reads the whole view (from detection's save of our backend when there is one) and,
+    /// unless detection's save of it is at hand, the other backend's tables for the sweep.
+    fn load_view(&mut self, mode: Mode) -> Result<(), ApplyError> {
+        let own = self.seed.as_mut().and_then(|s| s.own.take());
+        let other = self
+            .seed
+            .as_ref()
+            .is_none_or(|s| s.other.is_none())
+            .then(|| mode.other());
+        let (view, other_read) = self.read_all(mode, own, other)?;
+        self.view = Some(view);
+        self.other_read = other_read;
+        self.sweep_due = true;
+        Ok(())
     }
 
     /// The fast drift check ([`super::drift`]): lists our entry chains and the hook chains,
@@ -316,6 +390,33 @@ impl<R: Runner> Applier<R> {
 
     /// Makes the kernel match `desired`, writing only differences.
     pub fn apply(&mut self, desired: &DesiredState) -> Result<ApplyReport, ApplyError> {
+        self.apply_scoped(desired, None)
+    }
+
+    /// [`Self::apply`] for a `desired` state of which only what `changes` names differs from the
+    /// state this applier last applied (successfully, or it would have no view): plans only
+    /// those chains and sets, in time proportional to the change (the renderer's
+    /// [`take_changes`](crate::render::Renderer::take_changes) gives them). Whenever the view is
+    /// new (first apply, after a failure, [`Self::invalidate`], [`Self::read_kernel`],
+    /// `reread_every_apply`), the whole state is planned, as [`Self::apply`] does. Changes left
+    /// out of `changes` are not written until the next whole plan ([`Self::refresh`]).
+    pub fn apply_changes(
+        &mut self,
+        desired: &DesiredState,
+        changes: &Changes,
+    ) -> Result<ApplyReport, ApplyError> {
+        if desired.family != self.config.family {
+            // Changes meant for another state: do not trust the view with them.
+            self.invalidate();
+        }
+        self.apply_scoped(desired, Some(changes))
+    }
+
+    fn apply_scoped(
+        &mut self,
+        desired: &DesiredState,
+        changes: Option<&Changes>,
+    ) -> Result<ApplyReport, ApplyError> {
         if desired.family != self.config.family {
             self.seed = None; // a seed is for the next apply only, used or not
             return Err(ApplyError::FamilyMismatch {
@@ -323,30 +424,33 @@ impl<R: Runner> Applier<R> {
                 desired: desired.family.number(),
             });
         }
-        self.saves.set(0);
-        if self.mode.is_none() {
-            // Detecting now, the saves it reads are fresh: seed this apply with them.
-            let detection = backend::detect(&self.runner, self.config.backend)?;
-            tracing::info!(backend = ?detection.mode, reason = ?detection.reason, "iptables backend selected");
-            self.use_detection(&detection);
-        }
-        let mode = self.mode()?;
-        let mut seed = self.seed.take().unwrap_or_default();
-        let mut report = ApplyReport::default();
+        let (primed_reads, primed_saves) = self.primed.take().unwrap_or_default();
+        self.saves.store(primed_saves, Ordering::Relaxed);
+        let mode = match self.ensure_mode() {
+            Ok(m) => m,
+            Err(e) => {
+                self.seed = None;
+                return Err(e);
+            }
+        };
+        let mut report = ApplyReport {
+            kernel_reads: primed_reads,
+            ..ApplyReport::default()
+        };
         let mut result = Ok(());
-        if self.view.is_none() || self.config.reread_every_apply {
-            match self.read_all(mode, seed.own.take()) {
-                Ok(view) => {
-                    self.view = Some(view);
-                    report.kernel_reads += 1;
-                }
+        if self.view.is_none() || (self.config.reread_every_apply && primed_reads == 0) {
+            match self.load_view(mode) {
+                Ok(()) => report.kernel_reads += 1,
                 Err(e) => result = Err(e),
             }
         }
+        let other_seed = self.seed.take().and_then(|s| s.other);
+        // A view just read may differ anywhere: plan everything.
+        let scope = changes.filter(|_| report.kernel_reads == 0);
         if result.is_ok() {
-            result = self.apply_phases(mode, desired, seed.other.take(), &mut report);
+            result = self.apply_phases(mode, desired, scope, other_seed, &mut report);
         }
-        report.saves = self.saves.get();
+        report.saves = self.saves.load(Ordering::Relaxed);
         if result.is_err() {
             self.invalidate();
         }
@@ -357,6 +461,7 @@ impl<R: Runner> Applier<R> {
         &mut self,
         mode: Mode,
         desired: &DesiredState,
+        scope: Option<&Changes>,
         other_seed: Option<String>,
         report: &mut ApplyReport,
     ) -> Result<(), ApplyError> {
@@ -369,17 +474,30 @@ impl<R: Runner> Applier<R> {
             if d.is_none() && !view.tables.contains_key(&table) {
                 continue;
             }
-            let ops = plan_table(table, d, view.tables.get(&table).unwrap_or(&EMPTY_TABLE))?;
+            let actual = view.tables.get(&table).unwrap_or(&EMPTY_TABLE);
+            let ops = match scope {
+                // A table no longer desired at all is planned whole.
+                Some(c) if d.is_some() => {
+                    let names = c.chains.get(&table).unwrap_or(&NO_NAMES);
+                    plan_chains(table, d, actual, names)?
+                }
+                _ => plan_table(table, d, actual)?,
+            };
             if !ops.is_empty() {
                 planned.push((table, ops));
             }
         }
-        let set_plan = plan_updates(desired.family, &desired.ip_sets, &self.view().sets)?;
-        self.update_sets(desired, set_plan, report)?;
+        let set_scope = scope.map(|c| &c.sets);
+        let set_plan = plan_updates(
+            desired.family,
+            sets_in(desired, set_scope),
+            &self.view().sets,
+        )?;
+        self.update_sets(desired, set_scope, set_plan, report)?;
         for (table, ops) in planned {
             self.write_table(mode, table, desired, ops, report)?;
         }
-        if report.kernel_reads > 0 {
+        if std::mem::take(&mut self.sweep_due) {
             self.sweep_other_backend(mode, other_seed, report)?;
         }
         self.delete_sets(desired, report)
@@ -403,9 +521,10 @@ impl<R: Runner> Applier<R> {
         report: &mut ApplyReport,
     ) -> Result<(), ApplyError> {
         let other = mode.other();
-        let read = match seed {
-            Some(text) => self.seeded_tables(other, text),
-            None => self.read_iptables(other, None),
+        let read = match (seed, self.other_read.take()) {
+            (Some(text), _) => self.seeded_tables(other, text),
+            (None, Some(read)) => read,
+            (None, None) => self.read_iptables(other, None),
         };
         let tables = match read {
             Ok(t) => t,
@@ -434,15 +553,38 @@ impl<R: Runner> Applier<R> {
         Ok(())
     }
 
-    fn read_all(&self, mode: Mode, seed: Option<String>) -> Result<KernelView, ApplyError> {
-        let tables = match seed {
-            Some(text) => self.seeded_tables(mode, text)?,
-            None => self.read_iptables(mode, None)?,
-        };
-        Ok(KernelView {
-            tables,
-            sets: self.read_sets()?,
-        })
+    /// The tables and our sets, and the `other` backend's tables when asked, read concurrently
+    /// (programs whose time is most of a restart's). A failed read of the other backend is
+    /// returned as such, for the sweep to log.
+    #[allow(clippy::type_complexity)]
+    fn read_all(
+        &self,
+        mode: Mode,
+        seed: Option<String>,
+        other: Option<Mode>,
+    ) -> Result<
+        (
+            KernelView,
+            Option<Result<BTreeMap<TableName, ActualTable>, ApplyError>>,
+        ),
+        ApplyError,
+    > {
+        let (tables, sets, other_tables) = std::thread::scope(|s| {
+            let sets = s.spawn(|| self.read_sets());
+            let other = other.map(|m| s.spawn(move || self.read_iptables(m, None)));
+            let tables = match seed {
+                Some(text) => self.seeded_tables(mode, text),
+                None => self.read_iptables(mode, None),
+            };
+            (tables, join(sets), other.map(join))
+        });
+        Ok((
+            KernelView {
+                tables: tables?,
+                sets: sets?,
+            },
+            other_tables,
+        ))
     }
 
     /// Tables from a whole save detection read; a save that would fail [`Self::read_iptables`]'s
@@ -460,7 +602,7 @@ impl<R: Runner> Applier<R> {
 
     /// Runs a `*-save` program, counting it.
     fn run_save(&self, program: &str, args: &[&str]) -> Result<std::process::Output, ApplyError> {
-        self.saves.set(self.saves.get() + 1);
+        self.saves.fetch_add(1, Ordering::Relaxed);
         Ok(self.runner.run(program, args, None)?)
     }
 
@@ -555,16 +697,22 @@ impl<R: Runner> Applier<R> {
     fn update_sets(
         &mut self,
         desired: &DesiredState,
+        scope: Option<&BTreeSet<String>>,
         plan: SetUpdatePlan,
         report: &mut ApplyReport,
     ) -> Result<(), ApplyError> {
         let mut attempt = 0;
         let mut plan = plan;
+        let mut scope = scope;
         loop {
             if attempt > 0 {
+                // The sets were read again: any of them may differ.
+                scope = None;
                 plan = plan_updates(desired.family, &desired.ip_sets, &self.view().sets)?;
             }
             if plan.payload.is_empty() {
+                // Every planned set is as desired: remember so, to skip them next time.
+                after_updates(sets_in(desired, scope), &mut self.view().sets);
                 return Ok(());
             }
             for name in &plan.retyped {
@@ -579,7 +727,7 @@ impl<R: Runner> Applier<R> {
             }
             match self.ipset_restore(&plan.payload)? {
                 Ok(()) => {
-                    after_updates(&desired.ip_sets, &mut self.view().sets);
+                    after_updates(sets_in(desired, scope), &mut self.view().sets);
                     report.ipset_updates = plan.payload;
                     return Ok(());
                 }
@@ -706,4 +854,24 @@ impl<R: Runner> Applier<R> {
         report.ipset_deletions = written;
         Ok(())
     }
+}
+
+/// The desired sets an apply plans: all, or those `scope` names.
+fn sets_in<'a>(
+    desired: &'a DesiredState,
+    scope: Option<&'a BTreeSet<String>>,
+) -> Box<dyn Iterator<Item = (&'a String, &'a IpSetSpec)> + 'a> {
+    match scope {
+        None => Box::new(desired.ip_sets.iter()),
+        Some(names) => Box::new(
+            names
+                .iter()
+                .filter_map(|n| desired.ip_sets.get_key_value(n)),
+        ),
+    }
+}
+
+/// A scoped thread's result; its panic goes on in the caller.
+fn join<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
 }

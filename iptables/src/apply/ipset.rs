@@ -150,10 +150,11 @@ pub struct SetUpdatePlan {
     pub temps: Vec<String>,
 }
 
-/// Plans phase 1. Every set that goes into the payload is validated first.
-pub fn plan_updates(
+/// Plans phase 1 for the `desired` sets (all of them, or the ones that changed: a set left out
+/// is left as it is). Every set that goes into the payload is validated first.
+pub fn plan_updates<'a>(
     family: IpVersion,
-    desired: &BTreeMap<String, IpSetSpec>,
+    desired: impl IntoIterator<Item = (&'a String, &'a IpSetSpec)>,
     actual: &BTreeMap<String, ActualSet>,
 ) -> Result<SetUpdatePlan, ApplyError> {
     let mut plan = SetUpdatePlan::default();
@@ -258,9 +259,9 @@ pub fn render_deletions(names: &[String]) -> String {
     names.iter().map(|n| format!("destroy {n}\n")).collect()
 }
 
-/// The kernel's sets after a successful phase 1.
-pub fn after_updates(
-    desired: &BTreeMap<String, IpSetSpec>,
+/// The kernel's sets after a successful phase 1 planned for the same `desired` sets.
+pub fn after_updates<'a>(
+    desired: impl IntoIterator<Item = (&'a String, &'a IpSetSpec)>,
     actual: &mut BTreeMap<String, ActualSet>,
 ) {
     for (name, spec) in desired {

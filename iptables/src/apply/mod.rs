@@ -50,6 +50,7 @@
 //! * `engine`: [`Applier`], tying it together.
 
 pub mod backend;
+pub mod changes;
 pub mod cleanup;
 pub mod conntrack;
 pub mod counters;
@@ -66,6 +67,7 @@ pub mod runner;
 pub use backend::{
     Backend, Detection, Mode, Reason, detect_masquerade_fully_random, masquerade_fully_random,
 };
+pub use changes::Changes;
 pub use desired::{
     DesiredRule, DesiredState, DesiredTable, HookPosition, HookRule, IpSetKind, IpSetMember,
     IpSetSpec, IpVersion, TableName,

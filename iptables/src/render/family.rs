@@ -105,6 +105,18 @@ impl Family {
         self.changed.insert(key);
     }
 
+    /// [`Self::set_chain`] from borrowed rules, copied only when they differ from the stored ones.
+    pub(super) fn set_chain_if_changed(&mut self, table: TableName, name: &str, rules: &[Rule]) {
+        let same = self
+            .chains
+            .range((table, name.to_string())..)
+            .next()
+            .is_some_and(|((t, n), r)| *t == table && n == name && r.as_slice() == rules);
+        if !same {
+            self.set_chain(table, name.to_string(), rules.to_vec());
+        }
+    }
+
     pub(super) fn remove_chain(&mut self, table: TableName, name: &str) {
         let key = (table, name.to_string());
         if let Some(old) = self.chains.remove(&key) {

@@ -30,7 +30,7 @@ use super::shared::SharedChains;
 use super::{
     RenderConfig, RenderError, SourceSpoofing, dispatch, dns_hold, endpoint, names, static_chains,
 };
-use crate::apply::{DesiredState, TableName};
+use crate::apply::{Changes, DesiredState, TableName};
 
 /// What an endpoint's chains reference, for reference counting.
 struct EpRefs {
@@ -436,19 +436,21 @@ impl Renderer {
 
         if std::mem::take(&mut self.dispatch_dirty) {
             let ifaces: Vec<&str> = self.iface_owner.keys().map(String::as_str).collect();
+            // The tree is the same in both families: built once.
+            let mut chains = dispatch::dispatch_chains(&ifaces, true);
+            chains.extend(dispatch::dispatch_chains(&ifaces, false));
+            let new_names: Vec<String> = chains.iter().map(|(n, _)| n.clone()).collect();
             for fam in &mut self.families {
-                let mut chains = dispatch::dispatch_chains(&ifaces, true);
-                chains.extend(dispatch::dispatch_chains(&ifaces, false));
-                let new_names: Vec<String> = chains.iter().map(|(n, _)| n.clone()).collect();
                 for old in std::mem::take(&mut fam.dispatch_names) {
                     if !new_names.contains(&old) {
                         fam.remove_chain(TableName::Filter, &old);
                     }
                 }
-                for (name, rules) in chains {
-                    fam.set_chain(TableName::Filter, name, rules);
+                // Only the chains on the changed interfaces' paths differ: copy those alone.
+                for (name, rules) in &chains {
+                    fam.set_chain_if_changed(TableName::Filter, name, rules);
                 }
-                fam.dispatch_names = new_names;
+                fam.dispatch_names = new_names.clone();
             }
         }
 
@@ -621,14 +623,29 @@ impl Renderer {
         self.family(v).state.clone()
     }
 
-    /// What changed in family `v` since the previous call (call [`flush`](Self::flush) first).
-    pub fn take_delta(&mut self, v: IpVersion) -> Delta {
+    /// The names of the chains and sets of family `v` that changed since the previous
+    /// `take_changes` or [`take_delta`](Self::take_delta) (the two drain the same log; call
+    /// [`flush`](Self::flush) first): what [`Applier::apply_changes`](crate::apply::Applier::apply_changes)
+    /// needs to plan only the change.
+    pub fn take_changes(&mut self, v: IpVersion) -> Changes {
         let fi = usize::from(v == IpVersion::V6);
-        let changed = std::mem::take(&mut self.families[fi].changed);
-        let changed_sets = std::mem::take(&mut self.families[fi].changed_sets);
-        let state = &self.families[fi].state;
-        let chains = changed
+        let mut changes = Changes::default();
+        for (t, n) in std::mem::take(&mut self.families[fi].changed) {
+            changes.chain(t, n);
+        }
+        changes.sets = std::mem::take(&mut self.families[fi].changed_sets);
+        changes
+    }
+
+    /// What changed in family `v` since the previous call (or [`take_changes`](Self::take_changes);
+    /// call [`flush`](Self::flush) first), with the new content.
+    pub fn take_delta(&mut self, v: IpVersion) -> Delta {
+        let changes = self.take_changes(v);
+        let state = &self.family(v).state;
+        let chains = changes
+            .chains
             .into_iter()
+            .flat_map(|(t, names)| names.into_iter().map(move |n| (t, n)))
             .map(|(t, n)| {
                 let rules = state
                     .tables
@@ -638,7 +655,8 @@ impl Renderer {
                 (t, n, rules)
             })
             .collect();
-        let ip_sets = changed_sets
+        let ip_sets = changes
+            .sets
             .into_iter()
             .map(|name| {
                 let spec = state.ip_sets.get(&name).cloned();
