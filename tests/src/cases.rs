@@ -111,6 +111,44 @@ impl Expect {
     pub fn allow(&mut self, from: &str, to: &str) {
         self.set(from, to, &[], true);
     }
+
+    /// Probes every cell with `probe` (given cell indices, whether each got through); cells that
+    /// disagree with the expectation are probed twice more before they count. Returns the
+    /// disagreements, one line each.
+    pub fn disagreements(
+        &self,
+        mut probe: impl FnMut(&[usize]) -> anyhow::Result<Vec<bool>>,
+    ) -> anyhow::Result<Vec<String>> {
+        let all: Vec<usize> = (0..self.cells.len()).collect();
+        let mut results = probe(&all)?;
+        for _ in 0..2 {
+            let bad: Vec<usize> = all
+                .iter()
+                .copied()
+                .filter(|&i| results[i] != self.cells[i].3)
+                .collect();
+            if bad.is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            for (i, r) in bad.iter().zip(probe(&bad)?) {
+                results[*i] = r;
+            }
+        }
+        Ok(self
+            .cells
+            .iter()
+            .zip(&results)
+            .filter(|(c, got)| c.3 != **got)
+            .map(|((f, t, p, want), _)| {
+                format!(
+                    "{f} -> {t} {p}: expected {}, got {}",
+                    if *want { "allow" } else { "deny" },
+                    if *want { "deny" } else { "allow" }
+                )
+            })
+            .collect())
+    }
 }
 
 const DENY_INGRESS_X: &str = r#"

@@ -117,33 +117,10 @@ impl Env {
             .iter()
             .map(|(f, t, p, _)| (ns_of(f), ip_of(t), *p))
             .collect();
-        let mut results = probe_many(&jobs, PROBE_TIMEOUT)?;
-        for _ in 0..2 {
-            let bad: Vec<usize> = (0..jobs.len())
-                .filter(|&i| results[i] != expect.cells[i].3)
-                .collect();
-            if bad.is_empty() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(300));
-            let again: Vec<_> = bad.iter().map(|&i| jobs[i].clone()).collect();
-            for (k, r) in probe_many(&again, PROBE_TIMEOUT)?.into_iter().enumerate() {
-                results[bad[k]] = r;
-            }
-        }
-        Ok(expect
-            .cells
-            .iter()
-            .zip(&results)
-            .filter(|(c, got)| c.3 != **got)
-            .map(|((f, t, p, want), _)| {
-                format!(
-                    "{f} -> {t} {p}: expected {}, got {}",
-                    if *want { "allow" } else { "deny" },
-                    if *want { "deny" } else { "allow" }
-                )
-            })
-            .collect())
+        expect.disagreements(|idx| {
+            let some: Vec<_> = idx.iter().map(|&i| jobs[i].clone()).collect();
+            probe_many(&some, PROBE_TIMEOUT)
+        })
     }
 
     /// Empties every pod's and node's IPv6 neighbour cache, so each probe needs neighbour discovery

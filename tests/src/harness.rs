@@ -173,33 +173,10 @@ impl Harness {
             .iter()
             .map(|(f, t, p, _)| (f.clone(), t.clone(), *p))
             .collect();
-        let mut results = self.probe(&cells, family)?;
-        for _ in 0..2 {
-            let bad: Vec<usize> = (0..cells.len())
-                .filter(|&i| results[i] != expect.cells[i].3)
-                .collect();
-            if bad.is_empty() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(300));
-            let again: Vec<_> = bad.iter().map(|&i| cells[i].clone()).collect();
-            for (k, r) in self.probe(&again, family)?.into_iter().enumerate() {
-                results[bad[k]] = r;
-            }
-        }
-        Ok(expect
-            .cells
-            .iter()
-            .zip(&results)
-            .filter(|(c, got)| c.3 != **got)
-            .map(|((f, t, p, want), _)| {
-                format!(
-                    "{f} -> {t} {p}: expected {}, got {}",
-                    if *want { "allow" } else { "deny" },
-                    if *want { "deny" } else { "allow" }
-                )
-            })
-            .collect())
+        expect.disagreements(|idx| {
+            let some: Vec<_> = idx.iter().map(|&i| cells[i].clone()).collect();
+            self.probe(&some, family)
+        })
     }
 
     /// Applies each step and probes its expectations over `family` (IPv6 with empty neighbour

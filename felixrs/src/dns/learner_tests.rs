@@ -67,6 +67,11 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+/// A response to a query for `name` with one address record for it.
+fn answer(name: &str, addr: &str, ttl: u32) -> Vec<u8> {
+    response(name, &[Rr::Addr(name, addr, ttl)])
+}
+
 fn resp(from: &str, port: u16, payload: &[u8]) -> Vec<u8> {
     udp(ip(from), port, ip("10.0.0.9"), 40000, payload)
 }
@@ -112,14 +117,8 @@ fn a_response_writes_its_addresses_to_the_matching_sets_then_is_released() {
 fn untrusted_sources_unmatched_names_and_garbage_teach_nothing() {
     let (l, rec, _) = setup(0);
     l.set_active(vec![set(&["api.example.com"], "cali40d:a", "cali60d:a")]);
-    let dns = response(
-        "api.example.com.",
-        &[Rr::Addr("api.example.com.", "192.0.2.1", 30)],
-    );
-    let other = response(
-        "www.other.org.",
-        &[Rr::Addr("www.other.org.", "192.0.2.7", 30)],
-    );
+    let dns = answer("api.example.com.", "192.0.2.1", 30);
+    let other = answer("www.other.org.", "192.0.2.7", 30);
     let v = l.handle(&[
         &resp("10.0.0.66", 53, &dns),
         &resp(SERVER, 5353, &dns),
@@ -140,14 +139,8 @@ fn a_failed_write_drops_only_the_responses_that_needed_it() {
         set(&["b.example.com"], "cali40d:b", "cali60d:b"),
     ]);
     rec.fail.lock().unwrap().insert("cali40d:b".into());
-    let a = response(
-        "a.example.com.",
-        &[Rr::Addr("a.example.com.", "192.0.2.1", 30)],
-    );
-    let b = response(
-        "b.example.com.",
-        &[Rr::Addr("b.example.com.", "192.0.2.2", 30)],
-    );
+    let a = answer("a.example.com.", "192.0.2.1", 30);
+    let b = answer("b.example.com.", "192.0.2.2", 30);
     let v = l.handle(&[&resp(SERVER, 53, &a), &resp(SERVER, 53, &b)]);
     assert_eq!(v, vec![Verdict::Release, Verdict::Drop(DROP_WRITE_FAILED)]);
 }
@@ -156,10 +149,7 @@ fn a_failed_write_drops_only_the_responses_that_needed_it() {
 fn min_ttl_raises_and_the_longest_remaining_name_sets_the_timeout() {
     let (l, rec, clock) = setup(100);
     l.set_active(vec![set(&["*.example.com"], "cali40d:w", "cali60d:w")]);
-    let a = response(
-        "a.example.com.",
-        &[Rr::Addr("a.example.com.", "192.0.2.1", 5)],
-    );
+    let a = answer("a.example.com.", "192.0.2.1", 5);
     l.handle(&[&resp(SERVER, 53, &a)]);
     assert_eq!(rec.log.lock().unwrap()[0].timeout_secs, 100);
     // 300 s for another name: the member gets 300; then b's 5 s (raised to 100) does not
@@ -167,14 +157,8 @@ fn min_ttl_raises_and_the_longest_remaining_name_sets_the_timeout() {
     let (l, rec, clock2) = setup(0);
     drop(clock);
     l.set_active(vec![set(&["*.example.com"], "cali40d:w", "cali60d:w")]);
-    let a = response(
-        "a.example.com.",
-        &[Rr::Addr("a.example.com.", "192.0.2.1", 300)],
-    );
-    let b = response(
-        "b.example.com.",
-        &[Rr::Addr("b.example.com.", "192.0.2.1", 5)],
-    );
+    let a = answer("a.example.com.", "192.0.2.1", 300);
+    let b = answer("b.example.com.", "192.0.2.1", 5);
     l.handle(&[&resp(SERVER, 53, &a)]);
     clock2.0.fetch_add(10_000, Ordering::SeqCst);
     l.handle(&[&resp(SERVER, 53, &b)]);
@@ -189,14 +173,8 @@ fn min_ttl_raises_and_the_longest_remaining_name_sets_the_timeout() {
 fn tcp_responses_teach_whole_messages_only() {
     let (l, rec, _) = setup(0);
     l.set_active(vec![set(&["*.example.com"], "cali40d:w", "cali60d:w")]);
-    let a = response(
-        "a.example.com.",
-        &[Rr::Addr("a.example.com.", "192.0.2.1", 30)],
-    );
-    let b = response(
-        "b.example.com.",
-        &[Rr::Addr("b.example.com.", "192.0.2.2", 30)],
-    );
+    let a = answer("a.example.com.", "192.0.2.1", 30);
+    let b = answer("b.example.com.", "192.0.2.2", 30);
     let mut body = framed(&a);
     let fb = framed(&b);
     body.extend_from_slice(&fb[..fb.len() - 1]);
@@ -211,10 +189,7 @@ fn tcp_responses_teach_whole_messages_only() {
 fn a_newly_active_set_is_filled_with_what_was_learned_before_and_once() {
     let (l, rec, _) = setup(0);
     l.set_active(vec![set(&["*.example.com"], "cali40d:w", "cali60d:w")]);
-    let a = response(
-        "a.example.com.",
-        &[Rr::Addr("a.example.com.", "192.0.2.1", 30)],
-    );
+    let a = answer("a.example.com.", "192.0.2.1", 30);
     l.handle(&[&resp(SERVER, 53, &a)]);
     rec.log.lock().unwrap().clear();
     let both = vec![
@@ -247,10 +222,7 @@ fn a_newly_active_set_is_filled_with_what_was_learned_before_and_once() {
 fn a_failed_fill_is_retried_after_the_next_apply() {
     let (l, rec, _) = setup(0);
     l.set_active(vec![set(&["*.example.com"], "cali40d:w", "cali60d:w")]);
-    let a = response(
-        "a.example.com.",
-        &[Rr::Addr("a.example.com.", "192.0.2.1", 30)],
-    );
+    let a = answer("a.example.com.", "192.0.2.1", 30);
     l.handle(&[&resp(SERVER, 53, &a)]);
     rec.log.lock().unwrap().clear();
     rec.fail.lock().unwrap().insert("cali40d:n".into());
@@ -395,14 +367,8 @@ fn the_map_persists_and_reloads_without_expired_entries() {
     let (mut l, _, clock) = setup(0);
     l.cfg.persist_path = Some(path.clone());
     l.set_active(vec![set(&["*.example.com"], "cali40d:w", "cali60d:w")]);
-    let a = response(
-        "a.example.com.",
-        &[Rr::Addr("a.example.com.", "192.0.2.1", 30)],
-    );
-    let b = response(
-        "b.example.com.",
-        &[Rr::Addr("b.example.com.", "192.0.2.2", 300)],
-    );
+    let a = answer("a.example.com.", "192.0.2.1", 30);
+    let b = answer("b.example.com.", "192.0.2.2", 300);
     l.handle(&[&resp(SERVER, 53, &a), &resp(SERVER, 53, &b)]);
     l.persist();
     assert!(l.tick().is_none(), "nothing changed since");
