@@ -17,6 +17,7 @@ use calc_graph::model::Resource;
 use calc_graph::proto::{IpVersion, Output};
 use iptables::apply::TableName;
 use iptables::render::Renderer;
+use iptables::render::static_chains::{VERDICT_ACCEPT, VERDICT_DROP, VERDICT_PASS};
 use iptables::render::trace::{self, Effect, Outcome, Packet, RendererRules};
 use iptables::render::{names, static_chains};
 
@@ -516,6 +517,20 @@ fn decision(verb: &str, tier: Option<&str>, verdicts: bool, rule_text: &str) -> 
     String::new()
 }
 
+fn is_verdict_chain(chain: &str) -> bool {
+    [VERDICT_ACCEPT, VERDICT_PASS, VERDICT_DROP].contains(&chain)
+}
+
+/// What a rule going to a verdict chain decided.
+fn verdict_goto(effect: &Effect) -> Option<&'static str> {
+    match effect {
+        Effect::Goto(c) if c == VERDICT_ACCEPT => Some("allowed"),
+        Effect::Goto(c) if c == VERDICT_PASS => Some("passed"),
+        Effect::Goto(c) if c == VERDICT_DROP => Some("dropped"),
+        _ => None,
+    }
+}
+
 fn describe_end(e: &End) -> String {
     if e.host {
         return "this node".to_string();
@@ -606,7 +621,13 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
         let verdicts = owner.is_some_and(|o| o.verdicts);
         let newly =
             |bit: u32| matches!(step.effect, Effect::Mark(m) if m & bit != 0 && mark & bit == 0);
-        let verb = if step.effect == Effect::Drop {
+        // Shared layout: the policy's rule goes to a verdict chain (whose own steps decide
+        // nothing of their own: the rule that went there did).
+        let verb = if is_verdict_chain(&step.chain) {
+            None
+        } else if let (true, Some(verb)) = (verdicts, verdict_goto(&step.effect)) {
+            Some(verb)
+        } else if step.effect == Effect::Drop {
             Some("dropped")
         } else if verdicts && newly(marks.accept) {
             Some("allowed")

@@ -13,6 +13,7 @@ use iptables::apply::backend::{self, Backend, Mode};
 use iptables::apply::{ExecRunner, Runner, TableName, ipset};
 use iptables::model::{Policy, Ruleset};
 use iptables::parse::parse_save_lenient;
+use iptables::render::static_chains::VERDICT_DROP;
 use iptables::render::trace::{self, Effect, Outcome, Step};
 use iptables::render::trace_kernel::KernelRules;
 
@@ -139,7 +140,17 @@ pub fn trace_kernel(traced: &Traced, state: &KernelState) -> anyhow::Result<Kern
     }
     let (verdict, decider) = match t.outcome {
         Outcome::Accept => (KernelVerdict::Accept, t.steps.last()),
-        Outcome::Drop => (KernelVerdict::Drop, t.steps.last()),
+        // A drop in the shared layout's verdict chain was decided by the rule that went there.
+        Outcome::Drop => (
+            KernelVerdict::Drop,
+            t.steps.last().map(|last| {
+                (t.steps.iter().rev())
+                    .find(|st| {
+                        last.chain == VERDICT_DROP && st.effect == Effect::Goto(last.chain.clone())
+                    })
+                    .unwrap_or(last)
+            }),
+        ),
         Outcome::Return => {
             let policy = rules.policies.get(start).copied().unwrap_or(Policy::Accept);
             let v = if policy == Policy::Drop {

@@ -218,11 +218,14 @@ spec:
     assert!(
         chain
             .iter()
-            .all(|l| !l.contains("--set-xmark 0x10000/0x10000")),
+            .all(|l| !l.contains("--set-xmark 0x10000/0x10000")
+                && !l.contains("-g cali-verdict-accept")),
         "{chain:#?}"
     );
     assert!(
-        chain.iter().any(|l| l.contains("-p tcp")) && chain.iter().any(|l| l.contains("-j DROP")),
+        chain
+            .iter()
+            .any(|l| l.contains("-p tcp") && l.ends_with("-g cali-verdict-drop")),
         "{chain:#?}"
     );
 

@@ -4,7 +4,8 @@
 //! The renderer knows what every rule of ours is for; [`Attribution`] keeps, per chain and
 //! `cali:` id, the [`CounterKey`] a rule's counters count towards:
 //! * a policy's chain (`cali-pi-`/`cali-po-`): its rules that set the accept bit (Allow), set the
-//!   pass bit (Pass), DROP (Deny, also a policy rendered fail-closed) or log (Log);
+//!   pass bit (Pass), DROP (Deny, also a policy rendered fail-closed) or log (Log), or, in the
+//!   shared layout, go to the verdict chain that does (`cali-verdict-accept`/`-pass`/`-drop`);
 //! * a profile's chain (`cali-pri-`/`cali-pro-`): the same, under the profile;
 //! * an endpoint's chain (`cali-tw-`/`cali-fw-`), or the shared chain it goes to (`cali-si-`/
 //!   `cali-so-`): the "End of tier T" DROP (a tier-end drop of T, summed over endpoints) and the
@@ -26,6 +27,7 @@ use crate::apply::TableName;
 use crate::apply::desired::valid_hash;
 use crate::model::Counters;
 use crate::render::ir::Target;
+use crate::render::static_chains::{VERDICT_ACCEPT, VERDICT_DROP, VERDICT_PASS};
 use crate::render::{Renderer, names};
 
 /// Which way the counted traffic went, seen from the workload.
@@ -132,6 +134,9 @@ impl Attribution {
         let pass = renderer.marks().pass;
         let classify = |t: &Option<Target>| match t {
             Some(Target::Drop) => Some(Action::Deny),
+            Some(Target::Goto(c)) if c == VERDICT_ACCEPT => Some(Action::Allow),
+            Some(Target::Goto(c)) if c == VERDICT_PASS => Some(Action::Pass),
+            Some(Target::Goto(c)) if c == VERDICT_DROP => Some(Action::Deny),
             Some(Target::SetMark { value, .. }) if value & accept != 0 => Some(Action::Allow),
             Some(Target::SetMark { value, .. }) if value & pass != 0 => Some(Action::Pass),
             // A deny-log rule (`D…` prefix) logs what the DROP after it counts.

@@ -78,11 +78,15 @@ fn denied_packets_are_logged_with_felix_prefixes_before_each_drop() {
             .any(|l| l.contains("\"DPI0|np/prod/web\"") && l.contains(limit)),
         "no policy deny log:\n{text}"
     );
-    // Every NFLOG rule sits right before a DROP.
+    // Every NFLOG rule sits right before a DROP (or, shared layout, the goto to the drop chain).
     let lines: Vec<&str> = text.lines().collect();
     for (i, l) in lines.iter().enumerate() {
         if l.contains("NFLOG") {
-            assert!(lines[i + 1].ends_with("-j DROP"), "{l}\n{}", lines[i + 1]);
+            let next = lines[i + 1];
+            assert!(
+                next.ends_with("-j DROP") || next.ends_with("-g cali-verdict-drop"),
+                "{l}\n{next}"
+            );
         }
     }
     // The hostile name: one line per rule, and the prefix holds only safe characters.

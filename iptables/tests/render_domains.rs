@@ -126,7 +126,7 @@ fn a_domain_rule_matches_its_set_as_felix_matches_a_destination_ip_set() {
         // Felix's text of the rule (its hash input) and the kernel body, as for a `dst` set match.
         let felix = format!(
             "-m comment --comment \"NetworkPolicy prod/egress-dns egress\" -p tcp -m set --match-set {set} dst -m multiport --destination-ports 443 \
-             --jump MARK --set-mark 0x10000/0x10000"
+             --goto cali-verdict-accept"
         );
         let ir = r.chain(v, TableName::Filter, &chain).unwrap();
         assert_eq!(ir[0].felix_text(), felix);
@@ -137,7 +137,7 @@ fn a_domain_rule_matches_its_set_as_felix_matches_a_destination_ip_set() {
             rules[0].body,
             format!(
                 "-p tcp -m comment --comment \"NetworkPolicy prod/egress-dns egress\" -m set --match-set {set} dst -m multiport --dports 443 \
-                 -j MARK --set-xmark 0x10000/0x10000"
+                 -g cali-verdict-accept"
             )
         );
         // The set: hash:ip with timeouts, created with the learner's addresses of its family.

@@ -13,6 +13,7 @@ use calc_graph::proto::*;
 use ipnet::IpNet;
 use iptables::apply::{IpSetSpec, TableName};
 use iptables::render::ir::{Match, Rule, Target};
+use iptables::render::static_chains::{VERDICT_ACCEPT, VERDICT_DROP, VERDICT_PASS, verdict_chains};
 use iptables::render::{MarkBits, RenderConfig, Renderer, trace};
 use proptest::prelude::*;
 use render_support::*;
@@ -160,11 +161,18 @@ fn direct_verdict(
 struct OneChain<'a> {
     rules: &'a [Rule],
     sets: &'a BTreeMap<String, IpSetSpec>,
+    /// The shared layout's verdict chains, where the chain's rules may go.
+    verdicts: Vec<(String, Vec<Rule>)>,
 }
 
 impl trace::Rules for OneChain<'_> {
     fn chain(&self, name: &str) -> Option<&[Rule]> {
-        (name == "under-test").then_some(self.rules)
+        if name == "under-test" {
+            return Some(self.rules);
+        }
+        (self.verdicts.iter())
+            .find(|(n, _)| n == name)
+            .map(|(_, r)| r.as_slice())
     }
     fn set_contains(&self, name: &str, addr: IpAddr, proto: u8, port: u16) -> Option<bool> {
         let spec = self.sets.get(name)?;
@@ -226,16 +234,23 @@ fn eval_chain(
         {
             assert!(has_proto, "ports/icmp without -p: {r:?}");
         }
+        let to_verdict = matches!(&r.target, Some(Target::Goto(c))
+            if [VERDICT_ACCEPT, VERDICT_PASS, VERDICT_DROP].contains(&c.as_str()));
         assert!(
-            !matches!(
-                r.target,
-                Some(Target::Accept | Target::Jump(_) | Target::Goto(_))
-            ),
+            to_verdict
+                || !matches!(
+                    r.target,
+                    Some(Target::Accept | Target::Jump(_) | Target::Goto(_))
+                ),
             "unexpected target in a policy chain: {r:?}"
         );
     }
     let t = trace::trace(
-        &OneChain { rules, sets },
+        &OneChain {
+            rules,
+            sets,
+            verdicts: verdict_chains(marks),
+        },
         "under-test",
         &traced(pkt, start_mark),
     )
@@ -437,9 +452,11 @@ proptest! {
         v6 in any::<bool>(),
         packets in prop::collection::vec(arb_packet(false), 48),
         junk in any::<u32>(),
+        share_chains in any::<bool>(),
     ) {
         let v = if v6 { IpVersion::V6 } else { IpVersion::V4 };
-        let mut r = Renderer::new(RenderConfig::default()).unwrap();
+        // Both layouts: Felix's verdict pairs and the shared layout's verdict gotos.
+        let mut r = Renderer::new(RenderConfig { share_chains, ..RenderConfig::default() }).unwrap();
         let resolved: Vec<IpAddr> = resolved.iter().map(|(v6, i)| addr(*v6, *i)).collect();
         r.set_domain_members(std::sync::Arc::new(Resolved(resolved.clone())));
         let mut sets: BTreeMap<String, Vec<IpSetMember>> = BTreeMap::new();

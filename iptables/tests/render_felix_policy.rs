@@ -45,6 +45,7 @@ fn render(rule: &ParsedRule, v: IpVersion) -> Vec<String> {
         ingress: true,
         owner_id: "np/test/test",
         deny_log: None,
+        verdict_chains: false,
     };
     render_rule(rule, 0, &ctx)
         .unwrap()

@@ -109,6 +109,7 @@ fn ctx_render(rule: &calc_graph::proto::ParsedRule) -> Vec<String> {
         ingress: true,
         owner_id: "np/default/x",
         deny_log: None,
+        verdict_chains: false,
     };
     felix_lines(&render_rule(rule, 0, &ctx).unwrap())
 }
@@ -211,11 +212,12 @@ fn endpoint_chain_matches_felix_example() {
         .chain(IpVersion::V4, TableName::Filter, "cali-tw-calic440f455693")
         .unwrap();
     assert_eq!(felix_lines(chain), FELIX_EXAMPLE);
-    felix_example_rest(&r);
+    felix_example_rest(&r, false);
 }
 
 /// The same pod with shared chains: its own chain is a goto to the shared chain, which is the
-/// example's chain with each jump naming its policy or profile.
+/// example's chain with each jump naming its policy or profile, and "accepted?" checked once after
+/// the profiles (a later profile is skipped once one accepted) instead of after each.
 #[test]
 fn shared_endpoint_chain_is_the_felix_chain_behind_a_goto() {
     let r = felix_example(true);
@@ -238,8 +240,13 @@ fn shared_endpoint_chain_is_the_felix_chain_behind_a_goto() {
     ] {
         want[i] = format!("-m comment --comment \"{name}\" {}", want[i]);
     }
+    want[9] = want[9].replace(
+        "--jump cali-pri-ksa",
+        "-m mark --mark 0/0x10000 --jump cali-pri-ksa",
+    );
+    want.remove(8);
     assert_eq!(body, want);
-    felix_example_rest(&r);
+    felix_example_rest(&r, true);
 }
 
 const FELIX_EXAMPLE: [&str; 12] = [
@@ -295,8 +302,15 @@ fn felix_example(share_chains: bool) -> Renderer {
     r
 }
 
-/// The policy, profile and dispatch chains of the example (the same with or without sharing).
-fn felix_example_rest(r: &Renderer) {
+/// The policy, profile and dispatch chains of the example: Felix's, except that with sharing an
+/// Allow is one goto to the shared verdict chain instead of Felix's mark rule (its RETURN is the
+/// stripped trailing one here).
+fn felix_example_rest(r: &Renderer, share_chains: bool) {
+    let allow = if share_chains {
+        "--goto cali-verdict-accept"
+    } else {
+        "--jump MARK --set-mark 0x10000/0x10000"
+    };
     // Profile chains as Felix: allow-all is one rule (trailing RETURN stripped) with the comment;
     // an empty profile is a counter-only rule.
     let kns = r
@@ -304,9 +318,9 @@ fn felix_example_rest(r: &Renderer) {
         .unwrap();
     assert_eq!(
         felix_lines(kns),
-        [
-            "-m comment --comment \"Profile kns.default ingress\" --jump MARK --set-mark 0x10000/0x10000"
-        ]
+        [format!(
+            "-m comment --comment \"Profile kns.default ingress\" {allow}"
+        )]
     );
     let ksa = r
         .chain(
@@ -328,9 +342,9 @@ fn felix_example_rest(r: &Renderer) {
         .unwrap();
     assert_eq!(
         felix_lines(pi),
-        [
-            "-m comment --comment \"NetworkPolicy default/allow-foo ingress\" --jump MARK --set-mark 0x10000/0x10000"
-        ]
+        [format!(
+            "-m comment --comment \"NetworkPolicy default/allow-foo ingress\" {allow}"
+        )]
     );
     // Lazy programming: nothing jumps to the egress policy chain, so it is absent.
     assert!(

@@ -182,7 +182,8 @@ fn switching_layouts_on_restart_is_one_transaction_with_the_same_verdicts() {
     }
     // The switches: only the filter table, no set written or destroyed; to shared the two
     // ingress chains and the one egress chain (no pod has egress policy) are declared and every pod chain is rewritten in
-    // that one payload, back the shared chains are deleted at its end.
+    // that one payload (and the policies' rules go to the verdict chains), back the shared and
+    // verdict chains are deleted at its end.
     for (report, share) in steps[1..].iter().zip([true, false]) {
         assert_eq!(
             report.iptables.keys().collect::<Vec<_>>(),
@@ -203,9 +204,15 @@ fn switching_layouts_on_restart_is_one_transaction_with_the_same_verdicts() {
             assert_eq!((declared, deleted), (3, 0), "{payload}");
         } else {
             assert_eq!(deleted, 3, "{payload}");
+            // The verdict chains go too, after the policy chains that went to them.
+            let verdicts = payload
+                .lines()
+                .filter(|l| l.starts_with("-X cali-verdict-"))
+                .count();
+            assert_eq!(verdicts, 3, "{payload}");
             let last = payload.lines().rev().nth(1).unwrap_or_default();
             assert!(
-                last.starts_with("-X cali-s"),
+                last.starts_with("-X cali-s") || last.starts_with("-X cali-verdict-"),
                 "deletes come last: {payload}"
             );
         }

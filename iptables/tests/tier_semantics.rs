@@ -499,7 +499,7 @@ fn reference(w: &WorldG, pkt: &PacketG) -> bool {
 
 // === the pipeline under test ===
 
-fn render(w: &WorldG) -> Result<Renderer, String> {
+fn render(w: &WorldG, share_chains: bool) -> Result<Renderer, String> {
     let mut g = CalcGraph::new(NODE);
     for doc in documents(w) {
         let r =
@@ -515,7 +515,11 @@ fn render(w: &WorldG) -> Result<Renderer, String> {
     if !errors.is_empty() {
         return Err(format!("graph rejected: {errors:?}"));
     }
-    let mut r = Renderer::new(RenderConfig::default()).map_err(|e| e.to_string())?;
+    let mut r = Renderer::new(RenderConfig {
+        share_chains,
+        ..RenderConfig::default()
+    })
+    .map_err(|e| e.to_string())?;
     r.set_domain_members(std::sync::Arc::new(Learner));
     let errs = r.apply_all(outputs);
     if !errs.is_empty() {
@@ -575,8 +579,10 @@ proptest! {
     fn rendered_tiers_implement_calico_tier_semantics(
         w in arb_world(),
         packets in prop::collection::vec(arb_packet(), 24),
+        share_chains in any::<bool>(),
     ) {
-        let r = render(&w).map_err(TestCaseError::fail)?;
+        // Both layouts: Felix's, and the shared one (verdict gotos, one "accepted?" per tier).
+        let r = render(&w, share_chains).map_err(TestCaseError::fail)?;
         for pkt in &packets {
             let want = reference(&w, pkt);
             let got = rendered_verdict(&r, pkt);
@@ -666,16 +672,18 @@ fn the_reference_follows_tiers_pass_and_defaults() {
         dport: 1,
         icmp_type: 8,
     };
-    let r = render(&w).unwrap();
-    for (p, want) in [
-        (pkt(true, 17), false),
-        (pkt(true, 1), true),
-        (pkt(true, 6), true),
-        (pkt(true, 253), false),
-        (pkt(false, 6), false),
-        (pkt(false, 17), false),
-    ] {
-        assert_eq!(reference(&w, &p), want, "reference, {p:?}");
-        assert_eq!(rendered_verdict(&r, &p), want, "rendered, {p:?}");
+    for share_chains in [false, true] {
+        let r = render(&w, share_chains).unwrap();
+        for (p, want) in [
+            (pkt(true, 17), false),
+            (pkt(true, 1), true),
+            (pkt(true, 6), true),
+            (pkt(true, 253), false),
+            (pkt(false, 6), false),
+            (pkt(false, 17), false),
+        ] {
+            assert_eq!(reference(&w, &p), want, "reference, {p:?}");
+            assert_eq!(rendered_verdict(&r, &p), want, "rendered, {p:?}");
+        }
     }
 }

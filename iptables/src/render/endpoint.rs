@@ -114,8 +114,13 @@ fn preamble(ingress: bool, marks: &MarkBits, allow_encap: bool) -> Vec<Rule> {
 
 /// The tiers, policies and profiles of one direction, ending in "Drop if no profiles matched".
 /// `annotate` (shared chains) adds the policy or profile id as a comment on each jump, so a
-/// hashed chain name can be read back to the policies. `deny_log` adds an NFLOG rule before
-/// every tier-end and "no profile" DROP.
+/// hashed chain name can be read back to the policies, and checks "accepted?" once per tier
+/// (and once after the profiles) instead of after every jump: each later jump of the tier is
+/// guarded by "neither accepted nor passed" (`-m mark --mark 0/accept|pass`), so once a policy
+/// accepted the rest of the tier is skipped and the tier's one "Return if policy accepted" ends
+/// the chain, where Felix's RETURN after that policy would have (one rule per policy, not two).
+/// The first jump of a tier keeps Felix's form: the accept bit is clear there. `deny_log` adds
+/// an NFLOG rule before every tier-end and "no profile" DROP.
 fn policy_rules(
     ep: &LocalEndpoint,
     ingress: bool,
@@ -135,6 +140,16 @@ fn policy_rules(
         mask: marks.accept,
         negated: false,
     };
+    let not_accepted = Match::Mark {
+        value: 0,
+        mask: marks.accept,
+        negated: false,
+    };
+    let neither = Match::Mark {
+        value: 0,
+        mask: marks.accept | marks.pass,
+        negated: false,
+    };
     for tier in &ep.tiers {
         let policies = if ingress {
             &tier.ingress_policies
@@ -148,18 +163,27 @@ fn policy_rules(
             Rule::new(vec![], Target::ClearMark(marks.pass))
                 .with_comment(&format!("Start of tier {}", tier.name)),
         );
-        for p in policies {
+        for (i, p) in policies.iter().enumerate() {
             let chain = names::policy_chain_name(p, ingress);
-            let jump = Rule::new(vec![pass_clear.clone()], Target::Jump(chain));
+            // Shared: a later policy is skipped once an earlier one accepted (or passed), and
+            // one "Return if policy accepted" ends the tier, instead of one after each jump.
+            let guard = if annotate && i > 0 {
+                neither.clone()
+            } else {
+                pass_clear.clone()
+            };
+            let jump = Rule::new(vec![guard], Target::Jump(chain));
             rules.push(if annotate {
                 jump.with_comment(&format!("{p}"))
             } else {
                 jump
             });
-            rules.push(
-                Rule::new(vec![accepted.clone()], Target::Return)
-                    .with_comment("Return if policy accepted"),
-            );
+            if !annotate || i + 1 == policies.len() {
+                rules.push(
+                    Rule::new(vec![accepted.clone()], Target::Return)
+                        .with_comment("Return if policy accepted"),
+                );
+            }
         }
         if tier.default_action != Action::Pass {
             let comment = format!(
@@ -177,9 +201,16 @@ fn policy_rules(
             rules.push(Rule::new(vec![pass_clear.clone()], Target::Drop).with_comment(&comment));
         }
     }
-    for profile in &ep.profile_ids {
+    let profiles = &ep.profile_ids;
+    for (i, profile) in profiles.iter().enumerate() {
+        // Shared: as for policies, a later profile is skipped once one accepted.
+        let guard = if annotate && i > 0 {
+            vec![not_accepted.clone()]
+        } else {
+            vec![]
+        };
         let jump = Rule::new(
-            vec![],
+            guard,
             Target::Jump(names::profile_chain_name(profile, ingress)),
         );
         rules.push(if annotate {
@@ -187,10 +218,12 @@ fn policy_rules(
         } else {
             jump
         });
-        rules.push(
-            Rule::new(vec![accepted.clone()], Target::Return)
-                .with_comment("Return if profile accepted"),
-        );
+        if !annotate || i + 1 == profiles.len() {
+            rules.push(
+                Rule::new(vec![accepted.clone()], Target::Return)
+                    .with_comment("Return if profile accepted"),
+            );
+        }
     }
     if let Some(d) = deny_log {
         rules.push(d.rule(vec![], ingress, &format!("DR{dir}"), NO_MATCH));

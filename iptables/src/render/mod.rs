@@ -60,8 +60,13 @@
 //!   `cali-fip-snat` (no floating IPs); no tunnel-device MASQUERADE rules (no IPIP/VXLAN/WireGuard).
 //! * No policy-group chains (`cali-gi-`/`cali-go-`, §2.5). Instead, and going further, whole
 //!   endpoint chains are shared ([`endpoint`]): the kernel's rule count grows with the number of
-//!   distinct policy combinations on the node, not with its pods. `share_chains: false` renders
-//!   Felix's per-endpoint chains (each endpoint jumps to each policy).
+//!   distinct policy combinations on the node, not with its pods. In the same layout a policy's
+//!   or profile's Allow, Pass or Deny is one rule that goes (`-g`) to the shared verdict chain
+//!   `cali-verdict-accept`/`-pass`/`-drop`, which sets the mark (the drop chain then DROPs), in
+//!   place of Felix's mark rule + `-m mark … -j RETURN`/`DROP` pair: the chain gone to returns
+//!   where the RETURN would have, so verdicts are the same with half the rules (trace, stats and
+//!   `trace --kernel` name the policy rule that went there). `share_chains: false` renders
+//!   Felix's per-endpoint chains (each endpoint jumps to each policy) and Felix's verdict pairs.
 //! * No staged policies, no QoS, no flow logs (the NFLOG rules of §4.3 with flow logs on).
 //! * IPv6 neighbour discovery (ICMPv6 130-133, 135, 136) is accepted where Felix accepts it: at the
 //!   top of `cali-wl-to-host` (workload -> host, before egress policy). NDP never crosses

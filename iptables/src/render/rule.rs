@@ -18,6 +18,7 @@ use ipnet::IpNet;
 use super::hash::escape_comment;
 use super::ir::{Match, Rule, SetFlags, Side, Target};
 use super::marks::MarkBits;
+use super::static_chains::{VERDICT_ACCEPT, VERDICT_DROP, VERDICT_PASS};
 
 /// Most "slots" one multiport match may hold (a range takes two).
 pub const MULTIPORT_SLOTS: usize = 15;
@@ -73,6 +74,12 @@ pub struct RuleCtx<'a> {
     pub owner_id: &'a str,
     /// Log denied packets (an NFLOG rule before each Deny's DROP).
     pub deny_log: Option<DenyLog>,
+    /// The shared layout's verdicts: an Allow, Pass or Deny is one rule that goes (`-g`) to the
+    /// shared verdict chain setting its mark (`cali-verdict-accept`/`-pass`/`-drop`), instead of
+    /// Felix's mark rule plus `-m mark … -j RETURN`/`DROP` pair. Same meaning: a chain gone to
+    /// returns to the chain that jumped to the policy's chain, as the RETURN did. With
+    /// `deny_log`, a Deny's NFLOG rule (same matches, rate-limited) comes right before its goto.
+    pub verdict_chains: bool,
 }
 
 /// Opt-in logging of denied packets with Felix's flow-log NFLOG rules (without flow logs): a
@@ -477,6 +484,21 @@ pub fn render_rule(
         }]
     };
     match rule.action() {
+        Action::Allow if ctx.verdict_chains => {
+            out.push(Rule::new(m, Target::Goto(VERDICT_ACCEPT.into())));
+        }
+        Action::Pass if ctx.verdict_chains => {
+            out.push(Rule::new(m, Target::Goto(VERDICT_PASS.into())));
+        }
+        Action::Deny if ctx.verdict_chains => {
+            if let Some(d) = ctx.deny_log {
+                // The same matches, rate-limited, log first (matches have no side effects).
+                let dir = if ctx.ingress { 'I' } else { 'E' };
+                let head = format!("D{}{dir}{index}", ctx.owner);
+                out.push(d.rule(m.clone(), ctx.ingress, &head, ctx.owner_id));
+            }
+            out.push(Rule::new(m, Target::Goto(VERDICT_DROP.into())));
+        }
         Action::Allow => {
             out.push(mark_rule(ctx.marks.accept, m));
             out.push(Rule::new(on_bit(ctx.marks.accept), Target::Return));

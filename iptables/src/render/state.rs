@@ -536,6 +536,7 @@ impl Renderer {
             ingress,
             owner_id,
             deny_log: self.cfg.deny_log,
+            verdict_chains: self.cfg.share_chains,
         }
     }
 

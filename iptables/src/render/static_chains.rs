@@ -23,6 +23,11 @@ pub const POSTROUTING: &str = "cali-POSTROUTING";
 pub const FIP_DNAT: &str = "cali-fip-dnat";
 pub const FIP_SNAT: &str = "cali-fip-snat";
 pub const NAT_OUTGOING: &str = "cali-nat-outgoing";
+/// The shared layout's verdict chains: a policy or profile rule that allows, passes or denies
+/// goes (`-g`) here ([`super::rule::RuleCtx::verdict_chains`]).
+pub const VERDICT_ACCEPT: &str = "cali-verdict-accept";
+pub const VERDICT_PASS: &str = "cali-verdict-pass";
+pub const VERDICT_DROP: &str = "cali-verdict-drop";
 
 /// ICMPv6 types a workload may always send to its host (router solicitation, neighbour
 /// solicitation/advertisement, MLD); 134 (router advertisement) is deliberately absent.
@@ -107,11 +112,51 @@ pub fn filter_chains(
     }
     output.push(Rule::new(vec![], Target::ClearMark(m.all_calico())));
 
-    vec![
+    let mut chains = vec![
         (FORWARD.into(), forward),
         (INPUT.into(), input),
         (WL_TO_HOST.into(), wl_to_host),
         (OUTPUT.into(), output),
+    ];
+    if cfg.share_chains {
+        chains.extend(verdict_chains(m));
+    }
+    chains
+}
+
+/// The verdict chains of the shared layout. A policy's rule goes here with `-g`, so when the
+/// chain ends the packet is back in the chain that jumped to the policy's chain, right after the
+/// jump: exactly where Felix's "set the mark, then RETURN if it is set" pair leaves it, with one
+/// rule per Calico rule instead of two. The drop chain sets the drop mark before it drops, as
+/// the pair did.
+pub fn verdict_chains(m: &MarkBits) -> Vec<(String, Vec<Rule>)> {
+    let set = |bit: u32| Target::SetMark {
+        value: bit,
+        mask: bit,
+    };
+    vec![
+        (
+            VERDICT_ACCEPT.into(),
+            vec![
+                Rule::new(vec![], set(m.accept))
+                    .with_comment("Allowed by the policy rule that went here; back to its caller"),
+            ],
+        ),
+        (
+            VERDICT_PASS.into(),
+            vec![
+                Rule::new(vec![], set(m.pass))
+                    .with_comment("Passed to the next tier by the policy rule that went here"),
+            ],
+        ),
+        (
+            VERDICT_DROP.into(),
+            vec![
+                Rule::new(vec![], set(m.drop))
+                    .with_comment("Denied by the policy rule that went here"),
+                Rule::new(vec![], Target::Drop),
+            ],
+        ),
     ]
 }
 

@@ -172,10 +172,16 @@ impl Trace {
         if !accepted {
             return None;
         }
-        let step = self
+        // The rule that allowed: the one that set the accept bit, or (shared layout) the one that
+        // went to the verdict chain that set it.
+        let at = self
             .steps
             .iter()
-            .find(|s| matches!(s.effect, Effect::Mark(m) if m & accept != 0))?;
+            .position(|s| matches!(s.effect, Effect::Mark(m) if m & accept != 0))?;
+        let step = match (at.checked_sub(1).map(|i| &self.steps[i]), &self.steps[at]) {
+            (Some(before), s) if before.effect == Effect::Goto(s.chain.clone()) => before,
+            (_, s) => s,
+        };
         self.domain_hit_at(&step.chain, step.rule)
     }
 }
