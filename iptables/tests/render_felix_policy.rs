@@ -46,6 +46,8 @@ fn render(rule: &ParsedRule, v: IpVersion) -> Vec<String> {
         owner_id: "np/test/test",
         deny_log: None,
         verdict_chains: false,
+        // Felix's layout: scratch-mark OR blocks.
+        net_sets: false,
     };
     render_rule(rule, 0, &ctx)
         .unwrap()

@@ -110,6 +110,8 @@ fn ctx_render(rule: &calc_graph::proto::ParsedRule) -> Vec<String> {
         owner_id: "np/default/x",
         deny_log: None,
         verdict_chains: false,
+        // Felix's layout: scratch-mark OR blocks.
+        net_sets: false,
     };
     felix_lines(&render_rule(rule, 0, &ctx).unwrap())
 }

@@ -134,8 +134,8 @@ pub fn check_sets(
             .unwrap_or_default();
         for r in rules {
             for m in &r.matches {
-                if let Match::Set { name, .. } = m {
-                    names.insert(name.clone());
+                if let Some(name) = m.set_name() {
+                    names.insert(name.to_string());
                 }
             }
         }

@@ -4,12 +4,15 @@
 //!
 //! Invariants: `state.tables[t].chains` has exactly the keys of `chains` (with the hashed,
 //! kernel-form rules); `set_refs[name]` is the number of stored chains whose rules name set
-//! `name`; a set (or chain) whose presence or content changed is in `changed_sets` (`changed`)
+//! `name` (a rule naming it twice counts twice), and `net_sets` holds the members of exactly the
+//! referenced net sets; a set (or chain) whose presence or content changed is in `changed_sets` (`changed`)
 //! until drained, and in `sets_dirty` until the renderer refreshes `state.ip_sets`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use calc_graph::proto::IpVersion;
+use ipnet::IpNet;
 
 use super::hash::rule_hashes;
 use super::ir::{Match, Rule};
@@ -49,19 +52,20 @@ pub(super) struct Family {
     pub(super) state: DesiredState,
     pub(super) changed: BTreeSet<(TableName, String)>,
     pub(super) set_refs: HashMap<String, usize>,
+    /// The members of the net sets ([`Match::NetSet`]) named by stored chains, by kernel name:
+    /// recorded with the first reference, forgotten with the last (content-addressed, so a
+    /// name's members never change).
+    pub(super) net_sets: HashMap<String, Arc<[IpNet]>>,
     pub(super) changed_sets: BTreeSet<String>,
     pub(super) sets_dirty: BTreeSet<String>,
     pub(super) dispatch_names: Vec<String>,
 }
 
-fn set_names(rules: &[Rule]) -> impl Iterator<Item = &str> {
+fn set_matches(rules: &[Rule]) -> impl Iterator<Item = (&str, &Match)> {
     rules
         .iter()
         .flat_map(|r| r.matches.iter())
-        .filter_map(|m| match m {
-            Match::Set { name, .. } => Some(name.as_str()),
-            _ => None,
-        })
+        .filter_map(|m| Some((m.set_name()?, m)))
 }
 
 impl Family {
@@ -72,6 +76,7 @@ impl Family {
             state: DesiredState::new(version),
             changed: BTreeSet::new(),
             set_refs: HashMap::new(),
+            net_sets: HashMap::new(),
             changed_sets: BTreeSet::new(),
             sets_dirty: BTreeSet::new(),
             dispatch_names: Vec::new(),
@@ -86,10 +91,13 @@ impl Family {
         let bodies: Vec<String> = rules.iter().map(Rule::felix_text).collect();
         let hashes = rule_hashes(&key.1, bodies.iter().map(String::as_str));
         let desired = desired_rules(&key.1, hashes, &rules);
-        for s in set_names(&rules) {
+        for (s, m) in set_matches(&rules) {
             let n = self.set_refs.entry(s.to_string()).or_default();
             *n += 1;
             if *n == 1 {
+                if let Match::NetSet { nets, .. } = m {
+                    self.net_sets.insert(s.to_string(), nets.clone());
+                }
                 self.set_changed(s);
             }
         }
@@ -135,11 +143,12 @@ impl Family {
     }
 
     fn unref_sets(&mut self, rules: &[Rule]) {
-        for s in set_names(rules) {
+        for (s, _) in set_matches(rules) {
             if let Some(n) = self.set_refs.get_mut(s) {
                 *n -= 1;
                 if *n == 0 {
                     self.set_refs.remove(s);
+                    self.net_sets.remove(s);
                     self.set_changed(s);
                 }
             }

@@ -8,6 +8,7 @@
 //! free-form string except validated names (chains, sets, interfaces) and escaped comments.
 
 use std::fmt::Write;
+use std::sync::Arc;
 
 use calc_graph::proto::{PortRange, Protocol};
 
@@ -78,6 +79,16 @@ pub enum Match {
         flags: SetFlags,
         negated: bool,
     },
+    /// `-m set [!] --match-set <name> src|dst` on a content-addressed `hash:net` set holding
+    /// exactly `nets` (a rule's multi-net `nets`/`notNets` list in the shared layout, see
+    /// [`super::net_sets`]). Rendered, hashed and evaluated exactly as a [`Match::Set`]; it carries
+    /// its members so the family can declare the set while a stored chain names it.
+    NetSet {
+        name: String,
+        side: Side,
+        nets: Arc<[IpNet]>,
+        negated: bool,
+    },
     Ports {
         side: Side,
         ports: Vec<PortRange>,
@@ -116,6 +127,16 @@ pub enum Match {
     },
     /// `-m conntrack --ctdir REPLY`: the packet goes in the reply direction of its connection.
     CtDirReply,
+}
+
+impl Match {
+    /// The kernel name of the IP set this match reads, if it reads one.
+    pub fn set_name(&self) -> Option<&str> {
+        match self {
+            Match::Set { name, .. } | Match::NetSet { name, .. } => Some(name),
+            _ => None,
+        }
+    }
 }
 
 /// A rule's target.
@@ -268,6 +289,22 @@ impl Rule {
                         negated: *negated,
                         name,
                         dirs,
+                    });
+                }
+                Match::NetSet {
+                    name,
+                    side,
+                    negated,
+                    ..
+                } => {
+                    let dir = match side {
+                        Side::Src => model::SetDir::Src,
+                        Side::Dst => model::SetDir::Dst,
+                    };
+                    r.matches.push(model::Match::Set {
+                        negated: *negated,
+                        name: model::SetName::new(name.as_str())?,
+                        dirs: vec![dir],
                     });
                 }
                 Match::Ports {
@@ -474,6 +511,23 @@ fn write_match(s: &mut String, m: &Match) {
             flags,
             negated,
         } => {
+            write!(
+                s,
+                "-m set {}--match-set {name} {}",
+                not(*negated),
+                flags.as_str()
+            )
+        }
+        Match::NetSet {
+            name,
+            side,
+            negated,
+            ..
+        } => {
+            let flags = match side {
+                Side::Src => SetFlags::Src,
+                Side::Dst => SetFlags::Dst,
+            };
             write!(
                 s,
                 "-m set {}--match-set {name} {}",

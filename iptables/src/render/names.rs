@@ -8,6 +8,7 @@
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use calc_graph::proto::{IpSetId, IpVersion, PolicyId, PolicyKind};
+use ipnet::IpNet;
 use sha2::{Digest, Sha224, Sha256};
 
 use super::ir::Rule;
@@ -144,6 +145,39 @@ pub fn is_valid_ipset_id(id: &IpSetId) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || ":_-.".contains(c))
 }
 
+/// Id prefix of the content-addressed `hash:net` sets of rules' CIDR lists (shared layout).
+pub const NET_SET_ID_PREFIX: &str = "c:";
+/// Characters of hash in a net set id: `cali40` + `c:` + 23 = 31, the limit (138 bits).
+const NET_SET_HASH_LEN: usize = MAX_IPSET_NAME_LEN - "cali40".len() - NET_SET_ID_PREFIX.len();
+
+/// The nets as a net set holds them: network bits only (as the kernel stores them), sorted,
+/// without duplicates. Equal lists (in any order, with any host bits) give equal sets.
+pub fn canonical_nets(nets: &[IpNet]) -> Vec<IpNet> {
+    let mut out: Vec<IpNet> = nets.iter().map(IpNet::trunc).collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The id of the `hash:net` set holding exactly `nets` (already [`canonical_nets`]) in family
+/// `version`: `c:` + the first 23 characters of base64url(SHA-256) over the family and the nets,
+/// one per line. Only addresses go in: no name, label or comment can reach it, and it always
+/// passes [`is_valid_ipset_id`] and fits [`ipset_name`] uncut.
+pub fn net_set_id(version: IpVersion, nets: &[IpNet]) -> String {
+    let mut h = Sha256::new();
+    h.update(if version == IpVersion::V6 {
+        b"v6\n"
+    } else {
+        b"v4\n"
+    });
+    for n in nets {
+        h.update(n.to_string().as_bytes());
+        h.update(b"\n");
+    }
+    let hash = URL_SAFE_NO_PAD.encode(h.finalize());
+    format!("{NET_SET_ID_PREFIX}{}", &hash[..NET_SET_HASH_LEN])
+}
+
 /// The kernel set name: `cali40<id>` / `cali60<id>` cut to 31 characters.
 pub fn ipset_name(version: IpVersion, id: &str) -> String {
     let mut name = match version {
@@ -203,6 +237,31 @@ mod tests {
             assert!(chain.starts_with("cali-pi-_"), "{chain}");
             assert!(chain.chars().all(is_safe_name_char), "{chain}");
         }
+    }
+
+    #[test]
+    fn net_set_ids_are_content_addressed_and_fit() {
+        let nets = |list: &[&str]| -> Vec<IpNet> {
+            canonical_nets(&list.iter().map(|s| s.parse().unwrap()).collect::<Vec<_>>())
+        };
+        let a = nets(&["172.16.3.0/24", "10.3.0.0/16"]);
+        // Order, duplicates and host bits do not change the set.
+        assert_eq!(a, nets(&["10.3.7.1/16", "172.16.3.0/24", "10.3.0.0/16"]));
+        let id = net_set_id(IpVersion::V4, &a);
+        assert_eq!(id, net_set_id(IpVersion::V4, &a));
+        assert!(id.starts_with(NET_SET_ID_PREFIX));
+        assert!(is_valid_ipset_id(&id));
+        for v in [IpVersion::V4, IpVersion::V6] {
+            let name = ipset_name(v, &id);
+            assert_eq!(name.len(), MAX_IPSET_NAME_LEN, "{name}");
+            assert!(name.ends_with(&id), "{name} cut");
+        }
+        assert_ne!(id, net_set_id(IpVersion::V6, &a), "the family is hashed");
+        assert_ne!(id, net_set_id(IpVersion::V4, &nets(&["10.3.0.0/16"])));
+        assert_ne!(
+            id,
+            net_set_id(IpVersion::V4, &nets(&["10.3.0.0/16", "172.16.3.0/25"]))
+        );
     }
 
     #[test]

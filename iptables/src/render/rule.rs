@@ -2,6 +2,10 @@
 //! policy/profile direction -> one chain's rules.
 //!
 //! Invariants:
+//! * In the shared layout ([`RuleCtx::net_sets`]) several positive nets on a side are one match
+//!   on a content-addressed `hash:net` set, and a negated list beside another net on the same
+//!   side one negated set match (`names::net_set_id`: the id is a hash of the family and the
+//!   sorted nets, so equal lists share a set); Felix's inlined layout keeps the blocks below.
 //! * OR semantics (several positive nets, > 15 port slots, numeric plus named ports, a negated net
 //!   beside another net on the same side) go through scratch-mark blocks; the final rule matches
 //!   AB = scratch0. Each positive block after the second starts by clearing TB = scratch1, so the
@@ -18,6 +22,7 @@ use ipnet::IpNet;
 use super::hash::escape_comment;
 use super::ir::{Match, Rule, SetFlags, Side, Target};
 use super::marks::MarkBits;
+use super::names;
 use super::static_chains::{VERDICT_ACCEPT, VERDICT_DROP, VERDICT_PASS};
 
 /// Most "slots" one multiport match may hold (a range takes two).
@@ -80,6 +85,10 @@ pub struct RuleCtx<'a> {
     /// returns to the chain that jumped to the policy's chain, as the RETURN did. With
     /// `deny_log`, a Deny's NFLOG rule (same matches, rate-limited) comes right before its goto.
     pub verdict_chains: bool,
+    /// The shared layout: a net list that needs an OR block (several positive nets on a side) or
+    /// a negated-net block becomes one match on a content-addressed `hash:net` set
+    /// ([`Match::NetSet`]). Off: Felix's scratch-mark blocks, byte for byte.
+    pub net_sets: bool,
 }
 
 /// Opt-in logging of denied packets with Felix's flow-log NFLOG rules (without flow logs): a
@@ -258,6 +267,18 @@ impl<'m> Blocks<'m> {
     }
 }
 
+/// `-m set [!] --match-set cali4|60c:<hash> src|dst` on the set holding exactly `nets` (of
+/// family `v`, no `/0`: `filter_nets` took those out).
+fn net_set_match(v: IpVersion, side: Side, nets: &[IpNet], negated: bool) -> Match {
+    let nets = names::canonical_nets(nets);
+    Match::NetSet {
+        name: names::ipset_name(v, &names::net_set_id(v, &nets)),
+        side,
+        nets: nets.into(),
+        negated,
+    }
+}
+
 fn proto_match(p: Option<Protocol>) -> Vec<Match> {
     p.map(|proto| Match::Protocol {
         proto,
@@ -374,8 +395,17 @@ pub fn render_rule(
     }
     let mut src_nets = src_nets;
     let mut dst_nets = dst_nets;
-    for (side, nets) in [(Side::Src, &mut src_nets), (Side::Dst, &mut dst_nets)] {
-        if nets.len() > 1 {
+    // With `ctx.net_sets`, the set matches that stand for a side's net lists (positive, negated).
+    let mut src_net_sets: [Option<Match>; 2] = [None, None];
+    let mut dst_net_sets: [Option<Match>; 2] = [None, None];
+    for (side, nets, set) in [
+        (Side::Src, &mut src_nets, &mut src_net_sets[0]),
+        (Side::Dst, &mut dst_nets, &mut dst_net_sets[0]),
+    ] {
+        if nets.len() > 1 && ctx.net_sets {
+            *set = Some(net_set_match(v, side, nets, false));
+            nets.clear();
+        } else if nets.len() > 1 {
             let alts = nets
                 .drain(..)
                 .map(|net| {
@@ -391,15 +421,31 @@ pub fn render_rule(
     }
     let mut not_src_nets = not_src_nets;
     let mut not_dst_nets = not_dst_nets;
-    for (side, pos, neg) in [
-        (Side::Src, &src_nets, &mut not_src_nets),
-        (Side::Dst, &dst_nets, &mut not_dst_nets),
+    // `pos` holds at most the one net of the main rule's `-s`/`-d` here; iptables takes one.
+    for (side, pos, neg, set) in [
+        (
+            Side::Src,
+            &src_nets,
+            &mut not_src_nets,
+            &mut src_net_sets[1],
+        ),
+        (
+            Side::Dst,
+            &dst_nets,
+            &mut not_dst_nets,
+            &mut dst_net_sets[1],
+        ),
     ] {
-        if pos.len() + neg.len() > 1 {
+        if pos.len() + neg.len() > 1 && ctx.net_sets {
+            *set = Some(net_set_match(v, side, neg, true));
+            neg.clear();
+        } else if pos.len() + neg.len() > 1 {
             blocks.negated_nets(side, neg);
             neg.clear();
         }
     }
+    let [src_net_set, not_src_net_set] = src_net_sets;
+    let [dst_net_set, not_dst_net_set] = dst_net_sets;
 
     // The main rule, in CalculateRuleMatch order.
     let mut m = proto_match(rule.protocol);
@@ -416,6 +462,7 @@ pub fn render_rule(
         })
     }
     m.extend(src_nets.first().map(|n| net(Side::Src, n, false)));
+    m.extend(src_net_set);
     m.extend(sets(&src_sets, SetFlags::Src, false));
     m.extend(src_port_splits.pop().map(|ports| Match::Ports {
         side: Side::Src,
@@ -424,6 +471,7 @@ pub fn render_rule(
     }));
     m.extend(sets(&src_named, SetFlags::SrcSrc, false));
     m.extend(dst_nets.first().map(|n| net(Side::Dst, n, false)));
+    m.extend(dst_net_set);
     m.extend(sets(&dst_sets, SetFlags::Dst, false));
     m.extend(dst_port_splits.pop().map(|ports| Match::Ports {
         side: Side::Dst,
@@ -437,6 +485,7 @@ pub fn render_rule(
         negated: true,
     }));
     m.extend(not_src_nets.first().map(|n| net(Side::Src, n, true)));
+    m.extend(not_src_net_set);
     m.extend(sets(&not_src_sets, SetFlags::Src, true));
     for ports in split_ports(&rule.not_src_ports) {
         m.push(Match::Ports {
@@ -447,6 +496,7 @@ pub fn render_rule(
     }
     m.extend(sets(&not_src_named, SetFlags::SrcSrc, true));
     m.extend(not_dst_nets.first().map(|n| net(Side::Dst, n, true)));
+    m.extend(not_dst_net_set);
     m.extend(sets(&not_dst_sets, SetFlags::Dst, true));
     for ports in split_ports(&rule.not_dst_ports) {
         m.push(Match::Ports {

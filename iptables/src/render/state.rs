@@ -537,6 +537,7 @@ impl Renderer {
             owner_id,
             deny_log: self.cfg.deny_log,
             verdict_chains: self.cfg.share_chains,
+            net_sets: self.cfg.share_chains,
         }
     }
 

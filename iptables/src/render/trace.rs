@@ -458,6 +458,24 @@ impl Tracer<'_> {
                     })?;
                 hit != *negated
             }
+            // Read from the set as any set (the kernel's, or the desired state's members).
+            Match::NetSet {
+                name,
+                side,
+                negated,
+                ..
+            } => {
+                let addr = if *side == Side::Src { pkt.src } else { pkt.dst };
+                let hit = self
+                    .rules
+                    .set_contains(name, addr, pkt.proto, 0)
+                    .ok_or_else(|| TraceError::MissingSet {
+                        set: name.clone(),
+                        chain: chain.to_string(),
+                        rule,
+                    })?;
+                hit != *negated
+            }
             Match::Ports {
                 side,
                 ports,

@@ -102,6 +102,10 @@ impl Renderer {
     }
 
     pub(super) fn set_spec(&self, v: IpVersion, name: &str) -> IpSetSpec {
+        if let Some(nets) = self.family(v).net_sets.get(name) {
+            // A rule's CIDR list (shared layout): exactly the nets its matches carry.
+            return IpSetSpec::new(IpSetKind::Net, nets.iter().map(|n| IpSetMember::Net(*n)));
+        }
         let id = self.set_ids.get(name);
         if let Some(patterns) = id.and_then(|id| self.domain_patterns.get(id)) {
             // Created full: every unexpired address already learned for its patterns. The
