@@ -2,7 +2,9 @@
 //! bits, addresses, protocols, ports, set membership, jumps) agrees with a direct evaluation of the
 //! `ParsedRule` semantics. This is what shows the scratch-mark OR blocks are correct for any
 //! number of blocks (Felix's TB-not-cleared bug would fail here with three or more positive
-//! blocks).
+//! blocks), and that the shared layout's `hash:net` set matches of multi-net `nets`/`notNets`
+//! lists mean the same (each case draws the layout; the evaluator reads the sets' members from
+//! the desired state, as the kernel would).
 
 mod render_support;
 
@@ -455,7 +457,8 @@ proptest! {
         share_chains in any::<bool>(),
     ) {
         let v = if v6 { IpVersion::V6 } else { IpVersion::V4 };
-        // Both layouts: Felix's verdict pairs and the shared layout's verdict gotos.
+        // Both layouts: Felix's verdict pairs and OR blocks, and the shared layout's verdict gotos
+        // and `hash:net` set matches of multi-net lists.
         let mut r = Renderer::new(RenderConfig { share_chains, ..RenderConfig::default() }).unwrap();
         let resolved: Vec<IpAddr> = resolved.iter().map(|(v6, i)| addr(*v6, *i)).collect();
         r.set_domain_members(std::sync::Arc::new(Resolved(resolved.clone())));
@@ -563,8 +566,10 @@ proptest! {
             2,
         ),
         packets in prop::collection::vec((0u8..8, 0u8..8, 1u16..8, 1u16..8), 64),
+        shared in any::<bool>(),
     ) {
-        let mut r = Renderer::new(RenderConfig::default()).unwrap();
+        // Shared: the nets are set matches and only the port blocks remain.
+        let mut r = Renderer::new(RenderConfig { share_chains: shared, ..RenderConfig::default() }).unwrap();
         let mut sets = BTreeMap::new();
         let mut outputs = Vec::new();
         for (id, m) in NAMED.iter().zip(&named_members) {
@@ -584,6 +589,67 @@ proptest! {
             let want = direct_verdict(std::slice::from_ref(&rule), &pkt, IpVersion::V4, &sets);
             let got = eval_chain(&chain, &pkt, &marks, marks.scratch1, &d.ip_sets);
             prop_assert_eq!(got, want, "packet {:?}", pkt);
+        }
+    }
+}
+
+/// A rule constrained by address lists only (any family mix, `/0` included), so that most
+/// packets of the small address space decide on the lists alone.
+fn arb_nets_rule() -> impl Strategy<Value = ParsedRule> {
+    let nets = || prop::collection::vec(arb_net(), 0..4);
+    (
+        prop::sample::select(vec![Action::Allow, Action::Deny, Action::Pass]),
+        (nets(), nets(), nets(), nets()),
+    )
+        .prop_map(|(action, (sn, nsn, dn, ndn))| ParsedRule {
+            action: Some(action),
+            src_nets: sn,
+            not_src_nets: nsn,
+            dst_nets: dn,
+            not_dst_nets: ndn,
+            ..Default::default()
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// The shared layout's `hash:net` set matches (several positive nets; negated nets beside
+    /// another net) decide every packet as Felix's scratch-mark blocks of the inlined layout do,
+    /// and as the rules' semantics say, in both families.
+    #[test]
+    fn net_sets_decide_as_or_blocks(
+        rules in prop::collection::vec(arb_nets_rule(), 1..4),
+        v6 in any::<bool>(),
+        packets in prop::collection::vec((0u8..8, 0u8..8), 48),
+        junk in any::<u32>(),
+    ) {
+        let v = if v6 { IpVersion::V6 } else { IpVersion::V4 };
+        let pid = mk_np("ns", "nets");
+        let chains = [true, false].map(|shared| {
+            let mut r = Renderer::new(RenderConfig { share_chains: shared, ..RenderConfig::default() }).unwrap();
+            let outputs = vec![
+                Output::PolicyUpdated(mk_policy(pid.clone(), rules.clone(), vec![])),
+                Output::EndpointUpdated(mk_endpoint("ns", "ep", "cali0", &[], vec![mk_tier("default", vec![pid.clone()], vec![])], &[])),
+            ];
+            assert!(r.apply_all(outputs).is_empty());
+            assert!(r.flush().is_empty());
+            assert_parses_back(&r, v);
+            let chain = r.chain(v, TableName::Filter, "cali-pi-np/ns/nets").unwrap().to_vec();
+            (r, chain)
+        });
+        let [(shared, shared_chain), (inlined, inlined_chain)] = &chains;
+        let sets = BTreeMap::new();
+        let marks = *shared.marks();
+        prop_assert_eq!(marks, *inlined.marks());
+        let start = junk & !(marks.accept | marks.pass | marks.drop);
+        for (s, d) in packets {
+            let pkt = Packet { src: addr(v6, s), dst: addr(v6, d), proto: 6, sport: 1, dport: 1, icmp_type: 0, icmp_code: 0 };
+            let want = direct_verdict(&rules, &pkt, v, &sets);
+            let got_shared = eval_chain(shared_chain, &pkt, &marks, start, &shared.desired(v).ip_sets);
+            let got_inlined = eval_chain(inlined_chain, &pkt, &marks, start, &inlined.desired(v).ip_sets);
+            prop_assert_eq!(got_shared, want, "shared, packet {:?}\nchain {:#?}", pkt, shared_chain.iter().map(|r| r.felix_text()).collect::<Vec<_>>());
+            prop_assert_eq!(got_inlined, want, "inlined, packet {:?}", pkt);
         }
     }
 }

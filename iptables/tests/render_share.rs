@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use calc_graph::proto::*;
-use iptables::apply::{DesiredRule, TableName};
+use iptables::apply::{DesiredRule, IpSetSpec, TableName};
 use iptables::render::ir::Target;
 use iptables::render::{RenderConfig, Renderer, dispatch, names, trace};
 use proptest::prelude::*;
@@ -32,13 +32,35 @@ fn pol_id(i: usize) -> PolicyId {
     mk_np("ns", &format!("p{i}"))
 }
 
-/// Policy `i`: allows TCP to port `1000 + i + variant` from `10.0.<i % 250>.0/24` (both
-/// directions).
+/// Policy `i`: allows TCP to port `1000 + i + variant` (both directions) from
+/// `10.0.<i % 250>.0/24` (variant 0); from the /24s of `i` and its pair `i ^ 1` but not
+/// `.1` of the lower one (variant 1: a positive list of two, the same in both policies of the
+/// pair, beside one negated net); from its /24 but not its `.0/31` and `.2` (variant 2: a negated
+/// list of two). In the shared layout variants 1 and 2 are `hash:net` set matches.
 fn policy(i: usize, variant: u16) -> ActivePolicy {
+    let low = (i & !1) % 250;
+    let (src_nets, not_src_nets) = match variant {
+        1 => (
+            vec![
+                net(&format!("10.0.{low}.0/24")),
+                net(&format!("10.0.{}.0/24", low + 1)),
+            ],
+            vec![net(&format!("10.0.{low}.1/32"))],
+        ),
+        2 => (
+            vec![net(&format!("10.0.{}.0/24", i % 250))],
+            vec![
+                net(&format!("10.0.{}.0/31", i % 250)),
+                net(&format!("10.0.{}.2/32", i % 250)),
+            ],
+        ),
+        _ => (vec![net(&format!("10.0.{}.0/24", i % 250))], vec![]),
+    };
     let rule = ParsedRule {
         action: Some(Action::Allow),
         protocol: Some(Protocol::Tcp),
-        src_nets: vec![net(&format!("10.0.{}.0/24", i % 250))],
+        src_nets,
+        not_src_nets,
         dst_ports: vec![PortRange {
             first: 1000 + i as u16 + variant,
             last: 1000 + i as u16 + variant,
@@ -157,6 +179,18 @@ fn check_references(r: &Renderer) -> Result<(), TestCaseError> {
         prop_assert_eq!(shared.len(), r.shared_chain_count());
         for s in &shared {
             prop_assert!(s.len() <= names::MAX_CHAIN_NAME_LEN, "{}", s);
+        }
+        // The IP sets of the desired state are exactly those the chains name (the net sets of
+        // the shared layout: declared with the first chain naming them, gone with the last).
+        let named: BTreeSet<String> = (chains.iter())
+            .flat_map(|c| r.chain(v, F, c).unwrap())
+            .flat_map(|rule| rule.matches.iter().filter_map(|m| m.set_name()))
+            .map(str::to_string)
+            .collect();
+        let declared: BTreeSet<String> = r.desired_ref(v).ip_sets.keys().cloned().collect();
+        prop_assert_eq!(&named, &declared, "sets named by chains vs declared");
+        for s in &named {
+            prop_assert!(s.len() <= names::MAX_IPSET_NAME_LEN, "{}", s);
         }
     }
     Ok(())
@@ -352,12 +386,20 @@ fn arb_op() -> impl Strategy<Value = Op> {
 }
 
 type Chains = BTreeMap<(TableName, String), Vec<DesiredRule>>;
+type Sets = BTreeMap<String, IpSetSpec>;
 
-fn replay(model: &mut Chains, r: &mut Renderer, v: IpVersion) {
-    for (t, n, rules) in r.take_delta(v).chains {
+fn replay(model: &mut (Chains, Sets), r: &mut Renderer, v: IpVersion) {
+    let delta = r.take_delta(v);
+    for (t, n, rules) in delta.chains {
         match rules {
-            Some(rules) => model.insert((t, n), rules),
-            None => model.remove(&(t, n)),
+            Some(rules) => model.0.insert((t, n), rules),
+            None => model.0.remove(&(t, n)),
+        };
+    }
+    for (name, spec) in delta.ip_sets {
+        match spec {
+            Some(spec) => model.1.insert(name, spec),
+            None => model.1.remove(&name),
         };
     }
 }
@@ -377,7 +419,7 @@ proptest! {
         let mut variants = [0u16; POLICIES];
         let mut eps: BTreeMap<usize, usize> = BTreeMap::new();
         let mut r = renderer(true);
-        let mut models: [Chains; 2] = Default::default();
+        let mut models: [(Chains, Sets); 2] = Default::default();
         prop_assert!(r.apply_all(base_outputs(&variants)).is_empty());
         for op in ops.iter().chain([&Op::Flush]) {
             match *op {
@@ -420,7 +462,8 @@ proptest! {
                 .iter()
                 .flat_map(|(t, tb)| tb.chains.iter().map(|(n, c)| ((*t, n.clone()), c.clone())))
                 .collect();
-            prop_assert_eq!(&models[i], &from_deltas);
+            prop_assert_eq!(&models[i].0, &from_deltas);
+            prop_assert_eq!(&models[i].1, &r.desired(v).ip_sets);
         }
         for &e in eps.keys() {
             for &(net, host, port) in &packets {
