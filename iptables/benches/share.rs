@@ -545,6 +545,35 @@ impl Runner for NullRunner {
     }
 }
 
+/// Rules and bytes of the cold-start payloads (v4 + v6) of both layouts, as the applier writes
+/// them into an empty kernel (in process, no root): the rule counts of the table above.
+fn cold_payload_counts(inputs: &[Output]) {
+    for share in [false, true] {
+        let renderer = render(inputs, share);
+        let reports = [IpVersion::V4, IpVersion::V6].map(|family| {
+            let mut a = Applier::new(
+                NullRunner,
+                ApplierConfig {
+                    family,
+                    backend: Backend::Nft,
+                    ..ApplierConfig::default()
+                },
+            );
+            a.apply(renderer.desired_ref(family)).unwrap()
+        });
+        let (lines, bytes) = payload_lines(&reports);
+        let sets: usize = [IpVersion::V4, IpVersion::V6]
+            .map(|v| renderer.desired_ref(v).ip_sets.len())
+            .iter()
+            .sum();
+        println!(
+            "  {:8} cold payload {lines} rules, {} KiB, {sets} IP sets (v4 + v6, in process)",
+            if share { "shared" } else { "inlined" },
+            bytes / 1024
+        );
+    }
+}
+
 /// The applier's own cost per change (shared layout, one family at a time, in process: no
 /// kernel, no root), median of `rounds`; the change's render + flush is reported apart.
 fn own_cost(inputs: &[Output], n: usize, rounds: usize) {
@@ -615,6 +644,7 @@ fn main() {
     for n in sizes {
         let inputs = inputs(n);
         if std::env::var_os("SHARE_BENCH_OWN_ONLY").is_some() {
+            cold_payload_counts(&inputs);
             own_cost(&inputs, n, rounds.max(20));
             continue;
         }

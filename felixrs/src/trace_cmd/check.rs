@@ -8,7 +8,6 @@ use iptables::apply::backend::{self, Backend};
 use iptables::apply::ipset::{self, ActualSet};
 use iptables::apply::kernel::{ActualTable, scan_save};
 use iptables::apply::{DesiredTable, ExecRunner, Runner, TableName};
-use iptables::render::ir::Match;
 use iptables::render::trace::Effect;
 
 use anyhow::bail;

@@ -67,6 +67,15 @@
 //!   where the RETURN would have, so verdicts are the same with half the rules (trace, stats and
 //!   `trace --kernel` name the policy rule that went there). `share_chains: false` renders
 //!   Felix's per-endpoint chains (each endpoint jumps to each policy) and Felix's verdict pairs.
+//! * In the shared layout a rule's CIDR list that Felix renders as a scratch-mark OR block (several
+//!   positive `nets` on a side) or negated-net block (`notNets` beside another net on that side)
+//!   is one `-m set [!] --match-set cali40c:<hash> src|dst` on a `hash:net` set holding exactly
+//!   those nets of the family ([`ir::Match::NetSet`], [`names::net_set_id`]): content-addressed
+//!   (SHA-256 of the family and the sorted, de-duplicated nets), so equal lists in any number of
+//!   policies share one set; it exists in a family exactly while a chain of that family names it
+//!   (declared in the same change as the first such chain, gone with the last), like every set
+//!   here. A single net stays `-s`/`-d`; port OR blocks keep the scratch marks. With
+//!   `share_chains: false` the output is Felix's, byte for byte.
 //! * No staged policies, no QoS, no flow logs (the NFLOG rules of §4.3 with flow logs on).
 //! * IPv6 neighbour discovery (ICMPv6 130-133, 135, 136) is accepted where Felix accepts it: at the
 //!   top of `cali-wl-to-host` (workload -> host, before egress policy). NDP never crosses
