@@ -1,7 +1,7 @@
 //! The shared layout's net sets on the real kernel (root; throwaway namespaces): a pod whose
 //! policy has a positive CIDR list and a `notNets` list gets exactly the verdicts the lists say
 //! through `hash:net` sets the applier created before the rules; a fresh applier (restart)
-//! writes nothing; when the lists go, their sets are destroyed after the rules that named them.
+//! writes nothing, nor does the drift check; when the lists go, their sets are destroyed after the rules that named them.
 //!
 //! Topology: client `A` (10.99.0.1 to .4 on one link; the source of a probe is chosen with the
 //! default route's `src`) — node `H` (10.99.0.254, routing) — pod `P` (10.98.0.2 on `cali11111`).
@@ -50,7 +50,9 @@ fn policy(lists: bool) -> Output {
             ParsedRule {
                 action: Some(Action::Allow),
                 protocol: Some(Protocol::Tcp),
+                // (.3 twice: a set holds it once, so the drift check's member counts agree.)
                 src_nets: vec![
+                    net("10.99.0.3/32"),
                     net("10.99.0.1/32"),
                     net("10.99.0.2/32"),
                     net("10.99.0.3/32"),
@@ -214,6 +216,13 @@ fn net_sets_enforce_the_lists_and_leave_after_their_rules() {
         );
     }
     assert_verdicts(&client, &[1, 3]);
+    // The fast drift check (chains and set member counts) finds nothing to repair.
+    let (drift, repaired) = a.check_drift(&desired).unwrap();
+    assert!(
+        drift.drifted.is_empty() && drift.sets.is_empty(),
+        "{drift:?}"
+    );
+    assert!(repaired.is_none());
 
     // A restart adopts: a fresh applier on the programmed kernel writes nothing.
     let rep = applier(&node).apply(&desired).unwrap();
