@@ -17,6 +17,7 @@ use calc_graph::model::Resource;
 use calc_graph::proto::{IpVersion, Output};
 use iptables::apply::TableName;
 use iptables::render::Renderer;
+use iptables::render::ir::Match;
 use iptables::render::static_chains::{VERDICT_ACCEPT, VERDICT_DROP, VERDICT_PASS};
 use iptables::render::trace::{self, Effect, Outcome, Packet, RendererRules};
 use iptables::render::{names, static_chains};
@@ -531,6 +532,20 @@ fn verdict_goto(effect: &Effect) -> Option<&'static str> {
     }
 }
 
+/// `<indent>  set cali40c:… holds <net>, <net>` for each net set the step's rule matches on.
+fn net_set_lines(view: &NodeView, v: IpVersion, step: &trace::Step, indent: &str) -> String {
+    let rule = (view.renderer.chain(v, TableName::Filter, &step.chain))
+        .and_then(|c| c.get(step.rule.checked_sub(1)?));
+    let mut out = String::new();
+    for m in rule.map_or(&[][..], |r| &r.matches[..]) {
+        if let Match::NetSet { name, nets, .. } = m {
+            let list: Vec<String> = nets.iter().map(ToString::to_string).collect();
+            let _ = writeln!(out, "{indent}  set {name} holds {}", list.join(", "));
+        }
+    }
+    out
+}
+
 fn describe_end(e: &End) -> String {
     if e.host {
         return "this node".to_string();
@@ -616,6 +631,8 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
             "{indent}{}{label} rule {}: {text}\n{indent}  => {effect}",
             step.chain, step.rule
         );
+        // A net set's name hides its CIDRs (shared layout): list them, the set holds exactly these.
+        let _ = write!(s, "{}", net_set_lines(view, pkt.version(), step, &indent));
         // A policy or profile rule that sets the accept bit allowed the packet, one that sets the
         // pass bit sent it on to the next tier; any DROP ends it.
         let verdicts = owner.is_some_and(|o| o.verdicts);
