@@ -1,7 +1,8 @@
 //! The shared layout's net sets on the real kernel (root; throwaway namespaces): a pod whose
 //! policy has a positive CIDR list and a `notNets` list gets exactly the verdicts the lists say
 //! through `hash:net` sets the applier created before the rules; a fresh applier (restart)
-//! writes nothing, nor does the drift check, and cleanup would destroy them; when the lists go, their sets are destroyed after the rules that named them.
+//! writes nothing, nor does the drift check, and cleanup would destroy them; when the lists go,
+//! their sets are destroyed after the rules that named them.
 //!
 //! Topology: client `A` (10.99.0.1 to .4 on one link; the source of a probe is chosen with the
 //! default route's `src`) — node `H` (10.99.0.254, routing) — pod `P` (10.98.0.2 on `cali11111`).
