@@ -81,7 +81,7 @@ pub enum Match {
     },
     /// `-m set [!] --match-set <name> src|dst` on a content-addressed `hash:net` set holding
     /// exactly `nets` (a rule's multi-net `nets`/`notNets` list in the shared layout, see
-    /// [`super::net_sets`]). Rendered, hashed and evaluated exactly as a [`Match::Set`]; it carries
+    /// [`super::names::net_set_id`]). Rendered, hashed and evaluated exactly as a [`Match::Set`]; it carries
     /// its members so the family can declare the set while a stored chain names it.
     NetSet {
         name: String,
