@@ -21,7 +21,7 @@ use crate::apply::{DesiredRule, DesiredState, HookPosition, HookRule, IpSetSpec,
 /// An IP set that changed in a family: its new content, or `None` when it is no longer wanted.
 pub type SetChange = (String, Option<IpSetSpec>);
 
-/// What changed in one family since the previous [`Renderer::take_delta`].
+/// What changed in one family since the previous [`super::Renderer::take_delta`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delta {
     pub family: IpVersion,
