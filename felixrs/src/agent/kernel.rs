@@ -186,7 +186,16 @@ pub struct KernelDataplane<R: Runner + Clone + 'static> {
     learner: Option<Arc<Learner>>,
     /// When [`Dataplane::prepare`] read the kernel ahead of the first apply.
     read_ahead_at: Option<Instant>,
+    /// The read [`Dataplane::prepare`] started, still running: it owns the appliers (`v4`/`v6`
+    /// are placeholders meanwhile) and gives them back, with `detect`, when joined
+    /// ([`KernelDataplane::settle`]). The first batch is rendered while it runs.
+    read_ahead: Option<ReadAhead<R>>,
+    backend: Backend,
 }
+
+/// The kernel read ahead of the first apply, on its own thread: it hands back the appliers with
+/// their view, whether detection is still to do, and when it finished.
+type ReadAhead<R> = std::thread::JoinHandle<(Applier<R>, Applier<R>, bool, Instant)>;
 
 /// A view read ahead of the first apply is used only while younger than this (the first batch
 /// follows the snapshot read and graph, a fraction of a second; after a slow datastore, the
@@ -196,20 +205,11 @@ const READ_AHEAD_MAX_AGE: Duration = Duration::from_secs(2);
 impl<R: Runner + Clone + 'static> KernelDataplane<R> {
     pub fn new(runner: R, backend: Backend, render: RenderConfig) -> anyhow::Result<Self> {
         let renderer = Renderer::new(render).map_err(|e| anyhow::anyhow!("renderer: {e}"))?;
-        let mk = |family| {
-            Applier::new(
-                runner.clone(),
-                ApplierConfig {
-                    family,
-                    backend,
-                    ..ApplierConfig::default()
-                },
-            )
-        };
+        let [v4, v6] = fresh_appliers(&runner, backend);
         Ok(Self {
             renderer,
-            v4: mk(IpVersion::V4),
-            v6: mk(IpVersion::V6),
+            v4,
+            v6,
             detect: backend == Backend::Auto,
             runner,
             endpoints: HashMap::new(),
@@ -219,7 +219,28 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             attribution_stale: true,
             learner: None,
             read_ahead_at: None,
+            read_ahead: None,
+            backend,
         })
+    }
+
+    /// Waits for the read ahead of the first apply, if one is running, and takes the appliers
+    /// back. If its thread died, fresh appliers (without a view) read the kernel again.
+    fn settle(&mut self) {
+        let Some(handle) = self.read_ahead.take() else {
+            return;
+        };
+        match handle.join() {
+            Ok((v4, v6, detect, at)) => {
+                (self.v4, self.v6, self.detect) = (v4, v6, detect);
+                self.read_ahead_at = Some(at);
+            }
+            Err(_) => {
+                tracing::warn!("the kernel read ahead of the first apply panicked; reading again");
+                [self.v4, self.v6] = fresh_appliers(&self.runner, self.backend);
+                self.detect = self.backend == Backend::Auto;
+            }
+        }
     }
 
     /// Wires the DNS learner in: the renderer creates domain sets full of what it learned (the
@@ -239,10 +260,11 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
     }
 
     fn publish_attribution(&mut self) {
-        let Some(hub) = &self.counters else { return };
-        if !self.attribution_stale {
+        if self.counters.is_none() || !self.attribution_stale {
             return;
         }
+        self.settle();
+        let Some(hub) = &self.counters else { return };
         let Ok(mode) = self.v4.mode() else { return };
         hub.publish(Published {
             mode,
@@ -281,6 +303,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
 
     /// Detects the iptables backend once (`Auto`), for both appliers.
     fn detect_backend(&mut self) -> Result<(), String> {
+        self.settle();
         detect_for(&self.runner, &mut self.detect, [&mut self.v4, &mut self.v6])
     }
 
@@ -289,6 +312,16 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
     /// still to do: a restart costs about the longer of rendering and the saves, not their sum.
     /// A failed detection or read is left for `program` to retry and report.
     fn render(&mut self, outputs: Vec<Output>) -> Vec<RenderError> {
+        if self.read_ahead.as_ref().is_some_and(|h| h.is_finished()) {
+            self.settle();
+        }
+        if self.read_ahead.is_some() {
+            // The read ahead of the first apply is still running: render meanwhile; `program`
+            // waits for it.
+            let mut errors = self.renderer.apply_all(outputs);
+            errors.extend(self.renderer.flush());
+            return errors;
+        }
         if self
             .read_ahead_at
             .take()
@@ -330,6 +363,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             active_policies: self.policies.len(),
             ..ApplyReport::default()
         };
+        self.settle();
         self.detect_backend()?;
         // What changed since the last program: the appliers plan only that (a new view, after a
         // restart or a failure, is planned whole).
@@ -384,6 +418,20 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
 
 /// Detects the backend once (`detect` is cleared when done) and seeds both appliers with the
 /// saves detection read.
+/// The v4 and v6 appliers of `backend`, without a view of the kernel yet.
+fn fresh_appliers<R: Runner + Clone + 'static>(runner: &R, backend: Backend) -> [Applier<R>; 2] {
+    [IpVersion::V4, IpVersion::V6].map(|family| {
+        Applier::new(
+            runner.clone(),
+            ApplierConfig {
+                family,
+                backend,
+                ..ApplierConfig::default()
+            },
+        )
+    })
+}
+
 fn detect_for<R: Runner + Clone + 'static>(
     runner: &R,
     detect: &mut bool,
@@ -445,29 +493,44 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
         Ok(report)
     }
 
-    /// Detects the backend and reads the kernel (both families at once) while the snapshot or
-    /// the datastore is read and the graph computed, so the first apply finds its view ready.
+    /// Detects the backend and reads the kernel (both families at once) on its own thread, while
+    /// the snapshot or the datastore is read, the graph computed and the first batch rendered:
+    /// the first program waits only for what is left of the read ([`Self::settle`]).
     fn prepare(&mut self) {
         let started = Instant::now();
-        if let Err(error) = self.detect_backend() {
-            tracing::warn!(%error, "reading the kernel ahead of the first apply");
-            return;
-        }
-        let [v4, v6] = [&mut self.v4, &mut self.v6];
-        std::thread::scope(|s| {
-            for applier in [v4, v6] {
-                s.spawn(move || {
-                    if let Err(error) = applier.read_kernel() {
-                        tracing::warn!(%error, "reading the kernel ahead of the first apply");
+        let runner = self.runner.clone();
+        let [p4, p6] = fresh_appliers(&self.runner, self.backend);
+        let mut v4 = std::mem::replace(&mut self.v4, p4);
+        let mut v6 = std::mem::replace(&mut self.v6, p6);
+        let mut detect = self.detect;
+        let read = move || {
+            match detect_for(&runner, &mut detect, [&mut v4, &mut v6]) {
+                Err(error) => tracing::warn!(%error, "reading the kernel ahead of the first apply"),
+                Ok(()) => std::thread::scope(|s| {
+                    for applier in [&mut v4, &mut v6] {
+                        s.spawn(move || {
+                            if let Err(error) = applier.read_kernel() {
+                                tracing::warn!(%error, "reading the kernel ahead of the first apply");
+                            }
+                        });
                     }
-                });
+                }),
             }
-        });
-        tracing::debug!(
-            took_ms = started.elapsed().as_millis(),
-            "kernel read ahead of the first apply"
-        );
-        self.read_ahead_at = Some(Instant::now());
+            tracing::debug!(
+                took_ms = started.elapsed().as_millis(),
+                "kernel read ahead of the first apply"
+            );
+            (v4, v6, detect, Instant::now())
+        };
+        match std::thread::Builder::new()
+            .name("read-ahead".into())
+            .spawn(read)
+        {
+            Ok(handle) => self.read_ahead = Some(handle),
+            // The closure (and the appliers) went with the failed spawn: the placeholders read
+            // the kernel with the first render instead.
+            Err(error) => tracing::warn!(%error, "reading the kernel ahead of the first apply"),
+        }
     }
 
     fn refresh(&mut self) -> Result<ApplyReport, String> {
@@ -477,6 +540,7 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
     }
 
     fn check_drift(&mut self) -> Result<Drift, String> {
+        self.settle();
         let mut drift = Drift::default();
         let mut errors = Vec::new();
         for (v, applier) in [(IpVersion::V4, &mut self.v4), (IpVersion::V6, &mut self.v6)] {
