@@ -82,41 +82,247 @@ fn node_rules(
     from_wl: bool,
     out: &mut Vec<(String, Vec<Rule>)>,
 ) -> Vec<Rule> {
+    let mut bins: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for name in members {
+        let key = &name[..(depth + 1).min(name.len())];
+        bins.entry(key).or_default().push(name);
+    }
+    let mut rules: Vec<Rule> = bins
+        .into_iter()
+        .map(|(key, members)| bin_rule(root, base, key, &members, from_wl, out))
+        .collect();
+    rules.extend(end_rules());
+    rules
+}
+
+/// The rule of a chain for its bin `key` (the names `members`, sorted): a goto to the endpoint
+/// chain for a single name, else a `<key>+` goto to the child chain, whose rules (and its own
+/// children's) go to `out`.
+fn bin_rule(
+    root: &str,
+    base: usize,
+    key: &str,
+    members: &[&str],
+    from_wl: bool,
+    out: &mut Vec<(String, Vec<Rule>)>,
+) -> Rule {
     let goto = |name: &str| {
         Rule::new(
             vec![iface_match(from_wl, name.to_string())],
             Target::Goto(names::endpoint_chain_name(name, !from_wl)),
         )
     };
-    let mut bins: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for name in members {
-        let key = &name[..(depth + 1).min(name.len())];
-        bins.entry(key).or_default().push(name);
+    if let [only] = members {
+        return goto(only);
     }
-    let mut rules = Vec::new();
-    for (key, members) in bins {
-        if members.len() == 1 {
-            rules.push(goto(members[0]));
-            continue;
+    // Several names share `key` (one character longer than their parent's common prefix, or
+    // they would be equal); the part after the tree's common prefix names the child chain.
+    let child = format!("{root}-{}", &key[base..]);
+    let next_depth = common_prefix(members).len();
+    let room = root.len() + 1 + (next_depth + 1 - base) <= names::MAX_CHAIN_NAME_LEN;
+    let child_rules = if members.len() > MAX_LEAF && room {
+        node_rules(root, base, members, next_depth, from_wl, out)
+    } else {
+        let mut leaf: Vec<Rule> = members.iter().map(|m| goto(m)).collect();
+        leaf.extend(end_rules());
+        leaf
+    };
+    out.push((child.clone(), child_rules));
+    Rule::new(
+        vec![iface_match(from_wl, format!("{key}+"))],
+        Target::Goto(child),
+    )
+}
+
+/// One direction's dispatch tree kept between renders. The root's bins (the names sharing the
+/// character after the tree's common prefix) are re-rendered only when their names change, so
+/// adding or removing a pod re-renders the root (one rule per bin) and that pod's bin, not the
+/// whole tree. Always equal to [`dispatch_chains`] of the same names (proptest below).
+#[derive(Debug)]
+pub struct DispatchTree {
+    from_wl: bool,
+    /// The common prefix the bins were built under (`None`: nothing built yet).
+    base: Option<String>,
+    bins: BTreeMap<String, Bin>,
+}
+
+#[derive(Debug)]
+struct Bin {
+    members: Vec<String>,
+    /// The root's rule for the bin.
+    rule: Rule,
+    /// The bin's own chains (its child and the child's descendants; none for a single name).
+    chains: Vec<(String, Vec<Rule>)>,
+}
+
+/// What [`DispatchTree::update`] changed: the chains to (re)write and the chains gone.
+#[derive(Debug, Default)]
+pub struct DispatchUpdate {
+    pub set: Vec<(String, Vec<Rule>)>,
+    pub removed: Vec<String>,
+}
+
+impl DispatchTree {
+    pub fn new(from_wl: bool) -> Self {
+        DispatchTree {
+            from_wl,
+            base: None,
+            bins: BTreeMap::new(),
         }
-        // Several names share `key` (one character longer than `depth`, or they would be
-        // equal); the part after the tree's common prefix names the child chain.
-        let child = format!("{root}-{}", &key[base..]);
-        rules.push(Rule::new(
-            vec![iface_match(from_wl, format!("{key}+"))],
-            Target::Goto(child.clone()),
-        ));
-        let next_depth = common_prefix(&members).len();
-        let room = root.len() + 1 + (next_depth + 1 - base) <= names::MAX_CHAIN_NAME_LEN;
-        let child_rules = if members.len() > MAX_LEAF && room {
-            node_rules(root, base, &members, next_depth, from_wl, out)
-        } else {
-            let mut leaf: Vec<Rule> = members.into_iter().map(goto).collect();
-            leaf.extend(end_rules());
-            leaf
-        };
-        out.push((child, child_rules));
     }
-    rules.extend(end_rules());
-    rules
+
+    /// Brings the tree to `ifaces` (sorted, deduplicated, validated names).
+    pub fn update(&mut self, ifaces: &[&str]) -> DispatchUpdate {
+        let root = if self.from_wl {
+            FROM_WL_DISPATCH
+        } else {
+            TO_WL_DISPATCH
+        };
+        let mut update = DispatchUpdate::default();
+        let prefix = common_prefix(ifaces);
+        if self.base.as_deref() != Some(prefix) {
+            // Every bin's key and child name depend on the common prefix: build all again.
+            for (_, bin) in std::mem::take(&mut self.bins) {
+                update
+                    .removed
+                    .extend(bin.chains.into_iter().map(|(n, _)| n));
+            }
+            self.base = Some(prefix.to_string());
+        }
+        let base = prefix.len();
+        let mut bins: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for name in ifaces {
+            bins.entry(&name[..(base + 1).min(name.len())])
+                .or_default()
+                .push(name);
+        }
+        let gone: Vec<String> = (self.bins.keys())
+            .filter(|k| !bins.contains_key(k.as_str()))
+            .cloned()
+            .collect();
+        for key in gone {
+            let bin = self.bins.remove(&key).expect("listed above");
+            update
+                .removed
+                .extend(bin.chains.into_iter().map(|(n, _)| n));
+        }
+        for (key, members) in bins {
+            if self.bins.get(key).is_some_and(|b| {
+                b.members
+                    .iter()
+                    .map(String::as_str)
+                    .eq(members.iter().copied())
+            }) {
+                continue;
+            }
+            let mut chains = Vec::new();
+            let rule = bin_rule(root, base, key, &members, self.from_wl, &mut chains);
+            let bin = Bin {
+                members: members.iter().map(|m| m.to_string()).collect(),
+                rule,
+                chains: chains.clone(),
+            };
+            if let Some(old) = self.bins.insert(key.to_string(), bin) {
+                update
+                    .removed
+                    .extend(old.chains.into_iter().map(|(n, _)| n));
+            }
+            update.set.extend(chains);
+        }
+        let mut rules: Vec<Rule> = self.bins.values().map(|b| b.rule.clone()).collect();
+        rules.extend(end_rules());
+        update.set.push((root.to_string(), rules));
+        // A chain of an old bin that a new bin renders again is rewritten, not removed.
+        let set: std::collections::HashSet<&str> =
+            update.set.iter().map(|(n, _)| n.as_str()).collect();
+        update.removed.retain(|n| !set.contains(n.as_str()));
+        update.removed.sort();
+        update.removed.dedup();
+        update
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn from_scratch(ifaces: &[&str]) -> BTreeMap<String, Vec<Rule>> {
+        let mut all = dispatch_chains(ifaces, true);
+        all.extend(dispatch_chains(ifaces, false));
+        all.into_iter().collect()
+    }
+
+    proptest! {
+        /// Applying each update to the chains kept so far gives exactly the tree built from
+        /// scratch, after any sequence of interface sets; an unchanged set updates only the root.
+        #[test]
+        fn incremental_tree_equals_the_tree_from_scratch(
+            steps in prop::collection::vec(
+                prop::collection::btree_set(
+                    prop::sample::select(vec![
+                        "cali0a", "cali0b", "cali0c", "cali1", "cali1a", "cali1b", "cali2",
+                        "caliab", "calia", "tap0", "tap1", "cali0a0", "cali0a1", "cali0a2",
+                    ]).prop_flat_map(|p| (Just(p), 0u8..40)),
+                    0..60,
+                ),
+                1..8,
+            ),
+        ) {
+            let mut trees = [DispatchTree::new(true), DispatchTree::new(false)];
+            let mut kept: BTreeMap<String, Vec<Rule>> = BTreeMap::new();
+            for step in &steps {
+                let names: std::collections::BTreeSet<String> =
+                    step.iter().map(|(p, n)| format!("{p}{n}")).collect();
+                let ifaces: Vec<&str> = names.iter().map(String::as_str).collect();
+                for tree in &mut trees {
+                    let u = tree.update(&ifaces);
+                    for name in u.removed {
+                        prop_assert!(kept.remove(&name).is_some(), "removed {} not kept", name);
+                    }
+                    kept.extend(u.set);
+                }
+                prop_assert_eq!(&kept, &from_scratch(&ifaces));
+                // Nothing changed: only the two roots are written again.
+                for tree in &mut trees {
+                    let u = tree.update(&ifaces);
+                    prop_assert!(u.removed.is_empty());
+                    prop_assert_eq!(u.set.len(), 1);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn adding_a_pod_re_renders_only_its_bin() {
+        // 1,000 pods named as Calico names them (a hash after `cali`): 16 root bins.
+        let names: Vec<String> = (0..1000u64)
+            .map(|i| format!("cali{:011x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20))
+            .collect();
+        let mut ifaces: Vec<&str> = names.iter().map(String::as_str).collect();
+        ifaces.sort();
+        let mut tree = DispatchTree::new(true);
+        let all = tree.update(&ifaces).set.len();
+        let mut more = ifaces.clone();
+        more.push("cali7777777777z");
+        more.sort();
+        let u = tree.update(&more);
+        assert!(u.removed.is_empty(), "{:?}", u.removed);
+        // The root and the chains of the new name's bin (`cali7`), nothing of the 15 others.
+        assert!(
+            u.set
+                .iter()
+                .all(|(n, _)| n == FROM_WL_DISPATCH || n.starts_with("cali-from-wl-dispatch-7")),
+            "{:?}",
+            u.set.iter().map(|(n, _)| n).collect::<Vec<_>>()
+        );
+        assert!(u.set.len() * 8 < all, "{} of {all}", u.set.len());
+        let mut kept: BTreeMap<String, Vec<Rule>> =
+            dispatch_chains(&ifaces, true).into_iter().collect();
+        kept.extend(u.set);
+        assert_eq!(kept, dispatch_chains(&more, true).into_iter().collect());
+    }
 }

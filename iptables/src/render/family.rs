@@ -58,7 +58,6 @@ pub(super) struct Family {
     pub(super) net_sets: HashMap<String, Arc<[IpNet]>>,
     pub(super) changed_sets: BTreeSet<String>,
     pub(super) sets_dirty: BTreeSet<String>,
-    pub(super) dispatch_names: Vec<String>,
 }
 
 fn set_matches(rules: &[Rule]) -> impl Iterator<Item = (&str, &Match)> {
@@ -79,7 +78,6 @@ impl Family {
             net_sets: HashMap::new(),
             changed_sets: BTreeSet::new(),
             sets_dirty: BTreeSet::new(),
-            dispatch_names: Vec::new(),
         }
     }
 

@@ -61,6 +61,8 @@ pub struct Renderer {
     dirty_profiles: HashSet<String>,
     dirty_endpoints: HashSet<EndpointId>,
     dispatch_dirty: bool,
+    /// The dispatch trees (from workloads, to workloads), kept between renders.
+    dispatch_trees: [dispatch::DispatchTree; 2],
     /// An endpoint with allowed spoofed source prefixes changed: `cali-rpf-skip` is re-rendered.
     rpf_skip_dirty: bool,
     waiting_policies: HashSet<PolicyId>,
@@ -121,6 +123,10 @@ impl Renderer {
             dirty_profiles: HashSet::new(),
             dirty_endpoints: HashSet::new(),
             dispatch_dirty: true,
+            dispatch_trees: [
+                dispatch::DispatchTree::new(true),
+                dispatch::DispatchTree::new(false),
+            ],
             rpf_skip_dirty: false,
             waiting_policies: HashSet::new(),
             waiting_profiles: HashSet::new(),
@@ -436,21 +442,21 @@ impl Renderer {
 
         if std::mem::take(&mut self.dispatch_dirty) {
             let ifaces: Vec<&str> = self.iface_owner.keys().map(String::as_str).collect();
-            // The tree is the same in both families: built once.
-            let mut chains = dispatch::dispatch_chains(&ifaces, true);
-            chains.extend(dispatch::dispatch_chains(&ifaces, false));
-            let new_names: Vec<String> = chains.iter().map(|(n, _)| n.clone()).collect();
+            // The tree is the same in both families: updated once, and only the root and the
+            // bins whose interfaces changed are re-rendered.
+            let mut update = dispatch::DispatchUpdate::default();
+            for tree in &mut self.dispatch_trees {
+                let u = tree.update(&ifaces);
+                update.set.extend(u.set);
+                update.removed.extend(u.removed);
+            }
             for fam in &mut self.families {
-                for old in std::mem::take(&mut fam.dispatch_names) {
-                    if !new_names.contains(&old) {
-                        fam.remove_chain(TableName::Filter, &old);
-                    }
+                for name in &update.removed {
+                    fam.remove_chain(TableName::Filter, name);
                 }
-                // Only the chains on the changed interfaces' paths differ: copy those alone.
-                for (name, rules) in &chains {
+                for (name, rules) in &update.set {
                     fam.set_chain_if_changed(TableName::Filter, name, rules);
                 }
-                fam.dispatch_names = new_names.clone();
             }
         }
 
