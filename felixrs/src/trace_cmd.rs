@@ -14,11 +14,11 @@ use std::net::IpAddr;
 
 use anyhow::{Context, bail};
 use calc_graph::model::Resource;
-use calc_graph::proto::{IpVersion, Output};
+use calc_graph::proto::{Action, IpVersion, Output};
 use iptables::apply::TableName;
 use iptables::render::Renderer;
 use iptables::render::ir::Match;
-use iptables::render::static_chains::{VERDICT_ACCEPT, VERDICT_DROP, VERDICT_PASS};
+use iptables::render::static_chains::verdict_of_chain;
 use iptables::render::trace::{self, Effect, Outcome, Packet, RendererRules};
 use iptables::render::{names, static_chains};
 
@@ -518,18 +518,14 @@ fn decision(verb: &str, tier: Option<&str>, verdicts: bool, rule_text: &str) -> 
     String::new()
 }
 
-fn is_verdict_chain(chain: &str) -> bool {
-    [VERDICT_ACCEPT, VERDICT_PASS, VERDICT_DROP].contains(&chain)
-}
-
 /// What a rule going to a verdict chain decided.
 fn verdict_goto(effect: &Effect) -> Option<&'static str> {
-    match effect {
-        Effect::Goto(c) if c == VERDICT_ACCEPT => Some("allowed"),
-        Effect::Goto(c) if c == VERDICT_PASS => Some("passed"),
-        Effect::Goto(c) if c == VERDICT_DROP => Some("dropped"),
-        _ => None,
-    }
+    let Effect::Goto(c) = effect else { return None };
+    verdict_of_chain(c).map(|a| match a {
+        Action::Allow => "allowed",
+        Action::Pass => "passed",
+        Action::Deny | Action::Log => "dropped",
+    })
 }
 
 /// `<indent>  set cali40c:… holds <net>, <net>` for each net set the step's rule matches on.
@@ -640,7 +636,7 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
             |bit: u32| matches!(step.effect, Effect::Mark(m) if m & bit != 0 && mark & bit == 0);
         // Shared layout: the policy's rule goes to a verdict chain (whose own steps decide
         // nothing of their own: the rule that went there did).
-        let verb = if is_verdict_chain(&step.chain) {
+        let verb = if verdict_of_chain(&step.chain).is_some() {
             None
         } else if let (true, Some(verb)) = (verdicts, verdict_goto(&step.effect)) {
             Some(verb)

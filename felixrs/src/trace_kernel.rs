@@ -140,17 +140,17 @@ pub fn trace_kernel(traced: &Traced, state: &KernelState) -> anyhow::Result<Kern
     }
     let (verdict, decider) = match t.outcome {
         Outcome::Accept => (KernelVerdict::Accept, t.steps.last()),
-        // A drop in the shared layout's verdict chain was decided by the rule that went there.
-        Outcome::Drop => (
-            KernelVerdict::Drop,
-            t.steps.last().map(|last| {
-                (t.steps.iter().rev())
-                    .find(|st| {
-                        last.chain == VERDICT_DROP && st.effect == Effect::Goto(last.chain.clone())
-                    })
-                    .unwrap_or(last)
-            }),
-        ),
+        Outcome::Drop => {
+            // A drop in the shared layout's verdict chain was decided by the rule that went there.
+            let last = t.steps.last();
+            let decider = match last {
+                Some(l) if l.chain == VERDICT_DROP => (t.steps.iter().rev())
+                    .find(|st| st.effect == Effect::Goto(l.chain.clone()))
+                    .or(last),
+                _ => last,
+            };
+            (KernelVerdict::Drop, decider)
+        }
         Outcome::Return => {
             let policy = rules.policies.get(start).copied().unwrap_or(Policy::Accept);
             let v = if policy == Policy::Drop {

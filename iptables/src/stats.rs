@@ -21,13 +21,13 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use calc_graph::proto::{IpVersion, PolicyKind};
+use calc_graph::proto::{self, IpVersion, PolicyKind};
 
 use crate::apply::TableName;
 use crate::apply::desired::valid_hash;
 use crate::model::Counters;
 use crate::render::ir::Target;
-use crate::render::static_chains::{VERDICT_ACCEPT, VERDICT_DROP, VERDICT_PASS};
+use crate::render::static_chains::verdict_of_chain;
 use crate::render::{Renderer, names};
 
 /// Which way the counted traffic went, seen from the workload.
@@ -134,9 +134,12 @@ impl Attribution {
         let pass = renderer.marks().pass;
         let classify = |t: &Option<Target>| match t {
             Some(Target::Drop) => Some(Action::Deny),
-            Some(Target::Goto(c)) if c == VERDICT_ACCEPT => Some(Action::Allow),
-            Some(Target::Goto(c)) if c == VERDICT_PASS => Some(Action::Pass),
-            Some(Target::Goto(c)) if c == VERDICT_DROP => Some(Action::Deny),
+            Some(Target::Goto(c)) => verdict_of_chain(c).map(|a| match a {
+                proto::Action::Allow => Action::Allow,
+                proto::Action::Pass => Action::Pass,
+                proto::Action::Deny => Action::Deny,
+                proto::Action::Log => Action::Log,
+            }),
             Some(Target::SetMark { value, .. }) if value & accept != 0 => Some(Action::Allow),
             Some(Target::SetMark { value, .. }) if value & pass != 0 => Some(Action::Pass),
             // A deny-log rule (`D…` prefix) logs what the DROP after it counts.

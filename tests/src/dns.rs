@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use felixrs_test_support::netns::enter;
+use felixrs_test_support::netns::in_netns;
 
 /// Record type A.
 pub const A: u16 = 1;
@@ -139,10 +139,8 @@ pub fn ask(
     qtype: u16,
     timeout: Duration,
 ) -> Result<Option<Vec<Answer>>> {
-    let ns = netns.to_string();
     let name = name.to_string();
-    std::thread::spawn(move || -> Result<Option<Vec<Answer>>> {
-        enter(&ns)?;
+    in_netns(netns, move || -> Result<Option<Vec<Answer>>> {
         let any: IpAddr = if server.is_ipv4() {
             Ipv4Addr::UNSPECIFIED.into()
         } else {
@@ -163,8 +161,6 @@ pub fn ask(
         };
         answers(&buf[..n], id).map(Some)
     })
-    .join()
-    .map_err(|_| anyhow::anyhow!("dns client panicked"))?
 }
 
 /// [`ask`] over TCP (RFC 1035 §4.2.2: each message is prefixed with its 2-byte length).
@@ -175,10 +171,8 @@ pub fn ask_tcp(
     qtype: u16,
     timeout: Duration,
 ) -> Result<Option<Vec<Answer>>> {
-    let ns = netns.to_string();
     let name = name.to_string();
-    std::thread::spawn(move || -> Result<Option<Vec<Answer>>> {
-        enter(&ns)?;
+    in_netns(netns, move || -> Result<Option<Vec<Answer>>> {
         let Ok(mut s) = TcpStream::connect_timeout(&server, timeout) else {
             return Ok(None);
         };
@@ -197,8 +191,6 @@ pub fn ask_tcp(
         }
         answers(&msg, id).map(Some)
     })
-    .join()
-    .map_err(|_| anyhow::anyhow!("dns client panicked"))?
 }
 
 #[cfg(test)]

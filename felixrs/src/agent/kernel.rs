@@ -315,13 +315,6 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
         if self.read_ahead.as_ref().is_some_and(|h| h.is_finished()) {
             self.settle();
         }
-        if self.read_ahead.is_some() {
-            // The read ahead of the first apply is still running: render meanwhile; `program`
-            // waits for it.
-            let mut errors = self.renderer.apply_all(outputs);
-            errors.extend(self.renderer.flush());
-            return errors;
-        }
         if self
             .read_ahead_at
             .take()
@@ -330,26 +323,14 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             self.v4.invalidate();
             self.v6.invalidate();
         }
+        // While the read ahead of the first apply still runs, `program` waits for it.
+        let read_now = self.read_ahead.is_none() && !(self.v4.has_view() && self.v6.has_view());
         let renderer = &mut self.renderer;
         let (runner, detect) = (&self.runner, &mut self.detect);
-        let [v4, v6] = [&mut self.v4, &mut self.v6];
+        let appliers = [&mut self.v4, &mut self.v6];
         std::thread::scope(|s| {
-            if !(v4.has_view() && v6.has_view()) {
-                s.spawn(move || {
-                    if let Err(error) = detect_for(runner, detect, [&mut *v4, &mut *v6]) {
-                        tracing::warn!(%error, "reading the kernel ahead of the apply");
-                        return;
-                    }
-                    std::thread::scope(|s| {
-                        for applier in [v4, v6] {
-                            s.spawn(move || {
-                                if let Err(error) = applier.read_kernel() {
-                                    tracing::warn!(%error, "reading the kernel ahead of the apply");
-                                }
-                            });
-                        }
-                    });
-                });
+            if read_now {
+                s.spawn(move || read_kernel(runner, detect, appliers, "ahead of the apply"));
             }
             let mut errors = renderer.apply_all(outputs);
             errors.extend(renderer.flush());
@@ -363,7 +344,6 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             active_policies: self.policies.len(),
             ..ApplyReport::default()
         };
-        self.settle();
         self.detect_backend()?;
         // What changed since the last program: the appliers plan only that (a new view, after a
         // restart or a failure, is planned whole).
@@ -416,8 +396,6 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
     }
 }
 
-/// Detects the backend once (`detect` is cleared when done) and seeds both appliers with the
-/// saves detection read.
 /// The v4 and v6 appliers of `backend`, without a view of the kernel yet.
 fn fresh_appliers<R: Runner + Clone + 'static>(runner: &R, backend: Backend) -> [Applier<R>; 2] {
     [IpVersion::V4, IpVersion::V6].map(|family| {
@@ -432,6 +410,32 @@ fn fresh_appliers<R: Runner + Clone + 'static>(runner: &R, backend: Backend) -> 
     })
 }
 
+/// Detects the backend if that is still to do, then reads the kernel into both appliers at once.
+/// A failure is logged (`when`: which read) and left for `program` to retry and report.
+fn read_kernel<R: Runner + Clone + 'static>(
+    runner: &R,
+    detect: &mut bool,
+    appliers: [&mut Applier<R>; 2],
+    when: &str,
+) {
+    let [v4, v6] = appliers;
+    if let Err(error) = detect_for(runner, detect, [&mut *v4, &mut *v6]) {
+        tracing::warn!(%error, "reading the kernel {when}");
+        return;
+    }
+    std::thread::scope(|s| {
+        for applier in [v4, v6] {
+            s.spawn(move || {
+                if let Err(error) = applier.read_kernel() {
+                    tracing::warn!(%error, "reading the kernel {when}");
+                }
+            });
+        }
+    });
+}
+
+/// Detects the backend once (`detect` is cleared when done) and seeds both appliers with the
+/// saves detection read.
 fn detect_for<R: Runner + Clone + 'static>(
     runner: &R,
     detect: &mut bool,
@@ -504,18 +508,12 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
         let mut v6 = std::mem::replace(&mut self.v6, p6);
         let mut detect = self.detect;
         let read = move || {
-            match detect_for(&runner, &mut detect, [&mut v4, &mut v6]) {
-                Err(error) => tracing::warn!(%error, "reading the kernel ahead of the first apply"),
-                Ok(()) => std::thread::scope(|s| {
-                    for applier in [&mut v4, &mut v6] {
-                        s.spawn(move || {
-                            if let Err(error) = applier.read_kernel() {
-                                tracing::warn!(%error, "reading the kernel ahead of the first apply");
-                            }
-                        });
-                    }
-                }),
-            }
+            read_kernel(
+                &runner,
+                &mut detect,
+                [&mut v4, &mut v6],
+                "ahead of the first apply",
+            );
             tracing::debug!(
                 took_ms = started.elapsed().as_millis(),
                 "kernel read ahead of the first apply"

@@ -60,16 +60,31 @@ pub const MAX_LEAF: usize = 16;
 /// interface changes only the chains on its path (and the renderer writes only chains whose
 /// rules changed).
 pub fn dispatch_chains(ifaces: &[&str], from_wl: bool) -> Vec<(String, Vec<Rule>)> {
-    let root = if from_wl {
-        FROM_WL_DISPATCH
-    } else {
-        TO_WL_DISPATCH
-    };
+    let root = root_chain(from_wl);
     let base = common_prefix(ifaces).len();
     let mut chains = Vec::new();
     let root_rules = node_rules(root, base, ifaces, base, from_wl, &mut chains);
     chains.insert(0, (root.to_string(), root_rules));
     chains
+}
+
+fn root_chain(from_wl: bool) -> &'static str {
+    if from_wl {
+        FROM_WL_DISPATCH
+    } else {
+        TO_WL_DISPATCH
+    }
+}
+
+/// `names` binned by their first `depth + 1` characters (in order).
+fn bins<'a>(names: &[&'a str], depth: usize) -> BTreeMap<&'a str, Vec<&'a str>> {
+    let mut bins: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for name in names {
+        bins.entry(&name[..(depth + 1).min(name.len())])
+            .or_default()
+            .push(name);
+    }
+    bins
 }
 
 /// The rules of a chain of the tree holding `members`, which share their first `depth`
@@ -82,12 +97,7 @@ fn node_rules(
     from_wl: bool,
     out: &mut Vec<(String, Vec<Rule>)>,
 ) -> Vec<Rule> {
-    let mut bins: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for name in members {
-        let key = &name[..(depth + 1).min(name.len())];
-        bins.entry(key).or_default().push(name);
-    }
-    let mut rules: Vec<Rule> = bins
+    let mut rules: Vec<Rule> = bins(members, depth)
         .into_iter()
         .map(|(key, members)| bin_rule(root, base, key, &members, from_wl, out))
         .collect();
@@ -151,8 +161,9 @@ struct Bin {
     members: Vec<String>,
     /// The root's rule for the bin.
     rule: Rule,
-    /// The bin's own chains (its child and the child's descendants; none for a single name).
-    chains: Vec<(String, Vec<Rule>)>,
+    /// The names of the bin's own chains (its child and the child's descendants; none for a
+    /// single name).
+    chains: Vec<String>,
 }
 
 /// What [`DispatchTree::update`] changed: the chains to (re)write and the chains gone.
@@ -173,46 +184,33 @@ impl DispatchTree {
 
     /// Brings the tree to `ifaces` (sorted, deduplicated, validated names).
     pub fn update(&mut self, ifaces: &[&str]) -> DispatchUpdate {
-        let root = if self.from_wl {
-            FROM_WL_DISPATCH
-        } else {
-            TO_WL_DISPATCH
-        };
+        let root = root_chain(self.from_wl);
         let mut update = DispatchUpdate::default();
         let prefix = common_prefix(ifaces);
         if self.base.as_deref() != Some(prefix) {
             // Every bin's key and child name depend on the common prefix: build all again.
             for (_, bin) in std::mem::take(&mut self.bins) {
-                update
-                    .removed
-                    .extend(bin.chains.into_iter().map(|(n, _)| n));
+                update.removed.extend(bin.chains);
             }
             self.base = Some(prefix.to_string());
         }
         let base = prefix.len();
-        let mut bins: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-        for name in ifaces {
-            bins.entry(&name[..(base + 1).min(name.len())])
-                .or_default()
-                .push(name);
-        }
-        let gone: Vec<String> = (self.bins.keys())
-            .filter(|k| !bins.contains_key(k.as_str()))
-            .cloned()
-            .collect();
-        for key in gone {
-            let bin = self.bins.remove(&key).expect("listed above");
-            update
-                .removed
-                .extend(bin.chains.into_iter().map(|(n, _)| n));
-        }
+        let bins = bins(ifaces, base);
+        self.bins.retain(|key, bin| {
+            let keep = bins.contains_key(key.as_str());
+            if !keep {
+                update.removed.append(&mut bin.chains);
+            }
+            keep
+        });
         for (key, members) in bins {
-            if self.bins.get(key).is_some_and(|b| {
+            let same = (self.bins.get(key)).is_some_and(|b| {
                 b.members
                     .iter()
                     .map(String::as_str)
                     .eq(members.iter().copied())
-            }) {
+            });
+            if same {
                 continue;
             }
             let mut chains = Vec::new();
@@ -220,12 +218,10 @@ impl DispatchTree {
             let bin = Bin {
                 members: members.iter().map(|m| m.to_string()).collect(),
                 rule,
-                chains: chains.clone(),
+                chains: chains.iter().map(|(n, _)| n.clone()).collect(),
             };
             if let Some(old) = self.bins.insert(key.to_string(), bin) {
-                update
-                    .removed
-                    .extend(old.chains.into_iter().map(|(n, _)| n));
+                update.removed.extend(old.chains);
             }
             update.set.extend(chains);
         }

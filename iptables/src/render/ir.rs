@@ -130,12 +130,34 @@ pub enum Match {
 }
 
 impl Match {
-    /// The kernel name of the IP set this match reads, if it reads one.
-    pub fn set_name(&self) -> Option<&str> {
+    /// The IP set this match reads, if it reads one: its kernel name, direction flags and
+    /// negation (a [`Match::NetSet`] reads its side's address, as a `Set` with `src` or `dst`).
+    pub fn set_match(&self) -> Option<(&str, SetFlags, bool)> {
         match self {
-            Match::Set { name, .. } | Match::NetSet { name, .. } => Some(name),
+            Match::Set {
+                name,
+                flags,
+                negated,
+            } => Some((name, *flags, *negated)),
+            Match::NetSet {
+                name,
+                side,
+                negated,
+                ..
+            } => {
+                let flags = match side {
+                    Side::Src => SetFlags::Src,
+                    Side::Dst => SetFlags::Dst,
+                };
+                Some((name, flags, *negated))
+            }
             _ => None,
         }
+    }
+
+    /// The kernel name of the IP set this match reads, if it reads one.
+    pub fn set_name(&self) -> Option<&str> {
+        self.set_match().map(|(name, ..)| name)
     }
 }
 
@@ -272,39 +294,20 @@ impl Rule {
                 Match::OutIface(i) => {
                     r.out_iface = Some(model::Negatable::is(model::Iface::new(i.as_str())?))
                 }
-                Match::Set {
-                    name,
-                    flags,
-                    negated,
-                } => {
+                Match::Set { .. } | Match::NetSet { .. } => {
                     use model::SetDir::{Dst, Src};
+                    let (name, flags, negated) = m.set_match().expect("a set match");
                     let dirs = match flags {
                         SetFlags::Src => vec![Src],
                         SetFlags::Dst => vec![Dst],
                         SetFlags::SrcSrc => vec![Src, Src],
                         SetFlags::DstDst => vec![Dst, Dst],
                     };
-                    let name = model::SetName::new(name.as_str())?;
+                    let name = model::SetName::new(name)?;
                     r.matches.push(model::Match::Set {
-                        negated: *negated,
+                        negated,
                         name,
                         dirs,
-                    });
-                }
-                Match::NetSet {
-                    name,
-                    side,
-                    negated,
-                    ..
-                } => {
-                    let dir = match side {
-                        Side::Src => model::SetDir::Src,
-                        Side::Dst => model::SetDir::Dst,
-                    };
-                    r.matches.push(model::Match::Set {
-                        negated: *negated,
-                        name: model::SetName::new(name.as_str())?,
-                        dirs: vec![dir],
                     });
                 }
                 Match::Ports {
@@ -506,32 +509,12 @@ fn write_match(s: &mut String, m: &Match) {
         }
         Match::InIface(i) => write!(s, "--in-interface {i}"),
         Match::OutIface(i) => write!(s, "--out-interface {i}"),
-        Match::Set {
-            name,
-            flags,
-            negated,
-        } => {
+        Match::Set { .. } | Match::NetSet { .. } => {
+            let (name, flags, negated) = m.set_match().expect("a set match");
             write!(
                 s,
                 "-m set {}--match-set {name} {}",
-                not(*negated),
-                flags.as_str()
-            )
-        }
-        Match::NetSet {
-            name,
-            side,
-            negated,
-            ..
-        } => {
-            let flags = match side {
-                Side::Src => SetFlags::Src,
-                Side::Dst => SetFlags::Dst,
-            };
-            write!(
-                s,
-                "-m set {}--match-set {name} {}",
-                not(*negated),
+                not(negated),
                 flags.as_str()
             )
         }

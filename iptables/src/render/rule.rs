@@ -533,21 +533,25 @@ pub fn render_rule(
             negated: false,
         }]
     };
+    let deny_log_head = || {
+        format!(
+            "D{}{}{index}",
+            ctx.owner,
+            if ctx.ingress { 'I' } else { 'E' }
+        )
+    };
     match rule.action() {
-        Action::Allow if ctx.verdict_chains => {
-            out.push(Rule::new(m, Target::Goto(VERDICT_ACCEPT.into())));
-        }
-        Action::Pass if ctx.verdict_chains => {
-            out.push(Rule::new(m, Target::Goto(VERDICT_PASS.into())));
-        }
-        Action::Deny if ctx.verdict_chains => {
-            if let Some(d) = ctx.deny_log {
+        action @ (Action::Allow | Action::Pass | Action::Deny) if ctx.verdict_chains => {
+            let chain = match action {
+                Action::Allow => VERDICT_ACCEPT,
+                Action::Pass => VERDICT_PASS,
+                _ => VERDICT_DROP,
+            };
+            if let (Action::Deny, Some(d)) = (action, ctx.deny_log) {
                 // The same matches, rate-limited, log first (matches have no side effects).
-                let dir = if ctx.ingress { 'I' } else { 'E' };
-                let head = format!("D{}{dir}{index}", ctx.owner);
-                out.push(d.rule(m.clone(), ctx.ingress, &head, ctx.owner_id));
+                out.push(d.rule(m.clone(), ctx.ingress, &deny_log_head(), ctx.owner_id));
             }
-            out.push(Rule::new(m, Target::Goto(VERDICT_DROP.into())));
+            out.push(Rule::new(m, Target::Goto(chain.into())));
         }
         Action::Allow => {
             out.push(mark_rule(ctx.marks.accept, m));
@@ -560,11 +564,10 @@ pub fn render_rule(
         Action::Deny => {
             out.push(mark_rule(ctx.marks.drop, m));
             if let Some(d) = ctx.deny_log {
-                let dir = if ctx.ingress { 'I' } else { 'E' };
                 out.push(d.rule(
                     on_bit(ctx.marks.drop),
                     ctx.ingress,
-                    &format!("D{}{dir}{index}", ctx.owner),
+                    &deny_log_head(),
                     ctx.owner_id,
                 ));
             }

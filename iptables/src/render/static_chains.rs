@@ -4,7 +4,7 @@
 //! `cali:` hash comment; the static chains reach workload policy only through the dispatch chains,
 //! whose defaults drop unknown `cali` interfaces. See `render/mod.rs` for what is simplified.
 
-use calc_graph::proto::{IpVersion, LocalEndpoint, Protocol};
+use calc_graph::proto::{Action, IpVersion, LocalEndpoint, Protocol};
 use ipnet::IpNet;
 
 use super::dispatch::{FROM_WL_DISPATCH, TO_WL_DISPATCH};
@@ -122,6 +122,16 @@ pub fn filter_chains(
         chains.extend(verdict_chains(m));
     }
     chains
+}
+
+/// What a rule going (`-g`) to `chain` decided, if `chain` is one of the verdict chains.
+pub fn verdict_of_chain(chain: &str) -> Option<Action> {
+    match chain {
+        VERDICT_ACCEPT => Some(Action::Allow),
+        VERDICT_PASS => Some(Action::Pass),
+        VERDICT_DROP => Some(Action::Deny),
+        _ => None,
+    }
 }
 
 /// The verdict chains of the shared layout. A policy's rule goes here with `-g`, so when the

@@ -439,11 +439,9 @@ impl Tracer<'_> {
             }
             Match::InIface(p) => iface_matches(p, &pkt.in_iface),
             Match::OutIface(p) => iface_matches(p, &pkt.out_iface),
-            Match::Set {
-                name,
-                flags,
-                negated,
-            } => {
+            // A net set is read as any set (the kernel's, or the desired state's members).
+            Match::Set { .. } | Match::NetSet { .. } => {
+                let (name, flags, negated) = m.set_match().expect("a set match");
                 let (addr, port) = match flags {
                     SetFlags::Src | SetFlags::SrcSrc => (pkt.src, pkt.sport),
                     SetFlags::Dst | SetFlags::DstDst => (pkt.dst, pkt.dport),
@@ -452,29 +450,11 @@ impl Tracer<'_> {
                     .rules
                     .set_contains(name, addr, pkt.proto, port)
                     .ok_or_else(|| TraceError::MissingSet {
-                        set: name.clone(),
+                        set: name.to_string(),
                         chain: chain.to_string(),
                         rule,
                     })?;
-                hit != *negated
-            }
-            // Read from the set as any set (the kernel's, or the desired state's members).
-            Match::NetSet {
-                name,
-                side,
-                negated,
-                ..
-            } => {
-                let addr = if *side == Side::Src { pkt.src } else { pkt.dst };
-                let hit = self
-                    .rules
-                    .set_contains(name, addr, pkt.proto, 0)
-                    .ok_or_else(|| TraceError::MissingSet {
-                        set: name.clone(),
-                        chain: chain.to_string(),
-                        rule,
-                    })?;
-                hit != *negated
+                hit != negated
             }
             Match::Ports {
                 side,
