@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 fn corpus(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/iptables-corpus");
+    let dir = felixrs_test_support::iptables_corpus_dir();
     assert!(
         dir.join("SOURCES.md").is_file(),
         "iptables corpus missing at {}",

@@ -11,7 +11,6 @@
 
 use std::fmt::Write as _;
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use felixrs_test_support::netns::Netns;
@@ -233,7 +232,7 @@ fn main() {
         );
         return;
     }
-    let corpus = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/iptables-corpus");
+    let corpus = felixrs_test_support::iptables_corpus_dir();
     for f in [
         "021-netnet-tum-i8-large-v4.kernel.txt",
         "022-netnet-tum-i8-large-v6.kernel.txt",

@@ -30,10 +30,9 @@ fn mk_applier(ns: &Netns, mode: Mode) -> Applier<ExecRunner> {
 }
 
 fn corpus(name: &str) -> String {
-    let path = format!(
-        "{}/../../shared/iptables-corpus/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
+    let path = felixrs_test_support::iptables_corpus_file(name)
+        .display()
+        .to_string();
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("corpus file {path} missing: {e}"))
 }
 

@@ -200,10 +200,11 @@ fn rendered_policy_enforces_on_legacy() {
 #[test]
 fn takes_over_a_felix_node_keeping_identical_rules_and_their_counters() {
     let ns = kernel_netns();
-    let path = format!(
-        "{}/../../shared/iptables-corpus/002-calico-felix-cali-raw-nat-mangle-filter.kernel.txt",
-        env!("CARGO_MANIFEST_DIR")
-    );
+    let path = felixrs_test_support::iptables_corpus_file(
+        "002-calico-felix-cali-raw-nat-mangle-filter.kernel.txt",
+    )
+    .display()
+    .to_string();
     let dump = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let dispatch = "-A cali-from-wl-dispatch -m comment --comment \"cali:zTj6P0TIgYvgz-md\"";
     assert!(dump.contains(dispatch), "corpus 002 changed");

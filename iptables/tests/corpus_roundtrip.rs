@@ -1,4 +1,4 @@
-//! Round trip over the shared iptables-save corpus (`shared/iptables-corpus`, see its SOURCES.md):
+//! Round trip over the shared iptables-save corpus (`testdata/iptables-corpus`, see its SOURCES.md):
 //! every `*.kernel.txt` (what iptables-save 1.8.9 printed) must parse and render back byte for byte;
 //! every raw input file must parse, except the ones SOURCES.md marks as not loadable as given, which
 //! must fail with the line and column of the offending text.
@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use iptables::parse::parse_save;
 
 fn corpus_dir() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/iptables-corpus");
+    let dir = felixrs_test_support::iptables_corpus_dir();
     assert!(
         dir.join("SOURCES.md").is_file(),
-        "iptables corpus missing at {} (CI must check out shared/ beside the repository)",
+        "iptables corpus missing at {}",
         dir.display()
     );
     dir

@@ -169,7 +169,7 @@ mod tests {
     /// The parser and the fallback scan must agree on every corpus dump (and on a Calico one).
     #[test]
     fn parser_view_equals_scan_view_on_the_corpus() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/iptables-corpus");
+        let dir = felixrs_test_support::iptables_corpus_dir();
         let mut n = 0;
         for entry in std::fs::read_dir(dir).expect("corpus directory") {
             let path = entry.unwrap().path();
