@@ -2,7 +2,7 @@
 //! "Named port tests", rule match table), with that file's mark layout (accept 0x80, pass 0x100,
 //! scratch0 0x200, scratch1 0x400). Our output is byte-identical except where noted: with three or
 //! more positive blocks we clear TB at the start of each block after the second (Felix's TB bug,
-//! calico-felix.md §4.4), and we refuse ports/ICMP matches without a protocol (iptables would
+//! felix-reference §4.4), and we refuse ports/ICMP matches without a protocol (iptables would
 //! reject the whole restore), so those table rows are given a protocol or left out.
 
 mod render_support;
@@ -363,7 +363,7 @@ fn named_port_tests() {
 }
 
 /// Felix's "positive and negated numeric, named ports and CIDRs": four positive blocks. Identical
-/// to Felix except for the two `CLEAR_TB` lines (blocks 3 and 4), which fix the §4.4 TB bug.
+/// to Felix except for the two `CLEAR_TB` lines (blocks 3 and 4), which fix the felix-reference §4.4 TB bug.
 #[test]
 fn four_positive_blocks_differ_from_felix_only_by_the_tb_clears() {
     let rule = ParsedRule {

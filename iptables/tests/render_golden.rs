@@ -1,5 +1,5 @@
 //! Golden tests: our rule ids and rule texts against Felix's (real Felix iptables-save dump in
-//! the shared corpus, `felix/rules/policy_test.go` expectations, calico-felix.md §2.4 / §4.4).
+//! the shared corpus, `felix/rules/policy_test.go` expectations, felix-reference §2.4 / §4.4).
 
 mod render_support;
 
@@ -116,7 +116,7 @@ fn ctx_render(rule: &calc_graph::proto::ParsedRule) -> Vec<String> {
     felix_lines(&render_rule(rule, 0, &ctx).unwrap())
 }
 
-/// calico-felix.md §4.4, the worked example with v3.30+ marks (byte-identical to Felix).
+/// felix-reference §4.4, the worked example with v3.30+ marks (byte-identical to Felix).
 #[test]
 fn cidr_split_example_matches_felix() {
     use calc_graph::proto::{ParsedRule, Protocol};
@@ -164,7 +164,7 @@ fn two_positive_blocks_match_felix() {
     );
 }
 
-/// Where we deliberately differ from Felix (§4.4 TB bug): the third positive block starts by
+/// Where we deliberately differ from Felix (felix-reference §4.4 TB bug): the third positive block starts by
 /// clearing TB, so a TB bit left by block 2 cannot leak into block 3.
 #[test]
 fn third_positive_block_clears_tb_first() {
@@ -206,7 +206,7 @@ fn third_positive_block_clears_tb_first() {
     assert_eq!(lines.len(), 12);
 }
 
-/// calico-felix.md §2.4: the ingress chain of pod default/nginx with one k8s NP (v3.32+ names).
+/// felix-reference §2.4: the ingress chain of pod default/nginx with one k8s NP (v3.32+ names).
 #[test]
 fn endpoint_chain_matches_felix_example() {
     let r = felix_example(false);

@@ -129,7 +129,7 @@ struct Change {
 /// Dependency rank: tiers, then sets, then policies, then profiles, then endpoints. Creates and
 /// updates go out in rising rank and deletes in falling rank, so even when a pass spans several
 /// transactions a new endpoint never appears before the policies and profiles that apply to it, and
-/// an endpoint is removed before its policies are. This is the order Felix's calc graph emits (§8.5).
+/// an endpoint is removed before its policies are. This is the order Felix's calc graph emits (felix-reference §8.5).
 fn rank(key: &str) -> u8 {
     let plural = key
         .strip_prefix(RESOURCE_PREFIX)

@@ -4,7 +4,7 @@
 //! once the initial snapshot is loaded) and calls [`CalcGraph::flush`] to get the batched,
 //! ordered [`Output`]s for its own node. Pure and synchronous: no I/O, no threads.
 //!
-//! What it computes (Felix's `felix/calc`, reference §8):
+//! What it computes (Felix's `felix/calc`, felix-reference §8):
 //! * validation: a resource whose `validate()` fails, or whose body does not match its key, is
 //!   treated as deleted and the error is kept for [`CalcGraph::take_errors`];
 //! * label inheritance ([`labels`]): endpoints and network sets inherit their profiles'

@@ -2,7 +2,7 @@
 //! (`api/pkg/apis/projectcalico/v3/ippool.go`).
 //!
 //! felixrs enforces what Felix's iptables dataplane does with a pool: `cidr` and `natOutgoing`
-//! (the nat table's `cali-nat-outgoing`, calico-felix.md §2.8) and `allowedUses` (a pool only for
+//! (the nat table's `cali-nat-outgoing`, felix-reference §2.8) and `allowedUses` (a pool only for
 //! `LoadBalancer` addresses is not a pod network, so it is left out of the all-pools set). Every
 //! other upstream field is decoded and validated so that Calico's own pools read as written, but
 //! has no dataplane effect here: `disabled` only stops IPAM from allocating new addresses (a

@@ -40,7 +40,7 @@ pub struct Rule {
         skip_serializing_if = "EntityRule::is_empty"
     )]
     pub destination: EntityRule,
-    /// L7 match; ignored by the iptables dataplane (see the reference, §10).
+    /// L7 match; ignored by the iptables dataplane (felix-reference §10).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpMatch>,
     /// `metadata.annotations`, rendered as rule comments.

@@ -44,7 +44,7 @@ impl TierSpec {
 }
 
 impl Tier {
-    /// The built-in tiers Calico creates, with their orders and default actions (reference §8.4).
+    /// The built-in tiers Calico creates, with their orders and default actions (felix-reference §8.4).
     pub fn builtin() -> Vec<Tier> {
         [
             (KUBE_ADMIN_TIER, 1_000.0, Action::Pass),

@@ -1,5 +1,5 @@
 //! Selector rewriting on the way to Felix (libcalico-go `updateprocessors/rules.go`,
-//! `parseSelectorAttachPrefix`; reference §9.3).
+//! `parseSelectorAttachPrefix`; felix-reference §9.3).
 //!
 //! Calico rewrites by text: parse, prefix the keys with a visitor, print `String()`, replace
 //! `all()`/`global()` in the printed text, and later Felix parses the result again. We rewrite the

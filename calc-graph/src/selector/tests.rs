@@ -477,7 +477,7 @@ fn make_unique_id_matches_calico_format() {
     assert_eq!(make_unique_id("test", "content").len(), "test:".len() + 38);
 }
 
-/// The reference's §9.3 worked example, built with the API the controller and graph use, must
+/// The felix-reference §9.3 worked example, built with the API the controller and graph use, must
 /// be exactly the tree Felix parses from the rewritten text (and so name the same IP sets).
 #[test]
 fn worked_example_from_the_reference_builds_felixs_trees() {

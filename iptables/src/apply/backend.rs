@@ -1,7 +1,7 @@
 //! Which iptables backend holds the host's rules (legacy or nf_tables), and the binaries and lock
 //! options for it.
 //!
-//! Detection follows Felix's `DetectBackend` (§6.8 of the reference), reading through the
+//! Detection follows Felix's `DetectBackend` (felix-reference §6.8), reading through the
 //! [`Runner`] so it sees the same network namespace the applier writes to:
 //! 1. kubelet's canary chains (`KUBE-IPTABLES-HINT`, `KUBE-KUBELET-CANARY`) in an nft mangle
 //!    table (v6, then v4) choose nft;
@@ -45,7 +45,7 @@ pub enum Mode {
 pub const LOCK_WAIT_SECS: &str = "10";
 
 impl Mode {
-    /// The other backend (whose leftovers of ours get swept, §6.8 "cleanup across backends").
+    /// The other backend (whose leftovers of ours get swept, felix-reference §6.8 "cleanup across backends").
     pub fn other(self) -> Mode {
         match self {
             Mode::Legacy => Mode::Nft,

@@ -51,7 +51,7 @@ impl TableName {
 /// One rule we own. The applier writes it as
 /// `-A <chain> -m comment --comment "cali:<hash>" <body>`.
 ///
-/// `hash` is the Felix rule id (§6.3 of the reference: chained SHA-224 over the chain name and the
+/// `hash` is the Felix rule id (felix-reference §6.3: chained SHA-224 over the chain name and the
 /// rule texts), computed by the renderer; the applier compares rules only by hash, so a rule whose
 /// hash is unchanged is never rewritten (its counters survive).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -2,8 +2,8 @@
 //! (if the rule's first comment is `cali:<hash>`), its jump/goto target and, outside our own
 //! chains, its full spec (so our rules in shared chains can be deleted by spec, never by index).
 //!
-//! Built from `iptables-save` output by the crate's parser (module `read`). Like Felix (§6.2 of
-//! the reference) we need only chain names, the first comment and the target of each rule, so
+//! Built from `iptables-save` output by the crate's parser (module `read`). Like Felix (felix-reference §6.2)
+//! we need only chain names, the first comment and the target of each rule, so
 //! this module also has a tolerant line scan ([`scan_save`]) that reads the same three facts:
 //! it is the fallback when the parser rejects a dump (a foreign rule using syntax nobody here
 //! knows must not stop us from programming policy), and it checks rule bodies we write

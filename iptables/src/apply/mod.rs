@@ -23,7 +23,7 @@
 //!   IP sets named `cali4*` / `cali6*`. Nothing else is ever written, deleted or flushed; no
 //!   table is ever flushed (`iptables-restore --noflush` only).
 //! * One `iptables-restore` transaction per changed table (atomic per `COMMIT`): a failed write
-//!   leaves the table as it was. Rules are compared by hash, position by position (Felix §6.4):
+//!   leaves the table as it was. Rules are compared by hash, position by position (felix-reference §6.4):
 //!   an unchanged rule is never rewritten and keeps its counters.
 //! * Phase order: IP sets created/filled → tables written → unwanted sets destroyed, so no rule
 //!   ever references a missing set and no referenced set is destroyed.

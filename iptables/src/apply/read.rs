@@ -22,7 +22,7 @@ use crate::parse::parse_save_lenient;
 /// Every table in a save, as the applier sees it.
 ///
 /// In our own chains (most of a node's rules) only each rule's first comment and target
-/// matter, and they are read by the line scan (what Felix reads, §6.2), so only the other
+/// matter, and they are read by the line scan (what Felix reads, felix-reference §6.2), so only the other
 /// chains' rules go through the typed parser: a restart reads a 15,000-rule save several
 /// times faster. A save with a quote left open on some line (a comment holding a raw newline,
 /// which the parser joins into one rule across lines) or a `\r`/NUL byte is parsed whole.

@@ -1,4 +1,4 @@
-//! Dispatch chains `cali-from-wl-dispatch` / `cali-to-wl-dispatch` (§2.3, `dispatch.go`).
+//! Dispatch chains `cali-from-wl-dispatch` / `cali-to-wl-dispatch` (felix-reference §2.3, `dispatch.go`).
 //!
 //! Invariants: every known interface reaches its endpoint chain by `--goto` (so a verdict returns
 //! straight to cali-FORWARD / cali-wl-to-host); every chain of the tree ends with

@@ -1,4 +1,4 @@
-//! Per-endpoint chains `cali-tw-<iface>` / `cali-fw-<iface>` (§2.4, `endpointIptablesChain`), and
+//! Per-endpoint chains `cali-tw-<iface>` / `cali-fw-<iface>` (felix-reference §2.4, `endpointIptablesChain`), and
 //! the shared policy chains `cali-si-<hash>` / `cali-so-<hash>` they go to when chains are shared.
 //!
 //! Invariant (fail closed): every path through an endpoint chain ends in ACCEPT (established

@@ -65,7 +65,7 @@ mod tests {
 
     #[test]
     fn felix_table_test_vectors_reproduce() {
-        // felix/iptables/table_test.go, as recorded in calico-felix.md §5.6.
+        // felix/iptables/table_test.go, as recorded in felix-reference §5.6.
         assert_eq!(
             rule_hashes("FORWARD", ["--jump DROP"]),
             ["hecdSCslEjdBPBPo"]

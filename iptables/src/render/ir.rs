@@ -1,7 +1,7 @@
 //! The renderer's rule form: typed matches in Felix's fragment order, plus Felix's own input
-//! syntax for hashing (§4.2, §3, `felix/iptables/{match_builder,actions}.go`).
+//! syntax for hashing (felix-reference §4.2, §3, `felix/iptables/{match_builder,actions}.go`).
 //!
-//! Why a separate form: the rule hash (§6.3) is computed over Felix's *input* text
+//! Why a separate form: the rule hash (felix-reference §6.3) is computed over Felix's *input* text
 //! (`--jump MARK --set-mark 0/0x30000`), whose fragment order the kernel's canonical save form
 //! does not keep. Each [`Rule`] is converted to a typed `crate::model` rule for the restore text;
 //! the Felix text below is used only for the `cali:` hash. Invariant: nothing in a `Rule` is a
@@ -224,7 +224,7 @@ impl Rule {
         }
     }
 
-    /// Adds a human comment, escaped per §4.8.
+    /// Adds a human comment, escaped per felix-reference §4.8.
     pub fn with_comment(mut self, comment: &str) -> Self {
         self.comments.push(super::hash::escape_comment(comment));
         self

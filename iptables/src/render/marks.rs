@@ -1,4 +1,4 @@
-//! Mark-bit allocation (§3 of calico-felix.md, v3.30+ layout).
+//! Mark-bit allocation (felix-reference §3, v3.30+ layout).
 //!
 //! Invariant: the five bits are distinct single bits inside the configured mask, allocated lowest
 //! first in the order accept, pass, drop, scratch0, scratch1; the endpoint mark is whatever is left.

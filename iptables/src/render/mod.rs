@@ -4,20 +4,20 @@
 //! IPv6, the applier's [`DesiredState`](crate::apply::DesiredState) (filter + nat tables, hook
 //! rules, IP sets), and on request only what changed since the last call ([`Delta`]).
 //!
-//! # Layout (as Felix, calico-felix.md §2)
+//! # Layout (as Felix, felix-reference §2)
 //! * hooks: `INPUT`/`FORWARD`/`OUTPUT` -> `cali-INPUT`/`cali-FORWARD`/`cali-OUTPUT` at the top;
 //!   `FORWARD` ends with "Policy explicitly accepted packet." ACCEPT + set-accept-mark (appended);
 //!   nat `PREROUTING`/`OUTPUT` (top) and `POSTROUTING` (appended) -> `cali-PREROUTING`/...
-//! * `cali-FORWARD` -> `cali-from-wl-dispatch` / `cali-to-wl-dispatch` (prefix tree, §2.3, split
+//! * `cali-FORWARD` -> `cali-from-wl-dispatch` / `cali-to-wl-dispatch` (prefix tree, felix-reference §2.3, split
 //!   further above 16 names per bin) -> `cali-fw-<iface>` / `cali-tw-<iface>` -> (with
 //!   [`RenderConfig::share_chains`], the default: `--goto` the shared `cali-so-<hash>` /
 //!   `cali-si-<hash>` of every endpoint with the same tiers, policies and profiles ->)
 //!   `cali-pi-`/`cali-po-` (policies), `cali-pri-`/`cali-pro-` (profiles). `cali-INPUT` ->
 //!   `cali-wl-to-host` -> `cali-from-wl-dispatch`.
-//! * Verdicts are mark bits ([`marks`]); rules are rendered per §4 ([`rule`]); names per §5
+//! * Verdicts are mark bits ([`marks`]); rules are rendered per felix-reference §4 ([`rule`]); names per felix-reference §5
 //!   ([`names`]); every rule's `cali:` id is Felix's SHA-224 chain over Felix's input syntax
 //!   ([`hash`], [`ir::Rule::felix_text`]), so our ids equal Felix's for identical rules.
-//! * Lazy programming (§2.10): a policy/profile chain exists only while an endpoint chain jumps to
+//! * Lazy programming (felix-reference §2.10): a policy/profile chain exists only while an endpoint chain jumps to
 //!   it; an IP set exists in a family only while a chain of that family references it.
 //!
 //! # Use
@@ -35,7 +35,7 @@
 //! ```
 //!
 //! # Tests
-//! `iptables/tests/render_golden.rs` (ids from a live Felix dump, §2.4/§4.4 examples),
+//! `iptables/tests/render_golden.rs` (ids from a live Felix dump, felix-reference §2.4/§4.4 examples),
 //! `render_felix_policy.rs` (Felix's `policy_test.go` tables), `render_eval.rs` (packet evaluator
 //! property tests), `render_hostile.rs`, `render_state.rs`, `render_kernel.rs` (real kernel round
 //! trip in a throwaway netns). Benchmark: `iptables/benches/render.rs`.
@@ -58,7 +58,7 @@
 //! * nat: the hook chains, `cali-nat-outgoing` from the IP pools ([`nat`]: masquerade from
 //!   natOutgoing pools to destinations outside every pool), and the empty `cali-fip-dnat`/
 //!   `cali-fip-snat` (no floating IPs); no tunnel-device MASQUERADE rules (no IPIP/VXLAN/WireGuard).
-//! * No policy-group chains (`cali-gi-`/`cali-go-`, §2.5). Instead, and going further, whole
+//! * No policy-group chains (`cali-gi-`/`cali-go-`, felix-reference §2.5). Instead, and going further, whole
 //!   endpoint chains are shared ([`endpoint`]): the kernel's rule count grows with the number of
 //!   distinct policy combinations on the node, not with its pods. In the same layout a policy's
 //!   or profile's Allow, Pass or Deny is one rule that goes (`-g`) to the shared verdict chain
@@ -76,19 +76,19 @@
 //!   (declared in the same change as the first such chain, gone with the last), like every set
 //!   here. A single net stays `-s`/`-d`; port OR blocks keep the scratch marks. With
 //!   `share_chains: false` the output is Felix's, byte for byte.
-//! * No staged policies, no QoS, no flow logs (the NFLOG rules of §4.3 with flow logs on).
+//! * No staged policies, no QoS, no flow logs (the NFLOG rules of felix-reference §4.3 with flow logs on).
 //! * IPv6 neighbour discovery (ICMPv6 130-133, 135, 136) is accepted where Felix accepts it: at the
 //!   top of `cali-wl-to-host` (workload -> host, before egress policy). NDP never crosses
 //!   `cali-FORWARD` (link-local) and host -> workload traffic is not policed (`cali-OUTPUT` RETURNs
 //!   for `cali+`), so the endpoint chains need no NDP rules.
 //! * The LOG prefix is used verbatim (sanitised to `[A-Za-z0-9 _@+=:,./-]`, cut to 27 bytes):
 //!   Felix's `%t`/`%k`/`%n`/`%p` substitutions are not implemented.
-//! * Log action: `LOG` as Felix (§4.3), or `NFLOG` (group from [`LogAction::Nflog`]) with the
+//! * Log action: `LOG` as Felix (felix-reference §4.3), or `NFLOG` (group from [`LogAction::Nflog`]) with the
 //!   prefix `L<P|R><I|E><rule index>|<policy id>` (≤ 63 chars, hashed when longer).
 //!
 //! # Deliberate differences in behaviour
 //! * OR blocks clear TB at the start of each positive block after the second (Felix's TB bug,
-//!   §4.4); outputs with ≤ 2 positive blocks are byte-identical to Felix's.
+//!   felix-reference §4.4); outputs with ≤ 2 positive blocks are byte-identical to Felix's.
 //! * A profile chain with a Pass rule starts by clearing the pass bit: profiles are entered with
 //!   it possibly set (last tier passed, or an earlier profile passed), and Felix's check
 //!   "RETURN if pass bit" would then skip the rest of the profile (possibly a Deny, so a later

@@ -1,4 +1,4 @@
-//! Chain and IP set names (§5 of calico-felix.md).
+//! Chain and IP set names (felix-reference §5).
 //!
 //! Invariants: every chain name returned here is at most [`MAX_CHAIN_NAME_LEN`] bytes and consists
 //! only of `[A-Za-z0-9._:/-]`; every IP set name is at most [`MAX_IPSET_NAME_LEN`] bytes with no
@@ -204,7 +204,7 @@ mod tests {
 
     #[test]
     fn felix_name_vectors() {
-        // calico-felix.md §2.4 / §5.1.
+        // felix-reference §2.4 / §5.1.
         assert_eq!(
             length_limited_id("cali-pi-", "knp/default/allow-foo", 28),
             "cali-pi-_e3--Ll7YEaaa5wzNbuT"

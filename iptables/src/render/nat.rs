@@ -1,4 +1,4 @@
-//! Outgoing NAT from IP pools (Felix's `masqManager` and `rules/nat.go`, calico-felix.md §2.8).
+//! Outgoing NAT from IP pools (Felix's `masqManager` and `rules/nat.go`, felix-reference §2.8).
 //!
 //! Per family, two `hash:net` sets hold the pools' CIDRs: `cali40all-ipam-pools` every pool that
 //! holds pod addresses (a LoadBalancer-only pool does not), `cali40masq-ipam-pools` the pools with

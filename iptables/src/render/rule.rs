@@ -1,4 +1,4 @@
-//! One Calico rule -> iptables rules (§4: `ProtoRuleToIptablesRules`, `matchBlockBuilder`), and a
+//! One Calico rule -> iptables rules (felix-reference §4: `ProtoRuleToIptablesRules`, `matchBlockBuilder`), and a
 //! policy/profile direction -> one chain's rules.
 //!
 //! Invariants:
@@ -9,10 +9,10 @@
 //! * OR semantics (several positive nets, > 15 port slots, numeric plus named ports, a negated net
 //!   beside another net on the same side) go through scratch-mark blocks; the final rule matches
 //!   AB = scratch0. Each positive block after the second starts by clearing TB = scratch1, so the
-//!   result is correct for any number of blocks (Felix leaves TB set: §4.4; we differ there only).
+//!   result is correct for any number of blocks (Felix leaves TB set: felix-reference §4.4; we differ there only).
 //! * A rule that cannot be rendered safely (ports without a port protocol, ICMP fields without the
 //!   ICMP protocol of this family, an unknown IP set) is an error; the caller fails closed.
-//! * Rules of the other IP family are filtered out per §4.1, except that a negated CIDR list that
+//! * Rules of the other IP family are filtered out per felix-reference §4.1, except that a negated CIDR list that
 //!   only held other-family CIDRs is dropped from the rule instead of dropping the rule (a v4
 //!   packet is never inside a v6 CIDR, so "not in any" holds; Felix drops the whole rule).
 

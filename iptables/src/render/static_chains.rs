@@ -1,4 +1,4 @@
-//! Static chains and kernel hooks (§2.1, §2.2, §2.8 of calico-felix.md).
+//! Static chains and kernel hooks (felix-reference §2.1, §2.2, §2.8).
 //!
 //! Invariants: the hooks are the only rules we place in kernel chains, and each carries our
 //! `cali:` hash comment; the static chains reach workload policy only through the dispatch chains,
@@ -196,7 +196,7 @@ pub fn nat_chains() -> Vec<(String, Vec<Rule>)> {
 }
 
 /// The raw table's `cali-PREROUTING`: anti-spoofing for workloads (Felix's strict RPF check,
-/// §2.8). A packet from a workload interface whose source address is not routed back out of that
+/// felix-reference §2.8). A packet from a workload interface whose source address is not routed back out of that
 /// interface claims an address that is not the pod's; dropping it in raw, before conntrack and
 /// before any policy, keeps a pod from passing source-based rules (ipBlock, pod and namespace
 /// selectors) with another pod's address.

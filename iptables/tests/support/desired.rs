@@ -12,7 +12,7 @@ use iptables::apply::{
     IpSetSpec, IpVersion, TableName,
 };
 
-/// Felix's chained rule hashes (§6.3) over the chain name and the rule bodies.
+/// Felix's chained rule hashes (felix-reference §6.3) over the chain name and the rule bodies.
 pub fn mk_rules(chain: &str, bodies: &[&str]) -> Vec<DesiredRule> {
     let mut h = Sha224::digest(chain.as_bytes());
     bodies

@@ -1,5 +1,5 @@
 //! Kubernetes name/label validation and the LabelSelector → Calico selector rendering of
-//! `k8sSelectorToCalico` (calico-felix.md §9.2), byte for byte.
+//! `k8sSelectorToCalico` (felix-reference §9.2), byte for byte.
 //!
 //! Validation is what keeps names, labels and selector strings safe: a valid label value cannot contain
 //! a quote, so the `key == 'value'` strings built here always parse back to the same meaning.

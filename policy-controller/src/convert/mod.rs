@@ -1,9 +1,9 @@
 //! Pure conversion of Kubernetes objects into the Calico v3 resources kube-controllers would store in
-//! etcd mode (calico-felix.md §9). No I/O happens here.
+//! etcd mode (felix-reference §9). No I/O happens here.
 //!
 //! Invariants:
 //! * every produced resource has a valid name, namespace and labels, so its etcd key has exactly the
-//!   layout of §9.6 and nothing in a name can add a path segment;
+//!   layout of felix-reference §9.6 and nothing in a name can add a path segment;
 //! * an object that cannot be converted yields a [`SkipReport`] naming the object and the field, and a
 //!   `retain_key`: the key it would have had, which the writer keeps (fail closed: a previously stored
 //!   version stays in force instead of being deleted);
@@ -147,7 +147,7 @@ impl CalicoResource {
         }
     }
 
-    /// The etcd key (calico-felix.md §9.6).
+    /// The etcd key (felix-reference §9.6).
     pub fn etcd_key(&self) -> Result<String, String> {
         etcd_key(&self.kind, self.namespace.as_deref(), &self.name)
     }

@@ -1,8 +1,8 @@
-//! Namespace → Profile `kns.<ns>` and ServiceAccount → Profile `ksa.<ns>.<sa>` (calico-felix.md §9.4).
+//! Namespace → Profile `kns.<ns>` and ServiceAccount → Profile `ksa.<ns>.<sa>` (felix-reference §9.4).
 //!
 //! `kns.` profiles allow everything in both directions (the default allow for pods with no policy) and
 //! apply `pcns.`-prefixed namespace labels; `ksa.` profiles have no rules and apply `pcsa.` labels.
-//! Pods inherit these labels (§8.2), which is how namespace and service-account selectors match.
+//! Pods inherit these labels (felix-reference §8.2), which is how namespace and service-account selectors match.
 
 use std::collections::BTreeMap;
 

@@ -1,5 +1,5 @@
-//! networking.k8s.io/v1 NetworkPolicy → Calico NetworkPolicy `knp.default.<name>` (calico-felix.md
-//! §9.2, `K8sNetworkPolicyToCalico`).
+//! networking.k8s.io/v1 NetworkPolicy → Calico NetworkPolicy `knp.default.<name>`
+//! (felix-reference §9.2, `K8sNetworkPolicyToCalico`).
 //!
 //! Each ingress/egress item expands into one rule per (protocol × peer), protocols sorted, peers in
 //! order. An absent or empty `from`/`to` is one unconstrained peer; an absent or empty `ports` is no

@@ -1,9 +1,9 @@
-//! Pod → WorkloadEndpoint (calico-felix.md §9.5, §5.5).
+//! Pod → WorkloadEndpoint (felix-reference §9.5, §5.5).
 //!
 //! Only a scheduled, running, pod-networked pod with an IP gets an endpoint; a pod that stops being one
 //! (finishes, loses its IP) simply produces nothing, so the writer deletes its endpoint. `pcns.*` and
 //! `pcsa.*` labels on the pod itself are stripped so a pod cannot claim another namespace's or service
-//! account's labels (§8.2).
+//! account's labels (felix-reference §8.2).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

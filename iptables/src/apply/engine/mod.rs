@@ -113,7 +113,7 @@ impl ApplyReport {
     }
 }
 
-/// What `iptables-nft-save` prints (exiting 0) for a table it cannot represent (§6.2).
+/// What `iptables-nft-save` prints (exiting 0) for a table it cannot represent (felix-reference §6.2).
 pub(super) const INCOMPATIBLE: &str = "is incompatible, use 'nft' tool";
 
 static EMPTY_TABLE: ActualTable = ActualTable {

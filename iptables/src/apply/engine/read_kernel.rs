@@ -74,7 +74,7 @@ impl<R: Runner> Applier<R> {
         let out = self.run_save(&program, &args)?;
         let text = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        // iptables-nft-save exits 0 for tables it cannot represent (§6.2).
+        // iptables-nft-save exits 0 for tables it cannot represent (felix-reference §6.2).
         if !out.status.success() || text.contains(INCOMPATIBLE) {
             return Err(ApplyError::Read {
                 what: table.map_or("all tables".to_string(), |t| format!("table {t}")),
