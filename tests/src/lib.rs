@@ -22,5 +22,6 @@ pub mod report;
 pub mod ship;
 pub mod spoof;
 pub mod strict;
+pub mod trace_cells;
 pub mod traffic;
 pub mod world;

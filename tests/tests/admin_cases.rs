@@ -3,16 +3,12 @@
 //! (the rules `render` produces for each node, evaluated) must agree with them too. The root run
 //! (`tests/e2e_admin.rs`) checks the same expectations against the kernel.
 
-use felixrs::dataplane_args::DataplaneArgs;
-use felixrs::render_cmd::{NodeView, SourceArgs, render_node};
-use felixrs::trace_cmd::{PacketArgs, Verdict, trace_packet};
+use felixrs::trace_cmd::{Verdict, trace_packet};
 use felixrs_e2e::admin_cases;
 use felixrs_e2e::admin_evaluator::admin_world;
 use felixrs_e2e::cases::{self, Case, Expect, Step, T80, U81};
-use felixrs_e2e::traffic::Proto;
-use felixrs_e2e::world::{self, Family, PlacedPod};
-
-const NODES: [&str; 2] = ["node-1", "node-2"];
+use felixrs_e2e::trace_cells::{NODES, NodeVerdict, case_steps, trace_every_cell};
+use felixrs_e2e::world::{Family, PlacedPod};
 
 /// The cells of `cases` whose expectation disagrees with the evaluator over `family`, and the count.
 fn evaluator_mismatches(cases: &[Case], family: Family) -> (Vec<String>, usize) {
@@ -86,91 +82,42 @@ fn admin_expectations_are_not_all_allow() {
 
 /// The cells of `steps` where the trace (both nodes' rendered rules) disagrees with the expectation
 /// (or, with `expect_from_evaluator`, with the evaluator), and how many cells were checked.
-fn trace_mismatches(
-    steps: &[(&str, &Step)],
+fn trace_mismatches<N: AsRef<str>>(
+    steps: &[(N, &Step)],
     from_evaluator: bool,
     family: Family,
 ) -> (Vec<String>, usize) {
     let pods = cases::standard_layout();
     let ids: Vec<String> = pods.iter().map(PlacedPod::id).collect();
-    let node_of = |id: &str| {
-        pods.iter()
-            .find(|p| p.id() == id)
-            .map(|p| p.node_name.clone())
-            .unwrap()
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let source = SourceArgs::manifests(vec![dir.path().to_path_buf()]);
-    let mut checked = 0;
-    let mut bad = Vec::new();
-    for (name, step) in steps {
-        std::fs::write(
-            dir.path().join("cluster.yaml"),
-            world::manifests(step, &pods),
-        )
-        .unwrap();
-        let views: Vec<NodeView> = NODES
-            .iter()
-            .map(|n| render_node(&source, n, &DataplaneArgs::default()))
-            .collect::<Result<_, _>>()
-            .unwrap();
-        let mut expect = Expect::all_allowed(&ids, &step.probes);
-        if from_evaluator {
-            let w = admin_world(step, &pods, family);
-            for c in &mut expect.cells {
-                let f = &w.base.pods[ids.iter().position(|x| *x == c.0).unwrap()];
-                let t = &w.base.pods[ids.iter().position(|x| *x == c.1).unwrap()];
-                c.3 = w.allowed(f, t, c.2);
+    trace_every_cell(
+        steps,
+        family,
+        |step, expect| {
+            if from_evaluator {
+                let w = admin_world(step, &pods, family);
+                for c in &mut expect.cells {
+                    let f = &w.base.pods[ids.iter().position(|x| *x == c.0).unwrap()];
+                    let t = &w.base.pods[ids.iter().position(|x| *x == c.1).unwrap()];
+                    c.3 = w.allowed(f, t, c.2);
+                }
+            } else {
+                (step.expect)(expect);
             }
-        } else {
-            (step.expect)(&mut expect);
-        }
-        for (from, to, probe, allowed) in &expect.cells {
-            let packet = PacketArgs {
-                from: from.clone(),
-                to: to.clone(),
-                protocol: match probe.proto {
-                    Proto::Icmp => "icmp".into(),
-                    p => p.as_str().to_string(),
-                },
-                port: probe.port,
-                source_port: 40000,
-                icmp_type: None,
-                icmp_code: 0,
-                ipv6: family == Family::V6,
-            };
-            let mut nodes = vec![node_of(from), node_of(to)];
-            nodes.dedup();
-            let verdicts: Vec<(String, Verdict)> = nodes
-                .iter()
-                .map(|n| {
-                    let view = &views[NODES.iter().position(|x| x == n).unwrap()];
-                    (n.clone(), trace_packet(view, n, &packet).unwrap().verdict)
-                })
-                .collect();
-            let passes = verdicts.iter().all(|(_, v)| *v != Verdict::Drop);
-            if passes != *allowed {
-                bad.push(format!(
-                    "{name}: {from} -> {to} {probe}: expected {allowed}, the trace says {verdicts:?}"
-                ));
+        },
+        |_, _| (),
+        |_, k, view, packet| {
+            let verdict = trace_packet(view, NODES[k], packet).unwrap().verdict;
+            NodeVerdict {
+                passes: verdict != Verdict::Drop,
+                agrees: true,
+                detail: Box::new(verdict),
             }
-            checked += 1;
-        }
-    }
-    (bad, checked)
+        },
+    )
 }
 
 fn trace_cases(cases: &[Case], family: Family) -> (Vec<String>, usize) {
-    let names: Vec<String> = cases
-        .iter()
-        .flat_map(|c| (1..=c.steps.len()).map(move |i| format!("{} step {i}", c.name)))
-        .collect();
-    let steps: Vec<(&str, &Step)> = names
-        .iter()
-        .map(String::as_str)
-        .zip(cases.iter().flat_map(|c| c.steps.iter()))
-        .collect();
-    trace_mismatches(&steps, false, family)
+    trace_mismatches(&case_steps(cases), false, family)
 }
 
 #[test]
