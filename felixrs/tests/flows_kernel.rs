@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use felixrs::dataplane_args::{DataplaneArgs, LogTo};
 use iptables::apply::Backend;
-use node_support::{DENIED_PORT, NODE, NodeWorld, TELNET_PORT, connects};
+use node_support::{DENIED_PORT, FelixrsNode, NODE, NodeWorld, TELNET_PORT, connects};
 
 fn denied_packets_show_the_deciding_policy(backend: Backend) {
     let args = DataplaneArgs {

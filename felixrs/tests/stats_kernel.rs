@@ -10,7 +10,9 @@ mod node_support;
 use felixrs::stats_cmd::{Row, Stats, collect};
 use iptables::apply::Backend;
 use iptables::apply::backend::Mode;
-use node_support::{ALLOWED_PORT, DENIED_PORT, NODE, NodeWorld, TELNET_PORT, connects};
+use node_support::{
+    ALLOWED_PORT, DENIED_PORT, FelixrsNode, NODE, NodeWorld, TELNET_PORT, connects,
+};
 
 fn row<'a>(
     stats: &'a Stats,

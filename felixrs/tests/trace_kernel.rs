@@ -9,7 +9,7 @@ mod node_support;
 use std::net::IpAddr;
 
 use iptables::apply::Backend;
-use node_support::{ALLOWED_PORT, DENIED_PORT, NODE, NodeWorld, connects};
+use node_support::{ALLOWED_PORT, DENIED_PORT, FelixrsNode, NODE, NodeWorld, connects};
 
 /// Runs `felixrs trace --kernel` in the node's namespace: (exit code, stdout, stderr).
 fn trace(w: &NodeWorld, extra: &[&str]) -> (i32, String, String) {

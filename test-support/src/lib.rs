@@ -1,6 +1,7 @@
 //! Test helpers shared by every felixrs crate's tests: real network namespaces ([`netns`]), a real
-//! etcd process ([`etcd`]), a minimal HTTP/1.1 client ([`http`]), free ports ([`free_port`]) and the
-//! in-repository iptables-save corpus ([`iptables_corpus_dir`]).
+//! etcd process ([`etcd`]), a minimal HTTP/1.1 client ([`http`]), free ports ([`free_port`]), a node
+//! with two pods wired as Calico wires them ([`node`]) and the in-repository iptables-save corpus
+//! ([`iptables_corpus_dir`]).
 //!
 //! Invariants: every resource (namespace, process, temp dir) is released on drop, also when the test
 //! panics; a missing tool or missing root fails loudly with a message naming what is missing, never a
@@ -10,6 +11,7 @@ mod corpus;
 pub mod etcd;
 pub mod http;
 pub mod netns;
+pub mod node;
 mod ports;
 mod tools;
 

@@ -1,226 +1,82 @@
-//! A node namespace with two pod namespaces (`stats/client`, `stats/server`) wired as Calico's CNI
-//! wires pods, the node's objects rendered from manifests and applied with the real applier, TCP
-//! servers in the server pod: the kernel tests of `felixrs stats` and `felixrs trace --kernel`.
-#![allow(dead_code)]
+//! felixrs's side of the two-pod node of [`felixrs_test_support::node`]: the manifests rendered
+//! with `felixrs render`'s code and applied with the real applier. The node itself (namespaces,
+//! pods, servers, `connects`) lives in `felixrs-test-support`.
+// Each test binary that includes this module uses a subset of it.
+#![allow(dead_code, unused_imports)]
 
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::time::Duration;
 
 use calc_graph::proto::IpVersion;
 use felixrs::dataplane_args::DataplaneArgs;
 use felixrs::render_cmd::{SourceArgs, render_node};
-use felixrs_test_support::netns::{Netns, unique_name};
+use felixrs_test_support::netns::Netns;
+pub use felixrs_test_support::node::{ALLOWED_PORT, DENIED_PORT, NODE, TELNET_PORT, connects};
 use iptables::apply::{Applier, ApplierConfig, Backend, ExecRunner};
 use iptables::render::Renderer;
 
-pub const NODE: &str = "node-1";
-pub const ALLOWED_PORT: u16 = 8080;
-pub const DENIED_PORT: u16 = 9090;
+/// The node world with felixrs's rules applied: `w.renderer`, `w.runner` (through `Deref`).
+pub type NodeWorld = felixrs_test_support::node::NodeWorld<Applied>;
 
-pub const MANIFESTS: &str = r#"
-apiVersion: v1
-kind: Namespace
-metadata: {name: stats}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: client, namespace: stats, labels: {app: client}}
-spec: {nodeName: node-1, containers: [{name: c, image: x}]}
-status: {phase: Running, podIPs: [{ip: 10.79.0.1}, {ip: "fd79::1"}]}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: server, namespace: stats, labels: {app: server}}
-spec: {nodeName: node-1, containers: [{name: s, image: x}]}
-status: {phase: Running, podIPs: [{ip: 10.79.0.2}, {ip: "fd79::2"}]}
----
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: allow-web, namespace: stats}
-spec:
-  podSelector: {matchLabels: {app: server}}
-  policyTypes: [Ingress]
-  ingress:
-    - from: [{podSelector: {matchLabels: {app: client}}}]
-      ports: [{port: 8080, protocol: TCP}]
----
-apiVersion: projectcalico.org/v3
-kind: GlobalNetworkPolicy
-metadata: {name: default.deny-telnet}
-spec:
-  tier: default
-  order: 10
-  selector: app == 'server'
-  types: [Ingress]
-  ingress:
-    - action: Log
-      protocol: TCP
-      destination: {ports: [2323]}
-    - action: Deny
-      protocol: TCP
-      destination: {ports: [2323]}
-"#;
-
-/// The port the `deny-telnet` GlobalNetworkPolicy logs (a Log rule) and denies (a Deny rule, not a
-/// tier end).
-pub const TELNET_PORT: u16 = 2323;
-
-pub struct Pod {
-    pub ns: Netns,
-    pub v4: IpAddr,
-    pub v6: IpAddr,
+/// What the node keeps once programmed.
+pub struct Applied {
+    pub renderer: Renderer,
+    pub runner: ExecRunner,
 }
 
-pub fn exec(ns: &Netns, argv: &[&str]) {
-    ns.exec(argv)
-        .unwrap_or_else(|e| panic!("{argv:?} in {}: {e}", ns.name()));
+/// The rendered node, not yet applied.
+struct Rendered {
+    renderer: Renderer,
+    backend: Backend,
 }
 
-/// A pod namespace behind host interface `iface` of `node`, as Calico's CNI wires it.
-pub fn add_pod(node: &Netns, iface: &str, v4: &str, v6: &str) -> Pod {
-    let ns = Netns::create(unique_name("stp")).expect("pod netns");
-    for scope in ["all", "default"] {
-        ns.sysctl(&format!("net.ipv6.conf.{scope}.accept_dad"), "0")
-            .unwrap();
+impl felixrs_test_support::node::Dataplane for Rendered {
+    type Programmed = Applied;
+
+    fn interface_of(&self, pod: &str) -> String {
+        self.renderer
+            .local_endpoints()
+            .find(|e| e.id.name.contains(pod))
+            .map(|e| e.interface_name.clone())
+            .unwrap_or_else(|| panic!("no endpoint for {pod}"))
     }
-    ns.sysctl("net.ipv6.bindv6only", "1").unwrap();
-    exec(
-        node,
-        &[
-            "ip",
-            "link",
-            "add",
-            iface,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            ns.name(),
-        ],
-    );
-    node.sysctl(&format!("net.ipv4.conf.{iface}.proxy_arp"), "1")
-        .unwrap();
-    node.sysctl(&format!("net.ipv4.neigh.{iface}.proxy_delay"), "0")
-        .unwrap();
-    node.sysctl(&format!("net.ipv4.conf.{iface}.rp_filter"), "0")
-        .unwrap();
-    exec(node, &["ip", "link", "set", iface, "up"]);
-    exec(
-        node,
-        &["ip", "route", "add", &format!("{v4}/32"), "dev", iface],
-    );
-    exec(
-        node,
-        &[
-            "ip",
-            "-6",
-            "addr",
-            "add",
-            "fe80::1/64",
-            "dev",
-            iface,
-            "nodad",
-        ],
-    );
-    exec(
-        node,
-        &[
-            "ip",
-            "-6",
-            "route",
-            "add",
-            &format!("{v6}/128"),
-            "dev",
-            iface,
-        ],
-    );
-    exec(
-        &ns,
-        &["ip", "addr", "add", &format!("{v4}/32"), "dev", "eth0"],
-    );
-    exec(
-        &ns,
-        &[
-            "ip",
-            "-6",
-            "addr",
-            "add",
-            &format!("{v6}/128"),
-            "dev",
-            "eth0",
-            "nodad",
-        ],
-    );
-    exec(&ns, &["ip", "link", "set", "eth0", "up"]);
-    exec(
-        &ns,
-        &[
-            "ip",
-            "route",
-            "add",
-            "169.254.1.1",
-            "dev",
-            "eth0",
-            "scope",
-            "link",
-        ],
-    );
-    exec(
-        &ns,
-        &[
-            "ip",
-            "route",
-            "add",
-            "default",
-            "via",
-            "169.254.1.1",
-            "dev",
-            "eth0",
-        ],
-    );
-    exec(
-        &ns,
-        &[
-            "ip", "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0",
-        ],
-    );
-    Pod {
-        ns,
-        v4: v4.parse().unwrap(),
-        v6: v6.parse().unwrap(),
-    }
-}
 
-pub fn serve(ns: &Netns, addr: IpAddr, port: u16) {
-    let sock = SocketAddr::new(addr, port);
-    let listener = ns.in_thread(move || TcpListener::bind(sock).expect("bind in pod netns"));
-    std::thread::spawn(move || {
-        for mut conn in listener.incoming().flatten() {
-            let _ = conn.write_all(b"ok");
+    fn program(self, node: &Netns) -> Applied {
+        let runner = ExecRunner::in_netns(node.name()).unwrap();
+        for v in [IpVersion::V4, IpVersion::V6] {
+            let mut applier = Applier::new(
+                runner.clone(),
+                ApplierConfig {
+                    family: v,
+                    backend: self.backend,
+                    ..ApplierConfig::default()
+                },
+            );
+            applier.apply(self.renderer.desired_ref(v)).expect("apply");
         }
-    });
+        Applied {
+            renderer: self.renderer,
+            runner,
+        }
+    }
 }
 
-pub fn connects(ns: &Netns, addr: IpAddr, port: u16) -> bool {
-    let sock = SocketAddr::new(addr, port);
-    ns.in_thread(
-        move || match TcpStream::connect_timeout(&sock, Duration::from_millis(1000)) {
-            Ok(mut s) => {
-                s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-                let mut buf = [0u8; 2];
-                s.read_exact(&mut buf).is_ok() && &buf == b"ok"
-            }
-            Err(_) => false,
-        },
-    )
+/// `NodeWorld::new(backend)` / `NodeWorld::with_dataplane(backend, &args)`.
+pub trait FelixrsNode: Sized {
+    fn new(backend: Backend) -> Self {
+        Self::with_dataplane(backend, &DataplaneArgs::default())
+    }
+
+    /// The node rendered with `args` (e.g. `--log-denied`).
+    fn with_dataplane(backend: Backend, args: &DataplaneArgs) -> Self;
 }
 
-pub fn render(dir: &Path) -> Renderer {
-    render_with(dir, &DataplaneArgs::default())
+impl FelixrsNode for NodeWorld {
+    fn with_dataplane(backend: Backend, args: &DataplaneArgs) -> NodeWorld {
+        NodeWorld::build(|dir| Rendered {
+            renderer: render_with(dir, args),
+            backend,
+        })
+    }
 }
 
 pub fn render_with(dir: &Path, args: &DataplaneArgs) -> Renderer {
@@ -228,93 +84,4 @@ pub fn render_with(dir: &Path, args: &DataplaneArgs) -> Renderer {
         render_node(&SourceArgs::manifests(vec![dir.to_path_buf()]), NODE, args).expect("render");
     assert!(view.problems.is_empty(), "{:?}", view.problems);
     view.renderer
-}
-
-/// The node, its pods and the applied rules (dropped in reverse: pods, then the node).
-pub struct NodeWorld {
-    pub client: Pod,
-    pub server: Pod,
-    pub node: Netns,
-    pub renderer: Renderer,
-    pub runner: ExecRunner,
-    pub work: tempfile::TempDir,
-}
-
-impl NodeWorld {
-    pub fn new(backend: Backend) -> NodeWorld {
-        Self::with_dataplane(backend, &DataplaneArgs::default())
-    }
-
-    /// The node rendered with `args` (e.g. `--log-denied`).
-    pub fn with_dataplane(backend: Backend, args: &DataplaneArgs) -> NodeWorld {
-        let work = tempfile::tempdir().unwrap();
-        std::fs::write(work.path().join("cluster.yaml"), MANIFESTS).unwrap();
-        let renderer = render_with(work.path(), args);
-        let iface_of = |pod: &str| {
-            renderer
-                .local_endpoints()
-                .find(|e| e.id.name.contains(pod))
-                .map(|e| e.interface_name.clone())
-                .unwrap_or_else(|| panic!("no endpoint for {pod}"))
-        };
-        let node = Netns::with_tag("stats");
-        for scope in ["all", "default"] {
-            node.sysctl(&format!("net.ipv6.conf.{scope}.accept_dad"), "0")
-                .unwrap();
-        }
-        node.sysctl("net.ipv4.ip_forward", "1").unwrap();
-        node.sysctl("net.ipv4.conf.all.rp_filter", "0").unwrap();
-        node.sysctl("net.ipv4.conf.default.rp_filter", "0").unwrap();
-        // Proxy ARP answers for the pods' gateway 169.254.1.1 only if the node routes it elsewhere:
-        // a default route out of a veth pair of its own (nothing is ever sent there).
-        exec(
-            &node,
-            &[
-                "ip", "link", "add", "up0", "type", "veth", "peer", "name", "up1",
-            ],
-        );
-        exec(
-            &node,
-            &["ip", "addr", "add", "10.79.255.1/24", "dev", "up0"],
-        );
-        exec(&node, &["ip", "link", "set", "up0", "up"]);
-        exec(&node, &["ip", "link", "set", "up1", "up"]);
-        exec(
-            &node,
-            &["ip", "route", "add", "default", "via", "10.79.255.2"],
-        );
-        node.sysctl("net.ipv6.conf.all.forwarding", "1").unwrap();
-        let client = add_pod(&node, &iface_of("client"), "10.79.0.1", "fd79::1");
-        let server = add_pod(&node, &iface_of("server"), "10.79.0.2", "fd79::2");
-        for addr in [server.v4, server.v6] {
-            serve(&server.ns, addr, ALLOWED_PORT);
-            serve(&server.ns, addr, DENIED_PORT);
-            serve(&server.ns, addr, TELNET_PORT);
-        }
-
-        assert!(
-            (0..5).any(|_| connects(&client.ns, server.v4, ALLOWED_PORT)),
-            "no connectivity before any rule"
-        );
-        let runner = ExecRunner::in_netns(node.name()).unwrap();
-        for v in [IpVersion::V4, IpVersion::V6] {
-            let mut applier = Applier::new(
-                runner.clone(),
-                ApplierConfig {
-                    family: v,
-                    backend,
-                    ..ApplierConfig::default()
-                },
-            );
-            applier.apply(renderer.desired_ref(v)).expect("apply");
-        }
-        NodeWorld {
-            client,
-            server,
-            node,
-            renderer,
-            runner,
-            work,
-        }
-    }
 }
