@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian machine lacks, then runs every check and test felixrs has:
-# rustfmt, clippy (-D warnings), and the whole workspace's tests, including the root-only ones
+# rustfmt, clippy (-D warnings), cargo-deny (deny.toml), and the whole workspace's tests, including the root-only ones
 # that drive the real kernel's iptables/ipset in throw-away network namespaces and a real etcd.
 #
 # Usage: scripts/test.sh            (as root; CI runs it through .ci/run)
@@ -27,10 +27,22 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
+# cargo-deny (licenses, bans, sources of the dependency tree; policy and why no advisories in deny.toml).
+# Not packaged by Debian: built from crates.io once, kept in ~/.cargo/bin (cache it in CI). The version
+# is pinned so that a new cargo-deny release cannot change the verdict.
+CARGO_DENY_VERSION=0.20.2
+export PATH="$HOME/.cargo/bin:$PATH"
+if ! cargo deny --version 2>/dev/null | grep -qx "cargo-deny $CARGO_DENY_VERSION"; then
+  echo "==> installing cargo-deny $CARGO_DENY_VERSION (once, into ~/.cargo/bin)"
+  cargo install --locked --version "$CARGO_DENY_VERSION" cargo-deny
+fi
+
 echo "==> cargo fmt --check"
 cargo fmt --all --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "==> cargo deny check licenses bans sources"
+cargo deny --locked check licenses bans sources
 echo "==> shipping checks (Containerfile lint, deploy/ rendered and schema-validated offline)"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
