@@ -72,6 +72,18 @@ pub struct PortRange {
     pub last: u16,
 }
 
+impl PortRange {
+    /// One port.
+    pub const fn single(p: u16) -> Self {
+        PortRange { first: p, last: p }
+    }
+
+    /// `first` to `last`, inclusive.
+    pub const fn range(first: u16, last: u16) -> Self {
+        PortRange { first, last }
+    }
+}
+
 impl fmt::Display for PortRange {
     /// `80` or `80:90`, the multiport syntax.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -13,10 +13,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use calc_graph::proto::{IpVersion, Output};
-use iptables::apply::TableName;
-use iptables::apply::diff::{plan_table, render as render_ops};
-use iptables::apply::ipset::plan_updates;
-use iptables::apply::kernel::ActualTable;
+use iptables::desired::Preview;
 use iptables::render::Renderer;
 use policy_controller::{ConvertOptions, load_manifests};
 
@@ -226,22 +223,12 @@ impl Args {
             );
         }
         for v in [IpVersion::V4, IpVersion::V6] {
-            let desired = renderer.desired(v);
-            let n = v.number();
-            let plan = plan_updates(v, &desired.ip_sets, &BTreeMap::new())
-                .with_context(|| format!("planning IPv{n} ip sets"))?;
-            let _ = writeln!(out.text, "# ipset restore (IPv{n})");
-            out.text.push_str(&plan.payload);
-            for table in TableName::ALL {
-                let ops = plan_table(table, desired.tables.get(&table), &ActualTable::default())
-                    .with_context(|| format!("planning IPv{n} {table} table"))?;
-                let payload = render_ops(table, &ops);
-                if payload.is_empty() {
-                    continue;
-                }
-                let _ = writeln!(out.text, "# iptables-restore --noflush (IPv{n}, {table})");
-                out.text.push_str(&payload);
-            }
+            let preview = Preview::plan(&renderer.desired(v))
+                .with_context(|| format!("planning IPv{}", v.number()))?;
+            // Unlike an apply's preview, the ipset section is listed even when empty.
+            out.text.push_str(&preview.ip_sets_header());
+            out.text.push_str(&preview.ip_sets);
+            out.text.push_str(&preview.tables_text());
         }
         Ok(out)
     }

@@ -15,7 +15,7 @@ use std::net::IpAddr;
 use anyhow::{Context, bail};
 use calc_graph::model::Resource;
 use calc_graph::proto::{Action, IpVersion, Output};
-use iptables::apply::TableName;
+use iptables::desired::TableName;
 use iptables::render::Renderer;
 use iptables::render::ir::Match;
 use iptables::render::static_chains::verdict_of_chain;

@@ -13,7 +13,8 @@ use calc_graph::proto::IpVersion as ProtoIp;
 use felixrs::dataplane_args::DataplaneArgs;
 use felixrs::render_cmd::{SourceArgs, render_node};
 use felixrs_test_support::netns::Netns;
-use iptables::apply::{Applier, ApplierConfig, Backend, ExecRunner, IpVersion, Mode};
+use iptables::apply::{Applier, ApplierConfig, Backend, ExecRunner, Mode};
+use iptables::desired::IpVersion;
 
 const TOOLS: &[&str] = &[
     "ip",

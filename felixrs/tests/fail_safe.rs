@@ -16,7 +16,7 @@ use std::net::IpAddr;
 use calc_graph::proto::IpVersion;
 use felixrs::agent::kernel::GraphPipeline;
 use felixrs::agent::state::Pipeline;
-use iptables::apply::TableName;
+use iptables::desired::TableName;
 use iptables::render::static_chains::FORWARD;
 use iptables::render::trace::{self, Outcome, Packet, RendererRules};
 use iptables::render::{RenderConfig, Renderer};

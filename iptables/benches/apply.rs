@@ -18,11 +18,10 @@ use std::time::{Duration, Instant};
 
 use calc_graph::proto::*;
 use felixrs_test_support::netns::Netns;
-use iptables::apply::diff::{plan_table, simulate};
-use iptables::apply::kernel::ActualTable;
-use iptables::apply::{
-    Applier, ApplierConfig, Backend, DesiredState, ExecRunner, Runner, TableName, cleanup,
-};
+use iptables::apply::{Applier, ApplierConfig, Backend, ExecRunner, Runner, cleanup};
+use iptables::desired::diff::{plan_table, simulate};
+use iptables::desired::{DesiredState, TableName};
+use iptables::parse::ActualTable;
 use iptables::render::{RenderConfig, Renderer};
 
 #[path = "support/node_fixture.rs"]

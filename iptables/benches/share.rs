@@ -23,10 +23,8 @@ use std::time::{Duration, Instant};
 
 use calc_graph::proto::*;
 use felixrs_test_support::netns::Netns;
-use iptables::apply::{
-    Applier, ApplierConfig, ApplyReport, Backend, Changes, DesiredState, ExecRunner, Runner,
-    TableName,
-};
+use iptables::apply::{Applier, ApplierConfig, ApplyReport, Backend, ExecRunner, Runner};
+use iptables::desired::{Changes, DesiredState, TableName};
 use iptables::render::{RenderConfig, Renderer};
 
 const POLICIES: usize = 2000;
@@ -685,10 +683,10 @@ fn main() {
             black_box(iptables::parse::parse_save_lenient(&v4_save).unwrap());
             println!("  {name:8} typed parse alone: {}", ms(t.elapsed()));
             let t = Instant::now();
-            black_box(iptables::apply::kernel::scan_save(&v4_save));
+            black_box(iptables::parse::scan_save(&v4_save));
             println!("  {name:8} scan alone: {}", ms(t.elapsed()));
             let t = Instant::now();
-            let tables = black_box(iptables::apply::read_tables(&v4_save));
+            let tables = black_box(iptables::parse::read_tables(&v4_save));
             println!(
                 "  {name:8} the applier's parse of the v4 save ({} KiB, {} rules): {}",
                 v4_save.len() / 1024,

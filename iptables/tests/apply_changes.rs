@@ -236,7 +236,7 @@ fn an_empty_change_log_plans_nothing() {
     let skipped = a.apply_changes(d, &Default::default()).unwrap();
     assert!(skipped.is_empty(), "{skipped:?}");
     let written = a.apply_changes(d, &log).unwrap();
-    let filter = &written.iptables[&iptables::apply::TableName::Filter];
+    let filter = &written.iptables[&iptables::desired::TableName::Filter];
     assert!(filter.contains("--dports 87"), "{filter}");
     // And the whole plan finds nothing left.
     assert!(a.apply(d).unwrap().is_empty());

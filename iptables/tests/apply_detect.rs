@@ -7,9 +7,8 @@ mod support;
 use std::time::Duration;
 
 use felixrs_test_support::netns::Netns;
-use iptables::apply::{
-    Applier, ApplierConfig, Backend, ExecRunner, IpVersion, Mode, Reason, TableName, backend,
-};
+use iptables::apply::{Applier, ApplierConfig, Backend, ExecRunner, Mode, Reason, backend};
+use iptables::desired::{IpVersion, TableName};
 use support::check::{assert_in_sync, set_members};
 use support::desired::{SET_WEB, mk_state};
 use support::{kernel_netns, runner};
@@ -141,7 +140,7 @@ fn a_read_ahead_is_the_next_applys_read_and_its_view_is_planned_whole() {
     // The read and its save are the apply's; a new view is planned whole, whatever the
     // change log says, so the drift is repaired.
     let report = restarted
-        .apply_changes(&desired, &iptables::apply::Changes::default())
+        .apply_changes(&desired, &iptables::desired::Changes::default())
         .unwrap();
     assert_eq!((report.kernel_reads, report.saves), (1, 1), "{report:?}");
     let filter = &report.iptables[&TableName::Filter];

@@ -6,7 +6,8 @@
 
 mod support;
 
-use iptables::apply::{Applier, ApplierConfig, Backend, TableName};
+use iptables::apply::{Applier, ApplierConfig, Backend};
+use iptables::desired::TableName;
 use support::desired::{SET_DB, SET_WEB, mk_state};
 use support::{kernel_netns, runner};
 

@@ -6,9 +6,10 @@ mod support;
 use std::time::Duration;
 
 use felixrs_test_support::netns::Netns;
-use iptables::apply::{
-    Applier, ApplierConfig, ApplyError, Backend, DesiredState, DesiredTable, ExecRunner,
-    HookPosition, IpSetKind, IpSetMember, IpSetSpec, IpVersion, Mode, TableName,
+use iptables::apply::{Applier, ApplierConfig, ApplyError, Backend, ExecRunner, Mode};
+use iptables::desired::{
+    DesiredState, DesiredTable, HookPosition, IpSetKind, IpSetMember, IpSetSpec, IpVersion,
+    TableName,
 };
 use support::check::{assert_in_sync, set_header, set_members, set_names};
 use support::desired::{SET_DB, SET_WEB, mk_hook, mk_net, mk_rules, mk_state};

@@ -6,10 +6,8 @@ mod support;
 use std::time::Duration;
 
 use felixrs_test_support::netns::Netns;
-use iptables::apply::{
-    Applier, ApplierConfig, ApplyError, Backend, DesiredState, ExecRunner, IpVersion, Mode,
-    TableName,
-};
+use iptables::apply::{Applier, ApplierConfig, ApplyError, Backend, ExecRunner, Mode};
+use iptables::desired::{DesiredError, DesiredState, IpVersion, TableName};
 use support::check::{assert_in_sync, foreign_lines, hashes_of, save, set_members, set_names};
 use support::desired::{SET_DB, SET_WEB, mk_rules, mk_state};
 use support::{kernel_netns, runner};
@@ -373,7 +371,7 @@ fn invalid_input_is_refused_before_anything_is_written() {
         .insert("KUBE-SERVICES".into(), vec![]);
     let err = applier.apply(&bad).unwrap_err();
     assert!(
-        matches!(&err, ApplyError::InvalidChain { chain, .. } if chain == "KUBE-SERVICES"),
+        matches!(&err, ApplyError::Invalid(DesiredError::InvalidChain { chain, .. }) if chain == "KUBE-SERVICES"),
         "{err}"
     );
     let mut bad = mk_state();
@@ -419,7 +417,7 @@ fn reread_every_apply_repairs_drift_without_refresh() {
 #[test]
 fn preview_is_exactly_what_a_first_apply_writes() {
     let desired = mk_state();
-    let text = iptables::apply::preview(&desired).unwrap();
+    let text = iptables::desired::preview(&desired).unwrap();
     let ns = kernel_netns();
     let report = mk_applier(&ns, Mode::Nft).apply(&desired).unwrap();
     let mut expected = format!("# ipset restore (IPv4)\n{}", report.ipset_updates);

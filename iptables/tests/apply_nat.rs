@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use calc_graph::proto::{IpPool, IpVersion, Output};
 use felixrs_test_support::netns::Netns;
-use iptables::apply::{Applier, ApplierConfig, Backend, ExecRunner, Mode, TableName};
+use iptables::apply::{Applier, ApplierConfig, Backend, ExecRunner, Mode};
+use iptables::desired::TableName;
 use iptables::render::{RenderConfig, Renderer};
 use support::check::{assert_in_sync, foreign_lines, rules_of, save, set_members, set_names};
 use support::{kernel_netns, runner};

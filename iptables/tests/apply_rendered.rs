@@ -8,7 +8,8 @@ mod support;
 
 use calc_graph::proto::*;
 use felixrs_test_support::netns::{Netns, veth};
-use iptables::apply::{Applier, ApplierConfig, Backend, IpVersion as V, TableName};
+use iptables::apply::{Applier, ApplierConfig, Backend};
+use iptables::desired::{IpVersion as V, TableName};
 use iptables::render::{RenderConfig, Renderer};
 use support::check::assert_in_sync;
 use support::tcp;

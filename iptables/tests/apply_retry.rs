@@ -9,10 +9,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use felixrs_test_support::netns::Netns;
-use iptables::apply::{
-    Applier, ApplierConfig, Backend, ExecRunner, IpSetKind, IpSetSpec, Mode, RunError, Runner,
-    TableName,
-};
+use iptables::apply::{Applier, ApplierConfig, Backend, ExecRunner, Mode, RunError, Runner};
+use iptables::desired::{IpSetKind, IpSetSpec, TableName};
 use support::check::{assert_in_sync, set_members};
 use support::desired::{SET_WEB, mk_net, mk_rules, mk_state};
 use support::{kernel_netns, runner};

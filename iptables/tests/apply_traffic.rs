@@ -5,9 +5,9 @@
 mod support;
 
 use felixrs_test_support::netns::VethPair;
-use iptables::apply::{
-    Applier, ApplierConfig, Backend, DesiredState, DesiredTable, HookPosition, IpSetKind,
-    IpSetSpec, IpVersion, TableName,
+use iptables::apply::{Applier, ApplierConfig, Backend};
+use iptables::desired::{
+    DesiredState, DesiredTable, HookPosition, IpSetKind, IpSetSpec, IpVersion, TableName,
 };
 use support::desired::{mk_hook, mk_net, mk_rules};
 use support::tcp;

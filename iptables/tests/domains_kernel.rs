@@ -13,7 +13,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use calc_graph::proto::*;
-use iptables::apply::{Applier, ApplierConfig, Backend, IpVersion as V, TableName, ipset};
+use iptables::apply::{Applier, ApplierConfig, Backend};
+use iptables::desired::{IpVersion as V, TableName, ipset};
 use iptables::render::trace::{self, Packet};
 use iptables::render::trace_kernel::KernelRules;
 use iptables::render::{DomainMembers, LearnedAddr, RenderConfig, Renderer};

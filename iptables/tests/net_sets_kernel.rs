@@ -11,7 +11,8 @@ mod support;
 
 use calc_graph::proto::*;
 use felixrs_test_support::netns::{Netns, veth};
-use iptables::apply::{Applier, ApplierConfig, Backend, IpVersion as V};
+use iptables::apply::{Applier, ApplierConfig, Backend};
+use iptables::desired::IpVersion as V;
 use iptables::render::{RenderConfig, Renderer};
 use support::check::{assert_in_sync, set_members, set_names};
 use support::tcp;

@@ -6,9 +6,8 @@
 
 mod support;
 
-use iptables::apply::{
-    Applier, ApplierConfig, Backend, DesiredState, DesiredTable, HookPosition, IpVersion, TableName,
-};
+use iptables::apply::{Applier, ApplierConfig, Backend};
+use iptables::desired::{DesiredState, DesiredTable, HookPosition, IpVersion, TableName};
 use iptables::model::TableLine;
 use iptables::parse::{parse_save, parse_save_lenient};
 use proptest::prelude::*;
@@ -76,7 +75,7 @@ fn the_applier_view_keeps_positions_and_never_owns_an_opaque_rule_in_a_kernel_ch
     let (rs, warnings) = parse_save_lenient(text).unwrap();
     assert_eq!(rs.render(), text);
     assert_eq!(warnings.len(), 3);
-    let view = iptables::apply::read_tables(text);
+    let view = iptables::parse::read_tables(text);
     let hashes = |chain: &str| -> Vec<Option<String>> {
         view[&TableName::Filter].chains[chain]
             .iter()

@@ -8,7 +8,7 @@ mod render_support;
 
 use calc_graph::proto::*;
 use felixrs_test_support::netns::Netns;
-use iptables::apply::TableName;
+use iptables::desired::TableName;
 use iptables::render::{DenyLog, RenderConfig, Renderer};
 use render_support::*;
 

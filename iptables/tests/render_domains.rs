@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use calc_graph::graph::{CalcGraph, Update};
 use calc_graph::model::Resource;
 use calc_graph::proto::*;
-use iptables::apply::{IpSetKind as Kind, TableName};
+use iptables::desired::{IpSetKind as Kind, TableName};
 use iptables::render::hash::rule_hashes;
 use iptables::render::trace::{self, Outcome, Packet, RendererRules};
 use iptables::render::{
@@ -308,7 +308,10 @@ fn the_dns_hold_queues_trusted_servers_replies_to_workloads_only() {
     assert_eq!(mangle.hooks.len(), 1);
     assert_eq!(mangle.hooks[0].kernel_chain, "POSTROUTING");
     assert_eq!(mangle.hooks[0].rule.body, "-j cali-POSTROUTING");
-    assert_eq!(mangle.hooks[0].position, iptables::apply::HookPosition::Top);
+    assert_eq!(
+        mangle.hooks[0].position,
+        iptables::desired::HookPosition::Top
+    );
     let v6 = r.desired(IpVersion::V6);
     let v6_rules = &v6.tables[&TableName::Mangle].chains["cali-POSTROUTING"];
     assert_eq!(v6_rules.len(), 4);

@@ -13,7 +13,7 @@ use std::net::IpAddr;
 
 use calc_graph::proto::*;
 use ipnet::IpNet;
-use iptables::apply::{IpSetSpec, TableName};
+use iptables::desired::{IpSetSpec, TableName};
 use iptables::render::ir::{Match, Rule, Target};
 use iptables::render::static_chains::{VERDICT_ACCEPT, VERDICT_DROP, VERDICT_PASS, verdict_chains};
 use iptables::render::{MarkBits, RenderConfig, Renderer, trace};

@@ -4,7 +4,7 @@
 mod render_support;
 
 use calc_graph::proto::IpVersion;
-use iptables::apply::{HookPosition, TableName};
+use iptables::desired::{HookPosition, TableName};
 use iptables::render::{RenderConfig, Renderer};
 use render_support::*;
 

@@ -4,7 +4,7 @@
 mod render_support;
 
 use calc_graph::proto::*;
-use iptables::apply::TableName;
+use iptables::desired::TableName;
 use iptables::model;
 use iptables::render::{RenderConfig, RenderError, Renderer};
 use render_support::*;

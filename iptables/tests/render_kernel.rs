@@ -8,8 +8,8 @@ mod render_support;
 
 use calc_graph::proto::*;
 use felixrs_test_support::netns::Netns;
-use iptables::apply::IpSetKind as Kind;
-use iptables::apply::desired::member_text;
+use iptables::desired::IpSetKind as Kind;
+use iptables::desired::member_text;
 use iptables::render::{LogAction, RenderConfig, Renderer, SourceSpoofing};
 use render_support::*;
 

@@ -5,7 +5,7 @@
 mod render_support;
 
 use calc_graph::proto::{IpPool, IpSetMember, IpVersion, Output};
-use iptables::apply::TableName;
+use iptables::desired::TableName;
 use iptables::render::{RenderConfig, Renderer};
 use render_support::*;
 

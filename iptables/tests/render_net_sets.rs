@@ -8,7 +8,7 @@ mod render_support;
 use std::collections::BTreeSet;
 
 use calc_graph::proto::*;
-use iptables::apply::{IpSetSpec, TableName};
+use iptables::desired::{IpSetSpec, TableName};
 use iptables::render::ir::{Match, Rule, Target};
 use iptables::render::{RenderConfig, Renderer, names};
 use render_support::*;

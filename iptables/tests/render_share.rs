@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use calc_graph::proto::*;
-use iptables::apply::{DesiredRule, IpSetSpec, TableName};
+use iptables::desired::{DesiredRule, IpSetSpec, TableName};
 use iptables::render::ir::Target;
 use iptables::render::{RenderConfig, Renderer, dispatch, names, trace};
 use proptest::prelude::*;

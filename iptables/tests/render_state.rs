@@ -4,7 +4,7 @@
 mod render_support;
 
 use calc_graph::proto::*;
-use iptables::apply::{IpSetKind as SetKind, TableName};
+use iptables::desired::{IpSetKind as SetKind, TableName};
 use iptables::render::ir::Target;
 use iptables::render::{LogAction, RenderConfig, RenderError, Renderer};
 use render_support::*;

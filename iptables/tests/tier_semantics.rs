@@ -27,7 +27,7 @@ use std::net::IpAddr;
 use calc_graph::graph::{CalcGraph, Update};
 use calc_graph::model::Resource;
 use calc_graph::proto::IpVersion;
-use iptables::apply::TableName;
+use iptables::desired::TableName;
 use iptables::render::{RenderConfig, Renderer, trace};
 use proptest::prelude::*;
 use serde_json::{Value, json};

@@ -19,9 +19,8 @@ use std::time::{Duration, Instant};
 use calc_graph::graph::{CalcGraph, Update};
 use calc_graph::model::{CALICO_PREFIX, Kind, Resource, ResourceKey};
 use calc_graph::proto::{EndpointId, IpVersion, Output, PolicyId};
-use iptables::apply::{
-    Applier, ApplierConfig, Backend, DesiredState, Runner, TableName, backend, conntrack,
-};
+use iptables::apply::{Applier, ApplierConfig, Backend, Runner, backend, conntrack};
+use iptables::desired::{DesiredState, TableName};
 use iptables::render::{RenderConfig, RenderError, Renderer};
 use iptables::stats::Attribution;
 

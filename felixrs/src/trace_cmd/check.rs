@@ -5,9 +5,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use calc_graph::proto::IpVersion;
 use iptables::apply::backend::{self, Backend};
-use iptables::apply::ipset::{self, ActualSet};
-use iptables::apply::kernel::{ActualTable, scan_save};
-use iptables::apply::{DesiredTable, ExecRunner, Runner, TableName};
+use iptables::apply::{ExecRunner, Runner};
+use iptables::desired::ipset::{self, ActualSet};
+use iptables::desired::{DesiredTable, TableName};
+use iptables::parse::{ActualTable, scan_save};
 use iptables::render::trace::Effect;
 
 use anyhow::bail;

@@ -21,9 +21,9 @@
 //! [`Detection`] so the first apply seeds its view and sweep from them
 //! ([`super::Applier::use_detection`]) instead of saving the same backend and family again.
 
-use super::desired::IpVersion;
 use super::error::ApplyError;
 use super::runner::Runner;
+use crate::desired::IpVersion;
 
 /// The user's choice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

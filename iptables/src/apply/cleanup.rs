@@ -2,7 +2,7 @@
 //! every table of both backends (legacy and nft) and both families, then our IP sets.
 //!
 //! Ownership is decided exactly as an apply decides it, by planning every table against an empty
-//! desired state ([`plan_table`] with `None`, the same plan that sweeps the other backend): chains
+//! desired state ([`plan_removal`](crate::desired::cleanup::plan_removal), the same plan that sweeps the other backend): chains
 //! named `cali-*`, rules in built-in chains whose first comment is `cali:<hash>`, sets named
 //! `cali4*`/`cali6*`. Foreign rules, chains and sets are never written; a chain of ours that a
 //! foreign rule still jumps to is flushed but kept (deleting it would fail the transaction), and
@@ -16,13 +16,14 @@
 use std::fmt::Write as _;
 
 use super::backend::Mode;
-use super::desired::{IpVersion, TableName, is_our_chain};
-use super::diff::{Op, plan_table, render};
 use super::engine::INCOMPATIBLE;
 use super::error::{ApplyError, clean_stderr};
-use super::ipset::{parse_save as parse_ipset_save, render_deletions};
-use super::read::read_tables;
 use super::runner::{RunError, Runner};
+use crate::desired::cleanup::plan_removal;
+use crate::desired::diff::Op;
+use crate::desired::ipset::{parse_save as parse_ipset_save, render_deletions};
+use crate::desired::{IpVersion, TableName};
+use crate::parse::read_tables;
 
 /// One table of one backend and family with something of ours in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,46 +137,22 @@ pub fn plan<R: Runner>(runner: &R) -> Result<CleanupPlan, ApplyError> {
                 continue;
             }
             for (table, actual) in read_tables(&text) {
-                // Planning towards "nothing desired" validates nothing we could get wrong: every
-                // op removes an existing rule or chain of ours.
-                let ops = match plan_table(table, None, &actual) {
-                    Ok(ops) => ops,
-                    Err(e) => {
-                        plan.unreadable
-                            .push(format!("{program} table {table}: {e}"));
-                        continue;
-                    }
-                };
-                if ops.is_empty() {
-                    continue;
+                match plan_removal(table, &actual) {
+                    Ok(Some(r)) => plan.tables.push(TableCleanup {
+                        mode,
+                        family,
+                        table,
+                        chains: r.chains,
+                        kept: r.kept,
+                        hook_rules: r.hook_rules,
+                        ops: r.ops,
+                        payload: r.payload,
+                    }),
+                    Ok(None) => {}
+                    Err(e) => plan
+                        .unreadable
+                        .push(format!("{program} table {table}: {e}")),
                 }
-                let chains: Vec<String> = ops
-                    .iter()
-                    .filter_map(|op| match op {
-                        Op::DeleteChain(c) => Some(c.clone()),
-                        _ => None,
-                    })
-                    .collect();
-                let kept = actual
-                    .our_chains()
-                    .map(|(c, _)| c)
-                    .filter(|c| !chains.contains(c))
-                    .cloned()
-                    .collect();
-                let hook_rules = ops
-                    .iter()
-                    .filter(|op| matches!(op, Op::DeleteSpec { chain, .. } if !is_our_chain(chain)))
-                    .count();
-                plan.tables.push(TableCleanup {
-                    mode,
-                    family,
-                    table,
-                    chains,
-                    kept,
-                    hook_rules,
-                    payload: render(table, &ops),
-                    ops,
-                });
             }
         }
     }
@@ -250,8 +227,9 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::apply::diff::simulate;
-    use crate::apply::kernel::ActualTable;
+    use crate::desired::diff::simulate;
+    use crate::model::is_our_chain;
+    use crate::parse::ActualTable;
 
     /// Felix's own save (every table holds cali- chains and hooks) plus foreign rules.
     const SAVE: &str = include_str!(

@@ -1,12 +1,13 @@
-//! Reading the kernel's rule counters (`iptables-save -c -t filter`) for [`crate::stats`].
+//! Reading the kernel's rule counters (`iptables-save -c -t filter`) for [`crate::stats`]
+//! (scanned by [`crate::parse::scan_counters`]).
 //!
 //! A plain save through the [`Runner`]: it takes no lock and never waits for the applier, so a
 //! counter read never blocks an apply (and an apply never waits for it).
 
 use super::backend::Mode;
-use super::desired::IpVersion;
 use super::error::ApplyError;
 use super::runner::Runner;
+use crate::desired::IpVersion;
 
 /// The filter table of `family` in backend `mode`, with counters.
 pub fn read_filter_counters(

@@ -13,11 +13,10 @@
 //! re-read and rewritten.
 
 use super::backend::Mode;
-use super::desired::{IpVersion, TableName, is_our_set};
 use super::error::ApplyError;
-use super::kernel::ActualRule;
-use super::read::read_tables;
 use super::runner::Runner;
+use crate::desired::{IpVersion, TableName, is_our_set};
+use crate::parse::{ActualRule, read_tables};
 
 /// The chains the fast check lists, per table.
 /// mangle's are checked only when desired (the DNS hold of FQDN policy).

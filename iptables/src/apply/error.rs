@@ -1,32 +1,14 @@
 //! Errors of the applier. Every variant names what failed: the table, chain, set or payload line.
 
-use super::desired::TableName;
 use super::runner::RunError;
+use crate::desired::{DesiredError, TableName};
 
 /// Why an apply (or a read of the kernel state) failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
-    #[error("invalid chain {chain} in table {table}: {reason}")]
-    InvalidChain {
-        table: TableName,
-        chain: String,
-        reason: &'static str,
-    },
-    #[error("invalid rule {hash} in chain {chain} of table {table}: {reason}")]
-    InvalidRule {
-        table: TableName,
-        chain: String,
-        hash: String,
-        reason: &'static str,
-    },
-    #[error("invalid ip set {set}: {reason}")]
-    InvalidSet { set: String, reason: String },
-    #[error("invalid member {member} of ip set {set}: {reason}")]
-    InvalidMember {
-        set: String,
-        member: String,
-        reason: String,
-    },
+    /// The desired state itself is refused (nothing was written).
+    #[error(transparent)]
+    Invalid(#[from] DesiredError),
     #[error("desired state is for IPv{desired} but this applier writes IPv{applier}")]
     FamilyMismatch { applier: u8, desired: u8 },
     #[error(transparent)]

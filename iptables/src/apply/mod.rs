@@ -5,7 +5,8 @@
 //!
 //! # Use
 //! ```no_run
-//! use iptables::apply::{Applier, ApplierConfig, Backend, DesiredState, ExecRunner, IpVersion};
+//! use iptables::apply::{Applier, ApplierConfig, Backend, ExecRunner};
+//! use iptables::desired::{DesiredState, IpVersion};
 //! # fn desired() -> DesiredState { DesiredState::new(IpVersion::V4) }
 //! let mut v4 = Applier::new(ExecRunner::new(), ApplierConfig {
 //!     family: IpVersion::V4,
@@ -36,12 +37,11 @@
 //!   payload line the tool blamed.
 //!
 //! # Modules
-//! * [`desired`]: the input type ([`DesiredState`]), produced by the renderer, and its checks.
-//! * [`kernel`], `read`: the applier's view of the kernel, read from `iptables-save` through the
-//!   crate's parser (line-scan fallback).
+//! The input ([`DesiredState`](crate::desired::DesiredState)) and all pure planning (per-table
+//! diff, IP set phases, cleanup plans, preview) are in [`crate::desired`]; the kernel view is
+//! read by [`crate::parse::read_tables`]. This module runs the tools and keeps the state between
+//! applies:
 //! * [`drift`]: the fast check of our entry chains between two full refreshes.
-//! * [`diff`]: pure per-table planning, rendering and a restore-semantics simulator.
-//! * [`ipset`]: reading our sets and planning the two `ipset restore` phases.
 //! * [`backend`]: legacy vs nft detection, binaries and lock options.
 //! * [`runner`]: the process runner trait and its std::process implementation.
 //! * [`cleanup`]: removing everything of ours from a node (`felixrs cleanup`).
@@ -50,29 +50,17 @@
 //! * `engine`: [`Applier`], tying it together.
 
 pub mod backend;
-pub mod changes;
 pub mod cleanup;
 pub mod conntrack;
 pub mod counters;
-pub mod desired;
-pub mod diff;
 pub mod drift;
 mod engine;
 pub mod error;
-pub mod ipset;
-pub mod kernel;
-mod read;
 pub mod runner;
 
 pub use backend::{
     Backend, Detection, Mode, Reason, detect_masquerade_fully_random, masquerade_fully_random,
 };
-pub use changes::Changes;
-pub use desired::{
-    DesiredRule, DesiredState, DesiredTable, HookPosition, HookRule, IpSetKind, IpSetMember,
-    IpSetSpec, IpVersion, TableName,
-};
-pub use engine::{Applier, ApplierConfig, ApplyReport, preview};
+pub use engine::{Applier, ApplierConfig, ApplyReport};
 pub use error::ApplyError;
-pub use read::read_tables;
 pub use runner::{ExecRunner, RunError, Runner};

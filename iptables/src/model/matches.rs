@@ -10,41 +10,16 @@ use std::fmt::Write as _;
 use super::text::{push_dec, push_hex};
 use super::{Arg, Negatable, SetName, Text, Word};
 
-/// A port or port range as printed by tcp/udp/multiport (`80`, `1024:65535`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct PortRange {
-    pub first: u16,
-    pub last: u16,
-}
+/// A port or port range as printed by tcp/udp/multiport (`80`, `1024:65535`): calc-graph's,
+/// the same type the policy rules carry.
+pub use calc_graph::proto::PortRange;
 
-impl PortRange {
-    pub fn single(p: u16) -> Self {
-        Self { first: p, last: p }
-    }
-
-    pub fn range(first: u16, last: u16) -> Self {
-        Self { first, last }
-    }
-}
-
-impl PortRange {
-    /// Appends the Display form (`80`, `1024:65535`).
-    pub(crate) fn push_to(self, out: &mut String) {
-        push_dec(out, self.first.into());
-        if self.first != self.last {
-            out.push(':');
-            push_dec(out, self.last.into());
-        }
-    }
-}
-
-impl fmt::Display for PortRange {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.first == self.last {
-            write!(f, "{}", self.first)
-        } else {
-            write!(f, "{}:{}", self.first, self.last)
-        }
+/// Appends a port range's Display form (`80`, `1024:65535`).
+pub(crate) fn push_port_range(p: PortRange, out: &mut String) {
+    push_dec(out, p.first.into());
+    if p.first != p.last {
+        out.push(':');
+        push_dec(out, p.last.into());
     }
 }
 
@@ -344,12 +319,12 @@ fn push_ports(out: &mut String, ports: &Ports) {
     if let Some(p) = &ports.sport {
         push_neg(out, p.negated);
         out.push_str(" --sport ");
-        p.value.push_to(out);
+        push_port_range(p.value, out);
     }
     if let Some(p) = &ports.dport {
         push_neg(out, p.negated);
         out.push_str(" --dport ");
-        p.value.push_to(out);
+        push_port_range(p.value, out);
     }
 }
 
@@ -461,7 +436,7 @@ impl Match {
                     if i > 0 {
                         out.push(',');
                     }
-                    p.push_to(out);
+                    push_port_range(*p, out);
                 }
             }
             Self::Tcp(p) | Self::Udp(p) => push_ports(out, p),

@@ -76,6 +76,7 @@
 //! kernel would truncate.
 
 mod matches;
+mod ownership;
 mod restore;
 mod rule;
 mod table;
@@ -88,6 +89,9 @@ use std::fmt;
 pub use matches::{
     AddrType, CtState, CtStates, IcmpType, Match, PortRange, Ports, PortsKind, Rate, RateUnit,
     SetDir,
+};
+pub use ownership::{
+    CHAIN_PREFIX, HASH_COMMENT_PREFIX, HASH_LEN, MAX_CHAIN_LEN, is_our_chain, valid_hash,
 };
 pub use restore::RestoreWriter;
 pub use rule::{Addr, Negatable, Protocol, Rule};

@@ -31,9 +31,16 @@
 //! as `-s` would be misread – the kernel quotes string values, so its output is unaffected),
 //! whether sets/chains exist, IPv4 vs IPv6 modules in the wrong family.
 
+mod counters;
 mod lexer;
+mod read;
 mod rule;
+mod scan;
 mod typed;
+
+pub use counters::scan_counters;
+pub use read::read_tables;
+pub use scan::{ActualRule, ActualTable, Tokens, body_target, scan_rule, scan_save, unquote};
 
 use std::collections::HashSet;
 

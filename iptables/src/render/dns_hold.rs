@@ -32,7 +32,7 @@ use ipnet::IpNet;
 use super::RenderConfig;
 use super::ir::{Match, Rule, Target};
 use super::static_chains::wildcard;
-use crate::apply::HookPosition;
+use crate::desired::HookPosition;
 
 /// The mangle chain the hook jumps to.
 pub const MANGLE_POSTROUTING: &str = "cali-POSTROUTING";

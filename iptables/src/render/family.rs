@@ -16,7 +16,7 @@ use ipnet::IpNet;
 
 use super::hash::rule_hashes;
 use super::ir::{Match, Rule};
-use crate::apply::{DesiredRule, DesiredState, HookPosition, HookRule, IpSetSpec, TableName};
+use crate::desired::{DesiredRule, DesiredState, HookPosition, HookRule, IpSetSpec, TableName};
 
 /// An IP set that changed in a family: its new content, or `None` when it is no longer wanted.
 pub type SetChange = (String, Option<IpSetSpec>);

@@ -319,14 +319,10 @@ impl Rule {
                         Side::Src => model::PortsKind::Source,
                         Side::Dst => model::PortsKind::Destination,
                     };
-                    let ports = ports
-                        .iter()
-                        .map(|p| model::PortRange::range(p.first, p.last))
-                        .collect();
                     r.matches.push(model::Match::Multiport {
                         negated: *negated,
                         kind,
-                        ports,
+                        ports: ports.clone(),
                     });
                 }
                 Match::Icmp {

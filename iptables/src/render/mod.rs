@@ -1,7 +1,7 @@
 //! Renderer: calc-graph output -> the desired Calico-style chains and IP sets (pure).
 //!
 //! [`Renderer`] consumes [`calc_graph::proto::Output`]s incrementally and produces, for IPv4 and
-//! IPv6, the applier's [`DesiredState`](crate::apply::DesiredState) (filter + nat tables, hook
+//! IPv6, the applier's [`DesiredState`](crate::desired::DesiredState) (filter + nat tables, hook
 //! rules, IP sets), and on request only what changed since the last call ([`Delta`]).
 //!
 //! # Layout (as Felix, felix-reference §2)

@@ -30,7 +30,7 @@ use super::shared::SharedChains;
 use super::{
     RenderConfig, RenderError, SourceSpoofing, dispatch, dns_hold, endpoint, names, static_chains,
 };
-use crate::apply::{Changes, DesiredState, TableName};
+use crate::desired::{Changes, DesiredState, TableName};
 
 /// What an endpoint's chains reference, for reference counting.
 struct EpRefs {

@@ -11,7 +11,7 @@ use super::dispatch::{FROM_WL_DISPATCH, TO_WL_DISPATCH};
 use super::ir::{Match, Rule, Side, Target};
 use super::marks::MarkBits;
 use super::{EndpointToHostAction, RenderConfig, SourceSpoofing};
-use crate::apply::HookPosition;
+use crate::desired::HookPosition;
 
 pub const FORWARD: &str = "cali-FORWARD";
 pub const INPUT: &str = "cali-INPUT";

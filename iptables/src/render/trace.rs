@@ -14,7 +14,7 @@ use calc_graph::proto::{DomainPattern, IpSetMember, IpVersion};
 
 use super::Renderer;
 use super::ir::{CtStates, Match, Rule, SetFlags, Side, Target};
-use crate::apply::TableName;
+use crate::model::TableName;
 
 /// How deep jumps may nest before the trace gives up (our chains nest at most 5 deep).
 const MAX_DEPTH: usize = 32;

@@ -15,7 +15,7 @@ use std::net::IpAddr;
 
 use super::ir::{Match, Rule, Target};
 use super::trace::{ConntrackState, DomainHit, Packet, Rules, Trace};
-use crate::apply::ipset::ActualSet;
+use crate::desired::ipset::ActualSet;
 use crate::model::{
     self, Addr, CtState, IcmpType, Iface, Negatable, PortRange, PortsKind, Protocol, SetDir,
     TableLine,

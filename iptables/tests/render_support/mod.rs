@@ -95,7 +95,7 @@ pub fn ports(list: &[(u16, u16)]) -> Vec<PortRange> {
 
 /// The desired state of one family as an `iptables-restore` payload (every table, our chains
 /// declared, hook rules appended to the kernel chains), the way the applier writes rules.
-pub fn restore_text(d: &iptables::apply::DesiredState) -> String {
+pub fn restore_text(d: &iptables::desired::DesiredState) -> String {
     let mut out = String::new();
     for (table, t) in &d.tables {
         out.push_str(&format!("*{}\n", table.as_str()));
@@ -126,7 +126,7 @@ pub fn restore_text(d: &iptables::apply::DesiredState) -> String {
 /// renderer meant: same count, and each parsed rule equal to the typed model rule (hash comment
 /// first). Returns the number of rules checked.
 pub fn assert_parses_back(r: &iptables::render::Renderer, v: IpVersion) -> usize {
-    use iptables::apply::TableName as ApplyTable;
+    use iptables::desired::TableName as ApplyTable;
     let d = r.desired(v);
     let text = restore_text(&d);
     let parsed = iptables::parse::parse_save(&text)
@@ -172,7 +172,7 @@ pub fn endpoint_rules(
     v: IpVersion,
     chain: &str,
 ) -> Option<Vec<iptables::render::ir::Rule>> {
-    use iptables::apply::TableName;
+    use iptables::desired::TableName;
     use iptables::render::ir::Target;
     let mut rules = r.chain(v, TableName::Filter, chain)?.to_vec();
     if let Some(Target::Goto(shared)) = rules.last().and_then(|l| l.target.clone())

@@ -2,7 +2,8 @@
 
 #![allow(dead_code)]
 
-use iptables::apply::{DesiredState, HookPosition, IpVersion, Mode};
+use iptables::apply::Mode;
+use iptables::desired::{DesiredState, HookPosition, IpVersion};
 
 use felixrs_test_support::netns::Netns;
 

@@ -7,7 +7,7 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use sha2::{Digest, Sha224};
 
-use iptables::apply::{
+use iptables::desired::{
     DesiredRule, DesiredState, DesiredTable, HookPosition, HookRule, IpSetKind, IpSetMember,
     IpSetSpec, IpVersion, TableName,
 };

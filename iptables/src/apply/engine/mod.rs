@@ -21,18 +21,17 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use super::backend::{self, Backend, Detection, Mode};
-use super::changes::Changes;
-use super::desired::{DesiredState, IpSetSpec, IpVersion, TableName, is_our_chain};
-use super::diff::{Op, plan_chains, plan_table, render, simulate};
 use super::drift::{CHECKED, DriftReport, list_chain, same_rules, set_sizes};
 use super::error::{ApplyError, blame, clean_stderr, failed_line, payload_line};
-use super::ipset::{
+use super::runner::Runner;
+use crate::desired::diff::{Op, plan_chains, plan_table, render, simulate};
+use crate::desired::ipset::{
     ActualSet, SetUpdatePlan, after_updates, parse_save as parse_ipset_save, plan_deletions,
     plan_updates, render_deletions,
 };
-use super::kernel::ActualTable;
-use super::read::read_tables;
-use super::runner::Runner;
+use crate::desired::{Changes, DesiredState, IpSetSpec, IpVersion, TableName};
+use crate::model::is_our_chain;
+use crate::parse::{ActualTable, read_tables};
 
 mod read_kernel;
 mod write;
@@ -121,29 +120,6 @@ static EMPTY_TABLE: ActualTable = ActualTable {
 };
 
 static NO_NAMES: BTreeSet<String> = BTreeSet::new();
-
-/// What an apply would write to a kernel with nothing of ours in it: the phase-1 `ipset restore`
-/// payload, then one `iptables-restore --noflush` transaction per table, each preceded by a
-/// `# …` header line naming the tool (for `felixrs render`-style dry runs). Validates exactly as
-/// an apply does.
-pub fn preview(desired: &DesiredState) -> Result<String, ApplyError> {
-    let n = desired.family.number();
-    let mut out = String::new();
-    let sets = plan_updates(desired.family, &desired.ip_sets, &BTreeMap::new())?;
-    if !sets.payload.is_empty() {
-        out.push_str(&format!("# ipset restore (IPv{n})\n"));
-        out.push_str(&sets.payload);
-    }
-    for table in TableName::ALL {
-        let ops = plan_table(table, desired.tables.get(&table), &EMPTY_TABLE)?;
-        if ops.is_empty() {
-            continue;
-        }
-        out.push_str(&format!("# iptables-restore --noflush (IPv{n}, {table})\n"));
-        out.push_str(&render(table, &ops));
-    }
-    Ok(out)
-}
 
 /// Save text read by backend detection, for the next full read.
 #[derive(Debug, Default)]

@@ -103,7 +103,7 @@ impl<R: Runner> Applier<R> {
         }
         let mut sets = BTreeMap::new();
         for name in String::from_utf8_lossy(&names.stdout).lines() {
-            if !super::super::desired::is_our_set(family, name) {
+            if !crate::desired::is_our_set(family, name) {
                 continue;
             }
             let one = self.run_save("ipset", &["save", name])?;

@@ -48,7 +48,8 @@ impl<R: Runner> Applier<R> {
                     return Err(ApplyError::IpSetTypeInUse {
                         set: name.clone(),
                         from,
-                        to: super::super::ipset::type_name(desired.ip_sets[name].kind).to_string(),
+                        to: crate::desired::ipset::type_name(desired.ip_sets[name].kind)
+                            .to_string(),
                     });
                 }
             }

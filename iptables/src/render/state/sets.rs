@@ -9,7 +9,7 @@ use calc_graph::proto::{DomainPattern, IpSetKind, IpSetMember, IpVersion};
 use super::super::domains::{ActiveDomainSet, DomainMembers, LearnedAddr};
 use super::super::{RenderError, names, nat, static_chains};
 use super::Renderer;
-use crate::apply::{IpSetSpec, TableName};
+use crate::desired::{IpSetSpec, TableName};
 
 impl Renderer {
     /// Where the learned addresses of domain names come from (default: nothing learned). Used

@@ -1,4 +1,8 @@
-//! The desired dataplane state: the renderer's output and the applier's input.
+//! The desired dataplane state: the renderer's output and the applier's input, and everything
+//! about it that needs no kernel: its checks, the change log ([`Changes`]), the per-table plan
+//! against a kernel view and the restore-semantics simulator ([`diff`]), the IP set plans
+//! ([`ipset`]), cleanup planning ([`cleanup`]) and the dry run ([`preview`]). Pure: the applier
+//! ([`crate::apply`]) is the I/O end that feeds it kernel views and writes its payloads.
 //!
 //! One [`DesiredState`] describes everything felixrs wants in the kernel for one IP family: our
 //! `cali-` chains per table, our hook rules in the kernel chains, and our IP sets. Anything not
@@ -22,17 +26,19 @@ use calc_graph::proto::Protocol;
 pub use calc_graph::proto::{IpSetKind, IpSetMember, IpVersion};
 
 pub use crate::model::TableName;
+use crate::model::{HASH_COMMENT_PREFIX, MAX_CHAIN_LEN, is_our_chain, valid_hash};
 
-use super::error::ApplyError;
+mod changes;
+pub mod cleanup;
+pub mod diff;
+mod error;
+pub mod ipset;
+mod preview;
 
-/// Prefix of every chain we own.
-pub const CHAIN_PREFIX: &str = "cali-";
-/// Prefix of the rule-ownership comment (`cali:<hash>`).
-pub const HASH_COMMENT_PREFIX: &str = "cali:";
-/// Length of a rule hash id.
-pub const HASH_LEN: usize = 16;
-/// Longest chain name iptables accepts.
-pub const MAX_CHAIN_LEN: usize = 28;
+pub use changes::Changes;
+pub use error::DesiredError;
+pub use preview::{Preview, preview};
+
 /// Longest IP set name the kernel accepts.
 pub const MAX_SET_NAME_LEN: usize = 31;
 /// The longest member timeout the kernel accepts, in seconds (`ipset`: 0-2147483).
@@ -178,7 +184,7 @@ impl DesiredState {
     /// The applier itself runs the same checks lazily, on exactly what goes into a payload (every
     /// chain name and hook chain, and each rule or set when it is written), so an apply whose
     /// change is small does not pay for re-checking the whole state.
-    pub fn validate(&self) -> Result<(), ApplyError> {
+    pub fn validate(&self) -> Result<(), DesiredError> {
         for (table, t) in &self.tables {
             for (chain, rules) in &t.chains {
                 validate_chain_name(*table, chain)?;
@@ -199,11 +205,11 @@ impl DesiredState {
 }
 
 /// A desired chain must be ours: `cali-` + `[A-Za-z0-9_.:/-]`, at most 28 bytes.
-pub fn validate_chain_name(table: TableName, chain: &str) -> Result<(), ApplyError> {
+pub fn validate_chain_name(table: TableName, chain: &str) -> Result<(), DesiredError> {
     if is_our_chain(chain) && valid_chain_name(chain) {
         return Ok(());
     }
-    Err(ApplyError::InvalidChain {
+    Err(DesiredError::InvalidChain {
         table,
         chain: chain.to_string(),
         reason: "our chains are `cali-` + [A-Za-z0-9_.:/-], at most 28 bytes",
@@ -211,11 +217,11 @@ pub fn validate_chain_name(table: TableName, chain: &str) -> Result<(), ApplyErr
 }
 
 /// Hook rules go only into the table's built-in chains.
-pub fn validate_hook_chain(table: TableName, chain: &str) -> Result<(), ApplyError> {
+pub fn validate_hook_chain(table: TableName, chain: &str) -> Result<(), DesiredError> {
     if table.builtin_chains().contains(&chain) {
         return Ok(());
     }
-    Err(ApplyError::InvalidChain {
+    Err(DesiredError::InvalidChain {
         table,
         chain: chain.to_string(),
         reason: "hook rules go only into the table's built-in chains",
@@ -229,16 +235,16 @@ pub fn validate_written_rule(
     t: &DesiredTable,
     chain: &str,
     rule: &DesiredRule,
-) -> Result<(), ApplyError> {
+) -> Result<(), DesiredError> {
     validate_rule(table, chain, rule)?;
     check_target(table, t, chain, rule)
 }
 
 /// Checks one set before it is written: name, maxelem and every member.
-pub fn validate_set(family: IpVersion, name: &str, spec: &IpSetSpec) -> Result<(), ApplyError> {
+pub fn validate_set(family: IpVersion, name: &str, spec: &IpSetSpec) -> Result<(), DesiredError> {
     validate_set_name(family, name)?;
     if spec.maxelem == 0 {
-        return Err(ApplyError::InvalidSet {
+        return Err(DesiredError::InvalidSet {
             set: name.to_string(),
             reason: "maxelem must be positive".into(),
         });
@@ -247,7 +253,7 @@ pub fn validate_set(family: IpVersion, name: &str, spec: &IpSetSpec) -> Result<(
         validate_member(family, name, spec.kind, m)?;
     }
     for addr in spec.learned.keys() {
-        let bad = |reason: &str| ApplyError::InvalidMember {
+        let bad = |reason: &str| DesiredError::InvalidMember {
             set: name.to_string(),
             member: addr.to_string(),
             reason: reason.to_string(),
@@ -263,11 +269,6 @@ pub fn validate_set(family: IpVersion, name: &str, spec: &IpSetSpec) -> Result<(
         }
     }
     Ok(())
-}
-
-/// Whether a chain name has our prefix.
-pub fn is_our_chain(name: &str) -> bool {
-    name.starts_with(CHAIN_PREFIX)
 }
 
 /// Whether a set name is one of ours for the family (`cali4*` / `cali6*`, temp sets included).
@@ -306,16 +307,8 @@ fn valid_chain_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-' | b'/'))
 }
 
-/// Whether `hash` has the shape of a rule id (16 base64url characters).
-pub fn valid_hash(hash: &str) -> bool {
-    hash.len() == HASH_LEN
-        && hash
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
-
-fn validate_rule(table: TableName, chain: &str, rule: &DesiredRule) -> Result<(), ApplyError> {
-    let bad = |reason: &'static str| ApplyError::InvalidRule {
+fn validate_rule(table: TableName, chain: &str, rule: &DesiredRule) -> Result<(), DesiredError> {
+    let bad = |reason: &'static str| DesiredError::InvalidRule {
         table,
         chain: chain.to_string(),
         hash: rule.hash.clone(),
@@ -356,10 +349,10 @@ fn check_target(
     t: &DesiredTable,
     chain: &str,
     rule: &DesiredRule,
-) -> Result<(), ApplyError> {
-    match super::kernel::body_target(&rule.body) {
+) -> Result<(), DesiredError> {
+    match crate::parse::body_target(&rule.body) {
         Some(target) if is_our_chain(target) && !t.chains.contains_key(target) => {
-            Err(ApplyError::InvalidRule {
+            Err(DesiredError::InvalidRule {
                 table,
                 chain: chain.to_string(),
                 hash: rule.hash.clone(),
@@ -371,7 +364,7 @@ fn check_target(
 }
 
 /// Checks an IP set name we are about to put in a payload.
-pub fn validate_set_name(family: IpVersion, name: &str) -> Result<(), ApplyError> {
+pub fn validate_set_name(family: IpVersion, name: &str) -> Result<(), DesiredError> {
     let reason = if !is_our_set(family, name) {
         format!("set names must start with {}", set_prefix(family))
     } else if name.starts_with(temp_set_prefix(family)) {
@@ -383,7 +376,7 @@ pub fn validate_set_name(family: IpVersion, name: &str) -> Result<(), ApplyError
     } else {
         return Ok(());
     };
-    Err(ApplyError::InvalidSet {
+    Err(DesiredError::InvalidSet {
         set: name.to_string(),
         reason,
     })
@@ -394,8 +387,8 @@ fn validate_member(
     set: &str,
     kind: IpSetKind,
     m: &IpSetMember,
-) -> Result<(), ApplyError> {
-    let bad = |reason: &str| ApplyError::InvalidMember {
+) -> Result<(), DesiredError> {
+    let bad = |reason: &str| DesiredError::InvalidMember {
         set: set.to_string(),
         member: member_text(m),
         reason: reason.to_string(),

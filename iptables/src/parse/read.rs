@@ -1,4 +1,4 @@
-//! Turning `iptables-save` output into the applier's kernel view.
+//! Turning `iptables-save` output into the applier's kernel view ([`ActualTable`]s).
 //!
 //! The save goes through the crate's parser ([`crate::parse::parse_save_lenient`]: a rule it
 //! cannot type is kept verbatim, never ours, so its chain's rule positions stay true), except
@@ -7,17 +7,18 @@
 //! keeps the first comment's `cali:` hash, the jump/goto target and (outside our chains) the
 //! kernel's own rendering of the rule for delete-by-spec. A save the parser rejects (a foreign
 //! rule using syntax it does not know) must not stop policy from being programmed, so it falls
-//! back to the tolerant line scan of [`super::kernel::scan_save`], which reads the same three
+//! back to the tolerant line scan of [`super::scan::scan_save`], which reads the same three
 //! facts.
 
 use std::collections::BTreeMap;
 
-use super::desired::{HASH_COMMENT_PREFIX, TableName, is_our_chain, valid_hash};
-use super::kernel::{ActualRule, ActualTable, scan_rule, scan_save};
-use crate::model::{Rule, TableLine, Target};
+use super::parse_save_lenient;
+use super::scan::{ActualRule, ActualTable, scan_rule, scan_save};
+use crate::model::{
+    HASH_COMMENT_PREFIX, Rule, TableLine, TableName, Target, is_our_chain, valid_hash,
+};
 #[cfg(test)]
 use crate::parse::parse_save;
-use crate::parse::parse_save_lenient;
 
 /// Every table in a save, as the applier sees it.
 ///

@@ -17,16 +17,15 @@
 //! own listing of a set whose name passed [`is_our_set`]; members are typed, so nothing here can
 //! smuggle a second command into a payload.
 //!
-//! [`DesiredState`]: super::desired::DesiredState
+//! [`DesiredState`]: super::DesiredState
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use super::desired::{
-    IpSetKind, IpSetMember, IpSetSpec, IpVersion, is_our_set, member_text, temp_set_prefix,
-    validate_set,
+use super::{
+    DesiredError, IpSetKind, IpSetMember, IpSetSpec, IpVersion, is_our_set, member_text,
+    temp_set_prefix, validate_set,
 };
-use super::error::ApplyError;
 
 /// One of our sets as the kernel has it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -156,7 +155,7 @@ pub fn plan_updates<'a>(
     family: IpVersion,
     desired: impl IntoIterator<Item = (&'a String, &'a IpSetSpec)>,
     actual: &BTreeMap<String, ActualSet>,
-) -> Result<SetUpdatePlan, ApplyError> {
+) -> Result<SetUpdatePlan, DesiredError> {
     let mut plan = SetUpdatePlan::default();
     let mut p = String::new();
     let fam = family_name(family);

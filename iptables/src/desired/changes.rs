@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::desired::TableName;
+use super::TableName;
 
 /// Chains and sets that changed (content, appearance or removal) since the previous apply.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

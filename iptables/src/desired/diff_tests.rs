@@ -3,8 +3,9 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use super::*;
-use crate::apply::desired::{HookRule, valid_hash};
-use crate::apply::kernel::scan_save;
+use crate::desired::HookRule;
+use crate::model::valid_hash;
+use crate::parse::scan_save;
 
 fn mk_hash(n: usize) -> String {
     format!("{n:0>16}")

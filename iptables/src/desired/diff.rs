@@ -15,12 +15,12 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-use super::desired::{
-    DesiredRule, DesiredTable, HookPosition, TableName, is_our_chain, validate_chain_name,
+use super::{
+    DesiredError, DesiredRule, DesiredTable, HookPosition, TableName, validate_chain_name,
     validate_hook_chain, validate_written_rule,
 };
-use super::error::ApplyError;
-use super::kernel::{ActualRule, ActualTable, body_target};
+use crate::model::is_our_chain;
+use crate::parse::{ActualRule, ActualTable, body_target};
 
 /// One line of a restore transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,7 +82,7 @@ pub fn plan_table(
     table: TableName,
     desired: Option<&DesiredTable>,
     actual: &ActualTable,
-) -> Result<Vec<Op>, ApplyError> {
+) -> Result<Vec<Op>, DesiredError> {
     plan(table, desired, actual, None)
 }
 
@@ -95,7 +95,7 @@ pub fn plan_chains(
     desired: Option<&DesiredTable>,
     actual: &ActualTable,
     chains: &BTreeSet<String>,
-) -> Result<Vec<Op>, ApplyError> {
+) -> Result<Vec<Op>, DesiredError> {
     plan(table, desired, actual, Some(chains))
 }
 
@@ -107,7 +107,7 @@ fn plan(
     desired: Option<&DesiredTable>,
     actual: &ActualTable,
     scope: Option<&BTreeSet<String>>,
-) -> Result<Vec<Op>, ApplyError> {
+) -> Result<Vec<Op>, DesiredError> {
     let empty = DesiredTable::default();
     let d = desired.unwrap_or(&empty);
     // The desired chains to write and our chains in the kernel to remove, in name order (as
@@ -138,7 +138,7 @@ fn plan(
     for h in &d.hooks {
         validate_hook_chain(table, &h.kernel_chain)?;
     }
-    let new_rule = |chain: &str, r: &DesiredRule| -> Result<NewRule, ApplyError> {
+    let new_rule = |chain: &str, r: &DesiredRule| -> Result<NewRule, DesiredError> {
         validate_written_rule(table, d, chain, r)?;
         Ok(NewRule::from_desired(r))
     };

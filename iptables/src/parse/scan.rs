@@ -1,9 +1,9 @@
-//! The applier's view of what is in the kernel: per table, every chain with, per rule, our hash
+//! The kernel view the planner ([`crate::desired::diff`]) compares against: per table, every chain with, per rule, our hash
 //! (if the rule's first comment is `cali:<hash>`), its jump/goto target and, outside our own
 //! chains, its full spec (so our rules in shared chains can be deleted by spec, never by index).
 //!
-//! Built from `iptables-save` output by the crate's parser (module `read`). Like Felix (felix-reference §6.2)
-//! we need only chain names, the first comment and the target of each rule, so
+//! Built from `iptables-save` output by the crate's parser ([`read_tables`](super::read_tables)). Like Felix
+//! (felix-reference §6.2) we need only chain names, the first comment and the target of each rule, so
 //! this module also has a tolerant line scan ([`scan_save`]) that reads the same three facts:
 //! it is the fallback when the parser rejects a dump (a foreign rule using syntax nobody here
 //! knows must not stop us from programming policy), and it checks rule bodies we write
@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use super::desired::{CHAIN_PREFIX, HASH_COMMENT_PREFIX, TableName, is_our_chain, valid_hash};
+use crate::model::{CHAIN_PREFIX, HASH_COMMENT_PREFIX, TableName, is_our_chain, valid_hash};
 
 /// One rule as the applier sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
