@@ -27,7 +27,7 @@ use iptables::stats::Attribution;
 
 use std::sync::Arc;
 
-use super::apply_loop::{ApplyReport, Dataplane, Drift};
+use super::apply_loop::{ApplyReport, Dataplane, DataplaneError, Drift, FamilyError};
 use super::counters::{CounterHub, Published};
 use super::federation;
 use super::state::Pipeline;
@@ -302,7 +302,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
     }
 
     /// Detects the iptables backend once (`Auto`), for both appliers.
-    fn detect_backend(&mut self) -> Result<(), String> {
+    fn detect_backend(&mut self) -> Result<(), DataplaneError> {
         self.settle();
         detect_for(&self.runner, &mut self.detect, [&mut self.v4, &mut self.v6])
     }
@@ -338,7 +338,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
         })
     }
 
-    fn program(&mut self, refresh: bool) -> Result<ApplyReport, String> {
+    fn program(&mut self, refresh: bool) -> Result<ApplyReport, DataplaneError> {
         let mut report = ApplyReport {
             local_endpoints: self.endpoints.len(),
             active_policies: self.policies.len(),
@@ -365,13 +365,13 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             let r4 = run(IpVersion::V4, v4);
             (r4, h6.join())
         });
-        let r6 = r6.map_err(|_| "ipv6: apply thread panicked".to_string())?;
+        let r6 = r6.map_err(|_| DataplaneError::FamilyPanicked(IpVersion::V6))?;
         let mut errors = Vec::new();
         for (v, (desired, res)) in [(IpVersion::V4, r4), (IpVersion::V6, r6)] {
             let r = match res {
                 Ok(r) => r,
-                Err(e) => {
-                    errors.push(format!("ipv{}: {e}", v.number()));
+                Err(error) => {
+                    errors.push(FamilyError { family: v, error });
                     continue;
                 }
             };
@@ -386,7 +386,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             report.restore_errors += u64::from(r.retries);
         }
         if !errors.is_empty() {
-            return Err(errors.join("; "));
+            return Err(DataplaneError::Families(errors));
         }
         self.publish_attribution();
         if let Some(l) = &self.learner {
@@ -440,10 +440,9 @@ fn detect_for<R: Runner + Clone + 'static>(
     runner: &R,
     detect: &mut bool,
     appliers: [&mut Applier<R>; 2],
-) -> Result<(), String> {
+) -> Result<(), DataplaneError> {
     if *detect {
-        let d = backend::detect(runner, Backend::Auto)
-            .map_err(|e| format!("iptables backend detection: {e}"))?;
+        let d = backend::detect(runner, Backend::Auto).map_err(DataplaneError::Detection)?;
         tracing::info!(backend = ?d.mode, reason = ?d.reason, saves = d.saves_run(), "iptables backend selected");
         for a in appliers {
             a.use_detection(&d);
@@ -484,7 +483,7 @@ fn count(d: &DesiredState, report: &mut ApplyReport) {
 }
 
 impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
-    fn apply(&mut self, outputs: Vec<Output>) -> Result<ApplyReport, String> {
+    fn apply(&mut self, outputs: Vec<Output>) -> Result<ApplyReport, DataplaneError> {
         for o in &outputs {
             self.track(o);
         }
@@ -531,13 +530,13 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
         }
     }
 
-    fn refresh(&mut self) -> Result<ApplyReport, String> {
+    fn refresh(&mut self) -> Result<ApplyReport, DataplaneError> {
         let mut report = self.program(true)?;
         self.remove_stale_flows(&mut report);
         Ok(report)
     }
 
-    fn check_drift(&mut self) -> Result<Drift, String> {
+    fn check_drift(&mut self) -> Result<Drift, DataplaneError> {
         self.settle();
         let mut drift = Drift::default();
         let mut errors = Vec::new();
@@ -551,11 +550,11 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
                             .map(|c| format!("ipv{} {c}", v.number())),
                     );
                 }
-                Err(e) => errors.push(format!("ipv{}: {e}", v.number())),
+                Err(error) => errors.push(FamilyError { family: v, error }),
             }
         }
         if !errors.is_empty() {
-            return Err(errors.join("; "));
+            return Err(DataplaneError::Families(errors));
         }
         Ok(drift)
     }
@@ -635,7 +634,7 @@ mod pipeline_tests {
             revision: 5,
             kvs: l,
         });
-        st.emit();
+        st.emit().unwrap();
         let mut r = Renderer::new(RenderConfig::default()).unwrap();
         let e = r.apply_all(rx.try_recv().unwrap().outputs);
         assert!(e.is_empty(), "{e:?}");
@@ -656,7 +655,7 @@ mod pipeline_tests {
                     mod_revision: 6,
                 }],
             });
-            st.emit();
+            st.emit().unwrap();
             r.apply_all(rx.try_recv().unwrap().outputs);
             r.flush();
         }
@@ -673,7 +672,7 @@ mod pipeline_tests {
             revision: 9,
             kvs: l,
         });
-        st.emit();
+        st.emit().unwrap();
         let out = rx.try_recv().unwrap().outputs;
         assert!(out.iter().any(|o| matches!(o, Output::PolicyRemoved(_))));
         let e = r.apply_all(out);

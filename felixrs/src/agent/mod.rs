@@ -5,6 +5,7 @@
 //! * [`syncer`]: list + watch + reconnect/resync, emitting [`syncer::SyncEvent`]s.
 //! * [`state`]: the raw key -> value view fed into the calculation graph (`Pipeline` seam).
 //! * [`apply_loop`]: the thread that owns the dataplane and coalesces applies.
+//! * [`liveness`]: the apply thread's heartbeat, behind `/liveness` and watched by the runtime.
 //! * [`counters`]: the counter thread and the per-policy counters of `/metrics`.
 //! * [`snapshot`]: the persisted, checksummed snapshot of the last in-sync datastore view.
 //! * [`status`], [`metrics`]: HTTP status/health and Prometheus metrics.
@@ -13,8 +14,11 @@
 pub mod apply_loop;
 pub mod counters;
 pub mod datastore;
+#[cfg(debug_assertions)]
+pub mod fault;
 pub mod federation;
 pub mod kernel;
+pub mod liveness;
 pub mod metrics;
 pub mod runtime;
 pub mod snapshot;
@@ -187,10 +191,15 @@ impl Args {
         render.masquerade_random_fully =
             iptables::apply::detect_masquerade_fully_random(&ExecRunner::new());
         let counter_hub = counters::CounterHub::new();
-        let hub = StatusHub::new(Metrics::new());
-        let mut dataplane =
-            kernel::KernelDataplane::new(ExecRunner::new(), iptables_backend.into(), render)?
-                .with_counters(counter_hub.clone());
+        #[cfg(debug_assertions)]
+        let stale_after = fault::stale_after_from_env().unwrap_or(liveness::STALE_AFTER);
+        #[cfg(not(debug_assertions))]
+        let stale_after = liveness::STALE_AFTER;
+        let hub = StatusHub::with_liveness(Metrics::new(), liveness::Liveness::new(stale_after));
+        // The dataplane's commands beat the apply thread's heartbeat (a long apply is not a stuck one).
+        let runner = liveness::BeatingRunner::new(ExecRunner::new(), hub.liveness.clone());
+        let mut dataplane = kernel::KernelDataplane::new(runner, iptables_backend.into(), render)?
+            .with_counters(counter_hub.clone());
         let dns = crate::dns::agent::start(
             &dataplane_args,
             dns_min_ttl,
@@ -232,6 +241,15 @@ impl Args {
             let cancel = CancellationToken::new();
             tokio::spawn(shutdown_on_signal(cancel.clone()));
             tracing::info!(node = %node_name, "felixrs agent starting");
+            #[cfg(debug_assertions)]
+            if let Some(fault) = fault::from_env() {
+                tracing::warn!(?fault, "test fault injected into the apply thread");
+                let dataplane = fault::Faulty {
+                    inner: dataplane,
+                    fault,
+                };
+                return runtime::run(cfg, datastore, pipeline, dataplane, hub, cancel).await;
+            }
             runtime::run(cfg, datastore, pipeline, dataplane, hub, cancel).await
         });
         counter_thread.stop();

@@ -72,6 +72,13 @@ pub trait Pipeline: 'static {
     }
 }
 
+/// The apply thread no longer takes batches: it ended (`/liveness` says why).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("apply thread gone: the batch up to revision {revision} cannot be applied")]
+pub struct ApplyThreadGone {
+    pub revision: i64,
+}
+
 /// Owned by the agent's main task.
 pub struct AgentState<P> {
     pipeline: P,
@@ -458,10 +465,11 @@ impl<P: Pipeline> AgentState<P> {
         }
     }
 
-    /// Flushes the graph and hands the batch to the apply loop (nothing before in-sync).
-    pub fn emit(&mut self) {
+    /// Flushes the graph and hands the batch to the apply loop (nothing before in-sync). The
+    /// apply thread takes batches for as long as the agent runs: an error means it ended.
+    pub fn emit(&mut self) -> Result<(), ApplyThreadGone> {
         if !self.in_sync {
-            return;
+            return Ok(());
         }
         let outputs = if self.dirty {
             let failed_safe = self.pipeline.failed_safe_rules();
@@ -475,11 +483,14 @@ impl<P: Pipeline> AgentState<P> {
             Vec::new()
         };
         self.dirty = false;
-        // The apply loop only stops when the agent shuts down; a send error then is harmless.
-        let _ = self.batches.send(Batch {
-            outputs,
-            revision: self.revision,
-        });
+        self.batches
+            .send(Batch {
+                outputs,
+                revision: self.revision,
+            })
+            .map_err(|_| ApplyThreadGone {
+                revision: self.revision,
+            })
     }
 
     /// The etcd data to persist, if it changed since the last call.
@@ -603,7 +614,7 @@ mod tests {
         let (mut st, log, rx, _) = mk_state();
         st.on_event(mk_change(5, "/k/a", Some("1")));
         st.on_event(SyncEvent::Progress { revision: 6 });
-        st.emit();
+        st.emit().unwrap();
         assert!(rx.try_recv().is_err());
         assert!(!log.lock().unwrap().contains(&"flush".to_string()));
     }
@@ -615,14 +626,14 @@ mod tests {
             10,
             &[("/k/a", "1"), ("/k/b", "1"), ("/k/c", "1")],
         ));
-        st.emit();
+        st.emit().unwrap();
         assert_eq!(rx.try_recv().unwrap().revision, 10);
         log.lock().unwrap().clear();
         st.on_event(mk_listed(
             20,
             &[("/k/b", "1"), ("/k/c", "2"), ("/k/d", "1")],
         ));
-        st.emit();
+        st.emit().unwrap();
         assert_eq!(
             *log.lock().unwrap(),
             vec!["put /k/c=2", "put /k/d=1", "del /k/a", "flush"]
@@ -649,11 +660,11 @@ mod tests {
     fn progress_only_batches_carry_the_revision_without_flushing() {
         let (mut st, log, rx, _) = mk_state();
         st.on_event(mk_listed(10, &[]));
-        st.emit();
+        st.emit().unwrap();
         rx.try_recv().unwrap();
         log.lock().unwrap().clear();
         st.on_event(SyncEvent::Progress { revision: 15 });
-        st.emit();
+        st.emit().unwrap();
         let b = rx.try_recv().unwrap();
         assert_eq!((b.revision, b.outputs.len()), (15, 0));
         assert!(log.lock().unwrap().is_empty());
