@@ -71,7 +71,7 @@ mod sequencer;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::model::{Kind, Profile, Resource, ResourceKey};
+use crate::model::{Kind, Profile, Resource, ResourceKey, Validated};
 use crate::proto::{
     ActivePolicy, ActiveProfile, EndpointId, IpPool, IpSetKind, IpSetMember, LocalEndpoint, Output,
     PolicyId,
@@ -109,6 +109,11 @@ pub enum Update {
         key: ResourceKey,
         value: Option<Resource>,
     },
+    /// A resource created or changed, validated once on its way in ([`Validated`]): taken
+    /// without checking it again.
+    Valid(Validated),
+    /// A remote cluster's resource (as [`Update::Remote`]), validated once on its way in.
+    RemoteValid { cluster: String, value: Validated },
     /// The initial snapshot is complete.
     InSync,
 }
@@ -246,11 +251,19 @@ impl CalcGraph {
                 };
                 self.apply_resource(&key, value);
             }
+            Update::Valid(v) => {
+                let (key, r) = v.into_parts();
+                self.apply_resource(&key, Some(r));
+            }
             Update::Remote {
                 cluster,
                 key,
                 value,
-            } => self.apply_remote(&cluster, key, value),
+            } => self.apply_remote(&cluster, key, value, false),
+            Update::RemoteValid { cluster, value } => {
+                let (key, r) = value.into_parts();
+                self.apply_remote(&cluster, key, Some(r), true);
+            }
         }
     }
 

@@ -67,7 +67,7 @@ pub use prefix::{DEFAULT_ETCD_PREFIX, EtcdPrefix};
 pub use primitives::{Action, IcmpFields, IpVersion, Port, Protocol};
 pub use profile::{DEFAULT_ALLOW_PROFILE, Profile, ProfileSpec};
 pub use remote::{REMOTE_CLUSTER_PLURAL, RemoteCluster, remote_cluster_key, remote_cluster_name};
-pub use resource::Resource;
+pub use resource::{Resource, Validated};
 pub use rule::{
     EntityRule, HttpMatch, HttpPath, Rule, RuleMetadata, ServiceAccountMatch, ServiceMatch,
     UNENFORCED_RULE_FIELDS,

@@ -17,7 +17,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use calc_graph::graph::{CalcGraph, Update};
-use calc_graph::model::{CALICO_PREFIX, Kind, Resource, ResourceKey};
+use calc_graph::model::{CALICO_PREFIX, Kind, ResourceKey, Validated};
 use calc_graph::proto::{EndpointId, IpVersion, Output, PolicyId};
 use iptables::apply::{
     Applier, ApplierConfig, Backend, DesiredState, Runner, TableName, backend, conntrack,
@@ -30,7 +30,7 @@ use std::sync::Arc;
 use super::apply_loop::{ApplyReport, Dataplane, DataplaneError, Drift, FamilyError};
 use super::counters::{CounterHub, Published};
 use super::federation;
-use super::state::Pipeline;
+use super::state::{Pipeline, PipelineError};
 use super::status::FailedSafeRuleStatus;
 use crate::dns::Learner;
 
@@ -50,35 +50,29 @@ impl GraphPipeline {
 impl GraphPipeline {
     /// A remote cluster's key (see [`federation`]): decoded and validated under its canonical
     /// key, then given to the graph as that cluster's.
-    fn update_remote(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), String> {
+    fn update_remote(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), PipelineError> {
         let (cluster, rk) = federation::parse_remote_key(key)?;
-        let value = match value {
-            Some(v) => {
-                let canonical = rk.etcd_key();
-                let (_, r) = Resource::from_etcd_validated(&canonical, v)
-                    .map_err(|e| format!("remote cluster {cluster}: {e}"))?;
-                Some(r)
-            }
-            None => None,
-        };
-        self.graph.apply(Update::Remote {
-            cluster: cluster.to_string(),
-            key: rk,
-            value,
-        });
+        let cluster = cluster.to_string();
+        match value {
+            Some(v) => match Validated::from_etcd(&rk.etcd_key(), v) {
+                Ok(value) => self.graph.apply(Update::RemoteValid { cluster, value }),
+                Err(source) => return Err(PipelineError::Remote { cluster, source }),
+            },
+            None => self.graph.apply(Update::Remote {
+                cluster,
+                key: rk,
+                value: None,
+            }),
+        }
         self.take_errors()
     }
 
-    fn take_errors(&mut self) -> Result<(), String> {
+    fn take_errors(&mut self) -> Result<(), PipelineError> {
         let errors = self.graph.take_errors();
         if errors.is_empty() {
             Ok(())
         } else {
-            Err(errors
-                .into_iter()
-                .map(|(k, e)| format!("{k}: {e}"))
-                .collect::<Vec<_>>()
-                .join("; "))
+            Err(PipelineError::Graph(errors))
         }
     }
 }
@@ -92,28 +86,30 @@ fn is_unconsumed_kind(key: &str) -> bool {
 }
 
 impl Pipeline for GraphPipeline {
-    fn update(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), String> {
+    fn update(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), PipelineError> {
         if key.starts_with(federation::REMOTE_ROOT) {
             return self.update_remote(key, value);
         }
         if is_unconsumed_kind(key) {
             return Ok(());
         }
-        let (rk, value) = match value {
+        // Validated here, once: the graph takes it as it is.
+        let (rk, present) = match value {
             Some(v) => {
-                let (rk, r) = Resource::from_etcd_validated(key, v).map_err(|e| e.to_string())?;
-                (rk, Some(r))
+                let valid = Validated::from_etcd(key, v)?;
+                let rk = valid.key().clone();
+                self.graph.apply(Update::Valid(valid));
+                (rk, true)
             }
-            None => (
-                ResourceKey::parse_etcd_key(key).map_err(|e| e.to_string())?,
-                None,
-            ),
+            None => {
+                let rk = ResourceKey::parse_etcd_key(key)?;
+                self.graph.apply(Update::Resource {
+                    key: rk.clone(),
+                    value: None,
+                });
+                (rk, false)
+            }
         };
-        let present = value.is_some();
-        self.graph.apply(Update::Resource {
-            key: rk.clone(),
-            value,
-        });
         if present {
             for r in self.graph.failed_safe_rules_of(&rk) {
                 tracing::warn!(
@@ -580,14 +576,15 @@ mod tests {
     fn malformed_values_and_keys_are_errors_naming_the_key() {
         let mut p = GraphPipeline::new("node-1");
         let key = format!("{CALICO_PREFIX}globalnetworkpolicies/gnp1");
-        let err = p.update(&key, Some(b"{not json")).unwrap_err();
+        let err = p.update(&key, Some(b"{not json")).unwrap_err().to_string();
         assert!(err.contains("gnp1"), "{err}");
         let err = p
             .update(
                 &format!("{CALICO_PREFIX}networkpolicies/only-ns"),
                 Some(b"{}"),
             )
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("only-ns"), "{err}");
         // IP pools are consumed now: a malformed one is reported, naming the pool and the field.
         let err = p
@@ -597,7 +594,8 @@ mod tests {
                     br#"{"kind":"IPPool","metadata":{"name":"p1"},"spec":{"cidr":"10.0.0.1/16"}}"#,
                 ),
             )
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("ippools/p1") && err.contains("spec.cidr"),
             "{err}"

@@ -16,11 +16,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
 
-use calc_graph::model::{CALICO_PREFIX, REMOTE_CLUSTER_PLURAL, RemoteCluster, remote_cluster_name};
+use calc_graph::model::{
+    CALICO_PREFIX, ModelError, REMOTE_CLUSTER_PLURAL, RemoteCluster, ResourceKey,
+    remote_cluster_name,
+};
 use calc_graph::proto::Output;
 
 use super::apply_loop::Batch;
-use super::federation::{REMOTE_ROOT, is_federated, remote_key, remote_scope, split_remote_key};
+use super::federation::{
+    REMOTE_ROOT, RemoteKeyError, is_federated, remote_key, remote_scope, split_remote_key,
+};
 use super::metrics::remote_labels;
 use super::snapshot::{KvMap, Snapshot};
 use super::status::{FailedSafeRuleStatus, RemoteStatus, Source, Status, StatusHub};
@@ -56,11 +61,29 @@ fn rcc_prefix() -> String {
     format!("{CALICO_PREFIX}{REMOTE_CLUSTER_PLURAL}/")
 }
 
+/// Why a datastore value did not reach the graph (or the graph refused part of it): each names
+/// the resource and, where there is one, the field.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PipelineError {
+    /// The key or value does not decode, or the resource is invalid.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// A remote cluster's key is not one.
+    #[error(transparent)]
+    RemoteKey(#[from] RemoteKeyError),
+    /// A remote cluster's value does not decode or is invalid.
+    #[error("remote cluster {cluster}: {source}")]
+    Remote { cluster: String, source: ModelError },
+    /// The graph's own errors for the update: (resource, what).
+    #[error("{}", .0.iter().map(|(k, e)| format!("{k}: {e}")).collect::<Vec<_>>().join("; "))]
+    Graph(Vec<(ResourceKey, String)>),
+}
+
 /// Datastore keys in, graph outputs out (the calculation graph behind a small seam).
 pub trait Pipeline: 'static {
     /// One key changed (`None`: deleted). `Err` names what is malformed in the value; the caller
     /// logs it and keeps the key's previous value.
-    fn update(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), String>;
+    fn update(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), PipelineError>;
     /// The first full view has been given.
     fn in_sync(&mut self);
     /// Everything the graph has to say since the last flush, in dependency order.
@@ -452,7 +475,7 @@ impl<P: Pipeline> AgentState<P> {
         self.dirty = true;
     }
 
-    fn malformed(&self, key: &str, error: &str) {
+    fn malformed(&self, key: &str, error: &dyn std::fmt::Display) {
         tracing::warn!(key, %error, "skipping malformed datastore value");
         self.hub.metrics.malformed_values.inc();
         self.hub.update(|s| s.malformed_values += 1);
@@ -535,10 +558,15 @@ mod tests {
     }
 
     impl Pipeline for RecordingPipeline {
-        fn update(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), String> {
+        fn update(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), PipelineError> {
             let v = value.map(|v| String::from_utf8_lossy(v).into_owned());
             if v.as_deref().is_some_and(|v| v.starts_with('!')) {
-                return Err(format!("{key}: spec: malformed"));
+                return Err(ModelError::Decode {
+                    resource: key.to_string(),
+                    path: "spec".into(),
+                    message: "malformed".into(),
+                }
+                .into());
             }
             self.log.lock().unwrap().push(match v {
                 Some(v) => format!("put {key}={v}"),
