@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
 
+use calc_graph::graph::GraphError;
 use calc_graph::model::{
     CALICO_PREFIX, ModelError, REMOTE_CLUSTER_PLURAL, RemoteCluster, ResourceKey,
     remote_cluster_name,
@@ -76,7 +77,7 @@ pub enum PipelineError {
     Remote { cluster: String, source: ModelError },
     /// The graph's own errors for the update: (resource, what).
     #[error("{}", .0.iter().map(|(k, e)| format!("{k}: {e}")).collect::<Vec<_>>().join("; "))]
-    Graph(Vec<(ResourceKey, String)>),
+    Graph(Vec<(ResourceKey, GraphError)>),
 }
 
 /// Datastore keys in, graph outputs out (the calculation graph behind a small seam).
@@ -347,7 +348,7 @@ impl<P: Pipeline> AgentState<P> {
                     if let Some(prev) = running(name) {
                         out.insert(name.to_string(), prev);
                     }
-                    errors.insert(name.to_string(), error);
+                    errors.insert(name.to_string(), error.to_string());
                 }
             }
         }
