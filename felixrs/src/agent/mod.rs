@@ -60,28 +60,51 @@ impl From<IptablesBackend> for Backend {
     }
 }
 
-fn parse_secs(s: &str) -> Result<Duration, String> {
-    let v: f64 = s
-        .parse()
-        .map_err(|e| format!("invalid number of seconds {s:?}: {e}"))?;
+/// A flag value of `felixrs agent` that does not parse (clap prints it after the flag's name).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgError {
+    #[error("invalid number of seconds {text:?}: {error}")]
+    Seconds {
+        text: String,
+        error: std::num::ParseFloatError,
+    },
+    #[error("seconds must be positive, got {0:?}")]
+    NotPositive(String),
+    #[error("--dns-max-learned must be at least 1")]
+    MaxLearnedZero,
+    #[error("invalid --dns-max-learned {text:?}: {error}")]
+    MaxLearned {
+        text: String,
+        error: std::num::ParseIntError,
+    },
+}
+
+fn parse_secs(s: &str) -> Result<Duration, ArgError> {
+    let v: f64 = s.parse().map_err(|error| ArgError::Seconds {
+        text: s.to_string(),
+        error,
+    })?;
     if !(v.is_finite() && v > 0.0) {
-        return Err(format!("seconds must be positive, got {s:?}"));
+        return Err(ArgError::NotPositive(s.to_string()));
     }
     Ok(Duration::from_secs_f64(v))
 }
 
-fn parse_secs_or_zero(s: &str) -> Result<Duration, String> {
+fn parse_secs_or_zero(s: &str) -> Result<Duration, ArgError> {
     if s.trim() == "0" {
         return Ok(Duration::ZERO);
     }
     parse_secs(s)
 }
 
-fn parse_max_learned(s: &str) -> Result<usize, String> {
+fn parse_max_learned(s: &str) -> Result<usize, ArgError> {
     match s.parse::<usize>() {
-        Ok(0) => Err("--dns-max-learned must be at least 1".into()),
+        Ok(0) => Err(ArgError::MaxLearnedZero),
         Ok(n) => Ok(n),
-        Err(e) => Err(format!("invalid --dns-max-learned {s:?}: {e}")),
+        Err(error) => Err(ArgError::MaxLearned {
+            text: s.to_string(),
+            error,
+        }),
     }
 }
 
