@@ -64,7 +64,7 @@ pub use policy::{
     StagedKubernetesNetworkPolicySpec, StagedNetworkPolicy, StagedNetworkPolicySpec,
 };
 pub use prefix::{DEFAULT_ETCD_PREFIX, EtcdPrefix, EtcdPrefixError};
-pub use primitives::{Action, IcmpFields, IpVersion, Port, Protocol};
+pub use primitives::{Action, IcmpFields, IpVersion, Port, PrimitiveError, Protocol};
 pub use profile::{DEFAULT_ALLOW_PROFILE, Profile, ProfileSpec};
 pub use remote::{
     REMOTE_CLUSTER_PLURAL, RemoteCluster, RemoteClusterError, remote_cluster_key,
