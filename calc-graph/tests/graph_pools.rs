@@ -104,7 +104,7 @@ fn pools_are_emitted_after_in_sync_with_everything_else() {
     dp.apply(&out).unwrap();
     let errors = g.take_errors();
     assert_eq!(errors.len(), 1, "{errors:?}");
-    assert!(errors[0].1.contains("spec.cidr"), "{errors:?}");
+    assert!(errors[0].1.to_string().contains("spec.cidr"), "{errors:?}");
     assert!(run(&mut g, vec![del(Kind::IpPool, None, "off")]).is_empty());
 
     // Created and deleted between two flushes: nothing.

@@ -190,7 +190,10 @@ fn remote_policies_are_ignored_and_bad_remote_objects_are_reported() {
         value: None,
     });
     let errs = g.take_errors();
-    assert!(errs[0].1.contains("remote cluster name"), "{errs:?}");
+    assert!(
+        errs[0].1.to_string().contains("remote cluster name"),
+        "{errs:?}"
+    );
     // A body that does not match its key is reported with the cluster's name and treated as absent.
     let Update::Resource { value, .. } = mk_wep("b", "w", "n", "10.1.0.9/32", &[]) else {
         unreachable!()
@@ -201,7 +204,10 @@ fn remote_policies_are_ignored_and_bad_remote_objects_are_reported() {
         value,
     });
     let errs = g.take_errors();
-    assert!(errs[0].1.contains("remote cluster b"), "{errs:?}");
+    assert!(
+        errs[0].1.to_string().contains("remote cluster b"),
+        "{errs:?}"
+    );
     dp.apply(&g.flush()).unwrap();
     assert_eq!(
         members(&dp, &sel_id("all()")),

@@ -406,7 +406,11 @@ fn invalid_resources_are_deleted_and_reported_without_stopping_others() {
     let errors = g.take_errors();
     assert_eq!(errors.len(), 1);
     assert_eq!(errors[0].0.name, "bad");
-    assert!(errors[0].1.contains("selector"), "{}", errors[0].1);
+    assert!(
+        errors[0].1.to_string().contains("selector"),
+        "{}",
+        errors[0].1
+    );
     assert!(g.take_errors().is_empty());
     // A body that does not match its key is rejected too.
     let mut u = mk_np("prod", "other", "all()", vec![]);
@@ -417,7 +421,8 @@ fn invalid_resources_are_deleted_and_reported_without_stopping_others() {
     let errors = g.take_errors();
     assert_eq!(errors.len(), 1);
     assert!(
-        errors[0].1.contains("does not match") || errors[0].1.contains("but the update key"),
+        errors[0].1.to_string().contains("does not match")
+            || errors[0].1.to_string().contains("but the update key"),
         "{}",
         errors[0].1
     );

@@ -164,13 +164,24 @@ impl DataplaneArgs {
     }
 }
 
+/// A `--mark-mask` that is not a hex number.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid hex mark mask {text:?}: {error}")]
+pub struct HexMaskError {
+    pub text: String,
+    pub error: std::num::ParseIntError,
+}
+
 /// Parses a hex mark mask, with or without `0x`.
-pub fn parse_hex_u32(s: &str) -> Result<u32, String> {
+pub fn parse_hex_u32(s: &str) -> Result<u32, HexMaskError> {
     let digits = s
         .strip_prefix("0x")
         .or_else(|| s.strip_prefix("0X"))
         .unwrap_or(s);
-    u32::from_str_radix(digits, 16).map_err(|e| format!("invalid hex mark mask {s:?}: {e}"))
+    u32::from_str_radix(digits, 16).map_err(|error| HexMaskError {
+        text: s.to_string(),
+        error,
+    })
 }
 
 #[cfg(test)]

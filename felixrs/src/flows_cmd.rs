@@ -15,7 +15,6 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use calc_graph::model::Resource;
 use iptables::render::names;
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
 use netlink_packet_netfilter::nflog::{
@@ -26,6 +25,7 @@ use netlink_sys::{Socket, constants::NETLINK_NETFILTER};
 use serde::Serialize;
 
 use crate::dataplane_args::{DataplaneArgs, LOG_ACTION_NFLOG_GROUP};
+use crate::pods::Pods;
 use crate::render_cmd::{SourceArgs, render_node};
 use crate::stats_cmd::cell;
 
@@ -155,30 +155,13 @@ pub fn decode_ip(p: &[u8]) -> Option<IpHeader> {
 
 /// What the node's view knows: workload addresses and policy prefix ids.
 struct Names {
-    pods: HashMap<IpAddr, String>,
+    pods: Pods,
     /// `policy_chain_id` (what our prefixes carry) -> the policy as people name it.
     policies: HashMap<String, String>,
 }
 
 fn names_of(view: &crate::render_cmd::NodeView) -> Names {
-    let mut pods = HashMap::new();
-    for (key, res) in &view.resources {
-        if !key.contains("/workloadendpoints/") {
-            continue;
-        }
-        let Ok((_, Resource::WorkloadEndpoint(w))) = Resource::from_etcd_validated(key, res) else {
-            continue;
-        };
-        let ns = w.metadata.namespace.clone().unwrap_or_default();
-        let pod = w
-            .spec
-            .pod
-            .clone()
-            .unwrap_or_else(|| w.metadata.name.clone());
-        for n in &w.spec.ip_networks {
-            pods.insert(n.addr(), format!("{ns}/{pod}"));
-        }
-    }
+    let pods = Pods::of(view);
     let policies = view
         .renderer
         .policy_ids()
@@ -219,8 +202,8 @@ fn flow(names: &Names, group: u16, prefix: &str, payload: &[u8]) -> Option<Flow>
         dst: dst.to_string(),
         src_port,
         dst_port,
-        src_pod: names.pods.get(&src).cloned(),
-        dst_pod: names.pods.get(&dst).cloned(),
+        src_pod: names.pods.by_addr(src).map(|p| p.id.clone()),
+        dst_pod: names.pods.by_addr(dst).map(|p| p.id.clone()),
     })
 }
 

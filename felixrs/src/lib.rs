@@ -10,6 +10,7 @@
 //! * [`cleanup_cmd`]: `felixrs cleanup`, removes every chain, hook rule and set of ours.
 //! * [`trace_kernel`]: `felixrs trace --kernel`, the packet through the kernel's own rules.
 //! * [`flows_cmd`]: `felixrs flows`, the packets our NFLOG rules log, with the deciding policy.
+//! * [`pods`]: which pod is this address, for `trace` and `flows`.
 //! * [`dataplane_args`]: the dataplane flags both share (mark mask, interface prefixes, ...).
 //! * [`dns`]: the DNS learner of FQDN egress policy (NFQUEUE, DNS parsing, learned map).
 #![forbid(unsafe_code)]
@@ -19,6 +20,7 @@ pub mod cleanup_cmd;
 pub mod dataplane_args;
 pub mod dns;
 pub mod flows_cmd;
+pub mod pods;
 pub mod render_cmd;
 pub mod stats_cmd;
 pub mod trace_cmd;

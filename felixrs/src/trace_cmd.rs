@@ -13,7 +13,6 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use anyhow::{Context, bail};
-use calc_graph::model::Resource;
 use calc_graph::proto::{Action, IpVersion, Output};
 use iptables::desired::TableName;
 use iptables::render::Renderer;
@@ -29,6 +28,7 @@ pub use check::{check_kernel, check_sets};
 
 use crate::dataplane_args::DataplaneArgs;
 use crate::dns::trace::{LearnedFile, explain as explain_domain};
+use crate::pods::Pods;
 use crate::render_cmd::{NodeView, SourceArgs, render_node_learned};
 
 /// `felixrs trace`.
@@ -151,14 +151,6 @@ pub struct Traced {
     to: End,
 }
 
-/// A workload endpoint from the manifests.
-struct Pod {
-    id: String,
-    node: String,
-    iface: String,
-    addrs: Vec<IpAddr>,
-}
-
 /// One end of the packet.
 struct End {
     /// This node itself.
@@ -264,7 +256,7 @@ impl Args {
 
 /// Traces one packet through `view`'s rules for `node` (the view must be rendered for it).
 pub fn trace_packet(view: &NodeView, node: &str, p: &PacketArgs) -> anyhow::Result<Traced> {
-    let pods = pods(view);
+    let pods = Pods::of(view);
     let from = end(&pods, node, p.ipv6, &p.from, "--from")?;
     let to = end(&pods, node, p.ipv6, &p.to, "--to")?;
     if from.addr.is_ipv6() != to.addr.is_ipv6() {
@@ -317,7 +309,7 @@ pub fn trace_packet(view: &NodeView, node: &str, p: &PacketArgs) -> anyhow::Resu
     })
 }
 
-fn end(pods: &[Pod], node: &str, want_v6: bool, spec: &str, flag: &str) -> anyhow::Result<End> {
+fn end(pods: &Pods, node: &str, want_v6: bool, spec: &str, flag: &str) -> anyhow::Result<End> {
     if let Some(a) = spec.strip_prefix("host:") {
         let addr = a.parse::<IpAddr>().map_err(|_| {
             anyhow::anyhow!("{flag} {spec:?}: want host:ADDR with one of this node's addresses")
@@ -330,7 +322,7 @@ fn end(pods: &[Pod], node: &str, want_v6: bool, spec: &str, flag: &str) -> anyho
         });
     }
     if let Ok(addr) = spec.parse::<IpAddr>() {
-        let pod = pods.iter().find(|p| p.addrs.contains(&addr));
+        let pod = pods.by_addr(addr);
         return Ok(End {
             host: false,
             addr,
@@ -341,7 +333,7 @@ fn end(pods: &[Pod], node: &str, want_v6: bool, spec: &str, flag: &str) -> anyho
     if !spec.contains('/') {
         bail!("{flag} {spec:?}: want namespace/pod, an IP address or host:ADDR");
     }
-    let pod = pods.iter().find(|p| p.id == spec).with_context(|| {
+    let pod = pods.by_id(spec).with_context(|| {
         format!("{flag} {spec:?}: no such pod with an address in the manifests")
     })?;
     let addr = *pod
@@ -358,32 +350,6 @@ fn end(pods: &[Pod], node: &str, want_v6: bool, spec: &str, flag: &str) -> anyho
         pod: Some(pod.id.clone()),
         local_iface: (pod.node == node).then(|| pod.iface.clone()),
     })
-}
-
-/// The workload endpoints of the manifests (every node's).
-fn pods(view: &NodeView) -> Vec<Pod> {
-    let mut out = Vec::new();
-    for (key, res) in &view.resources {
-        if !key.contains("/workloadendpoints/") {
-            continue;
-        }
-        let Ok((_, Resource::WorkloadEndpoint(w))) = Resource::from_etcd_validated(key, res) else {
-            continue;
-        };
-        let ns = w.metadata.namespace.clone().unwrap_or_default();
-        let name = w
-            .spec
-            .pod
-            .clone()
-            .unwrap_or_else(|| w.metadata.name.clone());
-        out.push(Pod {
-            id: format!("{ns}/{name}"),
-            node: w.spec.node.clone().unwrap_or_default(),
-            iface: w.spec.interface_name.clone().unwrap_or_default(),
-            addrs: w.spec.ip_networks.iter().map(|n| n.addr()).collect(),
-        });
-    }
-    out
 }
 
 fn protocol_number(p: &str, v6: bool) -> anyhow::Result<u8> {

@@ -131,7 +131,7 @@ fn verdicts_or_rejections(kvs: &[(String, Value)]) -> (Vec<bool>, Vec<String>, V
     let mut rejected = Vec::new();
     for (k, v) in kvs {
         if let Err(e) = pipeline.update(k, Some(&serde_json::to_vec(v).unwrap())) {
-            rejected.push(e);
+            rejected.push(e.to_string());
         }
     }
     pipeline.in_sync();

@@ -38,6 +38,7 @@ fn remote_cluster(v: &Value, obj: &ObjectRef, name: &str) -> Converted {
     let json = Value::Object(doc).to_string();
     // The model's messages start with the object and carry the field path.
     if let Err(e) = calc_graph::model::RemoteCluster::from_etcd(&key, json.as_bytes()) {
+        let e = e.to_string();
         let msg = e
             .split_once(": ")
             .map_or(e.as_str(), |(_, m)| m)

@@ -13,6 +13,7 @@ use crate::model::{
 };
 use crate::proto::{EndpointId, PolicyId, PolicyKind};
 
+use super::error::GraphError;
 use super::labels::{ItemData, NamedPort};
 use super::remote::LABEL_CLUSTER;
 use super::rules::{
@@ -44,22 +45,19 @@ pub(crate) struct PolicyDraft {
 }
 
 /// The graph's ValidationFilter: the body must match the key and validate.
-pub(crate) fn check(key: &ResourceKey, r: &Resource) -> Result<(), String> {
+pub(crate) fn check(key: &ResourceKey, r: &Resource) -> Result<(), GraphError> {
     // Compare in place: building the body's key would clone its namespace and name for every
     // update of the initial sync.
     let meta = r.metadata();
     let kind = r.kind();
     let body_ns = meta.namespace.as_deref().filter(|_| kind.is_namespaced());
     if kind != key.kind || meta.name != key.name || body_ns != key.namespace.as_deref() {
-        let body = r.key();
-        return Err(format!(
-            "resource body is {body} but the update key is {key}; treated as deleted"
-        ));
+        return Err(GraphError::KeyMismatch {
+            key: key.clone(),
+            body: r.key(),
+        });
     }
-    r.validate().map_err(|errs| {
-        let msgs: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
-        format!("invalid, treated as deleted: {}", msgs.join("; "))
-    })
+    r.validate().map_err(GraphError::Invalid)
 }
 
 fn has_type(types: &[PolicyType], t: PolicyType) -> bool {
@@ -69,7 +67,7 @@ fn has_type(types: &[PolicyType], t: PolicyType) -> bool {
 pub(crate) fn build_policy(
     key: &ResourceKey,
     r: Resource,
-) -> Result<(PolicyDraft, Vec<FailedSafeRule>), String> {
+) -> Result<(PolicyDraft, Vec<FailedSafeRule>), GraphError> {
     let (draft, warnings) = match r {
         Resource::NetworkPolicy(NetworkPolicy { spec, .. }) => {
             let ns = key.namespace.clone().unwrap_or_default();
@@ -123,7 +121,7 @@ pub(crate) fn build_policy(
                 warnings,
             )
         }
-        other => return Err(format!("expected a policy, got a {}", other.kind())),
+        other => return Err(GraphError::NotAPolicy(other.kind())),
     };
     Ok((draft, warnings))
 }

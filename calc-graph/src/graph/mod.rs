@@ -58,6 +58,7 @@
 
 mod convert;
 mod desired;
+mod error;
 mod index;
 mod intern;
 mod ipsets;
@@ -71,7 +72,7 @@ mod sequencer;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::model::{Kind, Profile, Resource, ResourceKey};
+use crate::model::{Kind, Profile, Resource, ResourceKey, Validated};
 use crate::proto::{
     ActivePolicy, ActiveProfile, EndpointId, IpPool, IpSetKind, IpSetMember, LocalEndpoint, Output,
     PolicyId,
@@ -88,6 +89,7 @@ use resolver::{PolicyRef, Tiers};
 use rules::{LABEL_NAMESPACE, ScannedRules};
 use sequencer::{Desired, Sequencer};
 
+pub use error::{GraphError, SelectorFieldError};
 pub use remote::LABEL_CLUSTER;
 pub use rules::{FailedSafeRule, domain_set_id, named_port_set_id};
 
@@ -109,6 +111,11 @@ pub enum Update {
         key: ResourceKey,
         value: Option<Resource>,
     },
+    /// A resource created or changed, validated once on its way in ([`Validated`]): taken
+    /// without checking it again.
+    Valid(Validated),
+    /// A remote cluster's resource (as [`Update::Remote`]), validated once on its way in.
+    RemoteValid { cluster: String, value: Validated },
     /// The initial snapshot is complete.
     InSync,
 }
@@ -178,7 +185,7 @@ pub struct CalcGraph {
     /// Valid IP pools by name (every pool, enabled or not: Felix masquerades from disabled ones).
     pools: BTreeMap<String, IpPool>,
     seq: Sequencer,
-    errors: Vec<(ResourceKey, String)>,
+    errors: Vec<(ResourceKey, GraphError)>,
     /// Rules that failed safe, per policy/profile (current state, not events).
     failed_safe: BTreeMap<ResourceKey, Vec<FailedSafeRule>>,
     /// Item changes (both indices) when covers were last re-chosen, and how often that happened.
@@ -246,11 +253,19 @@ impl CalcGraph {
                 };
                 self.apply_resource(&key, value);
             }
+            Update::Valid(v) => {
+                let (key, r) = v.into_parts();
+                self.apply_resource(&key, Some(r));
+            }
             Update::Remote {
                 cluster,
                 key,
                 value,
-            } => self.apply_remote(&cluster, key, value),
+            } => self.apply_remote(&cluster, key, value, false),
+            Update::RemoteValid { cluster, value } => {
+                let (key, r) = value.into_parts();
+                self.apply_remote(&cluster, key, Some(r), true);
+            }
         }
     }
 
@@ -298,8 +313,8 @@ impl CalcGraph {
         self.seq.in_sync && self.seq.has_pending()
     }
 
-    /// Errors recorded since the last call: (resource, message), e.g. validation failures.
-    pub fn take_errors(&mut self) -> Vec<(ResourceKey, String)> {
+    /// Errors recorded since the last call: (resource, why), e.g. validation failures.
+    pub fn take_errors(&mut self) -> Vec<(ResourceKey, GraphError)> {
         std::mem::take(&mut self.errors)
     }
 
@@ -588,7 +603,7 @@ impl CalcGraph {
                     Some(Arc::new(r))
                 }
                 Err(e) => {
-                    self.errors.push((key.clone(), e));
+                    self.errors.push((key.clone(), e.into()));
                     None
                 }
             },

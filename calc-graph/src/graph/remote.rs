@@ -21,6 +21,7 @@ use crate::model::{Kind, Resource, ResourceKey, validate_name};
 
 use super::CalcGraph;
 use super::convert::{check, split_nets, str_pairs, wep_item, wep_labels};
+use super::error::GraphError;
 use super::labels::ItemData;
 use super::rules::LABEL_NAMESPACE;
 
@@ -56,18 +57,29 @@ impl CalcGraph {
         cluster: &str,
         key: ResourceKey,
         value: Option<Resource>,
+        validated: bool,
     ) {
         if let Err(e) = validate_name(cluster) {
-            self.errors
-                .push((key, format!("remote cluster name {cluster:?}: {e}")));
+            self.errors.push((
+                key,
+                GraphError::RemoteClusterName {
+                    cluster: cluster.to_string(),
+                    reason: e,
+                },
+            ));
             return;
         }
         let rkey = remote_key(cluster, &key);
-        let value = value.and_then(|r| match check(&key, &r) {
+        let value = value.and_then(|r| match if validated { Ok(()) } else { check(&key, &r) } {
             Ok(()) => Some(r),
-            Err(msg) => {
-                self.errors
-                    .push((rkey.clone(), format!("remote cluster {cluster}: {msg}")));
+            Err(error) => {
+                self.errors.push((
+                    rkey.clone(),
+                    GraphError::Remote {
+                        cluster: cluster.to_string(),
+                        error: Box::new(error),
+                    },
+                ));
                 None
             }
         });

@@ -205,12 +205,26 @@ impl fmt::Display for RuleField {
     }
 }
 
-fn parse_field(text: &str, field: Field<'_>) -> Result<Selector, String> {
-    selector::parse(text).map_err(|e| format!("{field}: invalid selector {text:?}: {e}"))
+/// A selector of a policy or profile that does not parse: names the field and the text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: invalid selector {text:?}: {error}")]
+pub struct SelectorFieldError {
+    /// `spec.selector`, `spec.ingress[0].source.namespaceSelector`, ….
+    pub field: String,
+    pub text: String,
+    pub error: selector::SelectorError,
+}
+
+fn parse_field(text: &str, field: Field<'_>) -> Result<Selector, SelectorFieldError> {
+    selector::parse(text).map_err(|error| SelectorFieldError {
+        field: field.to_string(),
+        text: text.to_string(),
+        error,
+    })
 }
 
 /// Canonical text of `text` with every label key prefixed (`parseSelectorAttachPrefix`).
-fn prefixed(text: &str, prefix: &str, field: Field<'_>) -> Result<String, String> {
+fn prefixed(text: &str, prefix: &str, field: Field<'_>) -> Result<String, SelectorFieldError> {
     Ok(parse_field(text, field)?
         .with_key_prefix(prefix)
         .canonical())
@@ -247,7 +261,7 @@ fn prefix_and_append(
     new: Option<&str>,
     prefix: &str,
     field: Field<'_>,
-) -> Result<String, String> {
+) -> Result<String, SelectorFieldError> {
     let Some(new) = new else { return Ok(current) };
     let p = prefixed(new, prefix, field)?;
     Ok(if current.is_empty() {
@@ -260,7 +274,7 @@ fn prefix_and_append(
 /// A user-written selector, checked to parse on its own and then used as written (Felix splices
 /// the raw text into `(...)`; a selector that parses alone stays one group inside parentheses).
 /// Whitespace-only counts as absent.
-fn checked_field(text: Option<&str>, field: Field<'_>) -> Result<String, String> {
+fn checked_field(text: Option<&str>, field: Field<'_>) -> Result<String, SelectorFieldError> {
     match text {
         Some(t) if !t.trim().is_empty() => {
             parse_field(t, field)?;
@@ -274,7 +288,7 @@ fn checked_field(text: Option<&str>, field: Field<'_>) -> Result<String, String>
 pub(crate) fn network_policy_selector(
     spec: &NetworkPolicySpec,
     ns: &str,
-) -> Result<Selector, String> {
+) -> Result<Selector, SelectorFieldError> {
     let mut sel = checked_field(spec.selector.as_deref(), &"spec.selector")?;
     let ns_clause = namespace_clause(ns);
     sel = if sel.is_empty() {
@@ -292,7 +306,9 @@ pub(crate) fn network_policy_selector(
 }
 
 /// The selector of a GlobalNetworkPolicy, with its namespace and service-account selectors.
-pub(crate) fn global_policy_selector(spec: &GlobalNetworkPolicySpec) -> Result<Selector, String> {
+pub(crate) fn global_policy_selector(
+    spec: &GlobalNetworkPolicySpec,
+) -> Result<Selector, SelectorFieldError> {
     let mut sel = checked_field(spec.selector.as_deref(), &"spec.selector")?;
     if let Some(nss) = spec.namespace_selector.as_deref() {
         sel = prefix_and_append(sel, Some(nss), NS_PREFIX, &"spec.namespaceSelector")?;
@@ -311,7 +327,7 @@ pub(crate) fn global_policy_selector(spec: &GlobalNetworkPolicySpec) -> Result<S
 fn service_accounts_selector(
     sam: &ServiceAccountMatch,
     field: Field<'_>,
-) -> Result<String, String> {
+) -> Result<String, SelectorFieldError> {
     let updated = match sam.selector.as_deref() {
         Some(s) => prefixed(s, SA_PREFIX, &Sub(field, "selector"))?,
         None => String::new(),
@@ -329,7 +345,11 @@ fn service_accounts_selector(
 }
 
 /// `GetEntityRuleSelector` / `getEndpointSelector`: the one selector of a rule side, or empty.
-fn entity_selector(er: &EntityRule, ns: Option<&str>, field: Field<'_>) -> Result<String, String> {
+fn entity_selector(
+    er: &EntityRule,
+    ns: Option<&str>,
+    field: Field<'_>,
+) -> Result<String, SelectorFieldError> {
     let sa = match &er.service_accounts {
         Some(sam) => service_accounts_selector(sam, &Sub(field, "serviceAccounts"))?,
         None => String::new(),
@@ -420,7 +440,7 @@ fn scan_side(
     protocol: Option<Protocol>,
     field: Field<'_>,
     sets: &mut Vec<IpSetSpec>,
-) -> Result<Side, String> {
+) -> Result<Side, SelectorFieldError> {
     let mut pos = entity_selector(er, ns, field)?;
     let mut neg = checked_field(er.not_selector.as_deref(), &Sub(field, "notSelector"))?;
     // combineMatchesIfPossible
@@ -477,7 +497,7 @@ fn scan_rule(
     field: Field<'_>,
     sets: &mut Vec<IpSetSpec>,
     domain_set: Option<IpSetId>,
-) -> Result<ParsedRule, String> {
+) -> Result<ParsedRule, SelectorFieldError> {
     let src = scan_side(&rule.source, ns, rule.protocol, &Sub(field, "source"), sets)?;
     let dst = scan_side(
         &rule.destination,
@@ -536,7 +556,7 @@ pub(crate) fn scan_rules(
     ingress: &[Rule],
     egress: &[Rule],
     ns: Option<&str>,
-) -> Result<ScannedRules, String> {
+) -> Result<ScannedRules, SelectorFieldError> {
     let mut out = ScannedRules::default();
     for (dir, rules, parsed) in [
         ("ingress", ingress, &mut out.inbound),

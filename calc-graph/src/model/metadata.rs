@@ -109,15 +109,20 @@ pub(crate) fn is_false(b: &bool) -> bool {
 
 /// Parses a CIDR the way Calico does: `10.0.0.0/8`, or a bare address meaning a host route
 /// (`10.0.0.1` is `10.0.0.1/32`, `fd00::1` is `fd00::1/128`). Host bits are kept as written.
-pub fn parse_net(s: &str) -> Result<IpNet, String> {
+pub fn parse_net(s: &str) -> Result<IpNet, InvalidCidr> {
     if let Ok(net) = s.parse::<IpNet>() {
         return Ok(net);
     }
     if let Ok(addr) = s.parse::<IpAddr>() {
         return Ok(IpNet::from(addr));
     }
-    Err(format!("invalid CIDR {s:?}"))
+    Err(InvalidCidr(s.to_string()))
 }
+
+/// A text that is neither a CIDR nor an address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid CIDR {0:?}")]
+pub struct InvalidCidr(pub String);
 
 /// Serde for `Vec<IpNet>` fields (`nets`, `ipNetworks`, ...): lenient on input (bare addresses
 /// become host networks, `null` is empty), canonical `a.b.c.d/n` strings on output.
@@ -178,7 +183,7 @@ mod tests {
         );
         assert_eq!(parse_net("10.1.2.3/16").unwrap().to_string(), "10.1.2.3/16");
         assert_eq!(
-            parse_net("10.0.0.0/33").unwrap_err(),
+            parse_net("10.0.0.0/33").unwrap_err().to_string(),
             "invalid CIDR \"10.0.0.0/33\""
         );
         assert!(parse_net("").is_err());

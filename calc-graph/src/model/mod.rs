@@ -49,7 +49,7 @@ pub use endpoint::{
 pub use error::{ModelError, ValidationError};
 pub use ippool::{AllowedUse, AssignmentMode, EncapMode, IpPool, IpPoolSpec};
 pub use key::{API_VERSION, CALICO_PREFIX, Kind, ResourceKey};
-pub use metadata::{Metadata, parse_net};
+pub use metadata::{InvalidCidr, Metadata, parse_net};
 pub use names::{
     K8S_ADMIN_POLICY_PREFIXES, validate_container_id, validate_global_network_policy_name,
     validate_identifier, validate_interface_name, validate_label_key, validate_label_value,
@@ -63,11 +63,14 @@ pub use policy::{
     StagedGlobalNetworkPolicySpec, StagedKubernetesNetworkPolicy,
     StagedKubernetesNetworkPolicySpec, StagedNetworkPolicy, StagedNetworkPolicySpec,
 };
-pub use prefix::{DEFAULT_ETCD_PREFIX, EtcdPrefix};
-pub use primitives::{Action, IcmpFields, IpVersion, Port, Protocol};
+pub use prefix::{DEFAULT_ETCD_PREFIX, EtcdPrefix, EtcdPrefixError};
+pub use primitives::{Action, IcmpFields, IpVersion, Port, PrimitiveError, Protocol};
 pub use profile::{DEFAULT_ALLOW_PROFILE, Profile, ProfileSpec};
-pub use remote::{REMOTE_CLUSTER_PLURAL, RemoteCluster, remote_cluster_key, remote_cluster_name};
-pub use resource::Resource;
+pub use remote::{
+    REMOTE_CLUSTER_PLURAL, RemoteCluster, RemoteClusterError, remote_cluster_key,
+    remote_cluster_name,
+};
+pub use resource::{Resource, Validated};
 pub use rule::{
     EntityRule, HttpMatch, HttpPath, Rule, RuleMetadata, ServiceAccountMatch, ServiceMatch,
     UNENFORCED_RULE_FIELDS,

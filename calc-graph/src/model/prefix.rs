@@ -41,17 +41,30 @@ impl fmt::Display for EtcdPrefix {
 }
 
 impl std::str::FromStr for EtcdPrefix {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = EtcdPrefixError;
+    fn from_str(s: &str) -> Result<Self, EtcdPrefixError> {
         EtcdPrefix::new(s)
     }
+}
+
+/// Why a root is not a usable etcd prefix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("etcd prefix {root:?}: {reason}")]
+pub struct EtcdPrefixError {
+    pub root: String,
+    pub reason: String,
 }
 
 impl EtcdPrefix {
     /// Checks `root`: starts with `/`, no trailing `/`, no empty segment, only printable ASCII
     /// without spaces, at most 200 bytes (it becomes part of every key and of log lines).
-    pub fn new(root: &str) -> Result<EtcdPrefix, String> {
-        let bad = |why: &str| Err(format!("etcd prefix {root:?}: {why}"));
+    pub fn new(root: &str) -> Result<EtcdPrefix, EtcdPrefixError> {
+        let bad = |why: &str| {
+            Err(EtcdPrefixError {
+                root: root.to_string(),
+                reason: why.to_string(),
+            })
+        };
         if !root.starts_with('/') {
             return bad("must start with '/'");
         }
@@ -176,7 +189,7 @@ mod tests {
                 "inside the default",
             ),
         ] {
-            let e = EtcdPrefix::new(p).unwrap_err();
+            let e = EtcdPrefix::new(p).unwrap_err().to_string();
             assert!(e.contains(why) && e.contains(p), "{p}: {e}");
         }
     }

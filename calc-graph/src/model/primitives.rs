@@ -108,10 +108,21 @@ impl fmt::Display for Protocol {
     }
 }
 
+/// A text that is not a protocol, port or port range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrimitiveError {
+    #[error("unknown protocol {0:?}")]
+    Protocol(String),
+    #[error("invalid port range {0:?}")]
+    PortRange(String),
+    #[error("empty port")]
+    EmptyPort,
+}
+
 impl FromStr for Protocol {
-    type Err = String;
+    type Err = PrimitiveError;
     /// Accepts Calico's names case-insensitively (`TCP`, `tcp`, `ICMPv6`, `UDPLite`) and numbers.
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, PrimitiveError> {
         Ok(match s.to_ascii_lowercase().as_str() {
             "tcp" => Protocol::Tcp,
             "udp" => Protocol::Udp,
@@ -121,7 +132,7 @@ impl FromStr for Protocol {
             "udplite" => Protocol::UdpLite,
             other => match other.parse::<u8>() {
                 Ok(n) => Protocol::Number(n),
-                Err(_) => return Err(format!("unknown protocol {s:?}")),
+                Err(_) => return Err(PrimitiveError::Protocol(s.to_string())),
             },
         })
     }
@@ -169,24 +180,19 @@ impl fmt::Display for Port {
 }
 
 impl FromStr for Port {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = PrimitiveError;
+    fn from_str(s: &str) -> Result<Self, PrimitiveError> {
         if let Some((a, b)) = s.split_once(':') {
-            let a = a
-                .trim()
-                .parse::<u16>()
-                .map_err(|_| format!("invalid port range {s:?}"))?;
-            let b = b
-                .trim()
-                .parse::<u16>()
-                .map_err(|_| format!("invalid port range {s:?}"))?;
+            let range = || PrimitiveError::PortRange(s.to_string());
+            let a = a.trim().parse::<u16>().map_err(|_| range())?;
+            let b = b.trim().parse::<u16>().map_err(|_| range())?;
             return Ok(Port::Range(a, b));
         }
         if let Ok(n) = s.parse::<u16>() {
             return Ok(Port::Number(n));
         }
         if s.is_empty() {
-            return Err("empty port".to_string());
+            return Err(PrimitiveError::EmptyPort);
         }
         Ok(Port::Named(s.to_string()))
     }

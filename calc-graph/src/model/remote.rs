@@ -80,19 +80,38 @@ pub fn remote_cluster_name(key: &str) -> Option<&str> {
         .filter(|n| !n.is_empty() && !n.contains('/'))
 }
 
+/// Why a RemoteClusterConfiguration is unusable: the object and the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RemoteClusterError {
+    #[error("{key}: not a RemoteClusterConfiguration key")]
+    NotAKey { key: String },
+    /// `remoteclusterconfigurations/<name>: <field>: <problem>`.
+    #[error("{resource}: {path}: {message}")]
+    Field {
+        resource: String,
+        path: String,
+        message: String,
+    },
+}
+
 impl RemoteCluster {
     /// Decodes and validates the value of `key`. Errors read
     /// `remoteclusterconfigurations/<name>: <field>: <problem>`.
-    pub fn from_etcd(key: &str, value: &[u8]) -> Result<RemoteCluster, String> {
-        let key_name = remote_cluster_name(key)
-            .ok_or_else(|| format!("{key}: not a RemoteClusterConfiguration key"))?;
+    pub fn from_etcd(key: &str, value: &[u8]) -> Result<RemoteCluster, RemoteClusterError> {
+        let key_name = remote_cluster_name(key).ok_or_else(|| RemoteClusterError::NotAKey {
+            key: key.to_string(),
+        })?;
         let who = format!("{REMOTE_CLUSTER_PLURAL}/{key_name}");
+        let field = |path: &str, message: String| RemoteClusterError::Field {
+            resource: who.clone(),
+            path: path.to_string(),
+            message,
+        };
         let mut de = serde_json::Deserializer::from_slice(value);
         let doc: Doc = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();
-            format!("{who}: {path}: {}", e.into_inner())
+            field(&path, e.into_inner().to_string())
         })?;
-        let field = |path: &str, msg: String| format!("{who}: {path}: {msg}");
         if let Some(v) = doc.api_version.as_deref()
             && v != super::API_VERSION
         {
@@ -147,9 +166,9 @@ impl RemoteCluster {
         }
         let prefix = match spec.etcd_prefix.as_deref() {
             None | Some("") => EtcdPrefix::default(),
-            Some(p) => EtcdPrefix::new(p).map_err(|e| field("spec.etcdPrefix", e))?,
+            Some(p) => EtcdPrefix::new(p).map_err(|e| field("spec.etcdPrefix", e.to_string()))?,
         };
-        let file = |path: &str, v: Option<String>| -> Result<Option<String>, String> {
+        let file = |path: &str, v: Option<String>| -> Result<Option<String>, RemoteClusterError> {
             match v.filter(|v| !v.is_empty()) {
                 Some(f) if !f.starts_with('/') => {
                     Err(field(path, format!("{f:?} is not absolute")))
@@ -183,6 +202,7 @@ mod tests {
 
     fn decode(name: &str, json: &str) -> Result<RemoteCluster, String> {
         RemoteCluster::from_etcd(&remote_cluster_key(name), json.as_bytes())
+            .map_err(|e| e.to_string())
     }
 
     #[test]

@@ -246,14 +246,12 @@ impl Resource {
     }
 
     /// [`Resource::from_etcd`] followed by [`Resource::validate`], for callers that want only
-    /// valid resources.
+    /// valid resources ([`Validated::from_etcd`], taken apart).
     pub fn from_etcd_validated(
         key: &str,
         value: &[u8],
     ) -> Result<(ResourceKey, Resource), ModelError> {
-        let (rk, resource) = Self::from_etcd(key, value)?;
-        resource.validate().map_err(ModelError::Invalid)?;
-        Ok((rk, resource))
+        Validated::from_etcd(key, value).map(Validated::into_parts)
     }
 
     fn decode(json: &[u8], key: Option<&ResourceKey>) -> Result<Resource, ModelError> {
@@ -613,5 +611,36 @@ mod tests {
             assert_eq!(v["kind"], kind.kind_name());
             assert_eq!(v["spec"], json!({}));
         }
+    }
+}
+
+/// A resource that decoded under its etcd key, matches that key (kind, namespace, name) and
+/// validated: the one place a resource from the datastore is validated. The graph takes it
+/// ([`Update::Valid`](crate::graph::Update::Valid)) without checking it again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Validated {
+    key: ResourceKey,
+    resource: Resource,
+}
+
+impl Validated {
+    /// Decodes `value` under the etcd `key` ([`Resource::from_etcd`]) and validates it; the error
+    /// names the resource and the field.
+    pub fn from_etcd(key: &str, value: &[u8]) -> Result<Validated, ModelError> {
+        let (key, resource) = Resource::from_etcd(key, value)?;
+        resource.validate().map_err(ModelError::Invalid)?;
+        Ok(Validated { key, resource })
+    }
+
+    pub fn key(&self) -> &ResourceKey {
+        &self.key
+    }
+
+    pub fn resource(&self) -> &Resource {
+        &self.resource
+    }
+
+    pub fn into_parts(self) -> (ResourceKey, Resource) {
+        (self.key, self.resource)
     }
 }

@@ -9,13 +9,18 @@
 //!   (or when those batches changed nothing). A failed apply is retried with backoff; the
 //!   revision does not advance meanwhile.
 //! * Stopping the loop never touches the kernel: rules stay in place.
+//! * The thread beats the hub's [`Liveness`](super::liveness::Liveness) at least every
+//!   [`TICK`] while it waits for work (the dataplane's commands beat it while it works); when it
+//!   ends, by a panic or a return, the cause is recorded there for `/liveness` and the runtime.
 
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
-use calc_graph::proto::Output;
+use calc_graph::proto::{IpVersion, Output};
+use iptables::apply::ApplyError;
 
+use super::liveness::{NotAlive, TICK, panic_message};
 use super::status::StatusHub;
 
 /// Graph output up to a datastore revision.
@@ -43,21 +48,56 @@ pub struct ApplyReport {
     pub conntrack_errors: u64,
 }
 
+/// Why an apply, refresh or drift check failed (its text is `/status`'s `last_apply_error`).
+#[derive(Debug, thiserror::Error)]
+pub enum DataplaneError {
+    /// The iptables backend could not be chosen (before either family was touched).
+    #[error("iptables backend detection: {0}")]
+    Detection(#[source] ApplyError),
+    /// One or both families failed; the others' work stands.
+    #[error("{}", join_families(.0))]
+    Families(Vec<FamilyError>),
+    /// The thread programming one family panicked.
+    #[error("{family}: apply thread panicked", family = family_name(*.0))]
+    FamilyPanicked(IpVersion),
+}
+
+/// One family's failure, as `ipv4: <error>`.
+#[derive(Debug, thiserror::Error)]
+#[error("{family}: {error}", family = family_name(self.family))]
+pub struct FamilyError {
+    pub family: IpVersion,
+    #[source]
+    pub error: ApplyError,
+}
+
+fn family_name(v: IpVersion) -> String {
+    format!("ipv{}", v.number())
+}
+
+fn join_families(errors: &[FamilyError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// The kernel side: folds graph outputs into the desired state and makes the kernel equal to it.
 /// Blocking; called only from the apply thread.
 pub trait Dataplane: Send + 'static {
     /// Absorbs `outputs` and programs the kernel (one transaction per table). An empty `outputs`
     /// re-applies the current desired state (retry after an error, or the first program).
-    fn apply(&mut self, outputs: Vec<Output>) -> Result<ApplyReport, String>;
+    fn apply(&mut self, outputs: Vec<Output>) -> Result<ApplyReport, DataplaneError>;
     /// Re-reads the kernel and repairs drift.
-    fn refresh(&mut self) -> Result<ApplyReport, String>;
+    fn refresh(&mut self) -> Result<ApplyReport, DataplaneError>;
     /// Called once when the apply thread starts, before the first batch arrives (the snapshot or
     /// the datastore is still being read): may read the kernel ahead, never writes. The default
     /// does nothing.
     fn prepare(&mut self) {}
     /// The fast drift check between refreshes: lists a few chains and repairs those that
     /// drifted. The default finds nothing.
-    fn check_drift(&mut self) -> Result<Drift, String> {
+    fn check_drift(&mut self) -> Result<Drift, DataplaneError> {
         Ok(Drift::default())
     }
 }
@@ -90,7 +130,20 @@ pub fn spawn<D: Dataplane>(
     let (tx, rx) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
         .name("apply".into())
-        .spawn(move || run(dp, rx, hub, refresh_interval, drift_interval))
+        .spawn(move || {
+            let liveness = hub.liveness.clone();
+            liveness.beat();
+            let run = std::panic::AssertUnwindSafe(|| {
+                run(dp, rx, hub, refresh_interval, drift_interval);
+            });
+            match std::panic::catch_unwind(run) {
+                Ok(()) => liveness.ended(NotAlive::Stopped),
+                Err(payload) => {
+                    liveness.ended(NotAlive::Panicked(panic_message(payload.as_ref())));
+                    std::panic::resume_unwind(payload);
+                }
+            }
+        })
         .expect("spawn apply thread");
     ApplyLoop { tx, thread }
 }
@@ -110,6 +163,7 @@ fn run<D: Dataplane>(
     let mut next_drift = drift.map(|d| Instant::now() + d);
     dp.prepare();
     loop {
+        hub.liveness.beat();
         // The drift check runs when due even while batches keep coming (it would never see a
         // receive timeout on a busy node).
         if programmed
@@ -123,9 +177,9 @@ fn run<D: Dataplane>(
             backoff
         } else if programmed {
             let next = next_drift.map_or(next_refresh, |d| d.min(next_refresh));
-            next.saturating_duration_since(Instant::now())
+            next.saturating_duration_since(Instant::now()).min(TICK)
         } else {
-            Duration::from_secs(3600)
+            TICK
         };
         let mut outputs = Vec::new();
         match rx.recv_timeout(wait) {
@@ -205,7 +259,7 @@ fn check_drift<D: Dataplane>(dp: &mut D, hub: &StatusHub) {
 /// Publishes an apply's outcome; true on success.
 fn record(
     hub: &StatusHub,
-    res: Result<ApplyReport, String>,
+    res: Result<ApplyReport, DataplaneError>,
     started: Instant,
     revision: Option<i64>,
 ) -> bool {
@@ -243,7 +297,7 @@ fn record(
             m.apply_errors.inc();
             hub.update(|s| {
                 s.last_apply_duration_ms = Some(elapsed.as_secs_f64() * 1000.0);
-                s.last_apply_error = Some(error);
+                s.last_apply_error = Some(error.to_string());
             });
             false
         }

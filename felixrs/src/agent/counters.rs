@@ -7,24 +7,23 @@
 //! * The counter thread ([`spawn`]) never holds anything the apply thread waits for: it clones the
 //!   published `Arc`, runs `iptables-save -c -t filter` (no xtables lock) per family and stores
 //!   the tally. A read never blocks an apply; a slow read only delays the next read.
-//! * A scrape encodes the last stored tally ([`PolicyCounters`], a prometheus-client collector): no
+//! * A scrape encodes the last stored tally ([`PolicyCounters`](super::metrics::PolicyCounters), a
+//!   prometheus-client collector, in `metrics`): no
 //!   kernel read per scrape. At most [`MAX_SERIES`] label sets per family (the busiest; the rest
 //!   are folded into `policy="(other)"`), and series disappear with their policy.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+
 use std::time::{Duration, Instant};
 
+use super::apply_loop::FamilyError;
+use super::status::StatusHub;
 use calc_graph::proto::IpVersion;
 use iptables::apply::Runner;
 use iptables::apply::backend::Mode;
 use iptables::apply::counters::read_filter_counters;
 use iptables::stats::{Attribution, Tally};
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::ConstCounter;
-
-use super::status::StatusHub;
 
 /// Label sets per family in `/metrics` at most.
 pub const MAX_SERIES: usize = 1000;
@@ -57,63 +56,6 @@ impl CounterHub {
     }
 }
 
-/// The last tallies, encoded on each scrape.
-#[derive(Debug, Default)]
-pub struct PolicyCounters {
-    tallies: Mutex<Vec<(IpVersion, Tally)>>,
-}
-
-impl PolicyCounters {
-    pub fn set(&self, tallies: Vec<(IpVersion, Tally)>) {
-        *self.tallies.lock().expect("policy counters lock") = tallies;
-    }
-
-    pub fn get(&self) -> Vec<(IpVersion, Tally)> {
-        self.tallies.lock().expect("policy counters lock").clone()
-    }
-}
-
-impl Collector for PolicyCounters {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let tallies = self.tallies.lock().expect("policy counters lock");
-        for (metric, help, bytes) in [
-            (
-                "policy_packets",
-                "Packets counted by the kernel per policy (or tier end, or profile), direction and action",
-                false,
-            ),
-            (
-                "policy_bytes",
-                "Bytes counted by the kernel per policy (or tier end, or profile), direction and action",
-                true,
-            ),
-        ] {
-            let mut family = encoder.encode_descriptor(
-                metric,
-                help,
-                None,
-                prometheus_client::metrics::MetricType::Counter,
-            )?;
-            for (v, tally) in tallies.iter() {
-                for (k, c) in &tally.counters {
-                    let labels = [
-                        ("family", if *v == IpVersion::V4 { "ipv4" } else { "ipv6" }),
-                        ("kind", k.source.as_str()),
-                        ("tier", k.tier.as_str()),
-                        ("policy", k.name.as_str()),
-                        ("direction", k.direction.as_str()),
-                        ("action", k.action.as_str()),
-                    ];
-                    let value = if bytes { c.bytes } else { c.packets };
-                    let m = family.encode_family(&labels)?;
-                    ConstCounter::new(value).encode(m)?;
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
 /// Handle of the counter thread; [`CounterThread::stop`] ends it.
 pub struct CounterThread {
     stop: Arc<AtomicBool>,
@@ -131,13 +73,13 @@ impl CounterThread {
 pub fn read_once(
     hub: &CounterHub,
     runner: &dyn Runner,
-) -> Option<Result<Vec<(IpVersion, Tally)>, String>> {
+) -> Option<Result<Vec<(IpVersion, Tally)>, FamilyError>> {
     let p = hub.current()?;
     let mut out = Vec::new();
     for (v, a) in [(IpVersion::V4, &p.v4), (IpVersion::V6, &p.v6)] {
         match read_filter_counters(runner, p.mode, v) {
             Ok(save) => out.push((v, a.attribute(&save).capped(MAX_SERIES))),
-            Err(e) => return Some(Err(format!("ipv{}: {e}", v.number()))),
+            Err(error) => return Some(Err(FamilyError { family: v, error })),
         }
     }
     Some(Ok(out))
@@ -184,42 +126,4 @@ pub fn spawn<R: Runner + 'static>(
         })
         .expect("spawn counter thread");
     CounterThread { stop, thread }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use iptables::model::Counters;
-    use iptables::stats::{Action, CounterKey, Direction, Source};
-
-    #[test]
-    fn hostile_names_stay_inside_their_label() {
-        let m = super::super::metrics::Metrics::new();
-        let mut tally = Tally::default();
-        tally.counters.insert(
-            CounterKey {
-                source: Source::NetworkPolicy,
-                tier: "default".into(),
-                name: "ns/evil\"} 1\nfelixrs_forged_total 9 --policy=x\\".into(),
-                direction: Direction::Ingress,
-                action: Action::Deny,
-            },
-            Counters {
-                packets: 7,
-                bytes: 420,
-            },
-        );
-        m.policy_counters.set(vec![(IpVersion::V4, tally)]);
-        let text = m.render();
-        let lines: Vec<&str> = text
-            .lines()
-            .filter(|l| l.starts_with("felixrs_policy_packets_total{"))
-            .collect();
-        assert_eq!(lines.len(), 1, "{text}");
-        assert!(lines[0].ends_with(" 7"), "{text}");
-        assert!(
-            !text.lines().any(|l| l.starts_with("felixrs_forged")),
-            "{text}"
-        );
-    }
 }

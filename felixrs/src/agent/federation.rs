@@ -57,12 +57,27 @@ pub fn is_federated(canonical: &str) -> bool {
     )
 }
 
+/// Why a key under [`REMOTE_ROOT`] is not a remote cluster's resource key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RemoteKeyError {
+    #[error("{key}: not a remote key")]
+    NotRemote { key: String },
+    #[error("remote cluster {cluster}: {source}")]
+    Key {
+        cluster: String,
+        source: calc_graph::model::ModelError,
+    },
+}
+
 /// Parses a remote key for the graph: cluster and resource key.
-pub fn parse_remote_key(key: &str) -> Result<(&str, ResourceKey), String> {
-    let (cluster, canonical) =
-        split_remote_key(key).ok_or_else(|| format!("{key}: not a remote key"))?;
-    let rk = ResourceKey::parse_etcd_key(canonical)
-        .map_err(|e| format!("remote cluster {cluster}: {e}"))?;
+pub fn parse_remote_key(key: &str) -> Result<(&str, ResourceKey), RemoteKeyError> {
+    let (cluster, canonical) = split_remote_key(key).ok_or_else(|| RemoteKeyError::NotRemote {
+        key: key.to_string(),
+    })?;
+    let rk = ResourceKey::parse_etcd_key(canonical).map_err(|source| RemoteKeyError::Key {
+        cluster: cluster.to_string(),
+        source,
+    })?;
     Ok((cluster, rk))
 }
 

@@ -17,7 +17,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use calc_graph::graph::{CalcGraph, Update};
-use calc_graph::model::{CALICO_PREFIX, Kind, Resource, ResourceKey};
+use calc_graph::model::{CALICO_PREFIX, Kind, ResourceKey, Validated};
 use calc_graph::proto::{EndpointId, IpVersion, Output, PolicyId};
 use iptables::apply::{Applier, ApplierConfig, Backend, Runner, backend, conntrack};
 use iptables::desired::{DesiredState, TableName};
@@ -26,10 +26,10 @@ use iptables::stats::Attribution;
 
 use std::sync::Arc;
 
-use super::apply_loop::{ApplyReport, Dataplane, Drift};
+use super::apply_loop::{ApplyReport, Dataplane, DataplaneError, Drift, FamilyError};
 use super::counters::{CounterHub, Published};
 use super::federation;
-use super::state::Pipeline;
+use super::state::{Pipeline, PipelineError};
 use super::status::FailedSafeRuleStatus;
 use crate::dns::Learner;
 
@@ -49,35 +49,29 @@ impl GraphPipeline {
 impl GraphPipeline {
     /// A remote cluster's key (see [`federation`]): decoded and validated under its canonical
     /// key, then given to the graph as that cluster's.
-    fn update_remote(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), String> {
+    fn update_remote(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), PipelineError> {
         let (cluster, rk) = federation::parse_remote_key(key)?;
-        let value = match value {
-            Some(v) => {
-                let canonical = rk.etcd_key();
-                let (_, r) = Resource::from_etcd_validated(&canonical, v)
-                    .map_err(|e| format!("remote cluster {cluster}: {e}"))?;
-                Some(r)
-            }
-            None => None,
-        };
-        self.graph.apply(Update::Remote {
-            cluster: cluster.to_string(),
-            key: rk,
-            value,
-        });
+        let cluster = cluster.to_string();
+        match value {
+            Some(v) => match Validated::from_etcd(&rk.etcd_key(), v) {
+                Ok(value) => self.graph.apply(Update::RemoteValid { cluster, value }),
+                Err(source) => return Err(PipelineError::Remote { cluster, source }),
+            },
+            None => self.graph.apply(Update::Remote {
+                cluster,
+                key: rk,
+                value: None,
+            }),
+        }
         self.take_errors()
     }
 
-    fn take_errors(&mut self) -> Result<(), String> {
+    fn take_errors(&mut self) -> Result<(), PipelineError> {
         let errors = self.graph.take_errors();
         if errors.is_empty() {
             Ok(())
         } else {
-            Err(errors
-                .into_iter()
-                .map(|(k, e)| format!("{k}: {e}"))
-                .collect::<Vec<_>>()
-                .join("; "))
+            Err(PipelineError::Graph(errors))
         }
     }
 }
@@ -91,28 +85,30 @@ fn is_unconsumed_kind(key: &str) -> bool {
 }
 
 impl Pipeline for GraphPipeline {
-    fn update(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), String> {
+    fn update(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), PipelineError> {
         if key.starts_with(federation::REMOTE_ROOT) {
             return self.update_remote(key, value);
         }
         if is_unconsumed_kind(key) {
             return Ok(());
         }
-        let (rk, value) = match value {
+        // Validated here, once: the graph takes it as it is.
+        let (rk, present) = match value {
             Some(v) => {
-                let (rk, r) = Resource::from_etcd_validated(key, v).map_err(|e| e.to_string())?;
-                (rk, Some(r))
+                let valid = Validated::from_etcd(key, v)?;
+                let rk = valid.key().clone();
+                self.graph.apply(Update::Valid(valid));
+                (rk, true)
             }
-            None => (
-                ResourceKey::parse_etcd_key(key).map_err(|e| e.to_string())?,
-                None,
-            ),
+            None => {
+                let rk = ResourceKey::parse_etcd_key(key)?;
+                self.graph.apply(Update::Resource {
+                    key: rk.clone(),
+                    value: None,
+                });
+                (rk, false)
+            }
         };
-        let present = value.is_some();
-        self.graph.apply(Update::Resource {
-            key: rk.clone(),
-            value,
-        });
         if present {
             for r in self.graph.failed_safe_rules_of(&rk) {
                 tracing::warn!(
@@ -301,7 +297,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
     }
 
     /// Detects the iptables backend once (`Auto`), for both appliers.
-    fn detect_backend(&mut self) -> Result<(), String> {
+    fn detect_backend(&mut self) -> Result<(), DataplaneError> {
         self.settle();
         detect_for(&self.runner, &mut self.detect, [&mut self.v4, &mut self.v6])
     }
@@ -337,7 +333,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
         })
     }
 
-    fn program(&mut self, refresh: bool) -> Result<ApplyReport, String> {
+    fn program(&mut self, refresh: bool) -> Result<ApplyReport, DataplaneError> {
         let mut report = ApplyReport {
             local_endpoints: self.endpoints.len(),
             active_policies: self.policies.len(),
@@ -364,13 +360,13 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             let r4 = run(IpVersion::V4, v4);
             (r4, h6.join())
         });
-        let r6 = r6.map_err(|_| "ipv6: apply thread panicked".to_string())?;
+        let r6 = r6.map_err(|_| DataplaneError::FamilyPanicked(IpVersion::V6))?;
         let mut errors = Vec::new();
         for (v, (desired, res)) in [(IpVersion::V4, r4), (IpVersion::V6, r6)] {
             let r = match res {
                 Ok(r) => r,
-                Err(e) => {
-                    errors.push(format!("ipv{}: {e}", v.number()));
+                Err(error) => {
+                    errors.push(FamilyError { family: v, error });
                     continue;
                 }
             };
@@ -385,7 +381,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             report.restore_errors += u64::from(r.retries);
         }
         if !errors.is_empty() {
-            return Err(errors.join("; "));
+            return Err(DataplaneError::Families(errors));
         }
         self.publish_attribution();
         if let Some(l) = &self.learner {
@@ -439,10 +435,9 @@ fn detect_for<R: Runner + Clone + 'static>(
     runner: &R,
     detect: &mut bool,
     appliers: [&mut Applier<R>; 2],
-) -> Result<(), String> {
+) -> Result<(), DataplaneError> {
     if *detect {
-        let d = backend::detect(runner, Backend::Auto)
-            .map_err(|e| format!("iptables backend detection: {e}"))?;
+        let d = backend::detect(runner, Backend::Auto).map_err(DataplaneError::Detection)?;
         tracing::info!(backend = ?d.mode, reason = ?d.reason, saves = d.saves_run(), "iptables backend selected");
         for a in appliers {
             a.use_detection(&d);
@@ -483,7 +478,7 @@ fn count(d: &DesiredState, report: &mut ApplyReport) {
 }
 
 impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
-    fn apply(&mut self, outputs: Vec<Output>) -> Result<ApplyReport, String> {
+    fn apply(&mut self, outputs: Vec<Output>) -> Result<ApplyReport, DataplaneError> {
         for o in &outputs {
             self.track(o);
         }
@@ -530,13 +525,13 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
         }
     }
 
-    fn refresh(&mut self) -> Result<ApplyReport, String> {
+    fn refresh(&mut self) -> Result<ApplyReport, DataplaneError> {
         let mut report = self.program(true)?;
         self.remove_stale_flows(&mut report);
         Ok(report)
     }
 
-    fn check_drift(&mut self) -> Result<Drift, String> {
+    fn check_drift(&mut self) -> Result<Drift, DataplaneError> {
         self.settle();
         let mut drift = Drift::default();
         let mut errors = Vec::new();
@@ -550,11 +545,11 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
                             .map(|c| format!("ipv{} {c}", v.number())),
                     );
                 }
-                Err(e) => errors.push(format!("ipv{}: {e}", v.number())),
+                Err(error) => errors.push(FamilyError { family: v, error }),
             }
         }
         if !errors.is_empty() {
-            return Err(errors.join("; "));
+            return Err(DataplaneError::Families(errors));
         }
         Ok(drift)
     }
@@ -580,14 +575,15 @@ mod tests {
     fn malformed_values_and_keys_are_errors_naming_the_key() {
         let mut p = GraphPipeline::new("node-1");
         let key = format!("{CALICO_PREFIX}globalnetworkpolicies/gnp1");
-        let err = p.update(&key, Some(b"{not json")).unwrap_err();
+        let err = p.update(&key, Some(b"{not json")).unwrap_err().to_string();
         assert!(err.contains("gnp1"), "{err}");
         let err = p
             .update(
                 &format!("{CALICO_PREFIX}networkpolicies/only-ns"),
                 Some(b"{}"),
             )
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("only-ns"), "{err}");
         // IP pools are consumed now: a malformed one is reported, naming the pool and the field.
         let err = p
@@ -597,7 +593,8 @@ mod tests {
                     br#"{"kind":"IPPool","metadata":{"name":"p1"},"spec":{"cidr":"10.0.0.1/16"}}"#,
                 ),
             )
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("ippools/p1") && err.contains("spec.cidr"),
             "{err}"
@@ -634,7 +631,7 @@ mod pipeline_tests {
             revision: 5,
             kvs: l,
         });
-        st.emit();
+        st.emit().unwrap();
         let mut r = Renderer::new(RenderConfig::default()).unwrap();
         let e = r.apply_all(rx.try_recv().unwrap().outputs);
         assert!(e.is_empty(), "{e:?}");
@@ -655,7 +652,7 @@ mod pipeline_tests {
                     mod_revision: 6,
                 }],
             });
-            st.emit();
+            st.emit().unwrap();
             r.apply_all(rx.try_recv().unwrap().outputs);
             r.flush();
         }
@@ -672,7 +669,7 @@ mod pipeline_tests {
             revision: 9,
             kvs: l,
         });
-        st.emit();
+        st.emit().unwrap();
         let out = rx.try_recv().unwrap().outputs;
         assert!(out.iter().any(|o| matches!(o, Output::PolicyRemoved(_))));
         let e = r.apply_all(out);

@@ -3,15 +3,19 @@
 //! Counters are bumped where the event happens (apply loop, syncer consumer, snapshot writer);
 //! gauges are set from each apply's report. Names follow Felix's where one exists.
 
+use calc_graph::proto::IpVersion;
+use iptables::stats::Tally;
+use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use super::counters::PolicyCounters;
 use crate::dns::metrics::DnsMetrics;
 
 /// Every metric the agent exports, with the registry that serves them.
@@ -257,5 +261,100 @@ impl Metrics {
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
+    }
+}
+
+/// The last tallies, encoded on each scrape.
+#[derive(Debug, Default)]
+pub struct PolicyCounters {
+    tallies: Mutex<Vec<(IpVersion, Tally)>>,
+}
+
+impl PolicyCounters {
+    pub fn set(&self, tallies: Vec<(IpVersion, Tally)>) {
+        *self.tallies.lock().expect("policy counters lock") = tallies;
+    }
+
+    pub fn get(&self) -> Vec<(IpVersion, Tally)> {
+        self.tallies.lock().expect("policy counters lock").clone()
+    }
+}
+
+impl Collector for PolicyCounters {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let tallies = self.tallies.lock().expect("policy counters lock");
+        for (metric, help, bytes) in [
+            (
+                "policy_packets",
+                "Packets counted by the kernel per policy (or tier end, or profile), direction and action",
+                false,
+            ),
+            (
+                "policy_bytes",
+                "Bytes counted by the kernel per policy (or tier end, or profile), direction and action",
+                true,
+            ),
+        ] {
+            let mut family = encoder.encode_descriptor(
+                metric,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (v, tally) in tallies.iter() {
+                for (k, c) in &tally.counters {
+                    let labels = [
+                        ("family", if *v == IpVersion::V4 { "ipv4" } else { "ipv6" }),
+                        ("kind", k.source.as_str()),
+                        ("tier", k.tier.as_str()),
+                        ("policy", k.name.as_str()),
+                        ("direction", k.direction.as_str()),
+                        ("action", k.action.as_str()),
+                    ];
+                    let value = if bytes { c.bytes } else { c.packets };
+                    let m = family.encode_family(&labels)?;
+                    ConstCounter::new(value).encode(m)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod policy_counter_tests {
+    use super::*;
+    use iptables::model::Counters;
+    use iptables::stats::{Action, CounterKey, Direction, Source};
+
+    #[test]
+    fn hostile_names_stay_inside_their_label() {
+        let m = Metrics::new();
+        let mut tally = Tally::default();
+        tally.counters.insert(
+            CounterKey {
+                source: Source::NetworkPolicy,
+                tier: "default".into(),
+                name: "ns/evil\"} 1\nfelixrs_forged_total 9 --policy=x\\".into(),
+                direction: Direction::Ingress,
+                action: Action::Deny,
+            },
+            Counters {
+                packets: 7,
+                bytes: 420,
+            },
+        );
+        m.policy_counters.set(vec![(IpVersion::V4, tally)]);
+        let text = m.render();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("felixrs_policy_packets_total{"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{text}");
+        assert!(lines[0].ends_with(" 7"), "{text}");
+        assert!(
+            !text.lines().any(|l| l.starts_with("felixrs_forged")),
+            "{text}"
+        );
     }
 }

@@ -5,6 +5,7 @@
 //! * [`syncer`]: list + watch + reconnect/resync, emitting [`syncer::SyncEvent`]s.
 //! * [`state`]: the raw key -> value view fed into the calculation graph (`Pipeline` seam).
 //! * [`apply_loop`]: the thread that owns the dataplane and coalesces applies.
+//! * [`liveness`]: the apply thread's heartbeat, behind `/liveness` and watched by the runtime.
 //! * [`counters`]: the counter thread and the per-policy counters of `/metrics`.
 //! * [`snapshot`]: the persisted, checksummed snapshot of the last in-sync datastore view.
 //! * [`status`], [`metrics`]: HTTP status/health and Prometheus metrics.
@@ -13,8 +14,11 @@
 pub mod apply_loop;
 pub mod counters;
 pub mod datastore;
+#[cfg(debug_assertions)]
+pub mod fault;
 pub mod federation;
 pub mod kernel;
+pub mod liveness;
 pub mod metrics;
 pub mod runtime;
 pub mod snapshot;
@@ -56,28 +60,51 @@ impl From<IptablesBackend> for Backend {
     }
 }
 
-fn parse_secs(s: &str) -> Result<Duration, String> {
-    let v: f64 = s
-        .parse()
-        .map_err(|e| format!("invalid number of seconds {s:?}: {e}"))?;
+/// A flag value of `felixrs agent` that does not parse (clap prints it after the flag's name).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgError {
+    #[error("invalid number of seconds {text:?}: {error}")]
+    Seconds {
+        text: String,
+        error: std::num::ParseFloatError,
+    },
+    #[error("seconds must be positive, got {0:?}")]
+    NotPositive(String),
+    #[error("--dns-max-learned must be at least 1")]
+    MaxLearnedZero,
+    #[error("invalid --dns-max-learned {text:?}: {error}")]
+    MaxLearned {
+        text: String,
+        error: std::num::ParseIntError,
+    },
+}
+
+fn parse_secs(s: &str) -> Result<Duration, ArgError> {
+    let v: f64 = s.parse().map_err(|error| ArgError::Seconds {
+        text: s.to_string(),
+        error,
+    })?;
     if !(v.is_finite() && v > 0.0) {
-        return Err(format!("seconds must be positive, got {s:?}"));
+        return Err(ArgError::NotPositive(s.to_string()));
     }
     Ok(Duration::from_secs_f64(v))
 }
 
-fn parse_secs_or_zero(s: &str) -> Result<Duration, String> {
+fn parse_secs_or_zero(s: &str) -> Result<Duration, ArgError> {
     if s.trim() == "0" {
         return Ok(Duration::ZERO);
     }
     parse_secs(s)
 }
 
-fn parse_max_learned(s: &str) -> Result<usize, String> {
+fn parse_max_learned(s: &str) -> Result<usize, ArgError> {
     match s.parse::<usize>() {
-        Ok(0) => Err("--dns-max-learned must be at least 1".into()),
+        Ok(0) => Err(ArgError::MaxLearnedZero),
         Ok(n) => Ok(n),
-        Err(e) => Err(format!("invalid --dns-max-learned {s:?}: {e}")),
+        Err(error) => Err(ArgError::MaxLearned {
+            text: s.to_string(),
+            error,
+        }),
     }
 }
 
@@ -187,10 +214,15 @@ impl Args {
         render.masquerade_random_fully =
             iptables::apply::detect_masquerade_fully_random(&ExecRunner::new());
         let counter_hub = counters::CounterHub::new();
-        let hub = StatusHub::new(Metrics::new());
-        let mut dataplane =
-            kernel::KernelDataplane::new(ExecRunner::new(), iptables_backend.into(), render)?
-                .with_counters(counter_hub.clone());
+        #[cfg(debug_assertions)]
+        let stale_after = fault::stale_after_from_env().unwrap_or(liveness::STALE_AFTER);
+        #[cfg(not(debug_assertions))]
+        let stale_after = liveness::STALE_AFTER;
+        let hub = StatusHub::with_liveness(Metrics::new(), liveness::Liveness::new(stale_after));
+        // The dataplane's commands beat the apply thread's heartbeat (a long apply is not a stuck one).
+        let runner = liveness::BeatingRunner::new(ExecRunner::new(), hub.liveness.clone());
+        let mut dataplane = kernel::KernelDataplane::new(runner, iptables_backend.into(), render)?
+            .with_counters(counter_hub.clone());
         let dns = crate::dns::agent::start(
             &dataplane_args,
             dns_min_ttl,
@@ -232,6 +264,15 @@ impl Args {
             let cancel = CancellationToken::new();
             tokio::spawn(shutdown_on_signal(cancel.clone()));
             tracing::info!(node = %node_name, "felixrs agent starting");
+            #[cfg(debug_assertions)]
+            if let Some(fault) = fault::from_env() {
+                tracing::warn!(?fault, "test fault injected into the apply thread");
+                let dataplane = fault::Faulty {
+                    inner: dataplane,
+                    fault,
+                };
+                return runtime::run(cfg, datastore, pipeline, dataplane, hub, cancel).await;
+            }
             runtime::run(cfg, datastore, pipeline, dataplane, hub, cancel).await
         });
         counter_thread.stop();

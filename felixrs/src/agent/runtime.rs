@@ -14,6 +14,11 @@
 //! replaces it wholesale when it arrives. Without either, nothing is written to the kernel.
 //! Shutdown (cancel): tasks stop, the apply thread finishes its current apply, the kernel is left
 //! as it is.
+//!
+//! The main task watches the apply thread ([`Liveness`](super::liveness::Liveness)): if it ends
+//! (a panic) or its heartbeat goes stale (stuck), or a batch cannot be handed to it, the agent
+//! logs the cause, stops like on cancel (without waiting for a stuck thread) and `run` returns
+//! the cause as its error, so the process exits non-zero and is restarted.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -27,8 +32,9 @@ use tokio_util::sync::CancellationToken;
 use super::apply_loop::{self, Dataplane};
 use super::datastore::Datastore;
 use super::federation::Remotes;
+use super::liveness::NotAlive;
 use super::snapshot::{Snapshot, SnapshotStore};
-use super::state::{AgentState, Pipeline};
+use super::state::{AgentState, ApplyThreadGone, Pipeline};
 use super::status::{self, Source, StatusHub};
 use super::syncer::{self, SyncEvent, SyncerConfig};
 
@@ -99,9 +105,15 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
     let fallback_at = tokio::time::Instant::now() + cfg.etcd_timeout;
     let mut fallback_tried = false;
     let mut snap_tick = tokio::time::interval(cfg.snapshot_interval);
+    let liveness = hub.liveness.clone();
+    let mut failure: Option<ApplyThreadFailure> = None;
     loop {
-        tokio::select! {
+        let emitted = tokio::select! {
             _ = cancel.cancelled() => break,
+            why = liveness.failure() => {
+                failure = Some(ApplyThreadFailure::NotAlive(why));
+                break;
+            }
             ev = sync_rx.recv() => {
                 let Some(ev) = ev else { break };
                 let listed = matches!(ev, SyncEvent::Listed { .. });
@@ -118,13 +130,14 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
                     state.on_event(ev);
                 }
                 reconcile_remotes(&mut state, &mut remotes);
-                state.emit();
+                let emitted = state.emit();
                 if listed {
                     // Persist a fresh full view at once, not at the next tick.
                     if let Some(s) = state.take_snapshot() {
                         snap_tx.send_replace(Some(Pending::new(s, &hub)));
                     }
                 }
+                emitted
             }
             Some(ev) = remote_rx.recv() => {
                 let mut ev = Some(ev);
@@ -134,20 +147,32 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
                     }
                     ev = remote_rx.try_recv().ok();
                 }
-                state.emit();
+                state.emit()
             }
             _ = tokio::time::sleep_until(fallback_at), if !fallback_tried && state.source() == Source::None => {
                 fallback_tried = true;
                 fallback(&mut state, &hub, loaded.take());
                 reconcile_remotes(&mut state, &mut remotes);
-                state.emit();
+                state.emit()
             }
             _ = snap_tick.tick() => {
                 if let Some(s) = state.take_snapshot() {
                     snap_tx.send_replace(Some(Pending::new(s, &hub)));
                 }
+                Ok(())
             }
+        };
+        if let Err(gone) = emitted {
+            // Its cause, if recorded by now, is the better message.
+            failure = Some(match liveness.check() {
+                Err(why) => ApplyThreadFailure::NotAlive(why),
+                Ok(()) => ApplyThreadFailure::Gone(gone),
+            });
+            break;
         }
+    }
+    if let Some(f) = &failure {
+        tracing::error!(cause = %f, "the apply thread is not alive; stopping the agent");
     }
     cancel.cancel();
     // Persist the newest etcd view before exiting (the writer drains it before it stops).
@@ -158,12 +183,37 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
     drop(snap_tx);
     let _ = syncer.await;
     let _ = writer.await;
+    if let Some(f) = failure {
+        // A stuck thread is not waited for: the process exit ends it.
+        if f.thread_ended() {
+            let _ = tokio::task::spawn_blocking(move || apply.thread.join()).await;
+        }
+        let _ = server.await;
+        tracing::info!("stopped; kernel rules left in place");
+        return Err(f.into());
+    }
     tokio::task::spawn_blocking(move || apply.thread.join())
         .await?
         .map_err(|_| anyhow::anyhow!("apply thread panicked"))?;
     server.await?.context("status server")?;
     tracing::info!("stopped; kernel rules left in place");
     Ok(())
+}
+
+/// Why the runtime stopped the agent on its own.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyThreadFailure {
+    #[error(transparent)]
+    NotAlive(NotAlive),
+    #[error(transparent)]
+    Gone(ApplyThreadGone),
+}
+
+impl ApplyThreadFailure {
+    /// The thread has ended (as opposed to being stuck).
+    fn thread_ended(&self) -> bool {
+        !matches!(self, ApplyThreadFailure::NotAlive(NotAlive::Stale { .. }))
+    }
 }
 
 /// Once the local view is in: one remote syncer per valid RemoteClusterConfiguration, and no

@@ -16,11 +16,17 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
 
-use calc_graph::model::{CALICO_PREFIX, REMOTE_CLUSTER_PLURAL, RemoteCluster, remote_cluster_name};
+use calc_graph::graph::GraphError;
+use calc_graph::model::{
+    CALICO_PREFIX, ModelError, REMOTE_CLUSTER_PLURAL, RemoteCluster, ResourceKey,
+    remote_cluster_name,
+};
 use calc_graph::proto::Output;
 
 use super::apply_loop::Batch;
-use super::federation::{REMOTE_ROOT, is_federated, remote_key, remote_scope, split_remote_key};
+use super::federation::{
+    REMOTE_ROOT, RemoteKeyError, is_federated, remote_key, remote_scope, split_remote_key,
+};
 use super::metrics::remote_labels;
 use super::snapshot::{KvMap, Snapshot};
 use super::status::{FailedSafeRuleStatus, RemoteStatus, Source, Status, StatusHub};
@@ -56,11 +62,29 @@ fn rcc_prefix() -> String {
     format!("{CALICO_PREFIX}{REMOTE_CLUSTER_PLURAL}/")
 }
 
+/// Why a datastore value did not reach the graph (or the graph refused part of it): each names
+/// the resource and, where there is one, the field.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PipelineError {
+    /// The key or value does not decode, or the resource is invalid.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// A remote cluster's key is not one.
+    #[error(transparent)]
+    RemoteKey(#[from] RemoteKeyError),
+    /// A remote cluster's value does not decode or is invalid.
+    #[error("remote cluster {cluster}: {source}")]
+    Remote { cluster: String, source: ModelError },
+    /// The graph's own errors for the update: (resource, what).
+    #[error("{}", .0.iter().map(|(k, e)| format!("{k}: {e}")).collect::<Vec<_>>().join("; "))]
+    Graph(Vec<(ResourceKey, GraphError)>),
+}
+
 /// Datastore keys in, graph outputs out (the calculation graph behind a small seam).
 pub trait Pipeline: 'static {
     /// One key changed (`None`: deleted). `Err` names what is malformed in the value; the caller
     /// logs it and keeps the key's previous value.
-    fn update(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), String>;
+    fn update(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), PipelineError>;
     /// The first full view has been given.
     fn in_sync(&mut self);
     /// Everything the graph has to say since the last flush, in dependency order.
@@ -70,6 +94,13 @@ pub trait Pipeline: 'static {
     fn failed_safe_rules(&self) -> Vec<FailedSafeRuleStatus> {
         Vec::new()
     }
+}
+
+/// The apply thread no longer takes batches: it ended (`/liveness` says why).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("apply thread gone: the batch up to revision {revision} cannot be applied")]
+pub struct ApplyThreadGone {
+    pub revision: i64,
 }
 
 /// Owned by the agent's main task.
@@ -317,7 +348,7 @@ impl<P: Pipeline> AgentState<P> {
                     if let Some(prev) = running(name) {
                         out.insert(name.to_string(), prev);
                     }
-                    errors.insert(name.to_string(), error);
+                    errors.insert(name.to_string(), error.to_string());
                 }
             }
         }
@@ -445,7 +476,7 @@ impl<P: Pipeline> AgentState<P> {
         self.dirty = true;
     }
 
-    fn malformed(&self, key: &str, error: &str) {
+    fn malformed(&self, key: &str, error: &dyn std::fmt::Display) {
         tracing::warn!(key, %error, "skipping malformed datastore value");
         self.hub.metrics.malformed_values.inc();
         self.hub.update(|s| s.malformed_values += 1);
@@ -458,10 +489,11 @@ impl<P: Pipeline> AgentState<P> {
         }
     }
 
-    /// Flushes the graph and hands the batch to the apply loop (nothing before in-sync).
-    pub fn emit(&mut self) {
+    /// Flushes the graph and hands the batch to the apply loop (nothing before in-sync). The
+    /// apply thread takes batches for as long as the agent runs: an error means it ended.
+    pub fn emit(&mut self) -> Result<(), ApplyThreadGone> {
         if !self.in_sync {
-            return;
+            return Ok(());
         }
         let outputs = if self.dirty {
             let failed_safe = self.pipeline.failed_safe_rules();
@@ -475,11 +507,14 @@ impl<P: Pipeline> AgentState<P> {
             Vec::new()
         };
         self.dirty = false;
-        // The apply loop only stops when the agent shuts down; a send error then is harmless.
-        let _ = self.batches.send(Batch {
-            outputs,
-            revision: self.revision,
-        });
+        self.batches
+            .send(Batch {
+                outputs,
+                revision: self.revision,
+            })
+            .map_err(|_| ApplyThreadGone {
+                revision: self.revision,
+            })
     }
 
     /// The etcd data to persist, if it changed since the last call.
@@ -524,10 +559,15 @@ mod tests {
     }
 
     impl Pipeline for RecordingPipeline {
-        fn update(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), String> {
+        fn update(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), PipelineError> {
             let v = value.map(|v| String::from_utf8_lossy(v).into_owned());
             if v.as_deref().is_some_and(|v| v.starts_with('!')) {
-                return Err(format!("{key}: spec: malformed"));
+                return Err(ModelError::Decode {
+                    resource: key.to_string(),
+                    path: "spec".into(),
+                    message: "malformed".into(),
+                }
+                .into());
             }
             self.log.lock().unwrap().push(match v {
                 Some(v) => format!("put {key}={v}"),
@@ -603,7 +643,7 @@ mod tests {
         let (mut st, log, rx, _) = mk_state();
         st.on_event(mk_change(5, "/k/a", Some("1")));
         st.on_event(SyncEvent::Progress { revision: 6 });
-        st.emit();
+        st.emit().unwrap();
         assert!(rx.try_recv().is_err());
         assert!(!log.lock().unwrap().contains(&"flush".to_string()));
     }
@@ -615,14 +655,14 @@ mod tests {
             10,
             &[("/k/a", "1"), ("/k/b", "1"), ("/k/c", "1")],
         ));
-        st.emit();
+        st.emit().unwrap();
         assert_eq!(rx.try_recv().unwrap().revision, 10);
         log.lock().unwrap().clear();
         st.on_event(mk_listed(
             20,
             &[("/k/b", "1"), ("/k/c", "2"), ("/k/d", "1")],
         ));
-        st.emit();
+        st.emit().unwrap();
         assert_eq!(
             *log.lock().unwrap(),
             vec!["put /k/c=2", "put /k/d=1", "del /k/a", "flush"]
@@ -649,11 +689,11 @@ mod tests {
     fn progress_only_batches_carry_the_revision_without_flushing() {
         let (mut st, log, rx, _) = mk_state();
         st.on_event(mk_listed(10, &[]));
-        st.emit();
+        st.emit().unwrap();
         rx.try_recv().unwrap();
         log.lock().unwrap().clear();
         st.on_event(SyncEvent::Progress { revision: 15 });
-        st.emit();
+        st.emit().unwrap();
         let b = rx.try_recv().unwrap();
         assert_eq!((b.revision, b.outputs.len()), (15, 0));
         assert!(log.lock().unwrap().is_empty());

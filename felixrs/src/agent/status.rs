@@ -5,7 +5,8 @@
 //!   request asks the syncer for an etcd progress notification, so `applied_revision` reaches a
 //!   revision written outside this node's concern promptly.
 //! * `GET /readiness`: 200 once the kernel has been programmed from in-sync data, else 503.
-//! * `GET /liveness`: 200 while the process serves.
+//! * `GET /liveness`: 200 while the apply thread is alive ([`Liveness`]: it runs and its heartbeat
+//!   is fresh), else 503 naming why (`apply thread panicked: …`, `apply thread stuck: …`).
 //! * `GET /metrics`: Prometheus text.
 
 use std::collections::BTreeMap;
@@ -20,6 +21,7 @@ use axum::routing::get;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, watch};
 
+use super::liveness::Liveness;
 use super::metrics::Metrics;
 
 /// Where the agent's current data came from.
@@ -112,15 +114,23 @@ pub struct StatusHub {
     /// Wakes the syncer to request an etcd progress notification.
     pub nudge: Arc<Notify>,
     pub metrics: Metrics,
+    /// The apply thread's heartbeat (`/liveness`).
+    pub liveness: Arc<Liveness>,
 }
 
 impl StatusHub {
     pub fn new(metrics: Metrics) -> Arc<Self> {
+        Self::with_liveness(metrics, Liveness::default())
+    }
+
+    /// With the apply thread's heartbeat `liveness` (e.g. another stale bound).
+    pub fn with_liveness(metrics: Metrics, liveness: Liveness) -> Arc<Self> {
         Arc::new(Self {
             status: Mutex::new(Status::default()),
             applied_tx: watch::channel(0).0,
             nudge: Arc::new(Notify::new()),
             metrics,
+            liveness: Arc::new(liveness),
         })
     }
 
@@ -173,7 +183,7 @@ pub fn router(hub: Arc<StatusHub>) -> Router {
     Router::new()
         .route("/status", get(status))
         .route("/readiness", get(readiness))
-        .route("/liveness", get(|| async { "ok" }))
+        .route("/liveness", get(liveness))
         .route("/metrics", get(metrics))
         .with_state(hub)
 }
@@ -203,6 +213,13 @@ async fn readiness(State(hub): State<Arc<StatusHub>>) -> Response {
             "last apply failed".to_string()
         };
         (StatusCode::SERVICE_UNAVAILABLE, why).into_response()
+    }
+}
+
+async fn liveness(State(hub): State<Arc<StatusHub>>) -> Response {
+    match hub.liveness.check() {
+        Ok(()) => (StatusCode::OK, "ok").into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why.to_string()).into_response(),
     }
 }
 

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use calc_graph::model::EtcdPrefix;
 
-use super::datastore::{Change, Datastore, DatastoreWatch, WatchMessage};
+use super::datastore::{Change, Datastore, DatastoreError, DatastoreWatch, WatchMessage};
 
 /// How long a catching-up watch may stay silent before it is considered synced.
 const SYNC_GRACE: Duration = Duration::from_secs(1);
@@ -86,7 +86,7 @@ pub async fn run<D: Datastore>(
             _ = cancel.cancelled() => return,
             r = session(&mut ds, &cfg, &tx, &nudge, &mut last_revision, &mut backoff) => match r {
                 Ok(()) => return,
-                Err(reason) => reason,
+                Err(error) => error.to_string(),
             },
         };
         tracing::warn!(%reason, ?backoff, "datastore connection lost; keeping current state");
@@ -109,15 +109,12 @@ async fn session<D: Datastore>(
     nudge: &Notify,
     last_revision: &mut Option<i64>,
     backoff: &mut Duration,
-) -> Result<(), String> {
+) -> Result<(), DatastoreError> {
     loop {
         let start = match *last_revision {
             Some(rev) => rev,
             None => {
-                let mut listing = ds
-                    .list(cfg.prefix.resources())
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let mut listing = ds.list(cfg.prefix.resources()).await?;
                 listing.kvs = listing
                     .kvs
                     .into_iter()
@@ -139,10 +136,7 @@ async fn session<D: Datastore>(
                 listing.revision
             }
         };
-        let mut watch = ds
-            .watch(cfg.prefix.resources(), start + 1)
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut watch = ds.watch(cfg.prefix.resources(), start + 1).await?;
         match pump(
             &mut watch,
             start + 1,
@@ -176,7 +170,7 @@ async fn pump<W: DatastoreWatch>(
     nudge: &Notify,
     last_revision: &mut Option<i64>,
     backoff: &mut Duration,
-) -> Result<Pumped, String> {
+) -> Result<Pumped, DatastoreError> {
     let mut confirmed = last_revision.unwrap_or(0);
     let mut pending: Option<i64> = None;
     let created_at = Instant::now();
@@ -186,15 +180,15 @@ async fn pump<W: DatastoreWatch>(
     let mut next_request = created_at + SYNC_GRACE;
     loop {
         let msg = tokio::select! {
-            m = watch.next() => m.map_err(|e| e.to_string())?,
+            m = watch.next() => m?,
             _ = sleep_until(next_request) => {
                 synced = true;
-                watch.request_progress().await.map_err(|e| e.to_string())?;
+                watch.request_progress().await?;
                 next_request = Instant::now() + cfg.progress_interval;
                 continue;
             }
             _ = nudge.notified(), if synced => {
-                watch.request_progress().await.map_err(|e| e.to_string())?;
+                watch.request_progress().await?;
                 continue;
             }
         };

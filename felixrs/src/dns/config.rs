@@ -11,11 +11,11 @@ pub const DEFAULT_MAX_LEARNED: usize = 100_000;
 
 /// Parses one `--dns-trusted-servers` item: `IP`, `IP:PORT`, `[IPv6]:PORT` or `[IPv6]` (port 53
 /// when absent).
-pub fn parse_trusted_server(s: &str) -> Result<SocketAddr, String> {
+pub fn parse_trusted_server(s: &str) -> Result<SocketAddr, TrustedServerError> {
     let t = s.trim();
     if let Ok(sa) = t.parse::<SocketAddr>() {
         if sa.port() == 0 {
-            return Err(format!("trusted DNS server {s:?}: port 0"));
+            return Err(TrustedServerError::PortZero(s.to_string()));
         }
         return Ok(sa);
     }
@@ -25,9 +25,16 @@ pub fn parse_trusted_server(s: &str) -> Result<SocketAddr, String> {
         .unwrap_or(t);
     bare.parse::<IpAddr>()
         .map(|ip| SocketAddr::new(ip, DNS_PORT))
-        .map_err(|_| {
-            format!("invalid trusted DNS server {s:?}: expected IP, IP:PORT or [IPv6]:PORT")
-        })
+        .map_err(|_| TrustedServerError::Invalid(s.to_string()))
+}
+
+/// A `--dns-trusted-servers` item that is not a server address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TrustedServerError {
+    #[error("trusted DNS server {0:?}: port 0")]
+    PortZero(String),
+    #[error("invalid trusted DNS server {0:?}: expected IP, IP:PORT or [IPv6]:PORT")]
+    Invalid(String),
 }
 
 #[cfg(test)]
@@ -50,7 +57,7 @@ mod tests {
             );
         }
         for bad in ["", "dns.local", "10.0.0.1:0", "10.0.0.1:99999", "[fd00::1"] {
-            let e = parse_trusted_server(bad).unwrap_err();
+            let e = parse_trusted_server(bad).unwrap_err().to_string();
             assert!(e.contains(&format!("{bad:?}")), "{e}");
         }
     }

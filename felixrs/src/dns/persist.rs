@@ -52,7 +52,20 @@ pub enum PersistError {
         source: std::io::Error,
     },
     #[error("learned DNS map {path}: {reason}")]
-    Format { path: PathBuf, reason: String },
+    Format {
+        path: PathBuf,
+        #[source]
+        reason: FormatError,
+    },
+}
+
+/// Why a learned map's bytes are not one.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    #[error("version {0} is not supported (expected {VERSION})")]
+    Version(u32),
 }
 
 /// The map as JSON.
@@ -75,13 +88,10 @@ pub fn encode(map: &LearnedMap) -> Vec<u8> {
 
 /// Parses a file's bytes into a map of at most `cap` entries, dropping those expired at `now_ms`
 /// and names that are not plain lowercase DNS names.
-pub fn decode(bytes: &[u8], cap: usize, now_ms: u64) -> Result<LearnedMap, String> {
-    let file: File1 = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+pub fn decode(bytes: &[u8], cap: usize, now_ms: u64) -> Result<LearnedMap, FormatError> {
+    let file: File1 = serde_json::from_slice(bytes)?;
     if file.version != VERSION {
-        return Err(format!(
-            "version {} is not supported (expected {VERSION})",
-            file.version
-        ));
+        return Err(FormatError::Version(file.version));
     }
     let mut map = LearnedMap::new(cap);
     for r in file.entries {

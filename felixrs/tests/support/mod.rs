@@ -73,6 +73,25 @@ impl Agent {
         state_dir: &std::path::Path,
         extra: &[impl AsRef<OsStr>],
     ) -> Self {
+        let a = Self::spawn(netns, etcd_url, state_dir, extra, &[]);
+        // Polled often: the restart benchmark times from the spawn to "programmed" through this.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while a.get("/liveness").is_err() {
+            assert!(Instant::now() < deadline, "agent did not start serving");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        a
+    }
+
+    /// Starts the process with extra arguments and environment variables, without waiting for it
+    /// to serve.
+    pub fn spawn(
+        netns: &str,
+        etcd_url: &str,
+        state_dir: &std::path::Path,
+        extra: &[impl AsRef<OsStr>],
+        env: &[(&str, &str)],
+    ) -> Self {
         let port = free_port();
         let health: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let log = state_dir.with_extension(format!("agent-{port}.log"));
@@ -91,23 +110,33 @@ impl Agent {
             .args(["--iptables-backend", "nft", "--etcd-timeout", "1"])
             .args(["--log", "info"])
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("agent log file"))
             .spawn()
             .expect("spawn felixrs agent");
-        let a = Agent {
+        Agent {
             child: Some(child),
             netns: netns.to_string(),
             health,
             log,
-        };
-        // Polled often: the restart benchmark times from the spawn to "programmed" through this.
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while a.get("/liveness").is_err() {
-            assert!(Instant::now() < deadline, "agent did not start serving");
-            std::thread::sleep(Duration::from_millis(5));
         }
-        a
+    }
+
+    /// Waits up to `timeout` for the process to exit by itself; its exit status, if it did.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        let child = self.child.as_mut().expect("agent running");
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait agent") {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn get(&self, path: &str) -> std::io::Result<(u16, String)> {
