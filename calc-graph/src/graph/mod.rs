@@ -5,8 +5,10 @@
 //! ordered [`Output`]s for its own node. Pure and synchronous: no I/O, no threads.
 //!
 //! What it computes (Felix's `felix/calc`, felix-reference §8):
-//! * validation: a resource whose `validate()` fails, or whose body does not match its key, is
-//!   treated as deleted and the error is kept for [`CalcGraph::take_errors`];
+//! * validation: a resource arrives validated once upstream (`Update::Valid`, carrying a
+//!   [`Validated`](crate::model::Validated)); through `Update::Resource` it is still checked here: one
+//!   whose `validate()` fails, or whose body does not match its key, is treated as deleted and the
+//!   error is kept for [`CalcGraph::take_errors`];
 //! * label inheritance ([`labels`]): endpoints and network sets inherit their profiles'
 //!   `labelsToApply` (own labels win, then the first profile); workload endpoints lose any
 //!   `pcns.`/`pcsa.` labels of their own and get `projectcalico.org/namespace`,
