@@ -89,7 +89,9 @@ for b in felixrs policy-controller; do
   objcopy --strip-debug "target/release/$b" "$stage/$b.tmp" && mv "$stage/$b.tmp" "$stage/$b"
 done
 python3 scripts/sbom.py "$stage/sbom.cdx.json"
-build_args+=(--build-arg "FELIXRS_VERSION=$("$stage/felixrs" --version | sed 's/^felixrs //')")
+build_args+=(--build-arg "FELIXRS_VERSION=$("$stage/felixrs" --version | sed 's/^felixrs //')"
+  --build-arg "FELIXRS_GIT_COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || true)"
+  --build-arg "FELIXRS_VERSION_EXTRA=${FELIXRS_VERSION_EXTRA:-}")
 
 if [ -n "$base" ]; then
   if [ -n "${mmdebstrap_pid:-}" ]; then
