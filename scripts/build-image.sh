@@ -114,9 +114,11 @@ if [ "$builder" = buildah ]; then
   echo "build-image: $image built in $(($(date +%s) - start)) s (buildah runs no container: no smoke test)"
   exit 0
 fi
-# The image this tag named before (and its build cache layers) would only take disk space.
+# The image this tag named before (and its build cache layers) would only take disk space, unless
+# another tag still names it.
 current=$("$builder" image inspect --format '{{.Id}}' "$image")
-if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
+if [ -n "$previous" ] && [ "$previous" != "$current" ] \
+  && [ "$("$builder" image inspect --format '{{len .RepoTags}}' "$previous" 2>/dev/null)" = 0 ]; then
   "$builder" rmi "$previous" >/dev/null 2>&1 || true
 fi
 
