@@ -50,6 +50,10 @@ set +e
 scripts/check-ship.sh 2>&1 | tee "$log"
 ship_status=${PIPESTATUS[0]}
 set -e
+echo "==> the image (scripts/build-image.sh), and the -next one the upgrade test moves to"
+# tests/tests/e2e_image.rs runs both (under CI it fails when they are missing).
+scripts/build-image.sh
+FELIXRS_VERSION_EXTRA=next scripts/build-image.sh
 echo "==> cargo build (binaries the end-to-end tests run)"
 cargo build --workspace --bins --locked
 echo "==> cargo test"

@@ -8,7 +8,7 @@ mod iptables_cmd;
 #[derive(Parser)]
 #[command(
     name = "felixrs",
-    version,
+    version = env!("FELIXRS_VERSION"),
     about = "Calico-style iptables network-policy agent"
 )]
 struct Cli {

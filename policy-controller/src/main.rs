@@ -1,7 +1,7 @@
 //! `policy-controller`: see [`policy_controller::cli`].
 #![forbid(unsafe_code)]
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use policy_controller::cli::{Cli, Command, run_sync};
 
 #[tokio::main]
@@ -13,7 +13,11 @@ async fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    let cli = Cli::parse();
+    // `--version` prints the version with the commit (see policy-controller/build.rs).
+    let matches = Cli::command()
+        .version(env!("FELIXRS_VERSION"))
+        .get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let result = match cli.command {
         Command::Sync(args) => run_sync(args).await,
     };

@@ -10,6 +10,7 @@ pub mod cases;
 pub mod cases_icmp;
 pub mod cases_v6;
 pub mod cluster;
+pub mod container;
 pub mod dns;
 pub mod driver;
 pub mod env;
