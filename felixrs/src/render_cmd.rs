@@ -18,7 +18,7 @@ use iptables::apply::diff::{plan_table, render as render_ops};
 use iptables::apply::ipset::plan_updates;
 use iptables::apply::kernel::ActualTable;
 use iptables::render::Renderer;
-use policy_controller::{ConvertOptions, load_manifests};
+use k8s_convert::{ConvertOptions, load_manifests};
 
 use crate::agent::kernel::GraphPipeline;
 use crate::agent::snapshot::SnapshotStore;

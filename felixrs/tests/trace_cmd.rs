@@ -132,9 +132,9 @@ fn bad_arguments_are_named() {
 fn the_agents_snapshot_is_a_source() {
     use felixrs::agent::snapshot::{Snapshot, SnapshotStore};
     let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/demo-cluster");
-    let set = policy_controller::load_manifests(
+    let set = k8s_convert::load_manifests(
         std::slice::from_ref(&demo),
-        &policy_controller::ConvertOptions::default(),
+        &k8s_convert::ConvertOptions::default(),
     )
     .unwrap();
     let state = tempfile::tempdir().unwrap();
