@@ -166,7 +166,7 @@ fn names_of(view: &crate::render_cmd::NodeView) -> Names {
         if !key.contains("/workloadendpoints/") {
             continue;
         }
-        let Ok((_, Resource::WorkloadEndpoint(w))) = Resource::from_etcd_validated(key, res) else {
+        let Resource::WorkloadEndpoint(w) = res else {
             continue;
         };
         let ns = w.metadata.namespace.clone().unwrap_or_default();

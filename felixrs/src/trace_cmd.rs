@@ -367,7 +367,7 @@ fn pods(view: &NodeView) -> Vec<Pod> {
         if !key.contains("/workloadendpoints/") {
             continue;
         }
-        let Ok((_, Resource::WorkloadEndpoint(w))) = Resource::from_etcd_validated(key, res) else {
+        let Resource::WorkloadEndpoint(w) = res else {
             continue;
         };
         let ns = w.metadata.namespace.clone().unwrap_or_default();

@@ -141,7 +141,7 @@ fn the_agents_snapshot_is_a_source() {
     let kvs = set
         .resources
         .into_iter()
-        .map(|(k, r)| (k.as_str().into(), r.json.as_bytes().into()))
+        .map(|(k, r)| (k.as_str().into(), r.to_json().as_bytes().into()))
         .collect();
     SnapshotStore::new(state.path())
         .save(&Snapshot { revision: 42, kvs })

@@ -27,6 +27,6 @@ pub mod writer;
 // The pure conversion lives in `k8s-convert` (shared with the agent's operator tools) and etcd TLS in
 // `etcd-tls`; re-exported under their old paths.
 pub use etcd_tls;
-pub use k8s_convert::{convert, manifests, strict_k8s, v3_passthrough, validate};
 pub use k8s_convert::{CalicoResource, ConvertOptions, ObjectRef, SkipReport};
 pub use k8s_convert::{ManifestError, ManifestSet, ManifestSkip, load_manifests};
+pub use k8s_convert::{convert, manifests, strict_k8s, v3_passthrough, validate};

@@ -45,6 +45,32 @@ impl GraphPipeline {
             graph: CalcGraph::new(node_name),
         }
     }
+
+    /// A local resource already decoded and validated (`felixrs render` of manifests, whose
+    /// resources are typed from the conversion): given to the graph without decoding it again.
+    pub fn update_decoded(&mut self, key: ResourceKey, value: Resource) -> Result<(), String> {
+        self.apply_resource(key, Some(value))
+    }
+
+    fn apply_resource(&mut self, rk: ResourceKey, value: Option<Resource>) -> Result<(), String> {
+        let present = value.is_some();
+        self.graph.apply(Update::Resource {
+            key: rk.clone(),
+            value,
+        });
+        if present {
+            for r in self.graph.failed_safe_rules_of(&rk) {
+                tracing::warn!(
+                    resource = %rk,
+                    rule = %r.rule,
+                    action = ?r.action,
+                    fields = %r.fields().collect::<Vec<_>>().join(", "),
+                    "rule fails safe: {r}"
+                );
+            }
+        }
+        self.take_errors()
+    }
 }
 
 impl GraphPipeline {
@@ -109,23 +135,7 @@ impl Pipeline for GraphPipeline {
                 None,
             ),
         };
-        let present = value.is_some();
-        self.graph.apply(Update::Resource {
-            key: rk.clone(),
-            value,
-        });
-        if present {
-            for r in self.graph.failed_safe_rules_of(&rk) {
-                tracing::warn!(
-                    resource = %rk,
-                    rule = %r.rule,
-                    action = ?r.action,
-                    fields = %r.fields().collect::<Vec<_>>().join(", "),
-                    "rule fails safe: {r}"
-                );
-            }
-        }
-        self.take_errors()
+        self.apply_resource(rk, value)
     }
 
     fn in_sync(&mut self) {

@@ -15,8 +15,25 @@ fn is_alnum(c: char) -> bool {
     c.is_ascii_alphanumeric()
 }
 
+/// A Kubernetes name, label or port name the API server would reject (the offending text).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("{0:?} is not a valid DNS label")]
+    DnsLabel(String),
+    #[error("{0:?} is not a valid DNS subdomain")]
+    DnsSubdomain(String),
+    #[error("label key {0:?} has an invalid prefix")]
+    LabelKeyPrefix(String),
+    #[error("label key {0:?} is invalid")]
+    LabelKey(String),
+    #[error("label value {0:?} is invalid")]
+    LabelValue(String),
+    #[error("{0:?} is not a valid port name")]
+    PortName(String),
+}
+
 /// RFC 1123 label: lowercase alphanumerics and `-`, starting and ending alphanumeric, at most 63.
-pub fn validate_dns_label(s: &str) -> Result<(), String> {
+pub fn validate_dns_label(s: &str) -> Result<(), NameError> {
     let ok = !s.is_empty()
         && s.len() <= 63
         && s.chars()
@@ -26,17 +43,17 @@ pub fn validate_dns_label(s: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("{s:?} is not a valid DNS label"))
+        Err(NameError::DnsLabel(s.to_string()))
     }
 }
 
 /// RFC 1123 subdomain: dot-separated DNS labels, at most 253 characters.
-pub fn validate_dns_subdomain(s: &str) -> Result<(), String> {
+pub fn validate_dns_subdomain(s: &str) -> Result<(), NameError> {
     let ok = !s.is_empty() && s.len() <= 253 && s.split('.').all(|p| validate_dns_label(p).is_ok());
     if ok {
         Ok(())
     } else {
-        Err(format!("{s:?} is not a valid DNS subdomain"))
+        Err(NameError::DnsSubdomain(s.to_string()))
     }
 }
 
@@ -51,34 +68,34 @@ fn validate_label_segment(s: &str) -> bool {
 }
 
 /// A label key: `[prefix/]name` with a DNS-subdomain prefix.
-pub fn validate_label_key(k: &str) -> Result<(), String> {
+pub fn validate_label_key(k: &str) -> Result<(), NameError> {
     let (prefix, name) = match k.split_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, k),
     };
     if let Some(p) = prefix {
-        validate_dns_subdomain(p).map_err(|_| format!("label key {k:?} has an invalid prefix"))?;
+        validate_dns_subdomain(p).map_err(|_| NameError::LabelKeyPrefix(k.to_string()))?;
     }
     if !validate_label_segment(name) {
-        return Err(format!("label key {k:?} is invalid"));
+        return Err(NameError::LabelKey(k.to_string()));
     }
     Ok(())
 }
 
 /// A label value: empty, or a label segment.
-pub fn validate_label_value(v: &str) -> Result<(), String> {
+pub fn validate_label_value(v: &str) -> Result<(), NameError> {
     if v.is_empty() || validate_label_segment(v) {
         Ok(())
     } else {
-        Err(format!("label value {v:?} is invalid"))
+        Err(NameError::LabelValue(v.to_string()))
     }
 }
 
 /// Checks every key and value; the error names the offending key.
 pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), (String, String)> {
     for (k, v) in labels {
-        validate_label_key(k).map_err(|e| (k.clone(), e))?;
-        validate_label_value(v).map_err(|e| (k.clone(), e))?;
+        validate_label_key(k).map_err(|e| (k.clone(), e.to_string()))?;
+        validate_label_value(v).map_err(|e| (k.clone(), e.to_string()))?;
     }
     Ok(())
 }
@@ -108,16 +125,16 @@ pub fn selector_from_label_selector(
     }
     for (k, v) in &labels {
         let field = format!("matchLabels.{k}");
-        validate_label_key(k).map_err(|e| (field.clone(), e))?;
-        validate_label_value(v).map_err(|e| (field.clone(), e))?;
+        validate_label_key(k).map_err(|e| (field.clone(), e.to_string()))?;
+        validate_label_value(v).map_err(|e| (field.clone(), e.to_string()))?;
         parts.push(format!("{k} == '{v}'"));
     }
     for (i, e) in exprs.iter().enumerate() {
         let field = format!("matchExpressions[{i}]");
-        validate_label_key(&e.key).map_err(|m| (format!("{field}.key"), m))?;
+        validate_label_key(&e.key).map_err(|m| (format!("{field}.key"), m.to_string()))?;
         let values = e.values.clone().unwrap_or_default();
         for v in &values {
-            validate_label_value(v).map_err(|m| (format!("{field}.values"), m))?;
+            validate_label_value(v).map_err(|m| (format!("{field}.values"), m.to_string()))?;
         }
         let list = values.join("', '");
         if !matches!(
