@@ -238,6 +238,121 @@ mod tests {
         assert!(selector_from_label_selector(Some(&sel), true).is_err());
     }
 
+    fn sel(labels: &[(&str, &str)], exprs: Vec<LabelSelectorRequirement>) -> LabelSelector {
+        LabelSelector {
+            match_labels: Some(
+                (labels.iter())
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            match_expressions: Some(exprs),
+        }
+    }
+
+    /// The text built here parses to the tree Calico parses from `k8sSelectorToCalico`'s text
+    /// (these cases were calc-graph's `selector/k8s.rs`, a second translation, now gone).
+    #[test]
+    fn parses_to_the_tree_calico_parses_from_its_text() {
+        use calc_graph::selector::parse;
+        type Case<'a> = (
+            Vec<(&'a str, &'a str)>,
+            Vec<LabelSelectorRequirement>,
+            &'a str,
+        );
+        let cases: Vec<Case<'_>> = vec![
+            (vec![], vec![], "all()"),
+            (vec![("app", "web")], vec![], "app == 'web'"),
+            (
+                vec![("tier", "db"), ("app", "web")],
+                vec![],
+                "app == 'web' && tier == 'db'",
+            ),
+            (
+                vec![("app", "web")],
+                vec![
+                    mk_req("env", "In", &["prod", "dev", "prod"]),
+                    mk_req("team", "NotIn", &["x"]),
+                    mk_req("k8s.io/role", "Exists", &[]),
+                    mk_req("legacy", "DoesNotExist", &[]),
+                ],
+                "app == 'web' && env in { 'prod', 'dev', 'prod' } && team not in { 'x' } && \
+                 has(k8s.io/role) && ! has(legacy)",
+            ),
+            (vec![], vec![mk_req("a", "Exists", &[])], "has(a)"),
+            (vec![("a", "")], vec![], "a == ''"),
+        ];
+        for (labels, exprs, calico_text) in cases {
+            let text = selector_from_label_selector(Some(&sel(&labels, exprs)), false).unwrap();
+            assert_eq!(parse(&text).unwrap(), parse(calico_text).unwrap(), "{text}");
+        }
+        // A pod selector: the orchestrator clause and the terms, one flat `&&`.
+        let text =
+            selector_from_label_selector(Some(&sel(&[("app", "db")], vec![])), true).unwrap();
+        let tree = parse(&text).unwrap();
+        assert_eq!(
+            tree,
+            parse("projectcalico.org/orchestrator == 'k8s' && app == 'db'").unwrap()
+        );
+        assert_eq!(
+            tree.canonical(),
+            r#"(projectcalico.org/orchestrator == "k8s" && app == "db")"#
+        );
+        let text = selector_from_label_selector(
+            Some(&sel(
+                &[],
+                vec![mk_req("app.kubernetes.io/name", "In", &["a-b_c.d"])],
+            )),
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            parse(&text).unwrap().canonical(),
+            r#"app.kubernetes.io/name in {"a-b_c.d"}"#
+        );
+    }
+
+    /// What the API server rejects is rejected, naming the field (cases from calc-graph's
+    /// `selector/k8s.rs`).
+    #[test]
+    fn rejects_what_the_api_server_rejects() {
+        let cases = [
+            (
+                mk_req("a", "Equals", &["x"]),
+                "matchExpressions[0].operator",
+            ),
+            (mk_req("a", "in", &["x"]), "matchExpressions[0].operator"),
+            (mk_req("a", "In", &[]), "matchExpressions[0].values"),
+            (mk_req("a", "NotIn", &[]), "matchExpressions[0].values"),
+            (mk_req("a", "Exists", &["x"]), "matchExpressions[0].values"),
+            (mk_req("", "Exists", &[]), "matchExpressions[0].key"),
+            (mk_req("a b", "Exists", &[]), "matchExpressions[0].key"),
+            (
+                mk_req("Bad_Prefix/a", "Exists", &[]),
+                "matchExpressions[0].key",
+            ),
+            (mk_req("a/b/c", "Exists", &[]), "matchExpressions[0].key"),
+            (mk_req("a", "In", &["it's"]), "matchExpressions[0].values"),
+            (
+                mk_req(&"k".repeat(64), "Exists", &[]),
+                "matchExpressions[0].key",
+            ),
+        ];
+        for (req, want) in cases {
+            for pod in [true, false] {
+                let s = sel(&[], vec![req.clone()]);
+                let (field, _) = selector_from_label_selector(Some(&s), pod).unwrap_err();
+                assert_eq!(field, want, "{req:?}");
+            }
+        }
+        let (field, _) =
+            selector_from_label_selector(Some(&sel(&[("app", "a\"b")], vec![])), false)
+                .unwrap_err();
+        assert_eq!(field, "matchLabels.app");
+        let (field, _) =
+            selector_from_label_selector(Some(&sel(&[("-app", "x")], vec![])), false).unwrap_err();
+        assert_eq!(field, "matchLabels.-app");
+    }
+
     #[test]
     fn names_and_labels() {
         assert!(validate_dns_label("prod-1").is_ok());
