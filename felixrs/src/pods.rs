@@ -29,16 +29,14 @@ pub struct Pods {
 }
 
 impl Pods {
-    /// The workload endpoints among `view`'s resources (one that does not decode is left out: the
-    /// render reports it).
+    /// The workload endpoints among `view`'s resources (decoded once, when the view was built).
     pub fn of(view: &NodeView) -> Pods {
         let mut out = Pods::default();
         for (key, res) in &view.resources {
             if !key.contains("/workloadendpoints/") {
                 continue;
             }
-            let Ok((_, Resource::WorkloadEndpoint(w))) = Resource::from_etcd_validated(key, res)
-            else {
+            let Resource::WorkloadEndpoint(w) = res else {
                 continue;
             };
             let ns = w.metadata.namespace.clone().unwrap_or_default();

@@ -12,10 +12,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
+use calc_graph::model::Resource;
 use calc_graph::proto::{IpVersion, Output};
 use iptables::desired::Preview;
 use iptables::render::Renderer;
-use policy_controller::{ConvertOptions, load_manifests};
+use k8s_convert::{ConvertOptions, load_manifests};
 
 use crate::agent::kernel::GraphPipeline;
 use crate::agent::snapshot::SnapshotStore;
@@ -61,9 +62,9 @@ pub struct Args {
 /// agent would (shared by `render` and `trace`).
 pub struct NodeView {
     pub renderer: Renderer,
-    /// Every datastore value, by etcd key (as the controller would write it, or as the snapshot
-    /// holds it).
-    pub resources: BTreeMap<String, Vec<u8>>,
+    /// Every valid local resource the graph was given, by etcd key, decoded once (as the
+    /// controller would write it, or as the snapshot holds it).
+    pub resources: BTreeMap<String, Resource>,
     /// The snapshot's datastore revision, when read from one.
     pub revision: Option<i64>,
     /// The graph's outputs for the node, in order.
@@ -94,7 +95,10 @@ pub fn render_node_learned(
     learned: Option<Arc<LearnedFile>>,
 ) -> anyhow::Result<NodeView> {
     let mut problems = Vec::new();
-    let (resources, revision): (BTreeMap<String, Vec<u8>>, Option<i64>) = match &source.state_dir {
+    let mut pipeline = GraphPipeline::new(node_name);
+    let mut resources = BTreeMap::new();
+    let mut revision = None;
+    match &source.state_dir {
         Some(dir) => {
             let store = SnapshotStore::new(dir);
             let snap = store
@@ -106,12 +110,24 @@ pub fn render_node_learned(
                         store.path().display()
                     )
                 })?;
-            let kvs = snap
-                .kvs
-                .into_iter()
+            revision = Some(snap.revision);
+            let kvs: BTreeMap<String, Vec<u8>> = (snap.kvs.into_iter())
                 .map(|(k, v)| (k.to_string(), v.to_vec()))
                 .collect();
-            (kvs, Some(snap.revision))
+            for (key, value) in &kvs {
+                let result = match Resource::from_etcd_validated(key, value) {
+                    Ok((rk, r)) => {
+                        resources.insert(key.clone(), r.clone());
+                        pipeline.update_decoded(rk, r)
+                    }
+                    // A remote cluster's key, a kind the graph does not consume or an invalid
+                    // value: the pipeline decides (and names the problem).
+                    Err(_) => pipeline.update(key, Some(value)),
+                };
+                if let Err(e) = result {
+                    problems.push(format!("skipped {key}: {e}"));
+                }
+            }
         }
         None => {
             let convert = ConvertOptions {
@@ -119,18 +135,17 @@ pub fn render_node_learned(
             };
             let set = load_manifests(&source.manifests, &convert).context("loading manifests")?;
             problems.extend(set.skipped.iter().map(|s| format!("skipped {s}")));
-            let kvs = set
-                .resources
-                .into_iter()
-                .map(|(k, r)| (k, r.json.into_bytes()))
-                .collect();
-            (kvs, None)
-        }
-    };
-    let mut pipeline = GraphPipeline::new(node_name);
-    for (key, value) in &resources {
-        if let Err(e) = pipeline.update(key, Some(value)) {
-            problems.push(format!("skipped {key}: {e}"));
+            // The conversion's typed resources go to the graph as they are: each manifest is
+            // decoded once. (A RemoteClusterConfiguration is not a graph resource.)
+            for (key, r) in set.resources {
+                let Some(res) = r.into_resource() else {
+                    continue;
+                };
+                if let Err(e) = pipeline.update_decoded(res.key(), res.clone()) {
+                    problems.push(format!("skipped {key}: {e}"));
+                }
+                resources.insert(key, res);
+            }
         }
     }
     pipeline.in_sync();

@@ -366,8 +366,8 @@ fn no_unknown_or_unenforced_rule_field_widens_a_rule() {
 
 #[test]
 fn a_typod_kubernetes_network_policy_keeps_the_last_good_version() {
-    use policy_controller::ConvertOptions;
-    use policy_controller::manifests::convert_value;
+    use k8s_convert::ConvertOptions;
+    use k8s_convert::manifests::convert_value;
     let base = json!({
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
         "metadata": {"name": "web", "namespace": "ns"},

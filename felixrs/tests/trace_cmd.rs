@@ -132,16 +132,16 @@ fn bad_arguments_are_named() {
 fn the_agents_snapshot_is_a_source() {
     use felixrs::agent::snapshot::{Snapshot, SnapshotStore};
     let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/demo-cluster");
-    let set = policy_controller::load_manifests(
+    let set = k8s_convert::load_manifests(
         std::slice::from_ref(&demo),
-        &policy_controller::ConvertOptions::default(),
+        &k8s_convert::ConvertOptions::default(),
     )
     .unwrap();
     let state = tempfile::tempdir().unwrap();
     let kvs = set
         .resources
         .into_iter()
-        .map(|(k, r)| (k.as_str().into(), r.json.as_bytes().into()))
+        .map(|(k, r)| (k.as_str().into(), r.to_json().as_bytes().into()))
         .collect();
     SnapshotStore::new(state.path())
         .save(&Snapshot { revision: 42, kvs })

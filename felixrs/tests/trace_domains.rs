@@ -145,13 +145,12 @@ fn the_state_dir_brings_its_learned_map() {
     use felixrs::agent::snapshot::{Snapshot, SnapshotStore};
     let dir = tempfile::tempdir().unwrap();
     let m = manifests(dir.path());
-    let set = policy_controller::load_manifests(&m, &policy_controller::ConvertOptions::default())
-        .unwrap();
+    let set = k8s_convert::load_manifests(&m, &k8s_convert::ConvertOptions::default()).unwrap();
     let state = dir.path().join("state");
     let kvs = set
         .resources
         .into_iter()
-        .map(|(k, r)| (k.as_str().into(), r.json.as_bytes().into()))
+        .map(|(k, r)| (k.as_str().into(), r.to_json().as_bytes().into()))
         .collect();
     SnapshotStore::new(&state)
         .save(&Snapshot { revision: 7, kvs })

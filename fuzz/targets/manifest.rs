@@ -27,13 +27,11 @@ pub fn run(data: &[u8]) {
     let Some(res) = converted.resource else {
         return;
     };
+    let json = res.to_json();
     let key = res
         .etcd_key()
-        .unwrap_or_else(|e| panic!("stored resource without a key: {e}\n{}", res.json));
-    if let Err(e) = Resource::from_etcd_validated(&key, res.json.as_bytes()) {
-        panic!(
-            "the agent rejects what the controller stores at {key}: {e}\n{}",
-            res.json
-        );
+        .unwrap_or_else(|e| panic!("stored resource without a key: {e}\n{json}"));
+    if let Err(e) = Resource::from_etcd_validated(&key, json.as_bytes()) {
+        panic!("the agent rejects what the controller stores at {key}: {e}\n{json}");
     }
 }

@@ -172,8 +172,8 @@ pub async fn run_sync(a: SyncArgs) -> anyhow::Result<()> {
     let opts = ConvertOptions {
         interface_prefix: a.interface_prefix.clone(),
     };
-    opts.validate().map_err(anyhow::Error::msg)?;
-    let default_pools = a.default_pools().resources().map_err(anyhow::Error::msg)?;
+    opts.validate()?;
+    let default_pools = a.default_pools().resources()?;
     let mut set = manifests::load_manifests(&a.manifests, &opts)?;
     for (key, pool) in default_pools {
         set.resources.entry(key).or_insert(pool);

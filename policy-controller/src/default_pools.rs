@@ -15,6 +15,24 @@ pub const DEFAULT_IPV4_POOL: &str = "default-ipv4-ippool";
 /// Calico's name for the IPv6 default pool.
 pub const DEFAULT_IPV6_POOL: &str = "default-ipv6-ippool";
 
+/// A default pool flag that does not give a valid pool (names the flag and its value).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DefaultPoolError {
+    #[error("{flag} {cidr}: not an IPv{family} CIDR")]
+    WrongFamily {
+        flag: &'static str,
+        cidr: String,
+        family: u8,
+    },
+    #[error("{flag} {cidr}: {problems}")]
+    Invalid {
+        flag: &'static str,
+        cidr: String,
+        /// The model's validation errors, `; `-joined.
+        problems: String,
+    },
+}
+
 /// What the flags ask for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DefaultPools {
@@ -26,7 +44,7 @@ pub struct DefaultPools {
 
 impl DefaultPools {
     /// The pools to store, validated as any IPPool; an error names the flag and the problem.
-    pub fn resources(&self) -> Result<Vec<(String, CalicoResource)>, String> {
+    pub fn resources(&self) -> Result<Vec<(String, CalicoResource)>, DefaultPoolError> {
         let mut out = Vec::new();
         for (flag, name, cidr, nat, v6) in [
             (
@@ -50,10 +68,11 @@ impl DefaultPools {
                 .map(|n| n.addr().is_ipv6() == v6)
                 .unwrap_or(true);
             if !family_ok {
-                return Err(format!(
-                    "{flag} {cidr}: not an IPv{} CIDR",
-                    if v6 { 6 } else { 4 }
-                ));
+                return Err(DefaultPoolError::WrongFamily {
+                    flag,
+                    cidr: cidr.clone(),
+                    family: if v6 { 6 } else { 4 },
+                });
             }
             let pool = Resource::IpPool(IpPool {
                 metadata: Metadata::named(name),
@@ -68,17 +87,13 @@ impl DefaultPools {
             });
             if let Err(errs) = pool.validate() {
                 let msgs: Vec<String> = errs.iter().map(ToString::to_string).collect();
-                return Err(format!("{flag} {cidr}: {}", msgs.join("; ")));
+                return Err(DefaultPoolError::Invalid {
+                    flag,
+                    cidr: cidr.clone(),
+                    problems: msgs.join("; "),
+                });
             }
-            out.push((
-                pool.key().etcd_key(),
-                CalicoResource {
-                    kind: "IPPool".into(),
-                    namespace: None,
-                    name: name.into(),
-                    json: pool.to_json(),
-                },
-            ));
+            out.push((pool.key().etcd_key(), CalicoResource::from_model(pool)));
         }
         Ok(out)
     }
@@ -103,11 +118,11 @@ mod tests {
             "/calico/resources/v3/projectcalico.org/ippools/default-ipv4-ippool"
         );
         assert_eq!(
-            r[0].1.json,
+            r[0].1.to_json(),
             r#"{"apiVersion":"projectcalico.org/v3","kind":"IPPool","metadata":{"name":"default-ipv4-ippool"},"spec":{"cidr":"10.244.0.0/16","natOutgoing":true,"blockSize":26,"nodeSelector":"all()"}}"#
         );
-        assert!(r[1].1.json.contains(r#""cidr":"fd00:10:244::/48""#));
-        assert!(!r[1].1.json.contains("natOutgoing"));
+        assert!(r[1].1.to_json().contains(r#""cidr":"fd00:10:244::/48""#));
+        assert!(!r[1].1.to_json().contains("natOutgoing"));
         assert!(DefaultPools::default().resources().unwrap().is_empty());
     }
 
@@ -120,6 +135,7 @@ mod tests {
             }
             .resources()
             .unwrap_err()
+            .to_string()
         };
         assert_eq!(
             bad("10.0.0.0/28"),

@@ -132,23 +132,33 @@ pub async fn current_leader_of(client: &Client, name: &str) -> Option<String> {
         .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
 }
 
+/// Why the election lease's keep-alive stopped.
+#[derive(Debug, thiserror::Error)]
+enum LeaseLost {
+    #[error("lease expired")]
+    Expired,
+    #[error("keep-alive stream closed")]
+    StreamClosed,
+    #[error("keep-alive timed out")]
+    TimedOut,
+    #[error(transparent)]
+    Etcd(#[from] etcd_client::Error),
+}
+
 async fn keep_alive(mut client: Client, lease: i64, ttl: i64, lost: CancellationToken) {
     let period = Duration::from_millis((ttl.max(1) as u64) * 1000 / 3);
-    let result: Result<(), String> = async {
-        let (mut keeper, mut stream) = client
-            .lease_keep_alive(lease)
-            .await
-            .map_err(|e| e.to_string())?;
+    let result: Result<(), LeaseLost> = async {
+        let (mut keeper, mut stream) = client.lease_keep_alive(lease).await?;
         loop {
-            keeper.keep_alive().await.map_err(|e| e.to_string())?;
+            keeper.keep_alive().await?;
             match tokio::time::timeout(period.max(Duration::from_millis(200)), stream.message())
                 .await
             {
                 Ok(Ok(Some(r))) if r.ttl() > 0 => {}
-                Ok(Ok(Some(_))) => return Err("lease expired".to_string()),
-                Ok(Ok(None)) => return Err("keep-alive stream closed".to_string()),
-                Ok(Err(e)) => return Err(e.to_string()),
-                Err(_) => return Err("keep-alive timed out".to_string()),
+                Ok(Ok(Some(_))) => return Err(LeaseLost::Expired),
+                Ok(Ok(None)) => return Err(LeaseLost::StreamClosed),
+                Ok(Err(e)) => return Err(e.into()),
+                Err(_) => return Err(LeaseLost::TimedOut),
             }
             tokio::time::sleep(period).await;
         }

@@ -103,13 +103,42 @@ pub struct DesiredState {
     pub skips: Vec<SkipReport>,
 }
 
+/// One source object's conversion, with what it stores encoded once, when it is applied (not at
+/// every reconcile).
+#[derive(Debug)]
+struct Held {
+    skips: Vec<SkipReport>,
+    retain_key: Option<String>,
+    /// `(etcd key, stored JSON)`.
+    stored: Option<(String, String)>,
+}
+
+impl Held {
+    fn new(c: Converted) -> Self {
+        let stored = c.resource.and_then(|r| match r.etcd_key() {
+            Ok(k) => Some((k, r.to_json())),
+            Err(e) => {
+                tracing::warn!(resource = %r.name, "no etcd key: {e}");
+                None
+            }
+        });
+        Held {
+            skips: c.skips,
+            retain_key: c.retain_key,
+            stored,
+        }
+    }
+}
+
 /// Converted objects by source object.
 #[derive(Debug, Default)]
 pub struct Index {
     opts: ConvertOptions,
-    objects: BTreeMap<ObjectRef, Converted>,
+    objects: BTreeMap<ObjectRef, Held>,
     waiting_for: BTreeSet<&'static str>,
     manifests: ManifestSet,
+    /// The manifests' resources, encoded once: `(etcd key, stored JSON)`.
+    manifest_json: Vec<(String, String)>,
 }
 
 fn obj_ref<K: SourceKind>(o: &K) -> ObjectRef {
@@ -119,11 +148,15 @@ fn obj_ref<K: SourceKind>(o: &K) -> ObjectRef {
 impl Index {
     /// An index that waits for the listed kinds before it reports a desired state.
     pub fn new(opts: ConvertOptions, waiting_for: &[&'static str], manifests: ManifestSet) -> Self {
+        let manifest_json = (manifests.resources.iter())
+            .map(|(k, r)| (k.clone(), r.to_json()))
+            .collect();
         Index {
             opts,
             objects: BTreeMap::new(),
             waiting_for: waiting_for.iter().copied().collect(),
             manifests,
+            manifest_json,
         }
     }
 
@@ -133,7 +166,7 @@ impl Index {
         for s in &converted.skips {
             tracing::warn!(object = %obj_ref(o), field = %s.field, "skipping: {}", s.message);
         }
-        self.objects.insert(obj_ref(o), converted);
+        self.objects.insert(obj_ref(o), Held::new(converted));
     }
 
     /// An object was deleted.
@@ -191,19 +224,18 @@ impl Index {
             if let Some(k) = &c.retain_key {
                 state.desired.retain.insert(k.clone());
             }
-            if let Some(r) = &c.resource {
-                match r.etcd_key() {
-                    Ok(k) => {
-                        state.desired.resources.insert(k, r.json.clone());
-                    }
-                    Err(e) => tracing::warn!(resource = %r.name, "no etcd key: {e}"),
-                }
+            if let Some((k, json)) = &c.stored {
+                state.desired.resources.insert(k.clone(), json.clone());
             }
         }
-        for (k, r) in &self.manifests.resources {
-            state.desired.resources.insert(k.clone(), r.json.clone());
+        for (k, json) in &self.manifest_json {
+            state.desired.resources.insert(k.clone(), json.clone());
         }
-        convert::admin::add_admin_tiers(&mut state.desired.resources, String::as_str, |t| t.json);
+        convert::admin::add_admin_tiers(
+            &mut state.desired.resources,
+            |json| json.as_str().into(),
+            |t| t.to_json(),
+        );
         state
             .desired
             .retain

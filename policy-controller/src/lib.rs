@@ -7,32 +7,26 @@
 //!  manifests ────┘                       └─ skip reports ────┘                 ^ fenced by Election
 //! ```
 //!
-//! * [`convert`]: pure functions, one per source kind; no I/O.
-//! * [`manifests`]: multi-document YAML/JSON files → converted resources + per-document skip reports.
+//! * [`convert`], [`manifests`], [`strict_k8s`], [`validate`], [`v3_passthrough`]: the pure conversion,
+//!   from the `k8s-convert` crate (shared with `felixrs render`/`trace`).
 //! * [`index`]: the synchronous source index (apply/delete/reset) the watchers feed.
 //! * [`k8s_source`]: kube-rs watchers → index.
 //! * [`writer`]: reconciles desired state into etcd under the keys the controller owns.
 //! * [`election`]: one active replica, elected with etcd's election API.
-//! * [`validate`]: every resource is decoded, validated and canonicalised by `calc_graph::model`.
-//! * [`v3_passthrough`]: `projectcalico.org/v3` documents from manifests.
 //! * [`metrics`], [`cli`].
-//!
-//! For `felixrs render`: [`load_manifests`] is pure apart from reading the files.
 #![forbid(unsafe_code)]
 
 pub mod cli;
-pub mod convert;
 pub mod default_pools;
 pub mod election;
-pub mod etcd_tls;
 pub mod index;
 pub mod k8s_source;
-pub mod manifests;
 pub mod metrics;
-pub mod strict_k8s;
-pub mod v3_passthrough;
-pub mod validate;
 pub mod writer;
 
-pub use convert::{CalicoResource, ConvertOptions, ObjectRef, SkipReport};
-pub use manifests::{ManifestError, ManifestSet, ManifestSkip, load_manifests};
+// The pure conversion lives in `k8s-convert` (shared with the agent's operator tools) and etcd TLS in
+// `etcd-tls`; re-exported under their old paths.
+pub use etcd_tls;
+pub use k8s_convert::{CalicoResource, ConvertOptions, ObjectRef, SkipReport};
+pub use k8s_convert::{ManifestError, ManifestSet, ManifestSkip, load_manifests};
+pub use k8s_convert::{convert, manifests, strict_k8s, v3_passthrough, validate};

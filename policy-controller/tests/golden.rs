@@ -17,7 +17,7 @@ fn render(case: &Path) -> Value {
         .map(|(k, r)| {
             (
                 k.clone(),
-                serde_json::from_str(&r.json).expect("stored JSON parses"),
+                serde_json::from_str(&r.to_json()).expect("stored JSON parses"),
             )
         })
         .collect();
@@ -86,10 +86,11 @@ fn stored_values_are_model_canonical() {
     let set = load_manifests(&[dir], &ConvertOptions::default()).unwrap();
     assert!(set.resources.len() > 10);
     for (key, r) in &set.resources {
-        let (rk, res) = calc_graph::model::Resource::from_etcd_validated(key, r.json.as_bytes())
+        let json = r.to_json();
+        let (rk, res) = calc_graph::model::Resource::from_etcd_validated(key, json.as_bytes())
             .unwrap_or_else(|e| panic!("{key}: {e}"));
         assert_eq!(&rk.etcd_key(), key);
-        assert_eq!(res.to_json(), r.json, "{key} is not canonical");
+        assert_eq!(res.to_json(), json, "{key} is not canonical");
     }
 }
 

@@ -50,7 +50,6 @@
 //!   `!has(projectcalico.org/namespace)`.
 
 mod ast;
-mod k8s;
 mod lexer;
 mod parser;
 mod restrictions;
@@ -68,7 +67,6 @@ use base64::Engine as _;
 use sha2::{Digest, Sha224};
 
 pub use ast::Expr;
-pub use k8s::{LabelSelectorRequirement, from_label_selector, label_selector_terms};
 pub use restrictions::LabelRestriction;
 pub use rewrite::{
     LABEL_NAMESPACE, LABEL_SERVICE_ACCOUNT, NAMESPACE_LABEL_PREFIX, SERVICE_ACCOUNT_LABEL_PREFIX,

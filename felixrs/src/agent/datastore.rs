@@ -10,7 +10,6 @@ use std::time::Duration;
 use etcd_client::{
     Client, ConnectOptions, EventType, GetOptions, SortOrder, SortTarget, WatchOptions, WatchStream,
 };
-use policy_controller::etcd_tls;
 
 /// Keys per page of the initial list.
 const PAGE_SIZE: i64 = 2000;

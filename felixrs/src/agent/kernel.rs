@@ -17,7 +17,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use calc_graph::graph::{CalcGraph, Update};
-use calc_graph::model::{CALICO_PREFIX, Kind, ResourceKey, Validated};
+use calc_graph::model::{CALICO_PREFIX, Kind, Resource, ResourceKey, Validated};
 use calc_graph::proto::{EndpointId, IpVersion, Output, PolicyId};
 use iptables::apply::{Applier, ApplierConfig, Backend, Runner, backend, conntrack};
 use iptables::desired::{DesiredState, TableName};
@@ -42,6 +42,34 @@ impl GraphPipeline {
     pub fn new(node_name: &str) -> Self {
         Self {
             graph: CalcGraph::new(node_name),
+        }
+    }
+
+    /// A local resource already decoded and validated (`felixrs render` of manifests, whose
+    /// resources are typed from the conversion): given to the graph without decoding it again.
+    pub fn update_decoded(
+        &mut self,
+        key: ResourceKey,
+        value: Resource,
+    ) -> Result<(), PipelineError> {
+        self.graph.apply(Update::Resource {
+            key: key.clone(),
+            value: Some(value),
+        });
+        self.warn_failed_safe(&key);
+        self.take_errors()
+    }
+
+    /// Logs each rule of `rk` that fails safe (its unenforceable fields named).
+    fn warn_failed_safe(&self, rk: &ResourceKey) {
+        for r in self.graph.failed_safe_rules_of(rk) {
+            tracing::warn!(
+                resource = %rk,
+                rule = %r.rule,
+                action = ?r.action,
+                fields = %r.fields().collect::<Vec<_>>().join(", "),
+                "rule fails safe: {r}"
+            );
         }
     }
 }
@@ -110,15 +138,7 @@ impl Pipeline for GraphPipeline {
             }
         };
         if present {
-            for r in self.graph.failed_safe_rules_of(&rk) {
-                tracing::warn!(
-                    resource = %rk,
-                    rule = %r.rule,
-                    action = ?r.action,
-                    fields = %r.fields().collect::<Vec<_>>().join(", "),
-                    "rule fails safe: {r}"
-                );
-            }
+            self.warn_failed_safe(&rk);
         }
         self.take_errors()
     }

@@ -9,8 +9,9 @@
 use serde_json::{Map, Value};
 
 use crate::convert::{
-    self, CalicoResource, Converted, ObjectRef, SkipReport, etcd_key, is_namespaced, plural,
+    self, Body, CalicoResource, Converted, ObjectRef, SkipReport, etcd_key, is_namespaced, plural,
 };
+use crate::validate::{decode, needs_as_written};
 
 /// A RemoteClusterConfiguration, validated strictly by the model the agents read it with (an
 /// unknown field, e.g. `kubeconfig`, is an error naming it).
@@ -27,7 +28,7 @@ fn remote_cluster(v: &Value, obj: &ObjectRef, name: &str) -> Converted {
     let mut doc = Map::new();
     doc.insert(
         "apiVersion".into(),
-        Value::String(convert::v3::API_VERSION.into()),
+        Value::String(calc_graph::model::API_VERSION.into()),
     );
     doc.insert(
         "kind".into(),
@@ -50,7 +51,7 @@ fn remote_cluster(v: &Value, obj: &ObjectRef, name: &str) -> Converted {
             kind: convert::REMOTE_CLUSTER_KIND.to_string(),
             namespace: None,
             name: name.to_string(),
-            json,
+            body: Body::RemoteCluster(json),
         }),
         skips: Vec::new(),
         retain_key: None,
@@ -124,16 +125,28 @@ pub fn convert_v3(v: &Value) -> Converted {
     doc.insert("kind".into(), Value::String(kind.to_string()));
     doc.insert(
         "apiVersion".into(),
-        Value::String(convert::v3::API_VERSION.into()),
+        Value::String(calc_graph::model::API_VERSION.into()),
     );
     doc.insert("metadata".into(), Value::Object(out_meta));
     doc.insert("spec".into(), spec);
+    let json = Value::Object(doc).to_string();
+    let res = match decode(&json) {
+        Ok(res) => res,
+        Err((field, msg)) => {
+            return Converted::skipped(SkipReport::new(&obj, field, msg), Some(key));
+        }
+    };
+    let body = if needs_as_written(&res) {
+        Body::AsWritten { json, decoded: res }
+    } else {
+        Body::Model(res)
+    };
     Converted {
         resource: Some(CalicoResource {
             kind: kind.to_string(),
             namespace: ns,
             name,
-            json: Value::Object(doc).to_string(),
+            body,
         }),
         skips: Vec::new(),
         retain_key: None,

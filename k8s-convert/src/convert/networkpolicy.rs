@@ -13,10 +13,14 @@ use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, Network
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sha1::{Digest, Sha1};
 
-use super::labels::selector_from_label_selector;
-use super::v3::{self, EntityRule, PortSpec, Rule};
+use calc_graph::model::{
+    Action, EntityRule, NetworkPolicy as CalicoNetworkPolicy, NetworkPolicySpec, PolicyType, Port,
+    Protocol, Rule,
+};
+
+use super::labels::{NameError, selector_from_label_selector};
 use super::{
-    CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, timestamp,
+    CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, metadata, non_empty,
 };
 
 /// Name prefix of converted policies in etcd mode.
@@ -119,32 +123,25 @@ pub fn network_policy_to_calico(np: &NetworkPolicy, _opts: &ConvertOptions) -> C
     }
     let mut types = Vec::new();
     if has_ingress {
-        types.push("Ingress");
+        types.push(PolicyType::Ingress);
     }
     if has_egress {
-        types.push("Egress");
+        types.push(PolicyType::Egress);
     }
 
-    let obj_v3 = v3::Object {
-        kind: "NetworkPolicy",
-        api_version: v3::API_VERSION,
-        metadata: v3::Meta {
-            name: calico_name,
-            namespace: Some(ns.to_string()),
-            uid: np.metadata.uid.clone(),
-            creation_timestamp: timestamp(&np.metadata.creation_timestamp),
-            labels: BTreeMap::new(),
-        },
-        spec: v3::NetworkPolicySpec {
-            tier: "default",
-            order: 1000,
+    let policy = CalicoNetworkPolicy {
+        metadata: metadata(calico_name, Some(ns), &np.metadata),
+        spec: NetworkPolicySpec {
+            tier: Some(calc_graph::model::DEFAULT_TIER.to_string()),
+            order: Some(1000.0),
             ingress,
             egress,
-            selector,
+            selector: non_empty(selector),
             types,
+            ..NetworkPolicySpec::default()
         },
     };
-    Converted::ok(CalicoResource::from_object(&obj_v3), skips)
+    Converted::ok(CalicoResource::from_model(policy), skips)
 }
 
 type FieldError = (String, String);
@@ -157,7 +154,7 @@ fn rule_to_calico(
     peer_field: &str,
 ) -> Result<Vec<Rule>, FieldError> {
     // Protocol ("" = none) → ports (None = all ports of the protocol).
-    let mut by_protocol: BTreeMap<String, Option<Vec<PortSpec>>> = BTreeMap::new();
+    let mut by_protocol: BTreeMap<String, Option<Vec<Port>>> = BTreeMap::new();
     if ports.is_empty() {
         by_protocol.insert(String::new(), None);
     }
@@ -183,15 +180,11 @@ fn rule_to_calico(
     let mut rules = Vec::new();
     for (proto, ports) in by_protocol {
         let ports = simplify_ports(ports.unwrap_or_default());
-        let protocol = (!proto.is_empty()).then_some(proto);
+        // "" (no protocol) does not parse.
+        let protocol = proto.parse::<Protocol>().ok();
         for peer in &calico_peers {
-            let mut rule = Rule {
-                action: "Allow",
-                protocol: protocol.clone(),
-                source: EntityRule::default(),
-                destination: EntityRule::default(),
-                metadata: None,
-            };
+            let mut rule = Rule::new(Action::Allow);
+            rule.protocol = protocol;
             if ingress {
                 rule.source = peer.clone();
                 rule.destination.ports = ports.clone();
@@ -208,7 +201,7 @@ fn rule_to_calico(
 }
 
 /// One NetworkPolicyPort → (protocol, Some(port) or None for "all ports"). Field suffixes start with `.`.
-fn port_to_calico(p: &NetworkPolicyPort) -> Result<(String, Option<PortSpec>), FieldError> {
+fn port_to_calico(p: &NetworkPolicyPort) -> Result<(String, Option<Port>), FieldError> {
     let proto = match p.protocol.as_deref() {
         None => "TCP".to_string(),
         Some(s) => match s {
@@ -235,8 +228,8 @@ fn port_to_calico(p: &NetworkPolicyPort) -> Result<(String, Option<PortSpec>), F
                 if p.end_port.is_some() {
                     return Err((".endPort".into(), "endPort needs a numeric port".into()));
                 }
-                validate_port_name(s).map_err(|m| (".port".to_string(), m))?;
-                return Ok((proto, Some(PortSpec::Named(s.clone()))));
+                validate_port_name(s).map_err(|m| (".port".to_string(), m.to_string()))?;
+                return Ok((proto, Some(Port::Named(s.clone()))));
             }
         },
     };
@@ -248,7 +241,7 @@ fn port_to_calico(p: &NetworkPolicyPort) -> Result<(String, Option<PortSpec>), F
         )
     })?;
     match p.end_port {
-        None => Ok((proto, Some(PortSpec::Number(start)))),
+        None => Ok((proto, Some(Port::Number(start)))),
         Some(e) => {
             let end = u16::try_from(e).ok().filter(|e| *e > 0).ok_or_else(|| {
                 (
@@ -265,9 +258,9 @@ fn port_to_calico(p: &NetworkPolicyPort) -> Result<(String, Option<PortSpec>), F
             Ok((
                 proto,
                 Some(if end == start {
-                    PortSpec::Number(start)
+                    Port::Number(start)
                 } else {
-                    PortSpec::Range(start, end)
+                    Port::Range(start, end)
                 }),
             ))
         }
@@ -276,7 +269,7 @@ fn port_to_calico(p: &NetworkPolicyPort) -> Result<(String, Option<PortSpec>), F
 
 /// IANA service name: 1-15 of lowercase alphanumerics and `-`, at least one letter, no `--`, no `-` at
 /// either end.
-pub(crate) fn validate_port_name(s: &str) -> Result<(), String> {
+pub(crate) fn validate_port_name(s: &str) -> Result<(), NameError> {
     let ok = !s.is_empty()
         && s.len() <= 15
         && s.chars()
@@ -288,7 +281,7 @@ pub(crate) fn validate_port_name(s: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("{s:?} is not a valid port name"))
+        Err(NameError::PortName(s.to_string()))
     }
 }
 
@@ -321,10 +314,10 @@ fn peer_to_calico(peer: &NetworkPolicyPeer) -> Result<EntityRule, FieldError> {
                     format!("{e} is not inside {}", block.cidr),
                 ));
             }
-            not_nets.push(ex.trunc().to_string());
+            not_nets.push(ex.trunc());
         }
         return Ok(EntityRule {
-            nets: vec![cidr.trunc().to_string()],
+            nets: vec![cidr.trunc()],
             not_nets,
             ..EntityRule::default()
         });
@@ -332,19 +325,20 @@ fn peer_to_calico(peer: &NetworkPolicyPeer) -> Result<EntityRule, FieldError> {
     let selector = selector_from_label_selector(peer.pod_selector.as_ref(), true)
         .map_err(|(f, m)| (format!("podSelector.{f}"), m))?;
     let namespace_selector = match &peer.namespace_selector {
-        None => String::new(),
+        None => None,
         Some(s) => selector_from_label_selector(Some(s), false)
+            .map(non_empty)
             .map_err(|(f, m)| (format!("namespaceSelector.{f}"), m))?,
     };
     Ok(EntityRule {
-        selector,
+        selector: non_empty(selector),
         namespace_selector,
         ..EntityRule::default()
     })
 }
 
 /// `SimplifyPorts`: named ports first (in order), then numeric ports merged into minimal ranges.
-pub(crate) fn simplify_ports(ports: Vec<PortSpec>) -> Vec<PortSpec> {
+pub(crate) fn simplify_ports(ports: Vec<Port>) -> Vec<Port> {
     if ports.len() <= 1 {
         return ports;
     }
@@ -352,9 +346,9 @@ pub(crate) fn simplify_ports(ports: Vec<PortSpec>) -> Vec<PortSpec> {
     let mut ranges: Vec<(u16, u16)> = Vec::new();
     for p in ports {
         match p {
-            PortSpec::Named(_) => out.push(p),
-            PortSpec::Number(n) => ranges.push((n, n)),
-            PortSpec::Range(a, b) => ranges.push((a, b)),
+            Port::Named(_) => out.push(p),
+            Port::Number(n) => ranges.push((n, n)),
+            Port::Range(a, b) => ranges.push((a, b)),
         }
     }
     ranges.sort_unstable();
@@ -367,9 +361,9 @@ pub(crate) fn simplify_ports(ports: Vec<PortSpec>) -> Vec<PortSpec> {
     }
     out.extend(merged.into_iter().map(|(a, b)| {
         if a == b {
-            PortSpec::Number(a)
+            Port::Number(a)
         } else {
-            PortSpec::Range(a, b)
+            Port::Range(a, b)
         }
     }));
     out
@@ -435,19 +429,19 @@ mod tests {
     #[test]
     fn simplify_merges_runs_and_keeps_names_first() {
         let got = simplify_ports(vec![
-            PortSpec::Number(82),
-            PortSpec::Named("http".into()),
-            PortSpec::Number(80),
-            PortSpec::Number(81),
-            PortSpec::Range(90, 95),
-            PortSpec::Number(96),
+            Port::Number(82),
+            Port::Named("http".into()),
+            Port::Number(80),
+            Port::Number(81),
+            Port::Range(90, 95),
+            Port::Number(96),
         ]);
         assert_eq!(
             got,
             vec![
-                PortSpec::Named("http".into()),
-                PortSpec::Range(80, 82),
-                PortSpec::Range(90, 96)
+                Port::Named("http".into()),
+                Port::Range(80, 82),
+                Port::Range(90, 96)
             ]
         );
     }
@@ -461,15 +455,15 @@ mod tests {
         assert!(validate_port_name("this-is-too-long-name").is_err());
     }
 
-    fn covered(ports: &[PortSpec]) -> std::collections::BTreeSet<u16> {
+    fn covered(ports: &[Port]) -> std::collections::BTreeSet<u16> {
         let mut s = std::collections::BTreeSet::new();
         for p in ports {
             match p {
-                PortSpec::Number(n) => {
+                Port::Number(n) => {
                     s.insert(*n);
                 }
-                PortSpec::Range(a, b) => s.extend(*a..=*b),
-                PortSpec::Named(_) => {}
+                Port::Range(a, b) => s.extend(*a..=*b),
+                Port::Named(_) => {}
             }
         }
         s
@@ -479,15 +473,15 @@ mod tests {
         /// Simplification never changes which ports are covered, and leaves no two ranges that touch.
         #[test]
         fn simplify_preserves_coverage(raw in proptest::collection::vec((1u16..400, 0u16..20), 0..12)) {
-            let ports: Vec<PortSpec> = raw.iter().map(|(a, w)| {
-                if *w == 0 { PortSpec::Number(*a) } else { PortSpec::Range(*a, a + w) }
+            let ports: Vec<Port> = raw.iter().map(|(a, w)| {
+                if *w == 0 { Port::Number(*a) } else { Port::Range(*a, a + w) }
             }).collect();
             let out = simplify_ports(ports.clone());
             prop_assert_eq!(covered(&out), covered(&ports));
             if ports.len() > 1 {
                 for w in out.windows(2) {
-                    let end = match &w[0] { PortSpec::Number(n) => *n, PortSpec::Range(_, b) => *b, PortSpec::Named(_) => 0 };
-                    let start = match &w[1] { PortSpec::Number(n) => *n, PortSpec::Range(a, _) => *a, PortSpec::Named(_) => u16::MAX };
+                    let end = match &w[0] { Port::Number(n) => *n, Port::Range(_, b) => *b, Port::Named(_) => 0 };
+                    let start = match &w[1] { Port::Number(n) => *n, Port::Range(a, _) => *a, Port::Named(_) => u16::MAX };
                     prop_assert!(u32::from(start) > u32::from(end) + 1);
                 }
             }

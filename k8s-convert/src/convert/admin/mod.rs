@@ -56,12 +56,13 @@ use types::{AnpRule, AnpSpec, CnpRule, CnpSpec, Peer, Subject};
 
 use super::labels::{ORCHESTRATOR_CLAUSE, selector_from_label_selector};
 use super::networkpolicy::simplify_ports;
-use super::v3::{self, EntityRule, PortSpec, Rule};
 use super::{
-    CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, timestamp,
+    CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, metadata, non_empty,
 };
 use calc_graph::model::{
-    DomainPattern, K8S_ADMIN_POLICY_PREFIXES, KUBE_ADMIN_TIER, KUBE_BASELINE_TIER,
+    Action, DomainPattern, EntityRule, GlobalNetworkPolicy, GlobalNetworkPolicySpec,
+    K8S_ADMIN_POLICY_PREFIXES, KUBE_ADMIN_TIER, KUBE_BASELINE_TIER, Metadata, PolicyType, Port,
+    Protocol, Rule, RuleMetadata, Tier, TierSpec,
 };
 
 /// GlobalNetworkPolicy name prefix of a converted AdminNetworkPolicy (Calico's
@@ -87,6 +88,14 @@ pub const MAX_DOMAIN_NAMES: usize = 25;
 
 type FieldError = (String, String);
 
+/// A rule action the source kind does not have.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unsupported action {action:?}: want {want}")]
+pub struct UnsupportedAction {
+    pub action: String,
+    pub want: &'static str,
+}
+
 /// The three source kinds, as named in reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Source {
@@ -105,19 +114,19 @@ impl Source {
     }
 
     /// The Calico action of a source action, or why not.
-    fn action(self, a: &str) -> Result<&'static str, String> {
+    fn action(self, a: &str) -> Result<Action, UnsupportedAction> {
         match (self, a) {
-            (Source::Anp | Source::Banp, "Allow") | (Source::Cnp, "Accept") => Ok("Allow"),
-            (_, "Deny") => Ok("Deny"),
-            (Source::Anp | Source::Cnp, "Pass") => Ok("Pass"),
-            _ => Err(format!(
-                "unsupported action {a:?}: want {}",
-                match self {
+            (Source::Anp | Source::Banp, "Allow") | (Source::Cnp, "Accept") => Ok(Action::Allow),
+            (_, "Deny") => Ok(Action::Deny),
+            (Source::Anp | Source::Cnp, "Pass") => Ok(Action::Pass),
+            _ => Err(UnsupportedAction {
+                action: a.to_string(),
+                want: match self {
                     Source::Anp => "Allow, Deny or Pass",
                     Source::Banp => "Allow or Deny",
                     Source::Cnp => "Accept, Deny or Pass",
-                }
-            )),
+                },
+            }),
         }
     }
 
@@ -159,16 +168,11 @@ pub fn admin_tiers() -> Vec<CalicoResource> {
     ]
     .into_iter()
     .map(|(name, order)| {
-        CalicoResource::from_object(&v3::Object {
-            kind: "Tier",
-            api_version: v3::API_VERSION,
-            metadata: v3::Meta {
-                name: name.to_string(),
-                ..v3::Meta::default()
-            },
-            spec: v3::TierSpec {
-                order,
-                default_action: "Pass",
+        CalicoResource::from_model(Tier {
+            metadata: Metadata::named(name),
+            spec: TierSpec {
+                order: Some(order),
+                default_action: Some(Action::Pass),
             },
         })
     })
@@ -191,12 +195,12 @@ pub fn is_admin_policy_key(key: &str) -> bool {
 /// addresses would become members of every `all()`-like rule selector of other Calico policies).
 pub fn add_admin_tiers<V>(
     resources: &mut BTreeMap<String, V>,
-    json: impl Fn(&V) -> &str,
+    json: impl Fn(&V) -> std::borrow::Cow<'_, str>,
     value: impl Fn(CalicoResource) -> V,
 ) {
     let node_sets_used = resources
         .iter()
-        .any(|(k, v)| is_admin_policy_key(k) && uses_node_sets(json(v)));
+        .any(|(k, v)| is_admin_policy_key(k) && uses_node_sets(&json(v)));
     if !node_sets_used {
         resources.retain(|k, _| {
             !k.rsplit_once("/globalnetworksets/")
@@ -207,10 +211,9 @@ pub fn add_admin_tiers<V>(
         return;
     }
     for t in admin_tiers() {
-        let t = match crate::validate::canonical(&t) {
-            Ok(t) => t,
-            Err((f, m)) => unreachable!("built-in tier {} is invalid: {f}: {m}", t.name),
-        };
+        if let Err(e) = t.resource().expect("a model resource").validate() {
+            unreachable!("built-in tier {} is invalid: {e:?}", t.name);
+        }
         if let Ok(k) = t.etcd_key() {
             resources.entry(k).or_insert_with(|| value(t));
         }
@@ -236,7 +239,7 @@ fn decode<T: DeserializeOwned>(spec: &serde_json::Value) -> Result<T, FieldError
 struct SourceRule<'a> {
     field: String,
     name: Option<&'a str>,
-    action: Result<&'static str, String>,
+    action: Result<Action, UnsupportedAction>,
     /// The raw action, for the fail-closed choice when the action itself is bad.
     peers: &'a [Peer],
     peer_field: &'static str,
@@ -370,7 +373,7 @@ fn convert(
                 Err((field, msg)) => {
                     // Fail closed (network-policy-api: "treat the rule as matching no traffic" for
                     // Allow, "as a Deny all rule" for Deny and Pass).
-                    let deny = matches!(r.action, Ok("Deny" | "Pass"));
+                    let deny = matches!(r.action, Ok(Action::Deny | Action::Pass));
                     let what = if deny {
                         "rule replaced by one that denies everything"
                     } else {
@@ -378,7 +381,7 @@ fn convert(
                     };
                     skips.push(SkipReport::new(&obj, field, format!("{msg} ({what})")));
                     if deny {
-                        out.push(Rule::matching_all("Deny"));
+                        out.push(Rule::new(Action::Deny));
                     }
                 }
             }
@@ -389,32 +392,25 @@ fn convert(
     let egress = convert_all(egress, false);
     let mut types = Vec::new();
     if !ingress.is_empty() {
-        types.push("Ingress");
+        types.push(PolicyType::Ingress);
     }
     if !egress.is_empty() {
-        types.push("Egress");
+        types.push(PolicyType::Egress);
     }
-    let gnp = v3::Object {
-        kind: "GlobalNetworkPolicy",
-        api_version: v3::API_VERSION,
-        metadata: v3::Meta {
-            name: calico_name,
-            namespace: None,
-            uid: meta.uid.clone(),
-            creation_timestamp: timestamp(&meta.creation_timestamp),
-            labels: BTreeMap::new(),
-        },
-        spec: v3::GlobalNetworkPolicySpec {
-            tier,
-            order,
+    let gnp = GlobalNetworkPolicy {
+        metadata: metadata(calico_name, None, meta),
+        spec: GlobalNetworkPolicySpec {
+            tier: Some(tier.to_string()),
+            order: Some(order),
             ingress,
             egress,
-            selector,
+            selector: non_empty(selector),
             types,
-            namespace_selector,
+            namespace_selector: non_empty(namespace_selector),
+            ..GlobalNetworkPolicySpec::default()
         },
     };
-    Converted::ok(CalicoResource::from_object(&gnp), skips)
+    Converted::ok(CalicoResource::from_model(gnp), skips)
 }
 
 fn priority(p: i64) -> Result<f64, FieldError> {
@@ -505,7 +501,7 @@ fn anp_rule<'a>(src: Source, r: &'a AnpRule, field: &str, ingress: bool) -> Sour
     let action = src.action(&r.action);
     let domains = match (src, &action) {
         (Source::Banp, _) => Err("a BaselineAdminNetworkPolicy has no domainNames peers"),
-        (_, Ok("Allow")) => Ok(()),
+        (_, Ok(Action::Allow)) => Ok(()),
         _ => Err("domainNames peers are allowed only in Allow rules"),
     };
     SourceRule {
@@ -538,7 +534,7 @@ fn cnp_rule<'a>(r: &'a CnpRule, field: &str, ingress: bool, admin: bool) -> Sour
     let action = Source::Cnp.action(&r.action);
     let domains = match (admin, &action) {
         (false, _) => Err("domainNames peers are allowed only in the Admin tier"),
-        (true, Ok("Allow")) => Ok(()),
+        (true, Ok(Action::Allow)) => Ok(()),
         _ => Err("domainNames peers are allowed only in Accept rules"),
     };
     SourceRule {
@@ -598,8 +594,8 @@ fn peer_to_entities(
             // (`NotIn`, `DoesNotExist`) alone would also match host endpoints and global network
             // sets, which have no namespace labels (Calico's conversion leaves that gap open).
             Ok(vec![EntityRule {
-                selector: ORCHESTRATOR_CLAUSE.to_string(),
-                namespace_selector: nss,
+                selector: Some(ORCHESTRATOR_CLAUSE.to_string()),
+                namespace_selector: non_empty(nss),
                 ..EntityRule::default()
             }])
         }
@@ -610,8 +606,8 @@ fn peer_to_entities(
             let ps = selector_from_label_selector(Some(&p.pod_selector.to_k8s()), true)
                 .map_err(|(f, m)| (format!(".pods.podSelector.{f}"), m))?;
             Ok(vec![EntityRule {
-                selector: ps,
-                namespace_selector: nss,
+                selector: non_empty(ps),
+                namespace_selector: non_empty(nss),
                 ..EntityRule::default()
             }])
         }
@@ -634,7 +630,7 @@ fn peer_to_entities(
                 let net: IpNet = n
                     .parse()
                     .map_err(|_| (format!(".networks[{k}]"), format!("invalid CIDR {n:?}")))?;
-                let s = net.trunc().to_string();
+                let s = net.trunc();
                 match net {
                     IpNet::V4(_) => v4.push(s),
                     IpNet::V6(_) => v6.push(s),
@@ -660,7 +656,7 @@ fn peer_to_entities(
             let labels = selector_from_label_selector(Some(&sel), false)
                 .map_err(|(f, m)| (format!(".nodes.{f}"), m))?;
             Ok(vec![EntityRule {
-                selector: node_selector(&labels),
+                selector: Some(node_selector(&labels)),
                 ..EntityRule::default()
             }])
         }
@@ -728,14 +724,14 @@ fn source_rule_to_calico(r: &SourceRule<'_>, ingress: bool) -> Result<Vec<Rule>,
     let action = r
         .action
         .clone()
-        .map_err(|m| (format!("{}.action", r.field), m))?;
+        .map_err(|m| (format!("{}.action", r.field), m.to_string()))?;
     rule_name_check(r.name, &r.field)?;
     let ports = r.ports.clone()?;
     let has_named = ports
         .values()
         .flatten()
         .flatten()
-        .any(|p| matches!(p, PortSpec::Named(_)));
+        .any(|p| matches!(p, Port::Named(_)));
     if r.peers.is_empty() || r.peers.len() > 100 {
         return Err((
             format!("{}.{}", r.field, r.peer_field),
@@ -748,21 +744,18 @@ fn source_rule_to_calico(r: &SourceRule<'_>, ingress: bool) -> Result<Vec<Rule>,
             .map_err(|(f, m)| (format!("{}.{}[{j}]{f}", r.field, r.peer_field), m))?;
         peers.extend(entities);
     }
-    let metadata = r.name.filter(|n| !n.is_empty()).map(|n| v3::RuleMetadata {
+    let metadata = r.name.filter(|n| !n.is_empty()).map(|n| RuleMetadata {
         annotations: BTreeMap::from([(RULE_NAME_ANNOTATION.to_string(), n.to_string())]),
     });
     let mut rules = Vec::new();
     for (proto, ports) in ports {
         let ports = simplify_ports(ports.unwrap_or_default());
-        let protocol = (!proto.is_empty()).then_some(proto);
+        // "" (no protocol) does not parse.
+        let protocol = proto.parse::<Protocol>().ok();
         for peer in &peers {
-            let mut rule = Rule {
-                action,
-                protocol: protocol.clone(),
-                source: EntityRule::default(),
-                destination: EntityRule::default(),
-                metadata: metadata.clone(),
-            };
+            let mut rule = Rule::new(action);
+            rule.protocol = protocol;
+            rule.metadata = metadata.clone();
             if ingress {
                 rule.source = peer.clone();
                 rule.destination.ports = ports.clone();

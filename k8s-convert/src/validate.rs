@@ -1,9 +1,12 @@
-//! Every resource goes through the shared model before it is written.
+//! Every resource is validated by the shared model before it is stored.
 //!
-//! [`canonical`] decodes the produced JSON with `calc_graph::model::Resource::from_json`, runs
-//! `Resource::validate` (names, labels, selectors, ports, protocols, nets) and re-encodes with
-//! `Resource::to_json`, the canonical form the agent reads back. So nothing reaches etcd that the
-//! agent's model would reject, and what is stored is byte-identical however it was produced.
+//! Conversions build `calc_graph::model` resources directly; [`checked`] runs
+//! `Resource::validate` (names, labels, selectors, ports, protocols, nets) on each, once, so nothing
+//! reaches etcd that the agent's model would reject. What is stored is the model's canonical JSON
+//! (`Resource::to_json`), encoded when it is written. `projectcalico.org/v3` documents are decoded
+//! strictly by [`decode`] (the model's schema): an unknown field outside a rule fails the resource;
+//! a rule with an unknown field is kept as written (the canonical form could not carry the field),
+//! so the agent sees it and fails that rule safe; see [`failed_safe_reports`].
 
 use calc_graph::model::{Action, ModelError, Resource, Rule};
 
@@ -12,27 +15,10 @@ use crate::convert::{CalicoResource, Converted, ObjectRef, SkipReport};
 /// `(field, message)`.
 pub type FieldError = (String, String);
 
-/// Decodes, validates and canonicalises one resource.
-///
-/// Decoding is strict (the model's schema): an unknown field outside a rule fails the resource.
-/// A rule with an unknown field is kept as written (the canonical form could not carry the
-/// field), so the agent sees it and fails that rule safe; see [`failed_safe_reports`].
-pub fn canonical(r: &CalicoResource) -> Result<CalicoResource, FieldError> {
-    if r.kind == crate::convert::REMOTE_CLUSTER_KIND {
-        // Not a graph resource: validated (strictly) where it was converted, stored as built there.
-        return Ok(r.clone());
-    }
-    let res = decode(r)?;
-    let keep_as_written = rules_of(&res).any(|(_, rule)| !rule.unknown_fields.is_empty());
-    if keep_as_written {
-        res.validate().map_err(first_and_all)?;
-        return Ok(r.clone());
-    }
-    canonical_of(r, res)
-}
-
-fn decode(r: &CalicoResource) -> Result<Resource, FieldError> {
-    Resource::from_json(r.json.as_bytes()).map_err(|e| match e {
+/// Decodes one `projectcalico.org/v3` document with the model; the error is the field and message
+/// of the skip report.
+pub fn decode(json: &str) -> Result<Resource, FieldError> {
+    Resource::from_json(json.as_bytes()).map_err(|e| match e {
         ModelError::Decode { path, message, .. } => (path, message),
         ModelError::UnknownFields { paths, .. } => {
             let all = paths
@@ -44,6 +30,21 @@ fn decode(r: &CalicoResource) -> Result<Resource, FieldError> {
         }
         other => (String::new(), other.to_string()),
     })
+}
+
+/// Whether a decoded document must be stored as written: one of its rules carries a field the
+/// model does not know.
+pub fn needs_as_written(res: &Resource) -> bool {
+    rules_of(res).any(|(_, rule)| !rule.unknown_fields.is_empty())
+}
+
+/// Validates one resource with the model (a RemoteClusterConfiguration was validated strictly
+/// where it was converted).
+pub fn validate(r: &CalicoResource) -> Result<(), FieldError> {
+    match r.resource() {
+        Some(res) => res.validate().map_err(first_and_all),
+        None => Ok(()),
+    }
 }
 
 fn first_and_all(errs: Vec<calc_graph::model::ValidationError>) -> FieldError {
@@ -78,12 +79,12 @@ fn rules_of(res: &Resource) -> impl Iterator<Item = (String, &Rule)> {
 /// One report per rule field the agent will not enforce (unknown, or known but unenforced):
 /// the resource is stored, and the agent fails that rule safe.
 pub fn failed_safe_reports(r: &CalicoResource) -> Vec<SkipReport> {
-    let Ok(res) = Resource::from_json(r.json.as_bytes()) else {
+    let Some(res) = r.resource() else {
         return Vec::new();
     };
     let obj = ObjectRef::new(&r.kind, r.namespace.as_deref(), &r.name);
     let mut out = Vec::new();
-    for (at, rule) in rules_of(&res) {
+    for (at, rule) in rules_of(res) {
         let effect = match rule.action {
             Action::Deny | Action::Log => {
                 "the agent renders the rule with only its enforced matches"
@@ -116,19 +117,11 @@ pub fn failed_safe_reports(r: &CalicoResource) -> Vec<SkipReport> {
     out
 }
 
-fn canonical_of(r: &CalicoResource, res: Resource) -> Result<CalicoResource, FieldError> {
-    res.validate().map_err(first_and_all)?;
-    Ok(CalicoResource {
-        json: res.to_json(),
-        ..r.clone()
-    })
-}
-
-/// Runs [`canonical`] on a conversion's output; a failure becomes a skip that retains the key.
+/// Validates a conversion's output; a failure becomes a skip that retains the key.
 pub fn checked(mut c: Converted) -> Converted {
     if let Some(r) = c.resource.take() {
-        match canonical(&r) {
-            Ok(r) => {
+        match validate(&r) {
+            Ok(()) => {
                 c.skips.extend(failed_safe_reports(&r));
                 c.resource = Some(r);
             }
@@ -160,7 +153,8 @@ mod tests {
             "ingress": [{"action": "Allow", "source": {"selectr": "a == 'b'"}},
                         {"action": "Allow", "http": {"methods": ["GET"]}}]}));
         let stored = c.resource.expect("stored");
-        assert!(stored.json.contains("selectr"), "{}", stored.json);
+        let json = stored.to_json();
+        assert!(json.contains("selectr"), "{json}");
         let fields: Vec<(&str, &str)> = c
             .skips
             .iter()
@@ -182,7 +176,12 @@ mod tests {
         // Without unknown fields the canonical form is stored (selectr gone, keys ordered).
         let c = gnp(json!({"types": ["Ingress"], "selector": "all()"}));
         assert!(c.skips.is_empty());
-        assert!(c.resource.unwrap().json.starts_with(r#"{"apiVersion""#));
+        assert!(
+            c.resource
+                .unwrap()
+                .to_json()
+                .starts_with(r#"{"apiVersion""#)
+        );
     }
 
     #[test]

@@ -6,18 +6,18 @@
 use std::collections::BTreeMap;
 
 use super::super::networkpolicy::validate_port_name;
-use super::super::v3::PortSpec;
 use super::FieldError;
 use super::types::{AnpPort, CnpProtocol};
+use calc_graph::model::Port;
 
 /// Protocol ("" = none) → ports (`None` = every port of the protocol).
-pub(super) type ProtoPorts = BTreeMap<String, Option<Vec<PortSpec>>>;
+pub(super) type ProtoPorts = BTreeMap<String, Option<Vec<Port>>>;
 
 /// The protocols a named port may be of: it matches the container port of that name, whatever its
 /// protocol, and the named-port IP sets carry the protocol.
 const NAMED_PORT_PROTOCOLS: [&str; 3] = ["SCTP", "TCP", "UDP"];
 
-fn add_port(map: &mut ProtoPorts, proto: &str, port: Option<PortSpec>) {
+fn add_port(map: &mut ProtoPorts, proto: &str, port: Option<Port>) {
     match (map.get_mut(proto), port) {
         (None, port) => {
             map.insert(proto.to_string(), port.map(|p| vec![p]));
@@ -47,7 +47,7 @@ fn port_number(n: i64, field: String) -> Result<u16, FieldError> {
         .ok_or_else(|| (field, format!("port {n} is out of range 1-65535")))
 }
 
-fn port_range(start: i64, end: i64, field: &str, strict: bool) -> Result<PortSpec, FieldError> {
+fn port_range(start: i64, end: i64, field: &str, strict: bool) -> Result<Port, FieldError> {
     let a = port_number(start, format!("{field}.start"))?;
     let b = port_number(end, format!("{field}.end"))?;
     if b < a || (strict && b == a) {
@@ -60,16 +60,16 @@ fn port_range(start: i64, end: i64, field: &str, strict: bool) -> Result<PortSpe
         ));
     }
     Ok(if a == b {
-        PortSpec::Number(a)
+        Port::Number(a)
     } else {
-        PortSpec::Range(a, b)
+        Port::Range(a, b)
     })
 }
 
 fn named_port(map: &mut ProtoPorts, name: &str, field: String) -> Result<(), FieldError> {
-    validate_port_name(name).map_err(|m| (field, m))?;
+    validate_port_name(name).map_err(|m| (field, m.to_string()))?;
     for proto in NAMED_PORT_PROTOCOLS {
-        add_port(map, proto, Some(PortSpec::Named(name.to_string())));
+        add_port(map, proto, Some(Port::Named(name.to_string())));
     }
     Ok(())
 }
@@ -98,7 +98,7 @@ pub(super) fn anp_ports(ports: Option<&[AnpPort]>, field: &str) -> Result<ProtoP
             let f = format!("{f}.portNumber");
             let proto = l4_protocol(n.protocol.as_deref(), &f)?;
             let port = port_number(n.port, format!("{f}.port"))?;
-            add_port(&mut map, proto, Some(PortSpec::Number(port)));
+            add_port(&mut map, proto, Some(Port::Number(port)));
         } else if let Some(r) = &p.port_range {
             let f = format!("{f}.portRange");
             let proto = l4_protocol(r.protocol.as_deref(), &f)?;
@@ -147,9 +147,7 @@ pub(super) fn cnp_ports(
                 // `tcp: {}`: every port of the protocol.
                 None => None,
                 Some(dp) => match (dp.number, &dp.range) {
-                    (Some(n), None) => {
-                        Some(PortSpec::Number(port_number(n, format!("{f}.number"))?))
-                    }
+                    (Some(n), None) => Some(Port::Number(port_number(n, format!("{f}.number"))?)),
                     (None, Some(r)) => {
                         Some(port_range(r.start, r.end, &format!("{f}.range"), true)?)
                     }

@@ -30,26 +30,22 @@ macro_rules! watched_kind {
             pub spec: serde_json::Value,
         }
 
-        impl kube::Resource for $ty {
-            type DynamicType = ();
-            type Scope = kube::core::ClusterResourceScope;
+        // kube-rs watches these through its blanket impl over the k8s-openapi traits.
+        impl k8s_openapi::Resource for $ty {
+            const API_VERSION: &'static str = concat!("policy.networking.k8s.io/", $version);
+            const GROUP: &'static str = GROUP;
+            const KIND: &'static str = $kind;
+            const VERSION: &'static str = $version;
+            const URL_PATH_SEGMENT: &'static str = $plural;
+            type Scope = k8s_openapi::ClusterResourceScope;
+        }
 
-            fn kind(_: &()) -> std::borrow::Cow<'_, str> {
-                $kind.into()
-            }
-            fn group(_: &()) -> std::borrow::Cow<'_, str> {
-                GROUP.into()
-            }
-            fn version(_: &()) -> std::borrow::Cow<'_, str> {
-                $version.into()
-            }
-            fn plural(_: &()) -> std::borrow::Cow<'_, str> {
-                $plural.into()
-            }
-            fn meta(&self) -> &ObjectMeta {
+        impl k8s_openapi::Metadata for $ty {
+            type Ty = ObjectMeta;
+            fn metadata(&self) -> &ObjectMeta {
                 &self.metadata
             }
-            fn meta_mut(&mut self) -> &mut ObjectMeta {
+            fn metadata_mut(&mut self) -> &mut ObjectMeta {
                 &mut self.metadata
             }
         }

@@ -16,16 +16,18 @@ mod namespace;
 mod networkpolicy;
 mod node;
 mod pod;
-pub mod v3;
 
 use std::fmt;
+
+use calc_graph::model::{Metadata, Resource};
 
 pub use admin::{
     admin_network_policy_to_calico, baseline_admin_network_policy_to_calico,
     cluster_network_policy_to_calico,
 };
 pub use labels::{
-    selector_from_label_selector, validate_dns_label, validate_dns_subdomain, validate_labels,
+    NameError, selector_from_label_selector, validate_dns_label, validate_dns_subdomain,
+    validate_labels,
 };
 pub use namespace::{namespace_to_profile, service_account_to_profile};
 pub use networkpolicy::network_policy_to_calico;
@@ -50,14 +52,17 @@ impl Default for ConvertOptions {
     }
 }
 
+/// An interface prefix that would not leave room for the 11 hex characters of a veth name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid interface prefix {0:?}: want 1-4 ASCII letters or digits")]
+pub struct InvalidInterfacePrefix(pub String);
+
 impl ConvertOptions {
     /// Checks the options: the prefix plus 11 hex characters must fit in IFNAMSIZ-1 (15).
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidInterfacePrefix> {
         let p = &self.interface_prefix;
         if p.is_empty() || p.len() > 4 || !p.chars().all(|c| c.is_ascii_alphanumeric()) {
-            return Err(format!(
-                "invalid interface prefix {p:?}: want 1-4 ASCII letters or digits"
-            ));
+            return Err(InvalidInterfacePrefix(p.clone()));
         }
         Ok(())
     }
@@ -103,13 +108,14 @@ pub struct SkipReport {
 }
 
 impl SkipReport {
-    pub fn new(obj: &ObjectRef, field: impl Into<String>, message: impl Into<String>) -> Self {
+    /// A report on `obj`'s `field`; `message` is a text or a typed error, shown as it displays.
+    pub fn new(obj: &ObjectRef, field: impl Into<String>, message: impl fmt::Display) -> Self {
         SkipReport {
             kind: obj.kind.clone(),
             namespace: obj.namespace.clone(),
             name: obj.name.clone(),
             field: field.into(),
-            message: message.into(),
+            message: message.to_string(),
         }
     }
 }
@@ -125,30 +131,71 @@ impl fmt::Display for SkipReport {
     }
 }
 
-/// A Calico v3 resource ready to store.
+/// A Calico v3 resource ready to store: its identity and its body, typed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CalicoResource {
     /// v3 kind, e.g. `NetworkPolicy`.
     pub kind: String,
     pub namespace: Option<String>,
     pub name: String,
-    /// The full JSON document (`kind`, `apiVersion`, `metadata`, `spec`), as stored.
-    pub json: String,
+    pub body: Body,
+}
+
+/// What a [`CalicoResource`] stores.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Body {
+    /// A resource of the shared model, stored in the model's canonical JSON
+    /// ([`Resource::to_json`], encoded once, when it is written).
+    Model(Resource),
+    /// A `projectcalico.org/v3` document whose rules carry fields the model cannot hold: stored as
+    /// written, so the agent sees those fields and fails the rules safe. `decoded` is what the
+    /// agent decodes from `json`.
+    AsWritten { json: String, decoded: Resource },
+    /// A RemoteClusterConfiguration (read by the agents' federation, not a graph resource), as
+    /// built by [`crate::v3_passthrough`].
+    RemoteCluster(String),
 }
 
 impl CalicoResource {
-    /// Serialises a typed v3 object.
-    pub fn from_object<S: serde::Serialize>(obj: &v3::Object<S>) -> Self {
+    /// A model resource, named by its own metadata.
+    pub fn from_model(res: impl Into<Resource>) -> Self {
+        let res = res.into();
+        let kind = res.kind();
+        let meta = res.metadata();
         CalicoResource {
-            kind: obj.kind.to_string(),
-            namespace: obj.metadata.namespace.clone(),
-            name: obj.metadata.name.clone(),
-            json: serde_json::to_string(obj).expect("v3 objects always serialise"),
+            kind: kind.kind_name().to_string(),
+            namespace: meta.namespace.clone().filter(|_| kind.is_namespaced()),
+            name: meta.name.clone(),
+            body: Body::Model(res),
+        }
+    }
+
+    /// The typed resource the agent reads (`None` for a RemoteClusterConfiguration).
+    pub fn resource(&self) -> Option<&Resource> {
+        match &self.body {
+            Body::Model(r) | Body::AsWritten { decoded: r, .. } => Some(r),
+            Body::RemoteCluster(_) => None,
+        }
+    }
+
+    /// The typed resource, owned.
+    pub fn into_resource(self) -> Option<Resource> {
+        match self.body {
+            Body::Model(r) | Body::AsWritten { decoded: r, .. } => Some(r),
+            Body::RemoteCluster(_) => None,
+        }
+    }
+
+    /// The JSON document stored in etcd.
+    pub fn to_json(&self) -> String {
+        match &self.body {
+            Body::Model(r) => r.to_json(),
+            Body::AsWritten { json, .. } | Body::RemoteCluster(json) => json.clone(),
         }
     }
 
     /// The etcd key (felix-reference §9.6).
-    pub fn etcd_key(&self) -> Result<String, String> {
+    pub fn etcd_key(&self) -> Result<String, KeyError> {
         etcd_key(&self.kind, self.namespace.as_deref(), &self.name)
     }
 }
@@ -171,27 +218,42 @@ pub fn is_namespaced(kind: &str) -> bool {
     model_kind(kind).is_some_and(|k| k.is_namespaced())
 }
 
+/// Why a resource has no etcd key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("invalid name: {0}")]
+    Name(String),
+    #[error("invalid namespace: {0}")]
+    Namespace(String),
+    #[error("unsupported kind {0:?}")]
+    UnsupportedKind(String),
+    #[error("{0} is namespaced but has no namespace")]
+    MissingNamespace(String),
+    #[error("{0} is cluster-scoped but has a namespace")]
+    UnexpectedNamespace(String),
+}
+
 /// The etcd key of a v3 resource: `/calico/resources/v3/projectcalico.org/<plural>/[<ns>/]<name>`.
 /// Names and namespaces are checked first so that nothing in them can add a path segment.
-pub fn etcd_key(kind: &str, namespace: Option<&str>, name: &str) -> Result<String, String> {
+pub fn etcd_key(kind: &str, namespace: Option<&str>, name: &str) -> Result<String, KeyError> {
     use calc_graph::model::{ResourceKey, validate_name, validate_namespace};
     if kind == REMOTE_CLUSTER_KIND {
-        validate_name(name).map_err(|e| format!("invalid name: {e}"))?;
+        validate_name(name).map_err(KeyError::Name)?;
         return match namespace {
             None => Ok(calc_graph::model::remote_cluster_key(name)),
-            Some(_) => Err(format!("{kind} is cluster-scoped but has a namespace")),
+            Some(_) => Err(KeyError::UnexpectedNamespace(kind.to_string())),
         };
     }
-    let k = model_kind(kind).ok_or_else(|| format!("unsupported kind {kind:?}"))?;
-    validate_name(name).map_err(|e| format!("invalid name: {e}"))?;
+    let k = model_kind(kind).ok_or_else(|| KeyError::UnsupportedKind(kind.to_string()))?;
+    validate_name(name).map_err(KeyError::Name)?;
     match (k.is_namespaced(), namespace) {
         (true, Some(ns)) => {
-            validate_namespace(ns).map_err(|e| format!("invalid namespace: {e}"))?;
+            validate_namespace(ns).map_err(KeyError::Namespace)?;
             Ok(ResourceKey::namespaced(k, ns, name).etcd_key())
         }
-        (true, None) => Err(format!("{kind} is namespaced but has no namespace")),
+        (true, None) => Err(KeyError::MissingNamespace(kind.to_string())),
         (false, None) => Ok(ResourceKey::global(k, name).etcd_key()),
-        (false, Some(_)) => Err(format!("{kind} is cluster-scoped but has a namespace")),
+        (false, Some(_)) => Err(KeyError::UnexpectedNamespace(kind.to_string())),
     }
 }
 
@@ -229,9 +291,30 @@ impl Converted {
     }
 }
 
-/// The k8s creation timestamp as JSON, when set.
+/// The metadata of a converted resource: its name, the source object's uid and creation time.
+pub(crate) fn metadata(
+    name: String,
+    namespace: Option<&str>,
+    source: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Metadata {
+    Metadata {
+        name,
+        namespace: namespace.map(str::to_string),
+        uid: source.uid.clone().filter(|u| !u.is_empty()),
+        creation_timestamp: timestamp(&source.creation_timestamp),
+        ..Metadata::default()
+    }
+}
+
+/// The k8s creation timestamp as Kubernetes writes it (RFC 3339, UTC, whole seconds), when set.
 pub(crate) fn timestamp(
     t: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
-) -> Option<serde_json::Value> {
-    t.as_ref().and_then(|t| serde_json::to_value(t).ok())
+) -> Option<String> {
+    let v = serde_json::to_value(t.as_ref()?).ok()?;
+    v.as_str().filter(|s| !s.is_empty()).map(str::to_string)
+}
+
+/// `Some(s)` unless `s` is empty (the model's reading of Go's `omitempty` strings).
+pub(crate) fn non_empty(s: String) -> Option<String> {
+    (!s.is_empty()).then_some(s)
 }

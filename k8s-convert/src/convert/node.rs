@@ -6,28 +6,19 @@
 //!
 //! Calico has no `nodes` peer; a network set per node is how it maps onto Calico resources.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use calc_graph::model::{GlobalNetworkSet, NetworkSetSpec};
+use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
-use serde::Serialize;
 
 use super::labels::validate_labels;
-use super::v3;
-use super::{
-    CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, timestamp,
-};
+use super::{CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, metadata};
 
 /// Name prefix of the per-node network sets.
 pub const KNODE_PREFIX: &str = "knode.";
 /// The label every node network set carries (its value: the node's name).
 pub const NODE_MARKER_LABEL: &str = "felixrs.io/node";
-
-/// `GlobalNetworkSetSpec`.
-#[derive(Debug, Clone, Serialize)]
-struct NetworkSetSpec {
-    nets: Vec<String>,
-}
 
 /// Converts a Node into its network set. A node whose labels are invalid is skipped (its previous
 /// set is kept); addresses that do not parse are left out and reported.
@@ -48,7 +39,7 @@ pub fn node_to_network_set(node: &Node, _opts: &ConvertOptions) -> Converted {
         );
     }
     let mut skips = Vec::new();
-    let mut nets: Vec<String> = Vec::new();
+    let mut nets: Vec<IpNet> = Vec::new();
     let addresses = node
         .status
         .as_ref()
@@ -60,10 +51,7 @@ pub fn node_to_network_set(node: &Node, _opts: &ConvertOptions) -> Converted {
         }
         match a.address.parse::<IpAddr>() {
             Ok(ip) => {
-                let net = match ip {
-                    IpAddr::V4(_) => format!("{ip}/32"),
-                    IpAddr::V6(_) => format!("{ip}/128"),
-                };
+                let net = IpNet::from(ip);
                 if !nets.contains(&net) {
                     nets.push(net);
                 }
@@ -75,17 +63,11 @@ pub fn node_to_network_set(node: &Node, _opts: &ConvertOptions) -> Converted {
             )),
         }
     }
-    let o = v3::Object {
-        kind: "GlobalNetworkSet",
-        api_version: v3::API_VERSION,
-        metadata: v3::Meta {
-            name: set_name,
-            uid: node.metadata.uid.clone(),
-            creation_timestamp: timestamp(&node.metadata.creation_timestamp),
-            labels: labels.into_iter().collect::<BTreeMap<_, _>>(),
-            ..v3::Meta::default()
-        },
+    let mut meta = metadata(set_name, None, &node.metadata);
+    meta.labels = labels;
+    let o = GlobalNetworkSet {
+        metadata: meta,
         spec: NetworkSetSpec { nets },
     };
-    Converted::ok(CalicoResource::from_object(&o), skips)
+    Converted::ok(CalicoResource::from_model(o), skips)
 }

@@ -15,8 +15,25 @@ fn is_alnum(c: char) -> bool {
     c.is_ascii_alphanumeric()
 }
 
+/// A Kubernetes name, label or port name the API server would reject (the offending text).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("{0:?} is not a valid DNS label")]
+    DnsLabel(String),
+    #[error("{0:?} is not a valid DNS subdomain")]
+    DnsSubdomain(String),
+    #[error("label key {0:?} has an invalid prefix")]
+    LabelKeyPrefix(String),
+    #[error("label key {0:?} is invalid")]
+    LabelKey(String),
+    #[error("label value {0:?} is invalid")]
+    LabelValue(String),
+    #[error("{0:?} is not a valid port name")]
+    PortName(String),
+}
+
 /// RFC 1123 label: lowercase alphanumerics and `-`, starting and ending alphanumeric, at most 63.
-pub fn validate_dns_label(s: &str) -> Result<(), String> {
+pub fn validate_dns_label(s: &str) -> Result<(), NameError> {
     let ok = !s.is_empty()
         && s.len() <= 63
         && s.chars()
@@ -26,17 +43,17 @@ pub fn validate_dns_label(s: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("{s:?} is not a valid DNS label"))
+        Err(NameError::DnsLabel(s.to_string()))
     }
 }
 
 /// RFC 1123 subdomain: dot-separated DNS labels, at most 253 characters.
-pub fn validate_dns_subdomain(s: &str) -> Result<(), String> {
+pub fn validate_dns_subdomain(s: &str) -> Result<(), NameError> {
     let ok = !s.is_empty() && s.len() <= 253 && s.split('.').all(|p| validate_dns_label(p).is_ok());
     if ok {
         Ok(())
     } else {
-        Err(format!("{s:?} is not a valid DNS subdomain"))
+        Err(NameError::DnsSubdomain(s.to_string()))
     }
 }
 
@@ -51,34 +68,34 @@ fn validate_label_segment(s: &str) -> bool {
 }
 
 /// A label key: `[prefix/]name` with a DNS-subdomain prefix.
-pub fn validate_label_key(k: &str) -> Result<(), String> {
+pub fn validate_label_key(k: &str) -> Result<(), NameError> {
     let (prefix, name) = match k.split_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, k),
     };
     if let Some(p) = prefix {
-        validate_dns_subdomain(p).map_err(|_| format!("label key {k:?} has an invalid prefix"))?;
+        validate_dns_subdomain(p).map_err(|_| NameError::LabelKeyPrefix(k.to_string()))?;
     }
     if !validate_label_segment(name) {
-        return Err(format!("label key {k:?} is invalid"));
+        return Err(NameError::LabelKey(k.to_string()));
     }
     Ok(())
 }
 
 /// A label value: empty, or a label segment.
-pub fn validate_label_value(v: &str) -> Result<(), String> {
+pub fn validate_label_value(v: &str) -> Result<(), NameError> {
     if v.is_empty() || validate_label_segment(v) {
         Ok(())
     } else {
-        Err(format!("label value {v:?} is invalid"))
+        Err(NameError::LabelValue(v.to_string()))
     }
 }
 
 /// Checks every key and value; the error names the offending key.
 pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), (String, String)> {
     for (k, v) in labels {
-        validate_label_key(k).map_err(|e| (k.clone(), e))?;
-        validate_label_value(v).map_err(|e| (k.clone(), e))?;
+        validate_label_key(k).map_err(|e| (k.clone(), e.to_string()))?;
+        validate_label_value(v).map_err(|e| (k.clone(), e.to_string()))?;
     }
     Ok(())
 }
@@ -108,16 +125,16 @@ pub fn selector_from_label_selector(
     }
     for (k, v) in &labels {
         let field = format!("matchLabels.{k}");
-        validate_label_key(k).map_err(|e| (field.clone(), e))?;
-        validate_label_value(v).map_err(|e| (field.clone(), e))?;
+        validate_label_key(k).map_err(|e| (field.clone(), e.to_string()))?;
+        validate_label_value(v).map_err(|e| (field.clone(), e.to_string()))?;
         parts.push(format!("{k} == '{v}'"));
     }
     for (i, e) in exprs.iter().enumerate() {
         let field = format!("matchExpressions[{i}]");
-        validate_label_key(&e.key).map_err(|m| (format!("{field}.key"), m))?;
+        validate_label_key(&e.key).map_err(|m| (format!("{field}.key"), m.to_string()))?;
         let values = e.values.clone().unwrap_or_default();
         for v in &values {
-            validate_label_value(v).map_err(|m| (format!("{field}.values"), m))?;
+            validate_label_value(v).map_err(|m| (format!("{field}.values"), m.to_string()))?;
         }
         let list = values.join("', '");
         if !matches!(
@@ -219,6 +236,121 @@ mod tests {
             match_expressions: Some(vec![mk_req("a", "In", &[])]),
         };
         assert!(selector_from_label_selector(Some(&sel), true).is_err());
+    }
+
+    fn sel(labels: &[(&str, &str)], exprs: Vec<LabelSelectorRequirement>) -> LabelSelector {
+        LabelSelector {
+            match_labels: Some(
+                (labels.iter())
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            match_expressions: Some(exprs),
+        }
+    }
+
+    /// The text built here parses to the tree Calico parses from `k8sSelectorToCalico`'s text
+    /// (these cases were calc-graph's `selector/k8s.rs`, a second translation, now gone).
+    #[test]
+    fn parses_to_the_tree_calico_parses_from_its_text() {
+        use calc_graph::selector::parse;
+        type Case<'a> = (
+            Vec<(&'a str, &'a str)>,
+            Vec<LabelSelectorRequirement>,
+            &'a str,
+        );
+        let cases: Vec<Case<'_>> = vec![
+            (vec![], vec![], "all()"),
+            (vec![("app", "web")], vec![], "app == 'web'"),
+            (
+                vec![("tier", "db"), ("app", "web")],
+                vec![],
+                "app == 'web' && tier == 'db'",
+            ),
+            (
+                vec![("app", "web")],
+                vec![
+                    mk_req("env", "In", &["prod", "dev", "prod"]),
+                    mk_req("team", "NotIn", &["x"]),
+                    mk_req("k8s.io/role", "Exists", &[]),
+                    mk_req("legacy", "DoesNotExist", &[]),
+                ],
+                "app == 'web' && env in { 'prod', 'dev', 'prod' } && team not in { 'x' } && \
+                 has(k8s.io/role) && ! has(legacy)",
+            ),
+            (vec![], vec![mk_req("a", "Exists", &[])], "has(a)"),
+            (vec![("a", "")], vec![], "a == ''"),
+        ];
+        for (labels, exprs, calico_text) in cases {
+            let text = selector_from_label_selector(Some(&sel(&labels, exprs)), false).unwrap();
+            assert_eq!(parse(&text).unwrap(), parse(calico_text).unwrap(), "{text}");
+        }
+        // A pod selector: the orchestrator clause and the terms, one flat `&&`.
+        let text =
+            selector_from_label_selector(Some(&sel(&[("app", "db")], vec![])), true).unwrap();
+        let tree = parse(&text).unwrap();
+        assert_eq!(
+            tree,
+            parse("projectcalico.org/orchestrator == 'k8s' && app == 'db'").unwrap()
+        );
+        assert_eq!(
+            tree.canonical(),
+            r#"(projectcalico.org/orchestrator == "k8s" && app == "db")"#
+        );
+        let text = selector_from_label_selector(
+            Some(&sel(
+                &[],
+                vec![mk_req("app.kubernetes.io/name", "In", &["a-b_c.d"])],
+            )),
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            parse(&text).unwrap().canonical(),
+            r#"app.kubernetes.io/name in {"a-b_c.d"}"#
+        );
+    }
+
+    /// What the API server rejects is rejected, naming the field (cases from calc-graph's
+    /// `selector/k8s.rs`).
+    #[test]
+    fn rejects_what_the_api_server_rejects() {
+        let cases = [
+            (
+                mk_req("a", "Equals", &["x"]),
+                "matchExpressions[0].operator",
+            ),
+            (mk_req("a", "in", &["x"]), "matchExpressions[0].operator"),
+            (mk_req("a", "In", &[]), "matchExpressions[0].values"),
+            (mk_req("a", "NotIn", &[]), "matchExpressions[0].values"),
+            (mk_req("a", "Exists", &["x"]), "matchExpressions[0].values"),
+            (mk_req("", "Exists", &[]), "matchExpressions[0].key"),
+            (mk_req("a b", "Exists", &[]), "matchExpressions[0].key"),
+            (
+                mk_req("Bad_Prefix/a", "Exists", &[]),
+                "matchExpressions[0].key",
+            ),
+            (mk_req("a/b/c", "Exists", &[]), "matchExpressions[0].key"),
+            (mk_req("a", "In", &["it's"]), "matchExpressions[0].values"),
+            (
+                mk_req(&"k".repeat(64), "Exists", &[]),
+                "matchExpressions[0].key",
+            ),
+        ];
+        for (req, want) in cases {
+            for pod in [true, false] {
+                let s = sel(&[], vec![req.clone()]);
+                let (field, _) = selector_from_label_selector(Some(&s), pod).unwrap_err();
+                assert_eq!(field, want, "{req:?}");
+            }
+        }
+        let (field, _) =
+            selector_from_label_selector(Some(&sel(&[("app", "a\"b")], vec![])), false)
+                .unwrap_err();
+        assert_eq!(field, "matchLabels.app");
+        let (field, _) =
+            selector_from_label_selector(Some(&sel(&[("-app", "x")], vec![])), false).unwrap_err();
+        assert_eq!(field, "matchLabels.-app");
     }
 
     #[test]

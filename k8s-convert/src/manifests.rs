@@ -82,7 +82,7 @@ pub fn load_manifests(
             load_document(&f, i, doc, opts, &mut set);
         }
     }
-    convert::admin::add_admin_tiers(&mut set.resources, |r| r.json.as_str(), |t| t);
+    convert::admin::add_admin_tiers(&mut set.resources, |r| r.to_json().into(), |t| t);
     Ok(set)
 }
 
@@ -271,7 +271,7 @@ pub fn convert_value(v: &Value, opts: &ConvertOptions) -> Converted {
                 Err(r) => Converted::skipped(r, None),
             }
         }
-        (convert::v3::API_VERSION, _) => crate::v3_passthrough::convert_v3(v),
+        (calc_graph::model::API_VERSION, _) => crate::v3_passthrough::convert_v3(v),
         _ => Converted::skipped(
             SkipReport::new(
                 &obj,

@@ -8,11 +8,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 
+use calc_graph::model::{Action, Profile, ProfileSpec, Rule};
+
 use super::labels::validate_labels;
-use super::v3::{self, Rule};
-use super::{
-    CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, timestamp,
-};
+use super::{CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, metadata};
 
 /// Name prefix of namespace profiles.
 pub const KNS_PREFIX: &str = "kns.";
@@ -54,22 +53,15 @@ pub fn namespace_to_profile(ns: &Namespace, _opts: &ConvertOptions) -> Converted
             key,
         );
     }
-    let o = v3::Object {
-        kind: "Profile",
-        api_version: v3::API_VERSION,
-        metadata: v3::Meta {
-            name: profile,
-            uid: ns.metadata.uid.clone(),
-            creation_timestamp: timestamp(&ns.metadata.creation_timestamp),
-            ..v3::Meta::default()
-        },
-        spec: v3::ProfileSpec {
-            ingress: vec![Rule::allow_all()],
-            egress: vec![Rule::allow_all()],
+    let o = Profile {
+        metadata: metadata(profile, None, &ns.metadata),
+        spec: ProfileSpec {
+            ingress: vec![Rule::new(Action::Allow)],
+            egress: vec![Rule::new(Action::Allow)],
             labels_to_apply: prefixed_labels(&labels, "pcns.", name),
         },
     };
-    Converted::ok(CalicoResource::from_object(&o), Vec::new())
+    Converted::ok(CalicoResource::from_model(o), Vec::new())
 }
 
 /// Converts a ServiceAccount into its `ksa.<ns>.<sa>` profile.
@@ -96,22 +88,15 @@ pub fn service_account_to_profile(sa: &ServiceAccount, _opts: &ConvertOptions) -
             Some(key),
         );
     }
-    let o = v3::Object {
-        kind: "Profile",
-        api_version: v3::API_VERSION,
-        metadata: v3::Meta {
-            name: profile,
-            uid: sa.metadata.uid.clone(),
-            creation_timestamp: timestamp(&sa.metadata.creation_timestamp),
-            ..v3::Meta::default()
-        },
-        spec: v3::ProfileSpec {
+    let o = Profile {
+        metadata: metadata(profile, None, &sa.metadata),
+        spec: ProfileSpec {
             ingress: Vec::new(),
             egress: Vec::new(),
             labels_to_apply: prefixed_labels(&labels, "pcsa.", name),
         },
     };
-    Converted::ok(CalicoResource::from_object(&o), Vec::new())
+    Converted::ok(CalicoResource::from_model(o), Vec::new())
 }
 
 #[cfg(test)]
@@ -121,7 +106,7 @@ mod tests {
     fn labels_to_apply(ns: serde_json::Value) -> serde_json::Value {
         let ns: Namespace = serde_json::from_value(ns).unwrap();
         let c = namespace_to_profile(&ns, &ConvertOptions::default());
-        let json: serde_json::Value = serde_json::from_str(&c.resource.unwrap().json).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&c.resource.unwrap().to_json()).unwrap();
         json["spec"]["labelsToApply"].clone()
     }
 

@@ -11,12 +11,14 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use sha1::{Digest, Sha1};
 
+use calc_graph::model::{EndpointPort, Protocol, WorkloadEndpoint, WorkloadEndpointSpec};
+use ipnet::IpNet;
+
 use super::labels::validate_labels;
 use super::namespace::{KNS_PREFIX, KSA_PREFIX};
 use super::networkpolicy::validate_port_name;
-use super::v3::{self, EndpointPort};
 use super::{
-    CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, timestamp,
+    CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, metadata, non_empty,
 };
 
 /// The host-side veth name: prefix + first 11 hex characters of SHA-1(`<ns>.<pod>`).
@@ -40,10 +42,10 @@ pub fn pod_to_workload_endpoint(pod: &Pod, opts: &ConvertOptions) -> Converted {
         Converted::skipped(SkipReport::new(&obj, field, msg), key)
     };
     if let Err(e) = super::validate_dns_label(ns) {
-        return fail("metadata.namespace", e, None);
+        return fail("metadata.namespace", e.to_string(), None);
     }
     if let Err(e) = super::validate_dns_subdomain(name) {
-        return fail("metadata.name", e, None);
+        return fail("metadata.name", e.to_string(), None);
     }
     let Some(spec) = pod.spec.as_ref() else {
         return Converted::none();
@@ -55,7 +57,7 @@ pub fn pod_to_workload_endpoint(pod: &Pod, opts: &ConvertOptions) -> Converted {
         return Converted::none();
     };
     if let Err(e) = super::validate_dns_subdomain(node) {
-        return fail("spec.nodeName", e, None);
+        return fail("spec.nodeName", e.to_string(), None);
     }
     let status = pod.status.as_ref();
     if matches!(
@@ -67,7 +69,7 @@ pub fn pod_to_workload_endpoint(pod: &Pod, opts: &ConvertOptions) -> Converted {
     let wep_name = workload_endpoint_name(node, name);
     let key = match etcd_key("WorkloadEndpoint", Some(ns), &wep_name) {
         Ok(k) => k,
-        Err(e) => return fail("metadata.name", e, None),
+        Err(e) => return fail("metadata.name", e.to_string(), None),
     };
 
     // IPs: status.podIPs, else status.podIP.
@@ -81,8 +83,7 @@ pub fn pod_to_workload_endpoint(pod: &Pod, opts: &ConvertOptions) -> Converted {
     let mut ip_networks = Vec::new();
     for (i, ip) in raw_ips.iter().enumerate() {
         match ip.parse::<IpAddr>() {
-            Ok(IpAddr::V4(a)) => ip_networks.push(format!("{a}/32")),
-            Ok(IpAddr::V6(a)) => ip_networks.push(format!("{a}/128")),
+            Ok(a) => ip_networks.push(IpNet::from(a)),
             Err(_) => {
                 return fail(
                     &format!("status.podIPs[{i}]"),
@@ -102,7 +103,7 @@ pub fn pod_to_workload_endpoint(pod: &Pod, opts: &ConvertOptions) -> Converted {
         .filter(|s| !s.is_empty())
         .unwrap_or("default");
     if let Err(e) = super::validate_dns_subdomain(sa) {
-        return fail("spec.serviceAccountName", e, Some(key));
+        return fail("spec.serviceAccountName", e.to_string(), Some(key));
     }
 
     let mut labels: BTreeMap<String, String> = pod
@@ -150,40 +151,35 @@ pub fn pod_to_workload_endpoint(pod: &Pod, opts: &ConvertOptions) -> Converted {
         Err(e) => {
             return fail(
                 &format!("metadata.annotations[{ALLOWED_SOURCE_PREFIXES}]"),
-                e,
+                e.to_string(),
                 Some(key),
             );
         }
     };
 
-    let o = v3::Object {
-        kind: "WorkloadEndpoint",
-        api_version: v3::API_VERSION,
-        metadata: v3::Meta {
-            name: wep_name,
-            namespace: Some(ns.to_string()),
-            uid: pod.metadata.uid.clone(),
-            creation_timestamp: timestamp(&pod.metadata.creation_timestamp),
-            labels,
-        },
-        spec: v3::WorkloadEndpointSpec {
-            orchestrator: "k8s",
-            node: node.to_string(),
+    let mut meta = metadata(wep_name, Some(ns), &pod.metadata);
+    meta.labels = labels;
+    let o = WorkloadEndpoint {
+        metadata: meta,
+        spec: WorkloadEndpointSpec {
+            orchestrator: Some("k8s".to_string()),
+            node: Some(node.to_string()),
             container_id,
-            pod: name.to_string(),
-            endpoint: "eth0",
-            service_account_name: sa.to_string(),
+            pod: non_empty(name.to_string()),
+            endpoint: Some("eth0".to_string()),
+            service_account_name: Some(sa.to_string()),
             ip_networks,
             profiles: vec![
                 format!("{KNS_PREFIX}{ns}"),
                 format!("{KSA_PREFIX}{ns}.{sa}"),
             ],
-            interface_name: interface_name(&opts.interface_prefix, ns, name),
+            interface_name: Some(interface_name(&opts.interface_prefix, ns, name)),
             ports,
             allow_spoofed_source_prefixes,
+            ..WorkloadEndpointSpec::default()
         },
     };
-    Converted::ok(CalicoResource::from_object(&o), Vec::new())
+    Converted::ok(CalicoResource::from_model(o), Vec::new())
 }
 
 /// The pod annotation with the extra source prefixes a pod may send from (honoured only where the
@@ -193,16 +189,31 @@ pub const ALLOWED_SOURCE_PREFIXES: &str = "cni.projectcalico.org/allowedSourcePr
 /// Parses the allowedSourcePrefixes annotation, as Calico does: a JSON list of CIDRs, each
 /// normalised to its network address (`10.0.0.5/24` -> `10.0.0.0/24`). A plain address is
 /// refused, as by Calico's `ParseCIDR`.
-fn parse_allowed_source_prefixes(annotation: &str) -> Result<Vec<String>, String> {
-    let list: Vec<String> = serde_json::from_str(annotation)
-        .map_err(|e| format!("{annotation:?} is not a JSON list of CIDR strings: {e}"))?;
+fn parse_allowed_source_prefixes(annotation: &str) -> Result<Vec<IpNet>, PrefixAnnotationError> {
+    let list: Vec<String> =
+        serde_json::from_str(annotation).map_err(|source| PrefixAnnotationError::NotAList {
+            annotation: annotation.to_string(),
+            source,
+        })?;
     list.iter()
         .map(|p| {
             p.parse::<ipnet::IpNet>()
-                .map(|n| n.trunc().to_string())
-                .map_err(|_| format!("{p:?} is not a CIDR (want e.g. \"10.0.0.0/24\")"))
+                .map(|n| n.trunc())
+                .map_err(|_| PrefixAnnotationError::NotACidr(p.clone()))
         })
         .collect()
+}
+
+/// Why the allowedSourcePrefixes annotation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PrefixAnnotationError {
+    #[error("{annotation:?} is not a JSON list of CIDR strings: {source}")]
+    NotAList {
+        annotation: String,
+        source: serde_json::Error,
+    },
+    #[error("{0:?} is not a CIDR (want e.g. \"10.0.0.0/24\")")]
+    NotACidr(String),
 }
 
 /// Named container ports (init containers first, as the pod spec lists them).
@@ -216,10 +227,11 @@ fn endpoint_ports<'a>(
                 continue;
             };
             let field = format!("{path}.ports[{j}]");
-            validate_port_name(pname).map_err(|m| (format!("{field}.name"), m))?;
+            validate_port_name(pname).map_err(|m| (format!("{field}.name"), m.to_string()))?;
             let protocol = match p.protocol.as_deref() {
-                None | Some("") => "TCP",
-                Some(s @ ("TCP" | "UDP" | "SCTP")) => s,
+                None | Some("" | "TCP") => Protocol::Tcp,
+                Some("UDP") => Protocol::Udp,
+                Some("SCTP") => Protocol::Sctp,
                 Some(other) => {
                     return Err((
                         format!("{field}.protocol"),
@@ -238,14 +250,14 @@ fn endpoint_ports<'a>(
                 })?;
             let host_port = p
                 .host_port
-                .map(|h| u16::try_from(h).unwrap_or(0))
-                .unwrap_or(0);
+                .and_then(|h| u16::try_from(h).ok())
+                .filter(|h| *h != 0);
             out.push(EndpointPort {
                 name: pname.to_string(),
-                protocol: protocol.to_string(),
+                protocol,
                 port,
                 host_port,
-                host_ip: p.host_ip.clone().unwrap_or_default(),
+                host_ip: p.host_ip.clone().and_then(non_empty),
             });
         }
     }
@@ -285,7 +297,7 @@ mod tests {
             &opts,
         );
         assert!(c.skips.is_empty());
-        assert!(c.resource.unwrap().json.contains("\"web\""));
+        assert!(c.resource.unwrap().to_json().contains("\"web\""));
     }
 
     #[test]
