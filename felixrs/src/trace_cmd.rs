@@ -16,7 +16,6 @@ use anyhow::{Context, bail};
 use calc_graph::proto::{Action, IpVersion, Output};
 use iptables::desired::TableName;
 use iptables::render::Renderer;
-use iptables::render::ir::Match;
 use iptables::render::static_chains::verdict_of_chain;
 use iptables::render::trace::{self, Effect, Outcome, Packet, RendererRules};
 use iptables::render::{names, static_chains};
@@ -499,11 +498,9 @@ fn net_set_lines(view: &NodeView, v: IpVersion, step: &trace::Step, indent: &str
     let rule = (view.renderer.chain(v, TableName::Filter, &step.chain))
         .and_then(|c| c.get(step.rule.checked_sub(1)?));
     let mut out = String::new();
-    for m in rule.map_or(&[][..], |r| &r.matches[..]) {
-        if let Match::NetSet { name, nets, .. } = m {
-            let list: Vec<String> = nets.iter().map(ToString::to_string).collect();
-            let _ = writeln!(out, "{indent}  set {name} holds {}", list.join(", "));
-        }
+    for (name, nets) in rule.map_or(&[][..], |r| r.net_sets()) {
+        let list: Vec<String> = nets.iter().map(ToString::to_string).collect();
+        let _ = writeln!(out, "{indent}  set {name} holds {}", list.join(", "));
     }
     out
 }

@@ -25,8 +25,8 @@ use calc_graph::proto::{self, IpVersion, PolicyKind};
 
 use crate::model::Counters;
 use crate::model::TableName;
+use crate::model::{Rule, Target};
 use crate::parse::scan_counters;
-use crate::render::ir::Target;
 use crate::render::static_chains::verdict_of_chain;
 use crate::render::{Renderer, names};
 
@@ -134,16 +134,18 @@ impl Attribution {
         let pass = renderer.marks().pass;
         let classify = |t: &Option<Target>| match t {
             Some(Target::Drop) => Some(Action::Deny),
-            Some(Target::Goto(c)) => verdict_of_chain(c).map(|a| match a {
+            Some(Target::Goto(c)) => verdict_of_chain(c.as_str()).map(|a| match a {
                 proto::Action::Allow => Action::Allow,
                 proto::Action::Pass => Action::Pass,
                 proto::Action::Deny => Action::Deny,
                 proto::Action::Log => Action::Log,
             }),
-            Some(Target::SetMark { value, .. }) if value & accept != 0 => Some(Action::Allow),
-            Some(Target::SetMark { value, .. }) if value & pass != 0 => Some(Action::Pass),
+            Some(Target::Mark { value, .. }) if value & accept != 0 => Some(Action::Allow),
+            Some(Target::Mark { value, .. }) if value & pass != 0 => Some(Action::Pass),
             // A deny-log rule (`D…` prefix) logs what the DROP after it counts.
-            Some(Target::Nflog { prefix, .. }) if prefix.starts_with('D') => None,
+            Some(Target::Nflog {
+                prefix: Some(p), ..
+            }) if p.as_str().starts_with('D') => None,
             Some(Target::Log { .. } | Target::Nflog { .. }) => Some(Action::Log),
             _ => None,
         };
@@ -195,7 +197,7 @@ impl Attribution {
                     .into_iter()
                     .flatten()
                     .filter_map(|r| match &r.target {
-                        Some(Target::Goto(c)) => Some(c.clone()),
+                        Some(Target::Goto(c)) => Some(c.as_str().to_string()),
                         _ => None,
                     });
                 let chains: Vec<String> = std::iter::once(own.clone()).chain(shared).collect();
@@ -207,7 +209,7 @@ impl Attribution {
                         if rule.target != Some(Target::Drop) {
                             return None;
                         }
-                        let comment = rule.comments.first()?;
+                        let comment = rule.first_comment()?;
                         let (source, tier) = if comment == NO_PROFILE {
                             (Source::ProfileEnd, String::new())
                         } else {
@@ -235,7 +237,7 @@ impl Attribution {
         renderer: &Renderer,
         v: IpVersion,
         chain: &str,
-        mut key_of: impl FnMut(&crate::render::ir::Rule) -> Option<CounterKey>,
+        mut key_of: impl FnMut(&Rule) -> Option<CounterKey>,
     ) {
         let Some(rules) = renderer.chain(v, TableName::Filter, chain) else {
             return;
@@ -249,7 +251,9 @@ impl Attribution {
             return;
         };
         for (rule, d) in rules.iter().zip(desired) {
-            let Some(key) = key_of(rule) else { continue };
+            let Some(key) = key_of(rule.model()) else {
+                continue;
+            };
             let index = match self.index.get(&key) {
                 Some(&i) => i,
                 None => {

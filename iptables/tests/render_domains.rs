@@ -130,8 +130,7 @@ fn a_domain_rule_matches_its_set_as_felix_matches_a_destination_ip_set() {
         );
         let ir = r.chain(v, TableName::Filter, &chain).unwrap();
         assert_eq!(ir[0].felix_text(), felix);
-        let texts: Vec<String> = ir.iter().map(|x| x.felix_text()).collect();
-        let want = rule_hashes(&chain, texts.iter().map(String::as_str));
+        let want = rule_hashes(&chain, ir.iter().map(|x| x.felix_text()));
         assert_eq!(rules[0].hash, want[0]);
         assert_eq!(
             rules[0].body,

@@ -14,7 +14,8 @@ use std::net::IpAddr;
 use calc_graph::proto::*;
 use ipnet::IpNet;
 use iptables::desired::{IpSetSpec, TableName};
-use iptables::render::ir::{Match, Rule, Target};
+use iptables::model::{Match, Target};
+use iptables::render::build::Rule;
 use iptables::render::static_chains::{VERDICT_ACCEPT, VERDICT_DROP, VERDICT_PASS, verdict_chains};
 use iptables::render::{MarkBits, RenderConfig, Renderer, trace};
 use proptest::prelude::*;
@@ -168,13 +169,15 @@ struct OneChain<'a> {
 }
 
 impl trace::Rules for OneChain<'_> {
-    fn chain(&self, name: &str) -> Option<&[Rule]> {
-        if name == "under-test" {
-            return Some(self.rules);
-        }
-        (self.verdicts.iter())
-            .find(|(n, _)| n == name)
-            .map(|(_, r)| r.as_slice())
+    fn chain(&self, name: &str) -> Option<Vec<&iptables::model::Rule>> {
+        let rules = if name == "under-test" {
+            self.rules
+        } else {
+            (self.verdicts.iter())
+                .find(|(n, _)| n == name)
+                .map(|(_, r)| r.as_slice())?
+        };
+        Some(rules.iter().map(Rule::model).collect())
     }
     fn set_contains(&self, name: &str, addr: IpAddr, proto: u8, port: u16) -> Option<bool> {
         let spec = self.sets.get(name)?;
@@ -226,14 +229,13 @@ fn eval_chain(
 ) -> Verdict {
     for r in rules {
         // iptables refuses these combinations; the renderer must never produce them.
-        let has_proto = r
-            .matches
-            .iter()
-            .any(|m| matches!(m, Match::Protocol { negated: false, .. }));
-        if r.matches
-            .iter()
-            .any(|m| matches!(m, Match::Ports { .. } | Match::Icmp { .. }))
-        {
+        let has_proto = r.protocol.as_ref().is_some_and(|p| !p.negated);
+        if r.matches.iter().any(|m| {
+            matches!(
+                m,
+                Match::Multiport { .. } | Match::Icmp { .. } | Match::Icmpv6 { .. }
+            )
+        }) {
             assert!(has_proto, "ports/icmp without -p: {r:?}");
         }
         let to_verdict = matches!(&r.target, Some(Target::Goto(c))

@@ -91,8 +91,8 @@ fn static_chain_ids_equal_felix_dump() {
     );
 }
 
-fn felix_lines(rules: &[iptables::render::ir::Rule]) -> Vec<String> {
-    rules.iter().map(|r| r.felix_text()).collect()
+fn felix_lines(rules: &[iptables::render::build::Rule]) -> Vec<String> {
+    rules.iter().map(|r| r.felix_text().to_string()).collect()
 }
 
 fn ctx_render(rule: &calc_graph::proto::ParsedRule) -> Vec<String> {

@@ -110,7 +110,7 @@ fn hostile_policy_profile_tier_and_annotation_values_stay_in_their_tokens() {
             let rules = r.chain(v, TableName::Filter, name).unwrap();
             let targets: Vec<_> = rules.iter().map(|r| r.target.clone()).collect();
             assert!(!targets.is_empty());
-            for c in rules.iter().flat_map(|r| &r.comments) {
+            for c in rules.iter().flat_map(|r| r.comments()) {
                 assert!(c.len() <= 255);
                 assert!(!c.contains(['"', '\'', '\\', '\n', '\t']), "{c:?}");
             }
@@ -120,7 +120,7 @@ fn hostile_policy_profile_tier_and_annotation_values_stay_in_their_tokens() {
     let tw = endpoint_rules(&r, IpVersion::V4, "cali-tw-cali12345").unwrap();
     let jumps = tw
         .iter()
-        .filter(|r| matches!(r.target, Some(iptables::render::ir::Target::Jump(_))))
+        .filter(|r| matches!(r.target, Some(model::Target::Jump(_))))
         .count();
     assert_eq!(jumps, names.len() * 2);
 }
@@ -194,10 +194,7 @@ fn hostile_log_prefix_config_is_sanitised() {
     let rules = r
         .chain(IpVersion::V4, TableName::Filter, "cali-pi-np/ns/p")
         .unwrap();
-    let m = rules[0]
-        .to_model(&model::ChainName::new("cali-pi-np/ns/p").unwrap(), None)
-        .unwrap();
-    match &m.target {
+    match &rules[0].target {
         Some(model::Target::Log {
             prefix: Some(p),
             level: Some(5),

@@ -95,7 +95,7 @@ fn masquerade_from_nat_pools_to_outside_all_pools_per_family() {
     );
     // The rule id is hashed over Felix's own text of the rule (match_builder.go SourceIPSet /
     // NotDestIPSet, actions.go MasqAction with MASQFullyRandom).
-    let felix: Vec<String> = r
+    let felix: Vec<&str> = r
         .chain(v4, TableName::Nat, "cali-nat-outgoing")
         .unwrap()
         .iter()

@@ -6,10 +6,13 @@
 mod render_support;
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use calc_graph::proto::*;
+use ipnet::IpNet;
 use iptables::desired::{IpSetSpec, TableName};
-use iptables::render::ir::{Match, Rule, Target};
+use iptables::model::{Match, SetDir, Target};
+use iptables::render::build::Rule;
 use iptables::render::{RenderConfig, Renderer, names};
 use render_support::*;
 
@@ -93,9 +96,31 @@ fn policy_chain<'a>(r: &'a Renderer, v: IpVersion, name: &str) -> &'a [Rule] {
         .unwrap()
 }
 
-fn net_sets(rule: &Rule) -> Vec<&Match> {
-    (rule.matches.iter())
-        .filter(|m| matches!(m, Match::NetSet { .. }))
+/// A rule's match on a net set: its name, side, the set's members and negation.
+struct NetSetMatch<'a> {
+    name: &'a String,
+    side: SetDir,
+    nets: &'a Arc<[IpNet]>,
+    negated: bool,
+}
+
+fn net_sets(rule: &Rule) -> Vec<NetSetMatch<'_>> {
+    (rule.net_sets().iter())
+        .flat_map(|(name, nets)| {
+            rule.matches.iter().filter_map(move |m| match m {
+                Match::Set {
+                    name: n,
+                    dirs,
+                    negated,
+                } if n.as_str() == name => Some(NetSetMatch {
+                    name,
+                    side: dirs[0],
+                    nets,
+                    negated: *negated,
+                }),
+                _ => None,
+            })
+        })
         .collect()
 }
 
@@ -104,9 +129,7 @@ fn scratch_rules(r: &Renderer, rules: &[Rule]) -> usize {
     let scratch = r.marks().scratch0 | r.marks().scratch1;
     (rules.iter())
         .filter(|rule| match rule.target {
-            Some(Target::SetMark { mask, .. }) | Some(Target::ClearMark(mask)) => {
-                mask & !scratch == 0
-            }
+            Some(Target::Mark { mask, .. }) => mask & !scratch == 0,
             _ => false,
         })
         .count()
@@ -141,13 +164,13 @@ fn heavy_rules_render_as_one_rule_each_with_a_set_in_both_families() {
         };
         for (rule, want, negated) in [(with_sets[0], fam, false), (with_sets[1], neg_fam, true)] {
             let [
-                Match::NetSet {
+                NetSetMatch {
                     name,
                     side,
                     nets,
                     negated: n,
                 },
-            ] = net_sets(rule)[..]
+            ] = &net_sets(rule)[..]
             else {
                 panic!("one set match: {rule:?}");
             };
@@ -155,7 +178,7 @@ fn heavy_rules_render_as_one_rule_each_with_a_set_in_both_families() {
                 name.starts_with(prefix) && name.len() <= names::MAX_IPSET_NAME_LEN,
                 "{name}"
             );
-            assert_eq!((*side, *n), (iptables::render::ir::Side::Src, negated));
+            assert_eq!((*side, *n), (SetDir::Src, negated));
             let want: BTreeSet<IpSetMember> =
                 want.iter().map(|s| IpSetMember::Net(net(s))).collect();
             assert_eq!(
@@ -165,7 +188,7 @@ fn heavy_rules_render_as_one_rule_each_with_a_set_in_both_families() {
                 want
             );
             // The kernel set holds exactly those nets, and the rule reads it as iptables-save prints.
-            assert_eq!(d.ip_sets[name], IpSetSpec::new(IpSetKind::Net, want));
+            assert_eq!(d.ip_sets[*name], IpSetSpec::new(IpSetKind::Net, want));
             let body = (d.tables[&F].chains.values().flatten())
                 .map(|x| x.body.clone())
                 .find(|b| b.contains(name.as_str()))
@@ -201,7 +224,7 @@ fn inlined_layout_keeps_felixs_or_blocks() {
     let marks = *r.marks();
     let (ab, scratch) = (marks.scratch0, marks.scratch0 | marks.scratch1);
     let chain = policy_chain(&r, IpVersion::V4, "heavy");
-    let text: Vec<String> = chain.iter().map(Rule::felix_text).collect();
+    let text: Vec<&str> = chain.iter().map(Rule::felix_text).collect();
     let hex = |v: u32| format!("{v:#x}");
     // Rule 1's block (two nets) and rule 2's negated block, as Felix writes them.
     let rule1 = [
@@ -262,11 +285,7 @@ fn inlined_layout_keeps_felixs_or_blocks() {
 fn chain_sets(r: &Renderer, v: IpVersion) -> BTreeSet<String> {
     (r.chain_names(v, F).into_iter())
         .flat_map(|c| r.chain(v, F, c).unwrap())
-        .flat_map(|rule| &rule.matches)
-        .filter_map(|m| match m {
-            Match::NetSet { name, .. } => Some(name.clone()),
-            _ => None,
-        })
+        .flat_map(|rule| net_sets(rule).into_iter().map(|m| m.name.clone()))
         .collect()
 }
 
@@ -294,8 +313,8 @@ fn equal_lists_share_one_set_which_goes_with_the_last_policy() {
     }
     let sets_of = |r: &Renderer, p: &str, v| -> BTreeSet<String> {
         (policy_chain(r, v, p).iter())
-            .flat_map(|x| net_sets(x))
-            .filter_map(|m| m.set_name().map(str::to_string))
+            .flat_map(net_sets)
+            .map(|m| m.name.clone())
             .collect()
     };
     for v in [IpVersion::V4, IpVersion::V6] {
@@ -381,7 +400,7 @@ fn single_nets_and_port_blocks_are_left_as_they_were() {
         vec![policy("p", rules)],
         vec![endpoint("a", "cali0", &["p"])],
     );
-    let text: Vec<String> = policy_chain(&r, IpVersion::V4, "p")
+    let text: Vec<&str> = policy_chain(&r, IpVersion::V4, "p")
         .iter()
         .map(Rule::felix_text)
         .collect();

@@ -11,7 +11,7 @@ use std::net::IpAddr;
 
 use calc_graph::proto::*;
 use iptables::desired::{DesiredRule, IpSetSpec, TableName};
-use iptables::render::ir::Target;
+use iptables::model::{ChainName, Target};
 use iptables::render::{RenderConfig, Renderer, dispatch, names, trace};
 use proptest::prelude::*;
 use render_support::*;
@@ -160,12 +160,12 @@ fn check_references(r: &Renderer) -> Result<(), TestCaseError> {
             for rule in r.chain(v, F, name).unwrap() {
                 if let Some(Target::Jump(t) | Target::Goto(t)) = &rule.target {
                     prop_assert!(chains.contains(t.as_str()), "{name} -> missing {t}");
-                    if names::is_shared_chain(t) {
+                    if names::is_shared_chain(t.as_str()) {
                         prop_assert!(
                             name.starts_with("cali-tw-") || name.starts_with("cali-fw-"),
                             "{name} -> {t}"
                         );
-                        gone_to.insert(t.clone());
+                        gone_to.insert(t.as_str().to_string());
                     }
                 }
             }
@@ -243,7 +243,7 @@ fn endpoints_with_the_same_policies_share_one_chain_per_direction() {
             assert_eq!(rules.len(), 1);
             assert_eq!(
                 rules.last().unwrap().target,
-                Some(Target::Goto(name.to_string()))
+                Some(Target::Goto(ChainName::new(name).unwrap()))
             );
         }
     }
@@ -336,11 +336,11 @@ fn shared_chain_comments_name_the_policies_and_profiles() {
     assert!(r.apply_all(outputs).is_empty());
     assert!(r.flush().is_empty());
     let name = r.shared_chain(&ep_id(0), true).unwrap();
-    let comments: Vec<&String> = r
+    let comments: Vec<&str> = r
         .chain(IpVersion::V4, F, name)
         .unwrap()
         .iter()
-        .flat_map(|rule| &rule.comments)
+        .flat_map(|rule| rule.comments())
         .collect();
     // combination 2, ingress: security p2; default p0 (2*3+2 = 8) and p7; profile kns.ns0.
     for want in [
@@ -350,7 +350,7 @@ fn shared_chain_comments_name_the_policies_and_profiles() {
         "NetworkPolicy ns/p7",
         "Profile kns.ns0",
     ] {
-        assert!(comments.iter().any(|c| *c == want), "{want}: {comments:?}");
+        assert!(comments.contains(&want), "{want}: {comments:?}");
     }
 }
 

@@ -5,7 +5,7 @@ mod render_support;
 
 use calc_graph::proto::*;
 use iptables::desired::{IpSetKind as SetKind, TableName};
-use iptables::render::ir::Target;
+use iptables::model::{ChainName, Target, Text};
 use iptables::render::{LogAction, RenderConfig, RenderError, Renderer};
 use render_support::*;
 
@@ -225,7 +225,7 @@ fn ip_sets_are_split_by_family_and_emitted_only_where_referenced() {
         let tw = endpoint_rules(&r, v, "cali-tw-cali2").unwrap();
         assert!(
             tw.iter()
-                .any(|x| x.target == Some(Target::Jump("cali-pi-np/ns/p".into())))
+                .any(|x| x.target == Some(Target::Jump(ChainName::new("cali-pi-np/ns/p").unwrap())))
         );
         assert_eq!(tw.last().unwrap().target, Some(Target::Drop));
     }
@@ -255,7 +255,7 @@ fn ip_sets_are_split_by_family_and_emitted_only_where_referenced() {
 fn v6_workloads_may_send_ndp_to_the_host() {
     let r = mk_renderer(vec![]);
     let rules = r.chain(IpVersion::V6, F, "cali-wl-to-host").unwrap();
-    let texts: Vec<String> = rules.iter().map(|r| r.felix_text()).collect();
+    let texts: Vec<String> = rules.iter().map(|r| r.felix_text().to_string()).collect();
     for t in [130, 131, 132, 133, 135, 136] {
         assert!(
             texts.contains(&format!("-p 58 -m icmp6 --icmpv6-type {t} --jump ACCEPT")),
@@ -263,7 +263,7 @@ fn v6_workloads_may_send_ndp_to_the_host() {
         );
     }
     assert!(!texts.iter().any(|t| t.contains("icmpv6-type 134")));
-    let v4: Vec<String> = r
+    let v4: Vec<&str> = r
         .chain(IpVersion::V4, F, "cali-wl-to-host")
         .unwrap()
         .iter()
@@ -308,7 +308,7 @@ fn dispatch_tree_reaches_every_interface_and_drops_the_rest() {
         );
         for rule in rules {
             if let Some(Target::Goto(t)) = &rule.target
-                && let Some(iface) = t.strip_prefix("cali-fw-")
+                && let Some(iface) = t.as_str().strip_prefix("cali-fw-")
             {
                 reached.insert(iface.to_string());
             }
@@ -482,15 +482,22 @@ fn nflog_log_action_names_the_policy() {
     assert_eq!(
         rules[0].target,
         Some(Target::Nflog {
+            prefix: Some(Text::new("LPI0|np/prod/web").unwrap()),
             group: 7,
-            prefix: "LPI0|np/prod/web".into()
+            len: None,
+            threshold: None,
         })
     );
     let name = iptables::render::names::policy_chain_name(&long, true);
     let rules = r.chain(IpVersion::V4, F, &name).unwrap();
-    let Some(Target::Nflog { prefix, .. }) = &rules.last().unwrap().target else {
+    let Some(Target::Nflog {
+        prefix: Some(prefix),
+        ..
+    }) = &rules.last().unwrap().target
+    else {
         panic!("{rules:?}")
     };
+    let prefix = prefix.as_str();
     assert!(
         prefix.starts_with("LPI1|_") && prefix.len() <= 63,
         "{prefix}"

@@ -356,6 +356,14 @@ impl Match {
         Ok(Self::Comment(Text::new(s)?))
     }
 
+    /// The IP set this match reads, if it is `-m set`.
+    pub fn set_name(&self) -> Option<&str> {
+        match self {
+            Self::Set { name, .. } => Some(name.as_str()),
+            _ => None,
+        }
+    }
+
     /// The module name (`comment`, `conntrack`, …).
     pub fn module(&self) -> &str {
         match self {

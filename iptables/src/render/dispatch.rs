@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use super::ir::{Match, Rule, Target};
+use super::build::{Match, Rule, Target};
 use super::names;
 
 pub const FROM_WL_DISPATCH: &str = "cali-from-wl-dispatch";

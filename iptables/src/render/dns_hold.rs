@@ -30,7 +30,7 @@ use calc_graph::proto::{IpVersion, Protocol};
 use ipnet::IpNet;
 
 use super::RenderConfig;
-use super::ir::{Match, Rule, Target};
+use super::build::{Match, Rule, Target};
 use super::static_chains::wildcard;
 use crate::desired::HookPosition;
 
@@ -57,7 +57,7 @@ pub fn mangle_chains(cfg: &RenderConfig, v: IpVersion) -> Vec<(String, Vec<Rule>
                         vec![
                             Match::OutIface(wildcard(prefix)),
                             Match::Net {
-                                side: super::ir::Side::Src,
+                                side: super::build::Side::Src,
                                 net: IpNet::from(server.ip()),
                                 negated: false,
                             },

@@ -18,7 +18,7 @@
 
 use calc_graph::proto::{Action, LocalEndpoint, Protocol};
 
-use super::ir::{CtStates, Match, Rule, Side, Target};
+use super::build::{CtStates, Match, Rule, Side, Target};
 use super::marks::MarkBits;
 use super::names;
 use super::rule::DenyLog;

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use calc_graph::proto::IpVersion;
 use ipnet::IpNet;
 
+use super::build::Rule;
 use super::hash::rule_hashes;
-use super::ir::{Match, Rule};
 use crate::desired::{DesiredRule, DesiredState, HookPosition, HookRule, IpSetSpec, TableName};
 
 /// An IP set that changed in a family: its new content, or `None` when it is no longer wanted.
@@ -60,11 +60,17 @@ pub(super) struct Family {
     pub(super) sets_dirty: BTreeSet<String>,
 }
 
-fn set_matches(rules: &[Rule]) -> impl Iterator<Item = (&str, &Match)> {
+/// The IP sets the rules name, once per match.
+fn set_names(rules: &[Rule]) -> impl Iterator<Item = &str> {
     rules
         .iter()
-        .flat_map(|r| r.matches.iter())
-        .filter_map(|m| Some((m.set_name()?, m)))
+        .flat_map(|r| &r.matches)
+        .filter_map(|m| m.set_name())
+}
+
+/// The members of the net sets the rules name.
+fn net_set_members(rules: &[Rule]) -> impl Iterator<Item = &(String, Arc<[IpNet]>)> {
+    rules.iter().flat_map(|r| r.net_sets())
 }
 
 impl Family {
@@ -81,21 +87,23 @@ impl Family {
         }
     }
 
-    pub(super) fn set_chain(&mut self, table: TableName, name: String, rules: Vec<Rule>) {
+    pub(super) fn set_chain(&mut self, table: TableName, name: String, mut rules: Vec<Rule>) {
         let key = (table, name);
         if self.chains.get(&key).is_some_and(|c| *c == rules) {
             return;
         }
-        let bodies: Vec<String> = rules.iter().map(Rule::felix_text).collect();
-        let hashes = rule_hashes(&key.1, bodies.iter().map(String::as_str));
-        let desired = desired_rules(&key.1, hashes, &rules);
-        for (s, m) in set_matches(&rules) {
+        place(&key.1, &mut rules);
+        let hashes = rule_hashes(&key.1, rules.iter().map(Rule::felix_text));
+        let desired = desired_rules(hashes, &rules);
+        for (s, nets) in net_set_members(&rules) {
+            if !self.set_refs.contains_key(s) {
+                self.net_sets.insert(s.clone(), nets.clone());
+            }
+        }
+        for s in set_names(&rules) {
             let n = self.set_refs.entry(s.to_string()).or_default();
             *n += 1;
             if *n == 1 {
-                if let Match::NetSet { nets, .. } = m {
-                    self.net_sets.insert(s.to_string(), nets.clone());
-                }
                 self.set_changed(s);
             }
         }
@@ -141,7 +149,7 @@ impl Family {
     }
 
     fn unref_sets(&mut self, rules: &[Rule]) {
-        for (s, _) in set_matches(rules) {
+        for s in set_names(rules) {
             if let Some(n) = self.set_refs.get_mut(s) {
                 *n -= 1;
                 if *n == 0 {
@@ -190,13 +198,13 @@ pub(super) fn hash_hooks(
         } else {
             chain.to_string()
         };
-        let bodies: Vec<String> = rules.iter().map(|r| r.felix_text()).collect();
         hashes.insert(
             (chain, *append),
-            rule_hashes(&hash_chain, bodies.iter().map(String::as_str)).into_iter(),
+            rule_hashes(&hash_chain, rules.iter().map(|r| r.felix_text())).into_iter(),
         );
     }
-    for (chain, pos, rule) in hooks {
+    for (chain, pos, mut rule) in hooks {
+        place(chain, std::slice::from_mut(&mut rule));
         let hash = hashes
             .get_mut(&(chain, pos == HookPosition::Append))
             .and_then(Iterator::next)
@@ -205,7 +213,7 @@ pub(super) fn hash_hooks(
             table,
             HookRule {
                 kernel_chain: chain.to_string(),
-                rule: desired_rules(chain, vec![hash], std::slice::from_ref(&rule)).remove(0),
+                rule: desired_rules(vec![hash], std::slice::from_ref(&rule)).remove(0),
                 position: pos,
             },
         ));
@@ -213,23 +221,20 @@ pub(super) fn hash_hooks(
     out
 }
 
-/// The applier's form of a chain's rules: the hash and the kernel-form body of the typed model
-/// rule. A rule the model refuses (impossible for validated names; kept as a safety net) becomes
-/// a bare DROP, so a bug can only make a chain stricter.
-fn desired_rules(chain: &str, hashes: Vec<String>, rules: &[Rule]) -> Vec<DesiredRule> {
-    let chain_name = crate::model::ChainName::new(chain);
+/// Places the rules in chain `name` (a name the model refuses, impossible for the renderer's
+/// validated names, leaves them unplaced: only their chain text would differ).
+fn place(name: &str, rules: &mut [Rule]) {
+    match crate::model::ChainName::new(name) {
+        Ok(c) => rules.iter_mut().for_each(|r| r.place(&c)),
+        Err(e) => tracing::error!(chain = name, error = %e, "chain name refused by the model"),
+    }
+}
+
+/// The applier's form of a chain's rules: the hash and the kernel-form body of the model rule.
+fn desired_rules(hashes: Vec<String>, rules: &[Rule]) -> Vec<DesiredRule> {
     hashes
         .into_iter()
         .zip(rules)
-        .map(|(h, r)| {
-            let body = chain_name.as_ref().map_err(Clone::clone).and_then(|c| r.to_model(c, None));
-            match body {
-                Ok(m) => DesiredRule::new(h, m.render_spec()),
-                Err(e) => {
-                    tracing::error!(chain, error = %e, "rule refused by the model; rendering DROP instead");
-                    DesiredRule::new(h, "-j DROP")
-                }
-            }
-        })
+        .map(|(h, r)| DesiredRule::new(h, r.render_spec()))
         .collect()
 }

@@ -16,7 +16,7 @@
 //!   `cali-wl-to-host` -> `cali-from-wl-dispatch`.
 //! * Verdicts are mark bits ([`marks`]); rules are rendered per felix-reference §4 ([`rule`]); names per felix-reference §5
 //!   ([`names`]); every rule's `cali:` id is Felix's SHA-224 chain over Felix's input syntax
-//!   ([`hash`], [`ir::Rule::felix_text`]), so our ids equal Felix's for identical rules.
+//!   ([`hash`], [`build::Rule::felix_text`]), so our ids equal Felix's for identical rules.
 //! * Lazy programming (felix-reference §2.10): a policy/profile chain exists only while an endpoint chain jumps to
 //!   it; an IP set exists in a family only while a chain of that family references it.
 //!
@@ -70,7 +70,7 @@
 //! * In the shared layout a rule's CIDR list that Felix renders as a scratch-mark OR block (several
 //!   positive `nets` on a side) or negated-net block (`notNets` beside another net on that side)
 //!   is one `-m set [!] --match-set cali40c:<hash> src|dst` on a `hash:net` set holding exactly
-//!   those nets of the family ([`ir::Match::NetSet`], [`names::net_set_id`]): content-addressed
+//!   those nets of the family ([`build::Match::NetSet`], [`names::net_set_id`]): content-addressed
 //!   (SHA-256 of the family and the sorted, de-duplicated nets), so equal lists in any number of
 //!   policies share one set; it exists in a family exactly while a chain of that family names it
 //!   (declared in the same change as the first such chain, gone with the last), like every set
@@ -104,13 +104,13 @@
 //!   the family's ICMP protocol, an unknown IP set) becomes a single DROP chain and an error;
 //!   an endpoint jumping to a policy the renderer has never seen jumps to a DROP chain too.
 
+pub mod build;
 pub mod dispatch;
 pub mod dns_hold;
 pub mod domains;
 pub mod endpoint;
 mod family;
 pub mod hash;
-pub mod ir;
 pub mod marks;
 pub mod names;
 pub mod nat;

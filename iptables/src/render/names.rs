@@ -11,7 +11,7 @@ use calc_graph::proto::{IpSetId, IpVersion, PolicyId, PolicyKind};
 use ipnet::IpNet;
 use sha2::{Digest, Sha224, Sha256};
 
-use super::ir::Rule;
+use super::build::Rule;
 
 /// `iptables.MaxChainNameLength`.
 pub const MAX_CHAIN_NAME_LEN: usize = 28;

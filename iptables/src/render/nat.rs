@@ -17,7 +17,7 @@ use std::collections::BTreeSet;
 
 use calc_graph::proto::{IpPool, IpSetMember, IpVersion};
 
-use super::ir::{Match, Rule, SetFlags, Target};
+use super::build::{Match, Rule, SetFlags, Target};
 use super::names;
 
 /// Felix's set id of every pool (`IPSetIDAllPools`; master renamed it `network-ip-pools`).

@@ -19,8 +19,7 @@
 use calc_graph::proto::{Action, IpVersion, ParsedRule, PortRange, Protocol};
 use ipnet::IpNet;
 
-use super::hash::escape_comment;
-use super::ir::{Match, Rule, SetFlags, Side, Target};
+use super::build::{Match, Rule, SetFlags, Side, Target};
 use super::marks::MarkBits;
 use super::names;
 use super::static_chains::{VERDICT_ACCEPT, VERDICT_DROP, VERDICT_PASS};
@@ -579,7 +578,7 @@ pub fn render_rule(
     annotations.sort();
     for r in &mut out {
         for (k, v) in &annotations {
-            r.comments.push(escape_comment(&format!("{k}={v}")));
+            r.push_comment(&format!("{k}={v}"));
         }
     }
     Ok(out)
@@ -725,12 +724,15 @@ fn render_rules_after(
     for (i, r) in rules.iter().enumerate() {
         out.extend(render_rule(r, i, ctx)?);
     }
-    while out.last().is_some_and(|r| r.target == Some(Target::Return)) {
+    while out
+        .last()
+        .is_some_and(|r| r.target == Some(crate::model::Target::Return))
+    {
         out.pop();
     }
     if out.is_empty() {
         out.push(Rule::default());
     }
-    out[0].comments.push(escape_comment(comment));
+    out[0].push_comment(comment);
     Ok(out)
 }

@@ -20,10 +20,9 @@ mod sets;
 
 use sets::{check_set, families_of};
 
+use super::build::{Rule, Target};
 pub use super::family::{Delta, SetChange};
 use super::family::{Family, hash_hooks};
-use super::hash::escape_comment;
-use super::ir::{Rule, Target};
 use super::marks::MarkBits;
 use super::rule::{RuleCtx, render_profile_rules, render_rules};
 use super::shared::SharedChains;
@@ -727,7 +726,9 @@ fn decrement<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, k: &K) {
 }
 
 fn fail_closed(comment: &str, why: &str) -> Vec<Rule> {
-    let mut r = Rule::new(vec![], Target::Drop);
-    r.comments = vec![escape_comment(comment), escape_comment(why)];
-    vec![r]
+    vec![
+        Rule::new(vec![], Target::Drop)
+            .with_comment(comment)
+            .with_comment(why),
+    ]
 }

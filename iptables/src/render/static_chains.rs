@@ -7,8 +7,8 @@
 use calc_graph::proto::{Action, IpVersion, LocalEndpoint, Protocol};
 use ipnet::IpNet;
 
+use super::build::{Match, Rule, Side, Target};
 use super::dispatch::{FROM_WL_DISPATCH, TO_WL_DISPATCH};
-use super::ir::{Match, Rule, Side, Target};
 use super::marks::MarkBits;
 use super::{EndpointToHostAction, RenderConfig, SourceSpoofing};
 use crate::desired::HookPosition;

@@ -2,19 +2,21 @@
 //! and where it ends. This is the evaluator behind `felixrs trace` ("which rule decides this
 //! packet?"), and the renderer's property tests check it against the policy semantics.
 //!
-//! It evaluates the renderer's own rules as the kernel would for one packet: interfaces with `+`
-//! wildcards, addresses and ports, IP set membership (`hash:net` one-dimensional, `hash:ip,port`
-//! two-dimensional), ICMP type/code, mark bits (rules may change them), conntrack state and
-//! jumps, gotos and returns. Routing is not modelled: the caller says which interfaces the packet
-//! arrives on and leaves by, and `-m rpfilter` is refused.
+//! It evaluates typed [`model::Rule`]s (the very rules the applier writes, or the kernel's as
+//! parsed) as the kernel would for one packet: interfaces with `+` wildcards, addresses and
+//! ports, IP set membership (`hash:net` one-dimensional, `hash:ip,port` two-dimensional), ICMP
+//! type/code, mark bits (rules may change them), conntrack state and jumps, gotos and returns.
+//! Routing is not modelled: the caller says which interfaces the packet arrives on and leaves by,
+//! and `-m rpfilter` is refused, as is every match or target it does not know.
 
 use std::net::IpAddr;
 
 use calc_graph::proto::{DomainPattern, IpSetMember, IpVersion};
 
 use super::Renderer;
-use super::ir::{CtStates, Match, Rule, SetFlags, Side, Target};
-use crate::model::TableName;
+use crate::model::{
+    self, Addr, CtState, IcmpType, Match, PortsKind, Rule, SetDir, TableName, Target,
+};
 
 /// How deep jumps may nest before the trace gives up (our chains nest at most 5 deep).
 const MAX_DEPTH: usize = 32;
@@ -215,7 +217,8 @@ pub enum TraceError {
 
 /// Where the evaluator reads chains and IP set membership.
 pub trait Rules {
-    fn chain(&self, name: &str) -> Option<&[Rule]>;
+    /// The rules of chain `name`, in order; `None` if there is no such chain.
+    fn chain(&self, name: &str) -> Option<Vec<&Rule>>;
     /// Whether set `name` holds the address (one-dimensional set) or the address, protocol and
     /// port (two-dimensional set); `None` if there is no such set.
     fn set_contains(&self, name: &str, addr: IpAddr, proto: u8, port: u16) -> Option<bool>;
@@ -237,8 +240,9 @@ pub struct RendererRules<'a> {
 }
 
 impl Rules for RendererRules<'_> {
-    fn chain(&self, name: &str) -> Option<&[Rule]> {
-        self.renderer.chain(self.version, self.table, name)
+    fn chain(&self, name: &str) -> Option<Vec<&Rule>> {
+        let rules = self.renderer.chain(self.version, self.table, name)?;
+        Some(rules.iter().map(|r| r.model()).collect())
     }
 
     fn set_contains(&self, name: &str, addr: IpAddr, proto: u8, port: u16) -> Option<bool> {
@@ -296,7 +300,7 @@ pub fn trace(rules: &dyn Rules, start: &str, pkt: &Packet) -> Result<Trace, Trac
             from: "the start".into(),
         });
     };
-    let outcome = t.run(start, chain, 0)?;
+    let outcome = t.run(start, &chain, 0)?;
     Ok(Trace {
         steps: t.steps,
         outcome,
@@ -320,8 +324,30 @@ fn iface_matches(pattern: &str, iface: &str) -> bool {
     }
 }
 
+/// The IP protocol number of `-p` (`None` for `all`, which every packet has).
+pub fn proto_number(p: &model::Protocol) -> Option<u8> {
+    Some(match p {
+        model::Protocol::Tcp => 6,
+        model::Protocol::Udp => 17,
+        model::Protocol::Sctp => 132,
+        model::Protocol::Icmp => 1,
+        model::Protocol::Icmpv6 => 58,
+        model::Protocol::Other(w) => match w.as_str() {
+            "all" => return None,
+            "ipv6-icmp" => 58,
+            "ipencap" => 4,
+            "udplite" => 136,
+            n => n.parse().ok()?,
+        },
+    })
+}
+
+fn in_range(r: &model::PortRange, p: u16) -> bool {
+    r.first <= p && p <= r.last
+}
+
 impl Tracer<'_> {
-    fn run(&mut self, name: &str, rules: &[Rule], depth: usize) -> Result<Outcome, TraceError> {
+    fn run(&mut self, name: &str, rules: &[&Rule], depth: usize) -> Result<Outcome, TraceError> {
         if depth > MAX_DEPTH {
             return Err(TraceError::TooDeep {
                 chain: name.to_string(),
@@ -343,12 +369,16 @@ impl Tracer<'_> {
             };
             match &rule.target {
                 None | Some(Target::Log { .. } | Target::Nflog { .. }) => step(Effect::Continue),
-                // MASQUERADE (nat table) ends the table's traversal as ACCEPT does.
-                Some(Target::Accept | Target::Masquerade { .. }) => {
+                Some(Target::Accept) => {
                     step(Effect::Accept);
                     return Ok(Outcome::Accept);
                 }
-                Some(Target::Drop) => {
+                // MASQUERADE (nat table) ends the table's traversal as ACCEPT does.
+                Some(Target::Generic { name: t, .. }) if t.as_str() == "MASQUERADE" => {
+                    step(Effect::Accept);
+                    return Ok(Outcome::Accept);
+                }
+                Some(Target::Drop | Target::Reject { .. }) => {
                     step(Effect::Drop);
                     return Ok(Outcome::Drop);
                 }
@@ -356,32 +386,32 @@ impl Tracer<'_> {
                     step(Effect::Return);
                     return Ok(Outcome::Return);
                 }
-                Some(Target::SetMark { value, mask }) => {
-                    let mark = (self.mark & !mask) | value;
-                    step(Effect::Mark(mark));
-                    self.mark = mark;
-                }
-                Some(Target::ClearMark(mask)) => {
-                    let mark = self.mark & !mask;
+                // `--set-xmark value/mask`: clear the mask's bits, then flip the value's.
+                Some(Target::Mark { value, mask }) => {
+                    let mark = (self.mark & !mask) ^ value;
                     step(Effect::Mark(mark));
                     self.mark = mark;
                 }
                 Some(Target::Jump(next)) => {
-                    step(Effect::Jump(next.clone()));
-                    match self.enter(name, next, depth + 1)? {
+                    step(Effect::Jump(next.as_str().to_string()));
+                    match self.enter(name, next.as_str(), depth + 1)? {
                         Outcome::Return => {}
                         end => return Ok(end),
                     }
                 }
                 Some(Target::Goto(next)) => {
-                    step(Effect::Goto(next.clone()));
-                    return self.enter(name, next, depth + 1);
+                    step(Effect::Goto(next.as_str().to_string()));
+                    return self.enter(name, next.as_str(), depth + 1);
                 }
-                Some(Target::Nfqueue { .. }) => {
+                Some(Target::Generic { name: t, .. }) => {
                     return Err(TraceError::UnsupportedTarget {
                         chain: name.to_string(),
                         rule: index,
-                        what: "NFQUEUE",
+                        what: if t.as_str() == "NFQUEUE" {
+                            "NFQUEUE"
+                        } else {
+                            "extension"
+                        },
                     });
                 }
             }
@@ -395,7 +425,7 @@ impl Tracer<'_> {
             chain: name.to_string(),
             from: from.to_string(),
         })?;
-        self.run(name, chain, depth)
+        self.run(name, &chain, depth)
     }
 
     /// A matched rule's positive destination matches on domain sets.
@@ -403,24 +433,58 @@ impl Tracer<'_> {
         for m in &rule.matches {
             if let Match::Set {
                 name,
-                flags: SetFlags::Dst,
+                dirs,
                 negated: false,
             } = m
-                && let Some(patterns) = self.rules.domain_set(name)
+                && dirs[..] == [SetDir::Dst]
+                && let Some(patterns) = self.rules.domain_set(name.as_str())
             {
                 self.domain_hits.push(DomainHit {
                     chain: chain.to_string(),
                     rule: index,
-                    set: name.clone(),
+                    set: name.as_str().to_string(),
                     patterns,
                     addr: self.pkt.dst,
-                    remaining_secs: self.rules.domain_remaining(name, self.pkt.dst),
+                    remaining_secs: self.rules.domain_remaining(name.as_str(), self.pkt.dst),
                 });
             }
         }
     }
 
     fn matches(&self, chain: &str, rule: usize, r: &Rule) -> Result<bool, TraceError> {
+        let pkt = self.pkt;
+        let unsupported = |what| TraceError::Unsupported {
+            chain: chain.to_string(),
+            rule,
+            what,
+        };
+        for (a, of) in [(&r.src, pkt.src), (&r.dst, pkt.dst)] {
+            if let Some(a) = a {
+                let Addr::Net(net) = &a.value else {
+                    return Err(unsupported("a host name"));
+                };
+                if net.contains(&of) == a.negated {
+                    return Ok(false);
+                }
+            }
+        }
+        for (i, of) in [(&r.in_iface, &pkt.in_iface), (&r.out_iface, &pkt.out_iface)] {
+            if let Some(i) = i
+                && iface_matches(i.value.as_str(), of) == i.negated
+            {
+                return Ok(false);
+            }
+        }
+        if let Some(p) = &r.protocol {
+            let hit = proto_number(&p.value).is_none_or(|n| n == pkt.proto);
+            if hit == p.negated {
+                return Ok(false);
+            }
+        }
+        // A traced packet is the first (or only) fragment.
+        if r.fragment.as_ref().is_some_and(|f| !f.negated) {
+            return Ok(false);
+        }
         for m in &r.matches {
             if !self.match_one(chain, rule, m)? {
                 return Ok(false);
@@ -431,50 +495,61 @@ impl Tracer<'_> {
 
     fn match_one(&self, chain: &str, rule: usize, m: &Match) -> Result<bool, TraceError> {
         let pkt = self.pkt;
+        let unsupported = |what| TraceError::Unsupported {
+            chain: chain.to_string(),
+            rule,
+            what,
+        };
         Ok(match m {
-            Match::Protocol { proto, negated } => (proto.number() == pkt.proto) != *negated,
-            Match::Net { side, net, negated } => {
-                let a = if *side == Side::Src { pkt.src } else { pkt.dst };
-                net.contains(&a) != *negated
-            }
-            Match::InIface(p) => iface_matches(p, &pkt.in_iface),
-            Match::OutIface(p) => iface_matches(p, &pkt.out_iface),
-            // A net set is read as any set (the kernel's, or the desired state's members).
-            Match::Set { .. } | Match::NetSet { .. } => {
-                let (name, flags, negated) = m.set_match().expect("a set match");
-                let (addr, port) = match flags {
-                    SetFlags::Src | SetFlags::SrcSrc => (pkt.src, pkt.sport),
-                    SetFlags::Dst | SetFlags::DstDst => (pkt.dst, pkt.dport),
+            Match::Comment(_) => true,
+            Match::Set {
+                name,
+                dirs,
+                negated,
+            } => {
+                // A second dimension (`dst,dst`) is the port of the same side.
+                let (addr, port) = match dirs.first() {
+                    Some(SetDir::Dst) => (pkt.dst, pkt.dport),
+                    _ => (pkt.src, pkt.sport),
                 };
                 let hit = self
                     .rules
-                    .set_contains(name, addr, pkt.proto, port)
+                    .set_contains(name.as_str(), addr, pkt.proto, port)
                     .ok_or_else(|| TraceError::MissingSet {
-                        set: name.to_string(),
+                        set: name.as_str().to_string(),
                         chain: chain.to_string(),
                         rule,
                     })?;
-                hit != negated
+                hit != *negated
             }
-            Match::Ports {
-                side,
+            Match::Multiport {
+                negated,
+                kind,
                 ports,
-                negated,
             } => {
-                let p = if *side == Side::Src {
-                    pkt.sport
-                } else {
-                    pkt.dport
-                };
-                ports.iter().any(|r| r.first <= p && p <= r.last) != *negated
+                let hit = ports.iter().any(|r| match kind {
+                    PortsKind::Source => in_range(r, pkt.sport),
+                    PortsKind::Destination => in_range(r, pkt.dport),
+                    PortsKind::Either => in_range(r, pkt.sport) || in_range(r, pkt.dport),
+                });
+                hit != *negated
             }
-            Match::Icmp {
-                type_,
-                code,
-                negated,
-                ..
-            } => {
-                let hit = *type_ == pkt.icmp_type && code.is_none_or(|c| c == pkt.icmp_code);
+            Match::Tcp(p) | Match::Udp(p) => {
+                let want = if matches!(m, Match::Tcp(_)) { 6 } else { 17 };
+                pkt.proto == want
+                    && [(&p.sport, pkt.sport), (&p.dport, pkt.dport)]
+                        .into_iter()
+                        .all(|(side, port)| {
+                            side.as_ref()
+                                .is_none_or(|n| in_range(&n.value, port) != n.negated)
+                        })
+            }
+            Match::Icmp { negated, icmp_type } | Match::Icmpv6 { negated, icmp_type } => {
+                let hit = match icmp_type {
+                    IcmpType::Any => true,
+                    IcmpType::Type(t) => *t == pkt.icmp_type,
+                    IcmpType::TypeCode(t, c) => *t == pkt.icmp_type && *c == pkt.icmp_code,
+                };
                 hit != *negated
             }
             Match::Mark {
@@ -482,32 +557,24 @@ impl Tracer<'_> {
                 mask,
                 negated,
             } => ((self.mark & mask) == *value) != *negated,
-            Match::Conntrack { states, negated } => {
-                let hit = match states {
-                    CtStates::RelatedEstablished => matches!(
-                        pkt.conntrack,
-                        ConntrackState::Established | ConntrackState::Related
-                    ),
-                    CtStates::Invalid => pkt.conntrack == ConntrackState::Invalid,
+            Match::Conntrack { states, negated } | Match::State { states, negated } => {
+                let s = match pkt.conntrack {
+                    ConntrackState::New => CtState::New,
+                    ConntrackState::Established => CtState::Established,
+                    ConntrackState::Related => CtState::Related,
+                    ConntrackState::Invalid => CtState::Invalid,
                 };
-                hit != *negated
+                states.contains(s) != *negated
             }
             // A rate limit lets one traced packet through.
             Match::Limit { .. } => true,
-            Match::SrcPort { proto, port } => proto.number() == pkt.proto && *port == pkt.sport,
-            Match::CtDirReply => {
-                return Err(TraceError::Unsupported {
-                    chain: chain.to_string(),
-                    rule,
-                    what: "-m conntrack --ctdir",
-                });
-            }
-            Match::Rpfilter { .. } => {
-                return Err(TraceError::Unsupported {
-                    chain: chain.to_string(),
-                    rule,
-                    what: "-m rpfilter",
-                });
+            Match::Addrtype { .. } => return Err(unsupported("-m addrtype")),
+            Match::Generic { module, .. } => {
+                return Err(unsupported(match module.as_str() {
+                    "conntrack" => "-m conntrack --ctdir",
+                    "rpfilter" => "-m rpfilter",
+                    _ => "an extension match",
+                }));
             }
         })
     }
@@ -520,6 +587,7 @@ mod tests {
     use calc_graph::proto::{PortRange, Protocol};
 
     use super::*;
+    use crate::render::build::{CtStates, Match, Rule, SetFlags, Side, Target};
 
     #[derive(Default)]
     struct Fixed {
@@ -528,8 +596,8 @@ mod tests {
     }
 
     impl Rules for Fixed {
-        fn chain(&self, name: &str) -> Option<&[Rule]> {
-            self.chains.get(name).map(Vec::as_slice)
+        fn chain(&self, name: &str) -> Option<Vec<&model::Rule>> {
+            Some(self.chains.get(name)?.iter().map(Rule::model).collect())
         }
         fn set_contains(&self, name: &str, addr: IpAddr, proto: u8, port: u16) -> Option<bool> {
             let members = self.sets.get(name)?;

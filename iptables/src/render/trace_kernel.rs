@@ -13,16 +13,15 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
-use super::ir::{Match, Rule, Target};
 use super::trace::{ConntrackState, DomainHit, Packet, Rules, Trace};
 use crate::desired::ipset::ActualSet;
 use crate::model::{
-    self, Addr, CtState, IcmpType, Iface, Negatable, PortRange, PortsKind, Protocol, SetDir,
-    TableLine,
+    self, Addr, CtState, IcmpType, Iface, Match, Negatable, PortRange, PortsKind, Protocol, Rule,
+    SetDir, TableLine, Target,
 };
 use calc_graph::proto::DomainPattern;
 
-/// A rule that never matches (no mark is ever equal to 1 under an empty mask).
+/// A match no packet passes (no mark is ever equal to 1 under an empty mask).
 fn never() -> Match {
     Match::Mark {
         value: 1,
@@ -122,10 +121,13 @@ impl KernelRules {
                         .entry(chain.clone())
                         .or_default()
                         .push(spec.replace('\n', "\\n"));
-                    k.chains
-                        .entry(chain)
-                        .or_default()
-                        .push(Rule::new(vec![never()], Target::Return));
+                    let name = model::ChainName::new(chain.as_str())
+                        .or_else(|_| model::ChainName::new("opaque"))
+                        .expect("a chain name");
+                    let rule = Rule::new(name)
+                        .with_match(never())
+                        .with_target(Target::Return);
+                    k.chains.entry(chain).or_default().push(rule);
                 }
                 _ => {}
             }
@@ -171,8 +173,8 @@ impl KernelRules {
 }
 
 impl Rules for KernelRules {
-    fn chain(&self, name: &str) -> Option<&[Rule]> {
-        self.chains.get(name).map(Vec::as_slice)
+    fn chain(&self, name: &str) -> Option<Vec<&Rule>> {
+        Some(self.chains.get(name)?.iter().collect())
     }
 
     /// Set membership was decided when the rules were prepared; no rule asks.
@@ -298,15 +300,7 @@ fn convert(
                 };
                 check(states.contains(s), *negated);
             }
-            model::Match::Mark {
-                negated,
-                value,
-                mask,
-            } => matches.push(Match::Mark {
-                value: *value,
-                mask: *mask,
-                negated: *negated,
-            }),
+            model::Match::Mark { .. } => matches.push(m.clone()),
             model::Match::Set {
                 negated,
                 name,
@@ -385,44 +379,20 @@ fn convert(
         }
     }
     let target = match &r.target {
-        None => None,
-        Some(model::Target::Accept) => Some(Target::Accept),
-        Some(model::Target::Drop) | Some(model::Target::Reject { .. }) => Some(Target::Drop),
-        Some(model::Target::Return) => Some(Target::Return),
-        Some(model::Target::Jump(c)) => Some(Target::Jump(c.as_str().to_string())),
-        Some(model::Target::Goto(c)) => Some(Target::Goto(c.as_str().to_string())),
-        Some(model::Target::Mark { value, mask }) => Some(Target::SetMark {
-            value: *value,
-            mask: *mask,
-        }),
-        Some(model::Target::Log { prefix, .. }) => Some(Target::Log {
-            prefix: prefix
-                .as_ref()
-                .map_or(String::new(), |p| p.as_str().to_string()),
-        }),
-        Some(model::Target::Nflog { prefix, group, .. }) => Some(Target::Nflog {
-            group: *group,
-            prefix: prefix
-                .as_ref()
-                .map_or(String::new(), |p| p.as_str().to_string()),
-        }),
-        Some(model::Target::Generic { name, .. }) => {
+        Some(Target::Generic { name, .. }) => {
             notes.push(format!(
                 "-j {}: assumed not to end the packet",
                 name.as_str()
             ));
             None
         }
+        t => t.clone(),
     };
     if !ok {
         matches = vec![never()];
     }
-    (
-        Rule {
-            comments: Vec::new(),
-            matches,
-            target,
-        },
-        notes,
-    )
+    let mut rule = Rule::new(r.chain.clone());
+    rule.matches = matches;
+    rule.target = target;
+    (rule, notes)
 }

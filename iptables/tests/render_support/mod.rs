@@ -139,9 +139,8 @@ pub fn assert_parses_back(r: &iptables::render::Renderer, v: IpVersion) -> usize
             let ours = r.chain(v, *table, name).unwrap();
             let got: Vec<_> = pt.rules_of(name).cloned().collect();
             assert_eq!(got.len(), rules.len(), "rule count of {name}");
-            let cn = iptables::model::ChainName::new(name.as_str()).unwrap();
-            for ((g, ir), want) in got.iter().zip(ours).zip(rules) {
-                let expected = ir.to_model(&cn, Some(&want.hash)).unwrap();
+            for ((g, ours), want) in got.iter().zip(ours).zip(rules) {
+                let expected = ours.hashed(&want.hash).unwrap();
                 assert_eq!(g, &expected, "rule of {name}");
                 assert_eq!(
                     g.cali_comment(),
@@ -171,15 +170,15 @@ pub fn endpoint_rules(
     r: &iptables::render::Renderer,
     v: IpVersion,
     chain: &str,
-) -> Option<Vec<iptables::render::ir::Rule>> {
+) -> Option<Vec<iptables::render::build::Rule>> {
     use iptables::desired::TableName;
-    use iptables::render::ir::Target;
+    use iptables::model::Target;
     let mut rules = r.chain(v, TableName::Filter, chain)?.to_vec();
     if let Some(Target::Goto(shared)) = rules.last().and_then(|l| l.target.clone())
-        && iptables::render::names::is_shared_chain(&shared)
+        && iptables::render::names::is_shared_chain(shared.as_str())
     {
         rules.pop();
-        rules.extend_from_slice(r.chain(v, TableName::Filter, &shared)?);
+        rules.extend_from_slice(r.chain(v, TableName::Filter, shared.as_str())?);
     }
     Some(rules)
 }
