@@ -230,6 +230,48 @@ pub trait Rules {
     fn domain_remaining(&self, _name: &str, _addr: IpAddr) -> Option<u32> {
         None
     }
+    /// What to do with what the evaluator cannot model ([`unmodelled`]: a host name, an
+    /// extension match or target, a set `set_contains` does not know): `false` (the renderer's
+    /// rules, which never hold any) fails the trace; `true` (the kernel's rules, foreign ones
+    /// included) assumes such a match does not match and such a target does not end the packet.
+    fn assume_unmodelled(&self) -> bool {
+        false
+    }
+}
+
+/// What the evaluator cannot decide in `rule` (so [`Rules::assume_unmodelled`] assumes), each as
+/// a note, in rule order; `has_set` says which IP sets membership can be read for. Empty for
+/// every rule the renderer writes that the trace can follow.
+pub fn unmodelled(rule: &Rule, has_set: impl Fn(&str) -> bool) -> Vec<String> {
+    let mut notes = Vec::new();
+    for a in [&rule.src, &rule.dst].into_iter().flatten() {
+        if let Addr::Other(w) = &a.value {
+            notes.push(format!(
+                "address {} (not an address): assumed not to match",
+                w.as_str()
+            ));
+        }
+    }
+    for m in &rule.matches {
+        match m {
+            Match::Set { name, .. } if !has_set(name.as_str()) => notes.push(format!(
+                "-m set --match-set {} (a set this trace did not read): assumed not to match",
+                name.as_str()
+            )),
+            Match::Addrtype { .. } => notes.push("-m addrtype: assumed not to match".into()),
+            Match::Generic { module, .. } => {
+                notes.push(format!("-m {}: assumed not to match", module.as_str()))
+            }
+            _ => {}
+        }
+    }
+    if let Some(Target::Generic { name, .. }) = &rule.target {
+        notes.push(format!(
+            "-j {}: assumed not to end the packet",
+            name.as_str()
+        ));
+    }
+    notes
 }
 
 /// A renderer's chains of one family and table.
@@ -289,6 +331,7 @@ pub fn member_holds(m: &IpSetMember, addr: IpAddr, proto: u8, port: u16) -> bool
 pub fn trace(rules: &dyn Rules, start: &str, pkt: &Packet) -> Result<Trace, TraceError> {
     let mut t = Tracer {
         rules,
+        assume: rules.assume_unmodelled(),
         pkt,
         mark: pkt.mark,
         steps: Vec::new(),
@@ -311,6 +354,8 @@ pub fn trace(rules: &dyn Rules, start: &str, pkt: &Packet) -> Result<Trace, Trac
 
 struct Tracer<'a> {
     rules: &'a dyn Rules,
+    /// [`Rules::assume_unmodelled`].
+    assume: bool,
     pkt: &'a Packet,
     mark: u32,
     steps: Vec<Step>,
@@ -373,6 +418,7 @@ impl Tracer<'_> {
                     step(Effect::Accept);
                     return Ok(Outcome::Accept);
                 }
+                Some(Target::Generic { .. }) if self.assume => step(Effect::Continue),
                 // MASQUERADE (nat table) ends the table's traversal as ACCEPT does.
                 Some(Target::Generic { name: t, .. }) if t.as_str() == "MASQUERADE" => {
                     step(Effect::Accept);
@@ -453,15 +499,10 @@ impl Tracer<'_> {
 
     fn matches(&self, chain: &str, rule: usize, r: &Rule) -> Result<bool, TraceError> {
         let pkt = self.pkt;
-        let unsupported = |what| TraceError::Unsupported {
-            chain: chain.to_string(),
-            rule,
-            what,
-        };
         for (a, of) in [(&r.src, pkt.src), (&r.dst, pkt.dst)] {
             if let Some(a) = a {
                 let Addr::Net(net) = &a.value else {
-                    return Err(unsupported("a host name"));
+                    return self.unmodelled(chain, rule, "a host name");
                 };
                 if net.contains(&of) == a.negated {
                     return Ok(false);
@@ -493,13 +534,20 @@ impl Tracer<'_> {
         Ok(true)
     }
 
-    fn match_one(&self, chain: &str, rule: usize, m: &Match) -> Result<bool, TraceError> {
-        let pkt = self.pkt;
-        let unsupported = |what| TraceError::Unsupported {
+    /// A part of rule `rule` the evaluator cannot decide: not a match when assumed, else an error.
+    fn unmodelled(&self, chain: &str, rule: usize, what: &'static str) -> Result<bool, TraceError> {
+        if self.assume {
+            return Ok(false);
+        }
+        Err(TraceError::Unsupported {
             chain: chain.to_string(),
             rule,
             what,
-        };
+        })
+    }
+
+    fn match_one(&self, chain: &str, rule: usize, m: &Match) -> Result<bool, TraceError> {
+        let pkt = self.pkt;
         Ok(match m {
             Match::Comment(_) => true,
             Match::Set {
@@ -512,15 +560,20 @@ impl Tracer<'_> {
                     Some(SetDir::Dst) => (pkt.dst, pkt.dport),
                     _ => (pkt.src, pkt.sport),
                 };
-                let hit = self
+                match self
                     .rules
                     .set_contains(name.as_str(), addr, pkt.proto, port)
-                    .ok_or_else(|| TraceError::MissingSet {
-                        set: name.as_str().to_string(),
-                        chain: chain.to_string(),
-                        rule,
-                    })?;
-                hit != *negated
+                {
+                    Some(hit) => hit != *negated,
+                    None if self.assume => false,
+                    None => {
+                        return Err(TraceError::MissingSet {
+                            set: name.as_str().to_string(),
+                            chain: chain.to_string(),
+                            rule,
+                        });
+                    }
+                }
             }
             Match::Multiport {
                 negated,
@@ -568,13 +621,14 @@ impl Tracer<'_> {
             }
             // A rate limit lets one traced packet through.
             Match::Limit { .. } => true,
-            Match::Addrtype { .. } => return Err(unsupported("-m addrtype")),
+            Match::Addrtype { .. } => return self.unmodelled(chain, rule, "-m addrtype"),
             Match::Generic { module, .. } => {
-                return Err(unsupported(match module.as_str() {
+                let what = match module.as_str() {
                     "conntrack" => "-m conntrack --ctdir",
                     "rpfilter" => "-m rpfilter",
                     _ => "an extension match",
-                }));
+                };
+                return self.unmodelled(chain, rule, what);
             }
         })
     }
