@@ -2,36 +2,20 @@
 //! [`crate::stats`]. A line scan: only `[p:b] -A cali-… -m comment --comment "cali:<id>" …` lines
 //! matter, and a full parse of a large table costs several times the save itself.
 
-use crate::model::{Counters, HASH_COMMENT_PREFIX, valid_hash};
+use super::scan::{first_comment_hash, split_counters};
+use crate::model::Counters;
 
 /// `(chain, cali: id, counters)` of every rule of ours in an `iptables-save -c` text: lines
 /// `[p:b] -A CHAIN [base match] -m comment --comment "cali:<id>" …` (the id comment is always our
-/// rules' first extension match). Other lines, foreign rules included, are skipped.
+/// rules' first extension match; the kernel prints only the base match, no free text, before
+/// it). Other lines, foreign rules included, are skipped. The hash is read as the applier's
+/// kernel view ([`super::scan_save`]) reads it.
 pub fn scan_counters(save: &str) -> impl Iterator<Item = (&str, &str, Counters)> {
-    save.lines().filter_map(scan_line)
-}
-
-fn scan_line(line: &str) -> Option<(&str, &str, Counters)> {
-    let rest = line.strip_prefix('[')?;
-    let (ctr, rest) = rest.split_once("] ")?;
-    let (p, b) = ctr.split_once(':')?;
-    let counters = Counters {
-        packets: p.parse().ok()?,
-        bytes: b.parse().ok()?,
-    };
-    let rest = rest.strip_prefix("-A ")?;
-    let (chain, rest) = rest.split_once(' ')?;
-    // The kernel prints the base match (`-s`, `-d`, `-i`, `-o`, `-p`: no free text) before the
-    // id comment, our rules' first extension match.
-    const COMMENT: &str = "-m comment --comment ";
-    let rest = &rest[rest.find(COMMENT)? + COMMENT.len()..];
-    let rest = rest.strip_prefix('"').unwrap_or(rest);
-    let rest = rest.strip_prefix(HASH_COMMENT_PREFIX)?;
-    let end = rest
-        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
-        .unwrap_or(rest.len());
-    let hash = &rest[..end];
-    valid_hash(hash).then_some((chain, hash, counters))
+    save.lines().filter_map(|line| {
+        let (counters, rest) = split_counters(line)?;
+        let (chain, spec) = rest.strip_prefix("-A ")?.split_once(' ')?;
+        Some((chain, first_comment_hash(spec)?, counters))
+    })
 }
 
 #[cfg(test)]

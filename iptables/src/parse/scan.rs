@@ -11,7 +11,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::model::{CHAIN_PREFIX, HASH_COMMENT_PREFIX, TableName, is_our_chain, valid_hash};
+use crate::model::{
+    CHAIN_PREFIX, Counters, HASH_COMMENT_PREFIX, TableName, is_our_chain, valid_hash,
+};
 
 /// One rule as the applier sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,6 +97,26 @@ fn strip_counters(line: &str) -> &str {
         return &line[i + 2..];
     }
     line
+}
+
+/// The `[packets:bytes] ` prefix of an `iptables-save -c` line, read, and the rest of the line.
+pub(super) fn split_counters(line: &str) -> Option<(Counters, &str)> {
+    let (ctr, rest) = line.strip_prefix('[')?.split_once("] ")?;
+    let (p, b) = ctr.split_once(':')?;
+    let counters = Counters {
+        packets: p.parse().ok()?,
+        bytes: b.parse().ok()?,
+    };
+    Some((counters, rest))
+}
+
+/// The `cali:` hash of a rule text's first comment, if it is ours; reads no further.
+pub(super) fn first_comment_hash(spec: &str) -> Option<&str> {
+    let mut tokens = Tokens { rest: spec };
+    tokens.find(|t| *t == "--comment")?;
+    unquote(tokens.next()?)
+        .strip_prefix(HASH_COMMENT_PREFIX)
+        .filter(|h| valid_hash(h))
 }
 
 /// Reads hash and target of one rule's spec (the text after `-A <chain> `).
