@@ -571,7 +571,7 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
             .and_then(|t| t.chains.get(&step.chain))
             .and_then(|c| c.get(step.rule - 1));
         let text = rule
-            .map(|r| format!("(cali:{}) {}", r.hash, r.body))
+            .map(|r| format!("(cali:{}) {}", r.hash, r.body()))
             .unwrap_or_default();
         let owner = owners.get(&step.chain);
         let label = owner.map(|o| format!(" [{}]", o.what)).unwrap_or_default();

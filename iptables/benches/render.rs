@@ -235,7 +235,7 @@ fn main() {
                 for (name, rs) in &tbl.chains {
                     black_box(iptables::render::hash::rule_hashes(
                         name,
-                        rs.iter().map(|x| x.body.as_str()),
+                        rs.iter().map(|x| x.body()),
                     ));
                 }
             }

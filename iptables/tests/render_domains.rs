@@ -133,7 +133,7 @@ fn a_domain_rule_matches_its_set_as_felix_matches_a_destination_ip_set() {
         let want = rule_hashes(&chain, ir.iter().map(|x| x.felix_text()));
         assert_eq!(rules[0].hash, want[0]);
         assert_eq!(
-            rules[0].body,
+            rules[0].body(),
             format!(
                 "-p tcp -m comment --comment \"NetworkPolicy prod/egress-dns egress\" -m set --match-set {set} dst -m multiport --dports 443 \
                  -g cali-verdict-accept"
@@ -283,7 +283,7 @@ fn the_dns_hold_queues_trusted_servers_replies_to_workloads_only() {
     let mangle = &v4.tables[&TableName::Mangle];
     let bodies: Vec<&str> = mangle.chains["cali-POSTROUTING"]
         .iter()
-        .map(|r| r.body.as_str())
+        .map(|r| r.body())
         .collect();
     let rule = |iface: &str, p: &str| {
         format!(
@@ -306,7 +306,7 @@ fn the_dns_hold_queues_trusted_servers_replies_to_workloads_only() {
     );
     assert_eq!(mangle.hooks.len(), 1);
     assert_eq!(mangle.hooks[0].kernel_chain, "POSTROUTING");
-    assert_eq!(mangle.hooks[0].rule.body, "-j cali-POSTROUTING");
+    assert_eq!(mangle.hooks[0].rule.body(), "-j cali-POSTROUTING");
     assert_eq!(
         mangle.hooks[0].position,
         iptables::desired::HookPosition::Top
@@ -316,12 +316,12 @@ fn the_dns_hold_queues_trusted_servers_replies_to_workloads_only() {
     assert_eq!(v6_rules.len(), 4);
     assert!(
         v6_rules[0]
-            .body
+            .body()
             .starts_with("-s fd00:96::a/128 -o cali+ -p udp"),
         "{}",
-        v6_rules[0].body
+        v6_rules[0].body()
     );
-    assert!(v6_rules[0].body.contains("--sport 5353"));
+    assert!(v6_rules[0].body().contains("--sport 5353"));
     assert_parses_back(&r, IpVersion::V4);
     assert_parses_back(&r, IpVersion::V6);
 

@@ -162,7 +162,7 @@ fn hostile_interface_names_and_set_ids_are_rejected_with_errors_naming_them() {
     let d = r.desired(IpVersion::V4);
     let rules = &d.tables[&TableName::Filter].chains["cali-from-wl-dispatch"];
     assert_eq!(rules.len(), 1);
-    assert!(rules[0].body.ends_with("-j DROP"));
+    assert!(rules[0].body().ends_with("-j DROP"));
     assert!(d.ip_sets.is_empty());
     assert_parses_back(&r, IpVersion::V4);
 }

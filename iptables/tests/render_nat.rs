@@ -21,7 +21,7 @@ fn pool(name: &str, cidr: &str, masquerade: bool, load_balancer_only: bool) -> O
 fn bodies(r: &Renderer, v: IpVersion) -> Vec<String> {
     r.desired(v).tables[&TableName::Nat].chains["cali-nat-outgoing"]
         .iter()
-        .map(|d| d.body.clone())
+        .map(|d| d.body().to_string())
         .collect()
 }
 
@@ -59,7 +59,7 @@ fn no_pools_no_nat_and_no_pool_sets() {
     let post: Vec<String> =
         r.desired(IpVersion::V4).tables[&TableName::Nat].chains["cali-POSTROUTING"]
             .iter()
-            .map(|d| d.body.clone())
+            .map(|d| d.body().to_string())
             .collect();
     assert_eq!(post, ["-j cali-fip-snat", "-j cali-nat-outgoing"]);
 }

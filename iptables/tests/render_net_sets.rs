@@ -190,7 +190,7 @@ fn heavy_rules_render_as_one_rule_each_with_a_set_in_both_families() {
             // The kernel set holds exactly those nets, and the rule reads it as iptables-save prints.
             assert_eq!(d.ip_sets[*name], IpSetSpec::new(IpSetKind::Net, want));
             let body = (d.tables[&F].chains.values().flatten())
-                .map(|x| x.body.clone())
+                .map(|x| x.body().to_string())
                 .find(|b| b.contains(name.as_str()))
                 .unwrap();
             let not = if negated { "! " } else { "" };

@@ -532,7 +532,7 @@ fn mark_mask_decides_the_bits() {
         (0x100, 0x200, 0x400, 0x800, 0x1000)
     );
     let d = r.desired(IpVersion::V4);
-    let fwd = &d.tables[&F].chains["cali-FORWARD"][0].body;
+    let fwd = d.tables[&F].chains["cali-FORWARD"][0].body();
     assert_eq!(fwd, "-j MARK --set-xmark 0x0/0x1a00");
 }
 
@@ -546,7 +546,7 @@ fn multiple_interface_prefixes_are_hooked() {
     let d = r.desired(IpVersion::V4);
     let bodies: Vec<&str> = d.tables[&F].chains["cali-FORWARD"]
         .iter()
-        .map(|r| r.body.as_str())
+        .map(|r| r.body())
         .collect();
     assert!(
         bodies.contains(&"-i tap+ -j cali-from-wl-dispatch")
@@ -561,7 +561,7 @@ fn raw_bodies(r: &Renderer, v: IpVersion, chain: &str) -> Option<Vec<String>> {
     d.tables[&TableName::Raw]
         .chains
         .get(chain)
-        .map(|rules| rules.iter().map(|r| r.body.clone()).collect())
+        .map(|rules| rules.iter().map(|r| r.body().to_string()).collect())
 }
 
 fn spoofing_endpoint(iface: &str, prefixes: &[&str]) -> Output {

@@ -20,7 +20,7 @@ use super::{
     validate_hook_chain, validate_written_rule,
 };
 use crate::model::is_our_chain;
-use crate::parse::{ActualRule, ActualTable, body_target};
+use crate::parse::{ActualRule, ActualTable};
 
 /// One line of a restore transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,7 +58,7 @@ impl NewRule {
         NewRule {
             hash: r.hash.clone(),
             spec: r.restore_spec(),
-            target: body_target(&r.body).map(str::to_string),
+            target: r.target().map(str::to_string),
         }
     }
 

@@ -21,6 +21,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use calc_graph::proto::Protocol;
 pub use calc_graph::proto::{IpSetKind, IpSetMember, IpVersion};
@@ -60,20 +61,77 @@ impl TableName {
 /// `hash` is the Felix rule id (felix-reference §6.3: chained SHA-224 over the chain name and the
 /// rule texts), computed by the renderer; the applier compares rules only by hash, so a rule whose
 /// hash is unchanged is never rewritten (its counters survive).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+///
+/// The renderer's rules carry their typed [`model::Rule`](crate::model::Rule) ([`Self::typed`]),
+/// shared with the renderer's store: the body is rendered from it once, and the chain it jumps
+/// to comes from its target. A rule built from restore text ([`Self::new`], for hand-written
+/// states) has no typed form; its target is read from the text once.
+#[derive(Debug, Clone)]
 pub struct DesiredRule {
     pub hash: String,
     /// Matches and action in iptables-restore syntax, e.g.
     /// `-m comment --comment "Policy explicitly accepted packet." -m mark --mark 0x10000/0x10000 -j ACCEPT`.
-    pub body: String,
+    body: String,
+    /// The user chain the rule jumps or goes to (`-j X` / `-g X`).
+    target: Option<String>,
+    typed: Option<Arc<crate::model::Rule>>,
+}
+
+/// Rules are equal when they are written the same (the typed form is the body's source).
+impl PartialEq for DesiredRule {
+    fn eq(&self, o: &Self) -> bool {
+        self.hash == o.hash && self.body == o.body
+    }
+}
+
+impl Eq for DesiredRule {}
+
+impl std::hash::Hash for DesiredRule {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.hash.hash(state);
+        self.body.hash(state);
+    }
 }
 
 impl DesiredRule {
+    /// A rule from restore text (hand-written states; the renderer uses [`Self::from_rule`]).
     pub fn new(hash: impl Into<String>, body: impl Into<String>) -> Self {
+        let body = body.into();
         DesiredRule {
             hash: hash.into(),
-            body: body.into(),
+            target: crate::parse::body_target(&body).map(str::to_string),
+            body,
+            typed: None,
         }
+    }
+
+    /// The typed rule `rule` (its chain and counters are not part of the body).
+    pub fn from_rule(hash: impl Into<String>, rule: Arc<crate::model::Rule>) -> Self {
+        DesiredRule {
+            hash: hash.into(),
+            body: rule.render_spec(),
+            target: rule
+                .target
+                .as_ref()
+                .and_then(|t| t.chain())
+                .map(|c| c.as_str().to_string()),
+            typed: Some(rule),
+        }
+    }
+
+    /// Matches and action in iptables-restore syntax.
+    pub fn body(&self) -> &str {
+        &self.body
+    }
+
+    /// The user chain the rule jumps or goes to (`-j X` / `-g X`).
+    pub fn target(&self) -> Option<&str> {
+        self.target.as_deref()
+    }
+
+    /// The typed rule, when the renderer made this one.
+    pub fn typed(&self) -> Option<&crate::model::Rule> {
+        self.typed.as_deref()
     }
 
     /// The rule text after `-A <chain> ` / `-I <chain> ` as written to iptables-restore.
@@ -350,7 +408,7 @@ fn check_target(
     chain: &str,
     rule: &DesiredRule,
 ) -> Result<(), DesiredError> {
-    match crate::parse::body_target(&rule.body) {
+    match rule.target() {
         Some(target) if is_our_chain(target) && !t.chains.contains_key(target) => {
             Err(DesiredError::InvalidRule {
                 table,

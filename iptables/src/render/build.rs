@@ -219,7 +219,7 @@ impl Target {
 pub struct Rule {
     /// What the kernel gets. Its chain is the one the renderer stores it in (a placeholder until
     /// then); its `cali:` comment is added by the applier.
-    rule: model::Rule,
+    rule: Arc<model::Rule>,
     /// Felix's rendering of everything after `-A <chain> HASH` (felix-reference §6.3).
     felix: String,
     /// Bytes of `felix` taken by the comments (Felix writes them first).
@@ -275,7 +275,7 @@ impl Default for Rule {
     /// A rule that only counts (Felix writes one for a policy with no rules).
     fn default() -> Self {
         Rule {
-            rule: model::Rule::new(unplaced()),
+            rule: Arc::new(model::Rule::new(unplaced())),
             felix: String::new(),
             felix_comments: 0,
             net_sets: Vec::new(),
@@ -304,7 +304,7 @@ impl Rule {
             // Impossible for validated names; kept as a safety net: the hash stays Felix's, the
             // kernel gets a bare DROP, so a bug can only make a chain stricter.
             tracing::error!(rule = %r.felix, error = %e, "rule refused by the model; rendering DROP instead");
-            r.rule = model::Rule::new(unplaced()).with_target(model::Target::Drop);
+            r.rule = Arc::new(model::Rule::new(unplaced()).with_target(model::Target::Drop));
             r.net_sets.clear();
             // Finish Felix's text as it would have been.
             r.felix.clear();
@@ -342,7 +342,9 @@ impl Rule {
         self.felix.insert_str(at, &frag);
         let n = self.rule.comments().count();
         match model::Text::new(c) {
-            Ok(t) => self.rule.matches.insert(n, model::Match::Comment(t)),
+            Ok(t) => Arc::make_mut(&mut self.rule)
+                .matches
+                .insert(n, model::Match::Comment(t)),
             Err(e) => tracing::error!(error = %e, "escaped comment refused by the model"),
         }
     }
@@ -357,9 +359,16 @@ impl Rule {
         &self.rule
     }
 
+    /// The typed rule the kernel gets, shared (the applier's [`DesiredRule`] holds it too).
+    ///
+    /// [`DesiredRule`]: crate::desired::DesiredRule
+    pub fn shared(&self) -> &Arc<model::Rule> {
+        &self.rule
+    }
+
     /// The rule as the applier writes it: `cali:<hash>` as its first comment.
     pub fn hashed(&self, hash: &str) -> Result<model::Rule, ModelError> {
-        let mut r = self.rule.clone();
+        let mut r = model::Rule::clone(&self.rule);
         r.matches.insert(
             0,
             model::Match::Comment(model::Text::new(format!("cali:{hash}"))?),
@@ -374,13 +383,15 @@ impl Rule {
 
     /// Places the rule in `chain` (the renderer's store does this).
     pub(super) fn place(&mut self, chain: &model::ChainName) {
-        self.rule.chain = chain.clone();
+        if self.rule.chain != *chain {
+            Arc::make_mut(&mut self.rule).chain = chain.clone();
+        }
     }
 
     fn push_match(&mut self, m: &Match) -> Result<(), ModelError> {
         push_sep(&mut self.felix);
         write_match(&mut self.felix, m);
-        let r = &mut self.rule;
+        let r = Arc::make_mut(&mut self.rule);
         match m {
             Match::Protocol { proto, negated } => {
                 let p = model::Protocol::from_token(&kernel_proto(*proto))?;
@@ -523,7 +534,7 @@ impl Rule {
     fn set_target(&mut self, t: &Target) -> Result<(), ModelError> {
         push_sep(&mut self.felix);
         write_target(&mut self.felix, t);
-        self.rule.target = Some(match t {
+        Arc::make_mut(&mut self.rule).target = Some(match t {
             Target::Accept => model::Target::Accept,
             Target::Drop => model::Target::Drop,
             Target::Return => model::Target::Return,

@@ -235,6 +235,6 @@ fn desired_rules(hashes: Vec<String>, rules: &[Rule]) -> Vec<DesiredRule> {
     hashes
         .into_iter()
         .zip(rules)
-        .map(|(h, r)| DesiredRule::new(h, r.render_spec()))
+        .map(|(h, r)| DesiredRule::from_rule(h, r.shared().clone()))
         .collect()
 }
