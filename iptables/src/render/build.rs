@@ -803,4 +803,28 @@ mod tests {
             "--jump MARK --set-mark 0/0x30000"
         );
     }
+
+    #[test]
+    fn comments_added_later_go_first_in_both_forms() {
+        let r = Rule::new(
+            vec![Match::Protocol {
+                proto: Protocol::Tcp,
+                negated: false,
+            }],
+            Target::Accept,
+        )
+        .with_comment("a")
+        .with_comment("b \"c\"");
+        assert_eq!(
+            r.felix_text(),
+            "-m comment --comment \"a\" -m comment --comment \"b _c_\" -p tcp --jump ACCEPT"
+        );
+        assert_eq!(
+            r.render_spec(),
+            "-p tcp -m comment --comment a -m comment --comment \"b _c_\" -j ACCEPT"
+        );
+        let counter = Rule::default().with_comment("only");
+        assert_eq!(counter.felix_text(), "-m comment --comment \"only\"");
+        assert_eq!(counter.render_spec(), "-m comment --comment only");
+    }
 }

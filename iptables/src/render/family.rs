@@ -52,7 +52,7 @@ pub(super) struct Family {
     pub(super) state: DesiredState,
     pub(super) changed: BTreeSet<(TableName, String)>,
     pub(super) set_refs: HashMap<String, usize>,
-    /// The members of the net sets ([`Match::NetSet`]) named by stored chains, by kernel name:
+    /// The members of the net sets ([`super::build::Match::NetSet`]) named by stored chains, by kernel name:
     /// recorded with the first reference, forgotten with the last (content-addressed, so a
     /// name's members never change).
     pub(super) net_sets: HashMap<String, Arc<[IpNet]>>,
