@@ -16,6 +16,11 @@ use std::sync::Arc;
 
 use calc_graph::proto::{PortRange, Protocol};
 
+mod felix;
+
+pub use felix::felix_proto;
+use felix::{push_sep, write_match, write_target};
+
 use crate::model::{self, ModelError};
 use ipnet::IpNet;
 
@@ -233,6 +238,9 @@ pub struct Rule {
 impl PartialEq for Rule {
     fn eq(&self, o: &Self) -> bool {
         let (a, b) = (&self.rule, &o.rule);
+        if Arc::ptr_eq(a, b) {
+            return self.net_sets == o.net_sets;
+        }
         self.felix == o.felix
             && a.matches == b.matches
             && a.target == b.target
@@ -587,244 +595,5 @@ pub fn kernel_proto(p: Protocol) -> String {
     }
 }
 
-fn push_sep(s: &mut String) {
-    if !s.is_empty() {
-        s.push(' ');
-    }
-}
-
-/// Felix's protocol name (`-p tcp`), or the number.
-pub fn felix_proto(p: Protocol) -> String {
-    match p {
-        Protocol::Tcp => "tcp".into(),
-        Protocol::Udp => "udp".into(),
-        Protocol::Sctp => "sctp".into(),
-        Protocol::Icmp => "icmp".into(),
-        Protocol::IcmpV6 => "icmpv6".into(),
-        Protocol::UdpLite => "udplite".into(),
-        Protocol::Number(n) => n.to_string(),
-    }
-}
-
-fn hex(v: u32) -> String {
-    format!("{v:#x}")
-}
-
-fn mark_value(v: u32) -> String {
-    if v == 0 { "0".into() } else { hex(v) }
-}
-
-fn write_match(s: &mut String, m: &Match) {
-    let not = |n: bool| if n { "! " } else { "" };
-    let _ = match m {
-        Match::Protocol { proto, negated } => {
-            write!(s, "{}-p {}", not(*negated), felix_proto(*proto))
-        }
-        Match::Net { side, net, negated } => {
-            let opt = if *side == Side::Src {
-                "--source"
-            } else {
-                "--destination"
-            };
-            write!(s, "{}{opt} {net}", not(*negated))
-        }
-        Match::InIface(i) => write!(s, "--in-interface {i}"),
-        Match::OutIface(i) => write!(s, "--out-interface {i}"),
-        Match::Set { .. } | Match::NetSet { .. } => {
-            let (name, flags, negated) = m.set_match().expect("a set match");
-            write!(
-                s,
-                "-m set {}--match-set {name} {}",
-                not(negated),
-                flags.as_str()
-            )
-        }
-        Match::Ports {
-            side,
-            ports,
-            negated,
-        } => {
-            let opt = if *side == Side::Src {
-                "--source-ports"
-            } else {
-                "--destination-ports"
-            };
-            let list: Vec<String> = ports.iter().map(|p| p.to_string()).collect();
-            write!(s, "-m multiport {}{opt} {}", not(*negated), list.join(","))
-        }
-        Match::Icmp {
-            v6,
-            type_,
-            code,
-            negated,
-        } => {
-            let (m, opt) = if *v6 {
-                ("icmp6", "--icmpv6-type")
-            } else {
-                ("icmp", "--icmp-type")
-            };
-            match code {
-                Some(c) => write!(s, "-m {m} {}{opt} {type_}/{c}", not(*negated)),
-                None => write!(s, "-m {m} {}{opt} {type_}", not(*negated)),
-            }
-        }
-        Match::Mark {
-            value,
-            mask,
-            negated,
-        } => {
-            write!(
-                s,
-                "-m mark {}--mark {}/{}",
-                not(*negated),
-                mark_value(*value),
-                hex(*mask)
-            )
-        }
-        Match::Conntrack { states, negated } => {
-            write!(
-                s,
-                "-m conntrack {}--ctstate {}",
-                not(*negated),
-                states.as_str()
-            )
-        }
-        Match::Rpfilter { negated } => {
-            write!(s, "-m rpfilter{}", if *negated { " --invert" } else { "" })
-        }
-        Match::SrcPort { proto, port } => {
-            write!(s, "-m {} --sport {port}", felix_proto(*proto))
-        }
-        Match::CtDirReply => write!(s, "-m conntrack --ctdir REPLY"),
-        Match::Limit { per_second, burst } => {
-            write!(
-                s,
-                "-m limit --limit {per_second}/second --limit-burst {burst}"
-            )
-        }
-    };
-}
-
-fn write_target(s: &mut String, t: &Target) {
-    let _ = match t {
-        Target::Accept => write!(s, "--jump ACCEPT"),
-        Target::Drop => write!(s, "--jump DROP"),
-        Target::Return => write!(s, "--jump RETURN"),
-        Target::Jump(c) => write!(s, "--jump {c}"),
-        Target::Goto(c) => write!(s, "--goto {c}"),
-        Target::SetMark { value, mask } => {
-            write!(s, "--jump MARK --set-mark {}/{}", hex(*value), hex(*mask))
-        }
-        Target::ClearMark(mask) => write!(s, "--jump MARK --set-mark 0/{}", hex(*mask)),
-        Target::Log { prefix } => write!(s, "--jump LOG --log-prefix \"{prefix}: \" --log-level 5"),
-        Target::Nflog { group, prefix } => {
-            write!(
-                s,
-                "--jump NFLOG --nflog-group {group} --nflog-prefix {prefix}"
-            )
-        }
-        Target::Masquerade { random_fully } => write!(
-            s,
-            "--jump MASQUERADE{}",
-            if *random_fully { " --random-fully" } else { "" }
-        ),
-        Target::Nfqueue { num } => write!(s, "--jump NFQUEUE --queue-num {num}"),
-    };
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn felix_text_matches_felix_syntax() {
-        let r = Rule::new(
-            vec![
-                Match::Protocol {
-                    proto: Protocol::Tcp,
-                    negated: false,
-                },
-                Match::Net {
-                    side: Side::Src,
-                    net: "10.0.0.0/8".parse().unwrap(),
-                    negated: false,
-                },
-                Match::Ports {
-                    side: Side::Dst,
-                    ports: vec![PortRange {
-                        first: 80,
-                        last: 80,
-                    }],
-                    negated: false,
-                },
-                Match::Mark {
-                    value: 0x80000,
-                    mask: 0x80000,
-                    negated: false,
-                },
-            ],
-            Target::SetMark {
-                value: 0x10000,
-                mask: 0x10000,
-            },
-        );
-        assert_eq!(
-            r.felix_text(),
-            "-p tcp --source 10.0.0.0/8 -m multiport --destination-ports 80 \
-             -m mark --mark 0x80000/0x80000 --jump MARK --set-mark 0x10000/0x10000"
-        );
-        let r = Rule::new(
-            vec![Match::Mark {
-                value: 0,
-                mask: 0x20000,
-                negated: false,
-            }],
-            Target::Drop,
-        )
-        .with_comment("End of tier default. Drop if no policies passed packet");
-        assert_eq!(
-            r.felix_text(),
-            "-m comment --comment \"End of tier default. Drop if no policies passed packet\" \
-             -m mark --mark 0/0x20000 --jump DROP"
-        );
-        assert_eq!(
-            Rule::new(
-                vec![],
-                Target::SetMark {
-                    value: 0,
-                    mask: 0x180000
-                }
-            )
-            .felix_text(),
-            "--jump MARK --set-mark 0x0/0x180000"
-        );
-        assert_eq!(
-            Rule::new(vec![], Target::ClearMark(0x30000)).felix_text(),
-            "--jump MARK --set-mark 0/0x30000"
-        );
-    }
-
-    #[test]
-    fn comments_added_later_go_first_in_both_forms() {
-        let r = Rule::new(
-            vec![Match::Protocol {
-                proto: Protocol::Tcp,
-                negated: false,
-            }],
-            Target::Accept,
-        )
-        .with_comment("a")
-        .with_comment("b \"c\"");
-        assert_eq!(
-            r.felix_text(),
-            "-m comment --comment \"a\" -m comment --comment \"b _c_\" -p tcp --jump ACCEPT"
-        );
-        assert_eq!(
-            r.render_spec(),
-            "-p tcp -m comment --comment a -m comment --comment \"b _c_\" -j ACCEPT"
-        );
-        let counter = Rule::default().with_comment("only");
-        assert_eq!(counter.felix_text(), "-m comment --comment \"only\"");
-        assert_eq!(counter.render_spec(), "-m comment --comment only");
-    }
-}
+mod tests;
