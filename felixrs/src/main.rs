@@ -6,7 +6,7 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(
     name = "felixrs",
-    version = env!("FELIXRS_VERSION"),
+    version = version(),
     about = "Calico-style iptables network-policy agent"
 )]
 struct Cli {
@@ -36,6 +36,9 @@ enum Command {
     /// --log-action nflog), with the deciding policy and the pods (root, on the node).
     Flows(felixrs::cmd::flows::Args),
 }
+
+// `version()`: see scripts/version_string.rs.
+include!("../../scripts/version_string.rs");
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
