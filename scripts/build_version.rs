@@ -1,12 +1,18 @@
-// The version string `felixrs --version` and `policy-controller --version` print, made at build
-// time by each binary's package build script (`felixrs/build.rs`, `policy-controller/build.rs`
-// include this file): `<package version> (<commit>)`, with an optional `+<extra>` after the package
-// version (FELIXRS_VERSION_EXTRA, e.g. the upgrade test's second image).
+// The commit part of the version string `felixrs --version` and `policy-controller --version`
+// print, made at build time by each binary's package build script (`felixrs/build.rs`,
+// `policy-controller/build.rs` include this file) as FELIXRS_BUILD_COMMIT; the binaries'
+// `main.rs` put it together with the package version (`scripts/version_string.rs`):
+// `<package version> (<commit>)`.
 //
 // Release builds (what the image ships) carry the git commit and are rebuilt when HEAD moves; the
 // commit comes from FELIXRS_GIT_COMMIT when set (a build without .git, e.g. from a source tarball),
 // else from `git`, else "unknown commit". Debug builds say "debug build" instead: tracking HEAD
 // there would recompile the whole package on every commit of the edit-test loop.
+//
+// The optional `+<extra>` suffix (FELIXRS_VERSION_EXTRA, e.g. the upgrade test's `-next` image) is
+// not read here: whatever a build script reads reaches every unit of its package, so the `-next`
+// image would rebuild both packages' libraries; `main.rs` reads it with `option_env!`, which only
+// the binaries' units track, so only they recompile.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -38,7 +44,6 @@ fn track_head() {
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=FELIXRS_GIT_COMMIT");
-    println!("cargo:rerun-if-env-changed=FELIXRS_VERSION_EXTRA");
     let release = std::env::var("PROFILE").is_ok_and(|p| p == "release");
     let commit = if !release {
         "debug build".to_string()
@@ -53,11 +58,5 @@ fn main() {
             .map(|c| format!("commit {c}"))
             .unwrap_or_else(|| "unknown commit".to_string())
     };
-    let mut version = std::env::var("CARGO_PKG_VERSION").expect("cargo sets CARGO_PKG_VERSION");
-    if let Ok(extra) = std::env::var("FELIXRS_VERSION_EXTRA")
-        && !extra.is_empty()
-    {
-        version = format!("{version}+{extra}");
-    }
-    println!("cargo:rustc-env=FELIXRS_VERSION={version} ({commit})");
+    println!("cargo:rustc-env=FELIXRS_BUILD_COMMIT={commit}");
 }

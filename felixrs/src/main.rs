@@ -3,12 +3,10 @@
 
 use clap::{Parser, Subcommand};
 
-mod iptables_cmd;
-
 #[derive(Parser)]
 #[command(
     name = "felixrs",
-    version = env!("FELIXRS_VERSION"),
+    version = version(),
     about = "Calico-style iptables network-policy agent"
 )]
 struct Cli {
@@ -19,30 +17,33 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Tools that work on iptables-save text.
-    Iptables(iptables_cmd::IptablesArgs),
+    Iptables(felixrs::cmd::iptables::IptablesArgs),
     /// Run the node agent: keep this node's kernel equal to what etcd says for it.
     Agent(felixrs::agent::Args),
     /// Print what the agent would program for a node, from manifest files or its snapshot (no etcd,
     /// no root).
-    Render(felixrs::render_cmd::Args),
+    Render(felixrs::cmd::render::Args),
     /// Show which of a node's rules decide a packet between two pods, from manifest files or the
     /// agent's snapshot (optionally checked against the kernel).
-    Trace(felixrs::trace_cmd::Args),
+    Trace(felixrs::cmd::trace::Args),
     /// Remove every `cali-` chain, hook rule and IP set of ours from this node's kernel (both
     /// iptables backends, both families) and nothing else. Root; stop the agent first.
-    Cleanup(felixrs::cleanup_cmd::Args),
+    Cleanup(felixrs::cmd::cleanup::Args),
     /// Show which policies allow and drop traffic on this node, from the kernel's rule counters
     /// (root, in the node's network namespace).
-    Stats(felixrs::stats_cmd::Args),
+    Stats(felixrs::cmd::stats::Args),
     /// Print the packets our NFLOG rules log (denied with --log-denied, the Log action with
     /// --log-action nflog), with the deciding policy and the pods (root, on the node).
-    Flows(felixrs::flows_cmd::Args),
+    Flows(felixrs::cmd::flows::Args),
 }
+
+// `version()`: see scripts/version_string.rs.
+include!("../../scripts/version_string.rs");
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Iptables(args) => iptables_cmd::run(args),
+        Command::Iptables(args) => felixrs::cmd::iptables::run(args),
         Command::Agent(args) => match args.run() {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {

@@ -10,8 +10,8 @@ use std::process::Output;
 use std::time::Duration;
 
 use calc_graph::proto::IpVersion as ProtoIp;
-use felixrs::dataplane_args::DataplaneArgs;
-use felixrs::render_cmd::{SourceArgs, render_node};
+use felixrs::cmd::shared::dataplane_args::DataplaneArgs;
+use felixrs::cmd::shared::node_view::{SourceArgs, render_node};
 use felixrs_test_support::netns::Netns;
 use iptables::apply::{Applier, ApplierConfig, Backend, ExecRunner, Mode};
 use iptables::desired::IpVersion;

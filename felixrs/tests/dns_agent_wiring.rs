@@ -13,12 +13,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use felixrs::agent::apply_loop::Dataplane;
 use felixrs::agent::kernel::KernelDataplane;
-use felixrs::dataplane_args::DataplaneArgs;
+use felixrs::cmd::shared::dataplane_args::DataplaneArgs;
+use felixrs::cmd::shared::node_view::{SourceArgs, render_node};
 use felixrs::dns::learner::{Learner, LearnerConfig, SystemClock};
 use felixrs::dns::metrics::DnsMetrics;
 use felixrs::dns::persist;
 use felixrs::dns::setwriter::NetlinkSetWriter;
-use felixrs::render_cmd::{SourceArgs, render_node};
 use felixrs_test_support::netns::Netns;
 use iptables::apply::{Backend, ExecRunner};
 

@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use felixrs::dataplane_args::{DataplaneArgs, LogTo};
+use felixrs::cmd::shared::dataplane_args::{DataplaneArgs, LogTo};
 use iptables::apply::Backend;
 use node_support::{DENIED_PORT, FelixrsNode, NODE, NodeWorld, TELNET_PORT, connects};
 

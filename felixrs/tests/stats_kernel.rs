@@ -7,7 +7,7 @@
 
 mod node_support;
 
-use felixrs::stats_cmd::{Row, Stats, collect};
+use felixrs::cmd::stats::{Row, Stats, collect};
 use iptables::apply::Backend;
 use iptables::apply::backend::Mode;
 use node_support::{

@@ -4,6 +4,9 @@
 use clap::{CommandFactory, FromArgMatches};
 use policy_controller::cli::{Cli, Command, run_sync};
 
+// `version()`: see scripts/version_string.rs.
+include!("../../scripts/version_string.rs");
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
@@ -13,10 +16,8 @@ async fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    // `--version` prints the version with the commit (see policy-controller/build.rs).
-    let matches = Cli::command()
-        .version(env!("FELIXRS_VERSION"))
-        .get_matches();
+    // `--version` prints the version with the commit (see scripts/version_string.rs).
+    let matches = Cli::command().version(version()).get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let result = match cli.command {
         Command::Sync(args) => run_sync(args).await,

@@ -11,9 +11,9 @@
 
 use std::fmt::Debug;
 
-use felixrs::dataplane_args::DataplaneArgs;
-use felixrs::render_cmd::{NodeView, SourceArgs, render_node};
-use felixrs::trace_cmd::PacketArgs;
+use felixrs::cmd::shared::dataplane_args::DataplaneArgs;
+use felixrs::cmd::shared::node_view::{NodeView, SourceArgs, render_node};
+use felixrs::cmd::trace::PacketArgs;
 
 use crate::cases::{self, Case, Expect, Step};
 use crate::traffic::{Probe, Proto};

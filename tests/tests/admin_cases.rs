@@ -3,7 +3,7 @@
 //! (the rules `render` produces for each node, evaluated) must agree with them too. The root run
 //! (`tests/e2e_admin.rs`) checks the same expectations against the kernel.
 
-use felixrs::trace_cmd::{Verdict, trace_packet};
+use felixrs::cmd::trace::{Verdict, trace_packet};
 use felixrs_e2e::admin_cases;
 use felixrs_e2e::admin_evaluator::admin_world;
 use felixrs_e2e::cases::{self, Case, Expect, Step, T80, U81};

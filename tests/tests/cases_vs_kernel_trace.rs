@@ -6,8 +6,8 @@
 //! both nodes' kernels. Root.
 
 use calc_graph::proto::IpVersion;
-use felixrs::trace_cmd::trace_packet;
-use felixrs::trace_kernel::{KernelVerdict, read_kernel_state_with, trace_kernel};
+use felixrs::cmd::trace::kernel::{KernelVerdict, read_kernel_state_with, trace_kernel};
+use felixrs::cmd::trace::trace_packet;
 use felixrs_e2e::cases::{self, Case};
 use felixrs_e2e::cases_v6;
 use felixrs_e2e::trace_cells::{NODES, NodeVerdict, case_steps, trace_every_cell};

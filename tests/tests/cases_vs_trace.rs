@@ -3,7 +3,7 @@
 //! no root. A packet between pods on two nodes must get through both nodes' rules (each traced
 //! on its node); one between pods on the same node through that node's.
 
-use felixrs::trace_cmd::{Verdict, trace_packet};
+use felixrs::cmd::trace::{Verdict, trace_packet};
 use felixrs_e2e::cases::{self, Case};
 use felixrs_e2e::cases_v6;
 use felixrs_e2e::trace_cells::{NODES, NodeVerdict, case_steps, trace_every_cell};

@@ -398,9 +398,9 @@ spec: {podSelector: {matchLabels: {pod: a}}, policyTypes: [Egress]}
 /// does: x/a's connection to a server on node-1's own address is dropped while an egress
 /// policy isolates x/a, and accepted without it.
 fn pod_to_its_node_matches_trace(env: &mut Env) -> Result<Vec<String>> {
-    use felixrs::dataplane_args::{DataplaneArgs, WorkloadSourceSpoofing};
-    use felixrs::render_cmd::{SourceArgs, render_node};
-    use felixrs::trace_cmd::{PacketArgs, Verdict, trace_packet};
+    use felixrs::cmd::shared::dataplane_args::{DataplaneArgs, WorkloadSourceSpoofing};
+    use felixrs::cmd::shared::node_view::{SourceArgs, render_node};
+    use felixrs::cmd::trace::{PacketArgs, Verdict, trace_packet};
     let a = env.cluster.pod("x/a");
     let node = &env.cluster.nodes[a.node];
     let (a_ns, node_ip, node_name) = (a.ns.name().to_string(), node.ip, node.name.clone());

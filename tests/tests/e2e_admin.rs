@@ -11,9 +11,9 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use felixrs::dataplane_args::DataplaneArgs;
-use felixrs::render_cmd::{SourceArgs, render_node};
-use felixrs::trace_cmd::{PacketArgs, Verdict, trace_packet};
+use felixrs::cmd::shared::dataplane_args::DataplaneArgs;
+use felixrs::cmd::shared::node_view::{SourceArgs, render_node};
+use felixrs::cmd::trace::{PacketArgs, Verdict, trace_packet};
 use felixrs_e2e::admin_cases;
 use felixrs_e2e::cases::{Step, T80, T81};
 use felixrs_e2e::driver::binary;

@@ -84,9 +84,9 @@ spec: {podSelector: {matchLabels: {pod: a}}, policyTypes: [Egress]}
 /// packets to node-1's IPv4 and IPv6 addresses are dropped while an egress policy isolates x/a,
 /// and reach the node without it. `felixrs trace --to host:ADDR` says the same for each.
 fn pod_to_its_node_every_protocol(h: &mut Harness) -> Result<Vec<String>> {
-    use felixrs::dataplane_args::{DataplaneArgs, WorkloadSourceSpoofing};
-    use felixrs::render_cmd::{SourceArgs, render_node};
-    use felixrs::trace_cmd::{PacketArgs, Verdict, trace_packet};
+    use felixrs::cmd::shared::dataplane_args::{DataplaneArgs, WorkloadSourceSpoofing};
+    use felixrs::cmd::shared::node_view::{SourceArgs, render_node};
+    use felixrs::cmd::trace::{PacketArgs, Verdict, trace_packet};
     let xa = h.cluster.pod("x/a");
     let node = &h.cluster.nodes[xa.node];
     let (xa_ns, node_name) = (xa.ns.name().to_string(), node.name.clone());

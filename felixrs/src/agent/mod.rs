@@ -35,7 +35,7 @@ use calc_graph::model::EtcdPrefix;
 use iptables::apply::{Backend, ExecRunner};
 use tokio_util::sync::CancellationToken;
 
-use crate::dataplane_args::DataplaneArgs;
+use crate::cmd::shared::dataplane_args::DataplaneArgs;
 use datastore::{EtcdDatastore, EtcdTls};
 use metrics::Metrics;
 use runtime::RuntimeConfig;

@@ -12,7 +12,7 @@ use super::metrics::DnsMetrics;
 use super::persist;
 use super::queue::{QueueThread, spawn_retrying};
 use super::setwriter::{NetlinkSetWriter, RestoreSetWriter, SetWriter};
-use crate::dataplane_args::DataplaneArgs;
+use crate::cmd::shared::dataplane_args::DataplaneArgs;
 
 /// The running learner.
 pub struct DnsAgent {

@@ -7,8 +7,8 @@
 use std::path::Path;
 
 use calc_graph::proto::IpVersion;
-use felixrs::dataplane_args::DataplaneArgs;
-use felixrs::render_cmd::{SourceArgs, render_node};
+use felixrs::cmd::shared::dataplane_args::DataplaneArgs;
+use felixrs::cmd::shared::node_view::{SourceArgs, render_node};
 use felixrs_test_support::netns::Netns;
 pub use felixrs_test_support::node::{ALLOWED_PORT, DENIED_PORT, NODE, TELNET_PORT, connects};
 use iptables::apply::{Applier, ApplierConfig, Backend, ExecRunner};

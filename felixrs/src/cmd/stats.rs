@@ -20,8 +20,8 @@ use iptables::stats::{Attribution, CounterKey, Tally};
 use serde::Serialize;
 
 use crate::agent::IptablesBackend;
-use crate::dataplane_args::DataplaneArgs;
-use crate::render_cmd::{SourceArgs, render_node};
+use crate::cmd::shared::dataplane_args::DataplaneArgs;
+use crate::cmd::shared::node_view::{SourceArgs, render_node};
 
 /// `felixrs stats`.
 #[derive(Debug, Clone, clap::Args)]

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use calc_graph::model::Resource;
 
-use crate::render_cmd::NodeView;
+use crate::cmd::shared::node_view::NodeView;
 
 /// A workload endpoint of the view.
 #[derive(Debug, Clone, PartialEq, Eq)]

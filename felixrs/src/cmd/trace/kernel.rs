@@ -18,7 +18,7 @@ use iptables::render::static_chains::VERDICT_DROP;
 use iptables::render::trace::{self, Effect, Outcome, Step};
 use iptables::render::trace_kernel::KernelRules;
 
-use crate::trace_cmd::{Traced, Verdict};
+use super::traced::{Traced, Verdict};
 
 /// What the kernel read for a kernel trace.
 pub struct KernelState {

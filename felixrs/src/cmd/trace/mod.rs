@@ -21,14 +21,18 @@ use iptables::render::trace::{self, Effect, Outcome, Packet, RendererRules};
 use iptables::render::{names, static_chains};
 
 mod check;
+pub mod kernel;
+mod traced;
 
 use check::read_kernel;
 pub use check::{check_kernel, check_sets};
+use traced::End;
+pub use traced::{Path, Traced, Verdict};
 
-use crate::dataplane_args::DataplaneArgs;
+use crate::cmd::shared::dataplane_args::DataplaneArgs;
+use crate::cmd::shared::node_view::{NodeView, SourceArgs, render_node_learned};
+use crate::cmd::shared::pods::Pods;
 use crate::dns::trace::{LearnedFile, explain as explain_domain};
-use crate::pods::Pods;
-use crate::render_cmd::{NodeView, SourceArgs, render_node_learned};
 
 /// `felixrs trace`.
 #[derive(Debug, Clone, clap::Args)]
@@ -89,15 +93,6 @@ pub struct PacketArgs {
     pub ipv6: bool,
 }
 
-/// How a node's rules end a packet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    Accept,
-    Drop,
-    /// Our chain returned without a verdict: the kernel chain's other rules decide.
-    NotOurs,
-}
-
 /// The kernel differs from the traced rules: the whole report, findings included.
 #[derive(Debug)]
 struct KernelDiffers(String);
@@ -109,57 +104,6 @@ impl std::fmt::Display for KernelDiffers {
 }
 
 impl std::error::Error for KernelDiffers {}
-
-/// Which kernel chain the packet takes on the node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Path {
-    /// Routed through the node (pod to pod, pod to elsewhere): FORWARD.
-    Forward,
-    /// To the node itself: INPUT.
-    Input,
-    /// From the node itself: OUTPUT.
-    Output,
-}
-
-impl Path {
-    /// The kernel chain whose first rule is our hook.
-    pub fn kernel_chain(self) -> &'static str {
-        match self {
-            Path::Forward => "FORWARD",
-            Path::Input => "INPUT",
-            Path::Output => "OUTPUT",
-        }
-    }
-
-    fn our_chain(self) -> &'static str {
-        match self {
-            Path::Forward => static_chains::FORWARD,
-            Path::Input => static_chains::INPUT,
-            Path::Output => static_chains::OUTPUT,
-        }
-    }
-}
-
-/// A traced packet.
-pub struct Traced {
-    pub path: Path,
-    pub packet: Packet,
-    pub trace: trace::Trace,
-    pub verdict: Verdict,
-    from: End,
-    to: End,
-}
-
-/// One end of the packet.
-struct End {
-    /// This node itself.
-    host: bool,
-    addr: IpAddr,
-    /// The pod, if the end is one.
-    pod: Option<String>,
-    /// Its interface, if the pod is on the traced node.
-    local_iface: Option<String>,
-}
 
 impl Args {
     pub fn run(self) -> std::process::ExitCode {
@@ -239,8 +183,8 @@ impl Args {
             }
         }
         if self.kernel {
-            let state = crate::trace_kernel::read_kernel_state(traced.packet.version())?;
-            let kt = crate::trace_kernel::trace_kernel(&traced, &state)?;
+            let state = kernel::read_kernel_state(traced.packet.version())?;
+            let kt = kernel::trace_kernel(&traced, &state)?;
             text.push_str(&kt.text);
             if !kt.agrees {
                 for p in &view.problems {

@@ -1,27 +1,22 @@
-//! `felixrs render`: manifests -> the payloads the agent would apply to an empty kernel.
-//!
-//! No etcd and no root: the manifests are converted as the controller would (or the agent's
-//! persisted snapshot of the datastore is read, with `--state-dir`), fed through the
-//! calculation graph for one node and rendered; the ipset restore script and the iptables-restore
-//! transactions (per family and table) are printed. Objects that cannot be converted, decoded or
-//! rendered are reported on stderr (object and field) and the rest is still rendered.
+//! The node view the operator commands share: the cluster's objects (manifests, or the agent's
+//! snapshot with `--state-dir`) converted as the controller would, fed through the calculation
+//! graph for one node and rendered with the agent's dataplane flags. `render` prints it, `trace`
+//! runs a packet through it, `stats` and `flows` attribute the kernel's rules and logs with it.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
 use calc_graph::model::Resource;
-use calc_graph::proto::{IpVersion, Output};
-use iptables::desired::Preview;
+use calc_graph::proto::Output;
 use iptables::render::Renderer;
 use k8s_convert::{ConvertOptions, load_manifests};
 
 use crate::agent::kernel::GraphPipeline;
 use crate::agent::snapshot::SnapshotStore;
 use crate::agent::state::Pipeline;
-use crate::dataplane_args::DataplaneArgs;
+use crate::cmd::shared::dataplane_args::DataplaneArgs;
 use crate::dns::trace::LearnedFile;
 
 /// Where the cluster's objects come from: manifests, or the agent's snapshot.
@@ -44,18 +39,6 @@ impl SourceArgs {
             state_dir: None,
         }
     }
-}
-
-/// `felixrs render`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct Args {
-    #[command(flatten)]
-    pub source: SourceArgs,
-    /// The node to render for.
-    #[arg(long)]
-    pub node_name: String,
-    #[command(flatten)]
-    pub dataplane: DataplaneArgs,
 }
 
 /// The cluster's objects run through the calculation graph for one node and rendered, as the
@@ -192,59 +175,4 @@ pub fn render_node_learned(
         failed_safe,
         learned,
     })
-}
-
-/// What `render` found, besides the text.
-#[derive(Debug, Default)]
-pub struct Rendered {
-    pub text: String,
-    /// One line per object that was skipped or rendered fail-closed.
-    pub problems: Vec<String>,
-}
-
-impl Args {
-    pub fn run(self) -> std::process::ExitCode {
-        match self.render() {
-            Ok(r) => {
-                for p in &r.problems {
-                    eprintln!("felixrs render: {p}");
-                }
-                print!("{}", r.text);
-                std::process::ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("felixrs render: {e:#}");
-                std::process::ExitCode::FAILURE
-            }
-        }
-    }
-
-    pub fn render(self) -> anyhow::Result<Rendered> {
-        let Args {
-            source,
-            node_name,
-            dataplane,
-        } = self;
-        let node = render_node(&source, &node_name, &dataplane)?;
-        let renderer = node.renderer;
-        let mut out = Rendered {
-            problems: node.problems,
-            ..Rendered::default()
-        };
-        if let Some(rev) = node.revision {
-            let _ = writeln!(
-                out.text,
-                "# from the agent's snapshot at datastore revision {rev}"
-            );
-        }
-        for v in [IpVersion::V4, IpVersion::V6] {
-            let preview = Preview::plan(&renderer.desired(v))
-                .with_context(|| format!("planning IPv{}", v.number()))?;
-            // Unlike an apply's preview, the ipset section is listed even when empty.
-            out.text.push_str(&preview.ip_sets_header());
-            out.text.push_str(&preview.ip_sets);
-            out.text.push_str(&preview.tables_text());
-        }
-        Ok(out)
-    }
 }

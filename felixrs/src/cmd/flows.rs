@@ -24,10 +24,10 @@ use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner, Netfilte
 use netlink_sys::{Socket, constants::NETLINK_NETFILTER};
 use serde::Serialize;
 
-use crate::dataplane_args::{DataplaneArgs, LOG_ACTION_NFLOG_GROUP};
-use crate::pods::Pods;
-use crate::render_cmd::{SourceArgs, render_node};
-use crate::stats_cmd::cell;
+use crate::cmd::shared::dataplane_args::{DataplaneArgs, LOG_ACTION_NFLOG_GROUP};
+use crate::cmd::shared::node_view::{SourceArgs, render_node};
+use crate::cmd::shared::pods::Pods;
+use crate::cmd::stats::cell;
 
 /// `felixrs flows`.
 #[derive(Debug, Clone, clap::Args)]
@@ -160,7 +160,7 @@ struct Names {
     policies: HashMap<String, String>,
 }
 
-fn names_of(view: &crate::render_cmd::NodeView) -> Names {
+fn names_of(view: &crate::cmd::shared::node_view::NodeView) -> Names {
     let pods = Pods::of(view);
     let policies = view
         .renderer

@@ -13,8 +13,8 @@ use iptables::render::trace::Effect;
 
 use anyhow::bail;
 
-use super::Traced;
-use crate::render_cmd::NodeView;
+use super::traced::Traced;
+use crate::cmd::shared::node_view::NodeView;
 
 /// Every chain the packet entered, in order: those with a matched rule, and those jumped to
 /// (whose rules may all have missed, e.g. because a rule was gone or a set lacked a member).
