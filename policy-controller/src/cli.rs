@@ -20,7 +20,7 @@ use crate::convert::ConvertOptions;
 use crate::index::Index;
 use crate::metrics::Metrics;
 use crate::writer::{SyncStats, Writer, WriterError};
-use crate::{election, etcd_tls, k8s_source, manifests};
+use crate::{election, k8s_source, manifests};
 
 /// Kubernetes objects and manifests → Calico v3 resources in etcd.
 #[derive(Debug, Parser)]

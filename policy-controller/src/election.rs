@@ -60,12 +60,8 @@ impl Drop for Leadership {
     }
 }
 
-/// Grants a lease and campaigns until elected. `value` identifies this replica.
-pub async fn campaign(client: &Client, value: &str, ttl: i64) -> Result<Leadership, ElectionError> {
-    campaign_named(client, ELECTION_NAME, value, ttl).await
-}
-
-/// [`campaign`] in the election `name` (one per cluster: `EtcdPrefix::private_key(ELECTION_NAME)`).
+/// Grants a lease and campaigns until elected in the election `name` (one per cluster:
+/// `EtcdPrefix::private_key(ELECTION_NAME)`). `value` identifies this replica.
 pub async fn campaign_named(
     client: &Client,
     name: &str,
@@ -120,14 +116,9 @@ pub async fn campaign_named(
     })
 }
 
-/// The current leader's value, if any.
+/// The current leader's value in the default-prefix election, if any.
 pub async fn current_leader(client: &Client) -> Option<String> {
-    current_leader_of(client, ELECTION_NAME).await
-}
-
-/// [`current_leader`] of the election `name`.
-pub async fn current_leader_of(client: &Client, name: &str) -> Option<String> {
-    let resp = client.election_client().leader(name).await.ok()?;
+    let resp = client.election_client().leader(ELECTION_NAME).await.ok()?;
     resp.kv()
         .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
 }

@@ -9,13 +9,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_convert::strict_k8s::StrictNetworkPolicy;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
 
 use crate::convert::{self, ConvertOptions, Converted, ObjectRef, SkipReport};
 use crate::manifests::ManifestSet;
-use crate::strict_k8s::StrictNetworkPolicy;
 use crate::validate::checked;
 use crate::writer::Desired;
 
@@ -29,71 +29,33 @@ pub trait SourceKind: kube::Resource + ResourceExt {
     fn convert(&self, opts: &ConvertOptions) -> Converted;
 }
 
-impl SourceKind for Namespace {
-    const KIND: &'static str = "Namespace";
-    fn convert(&self, opts: &ConvertOptions) -> Converted {
-        convert::namespace_to_profile(self, opts)
-    }
+/// The [`SourceKind`] of each type: its kind name, conversion and, for a CRD kind, `optional`.
+macro_rules! source_kinds {
+    ($($ty:ty => $kind:literal, $convert:path $(, optional = $optional:literal)?;)*) => {$(
+        impl SourceKind for $ty {
+            const KIND: &'static str = $kind;
+            $(const OPTIONAL: bool = $optional;)?
+            fn convert(&self, opts: &ConvertOptions) -> Converted {
+                $convert(self, opts)
+            }
+        }
+    )*};
 }
 
-impl SourceKind for ServiceAccount {
-    const KIND: &'static str = "ServiceAccount";
-    fn convert(&self, opts: &ConvertOptions) -> Converted {
-        convert::service_account_to_profile(self, opts)
-    }
-}
-
-impl SourceKind for Pod {
-    const KIND: &'static str = "Pod";
-    fn convert(&self, opts: &ConvertOptions) -> Converted {
-        convert::pod_to_workload_endpoint(self, opts)
-    }
-}
-
-impl SourceKind for NetworkPolicy {
-    const KIND: &'static str = "NetworkPolicy";
-    fn convert(&self, opts: &ConvertOptions) -> Converted {
-        convert::network_policy_to_calico(self, opts)
-    }
-}
-
-/// What the watchers read: NetworkPolicy checked against the known schema.
-impl SourceKind for StrictNetworkPolicy {
-    const KIND: &'static str = "NetworkPolicy";
-    fn convert(&self, opts: &ConvertOptions) -> Converted {
-        StrictNetworkPolicy::convert(self, opts)
-    }
-}
-
-impl SourceKind for Node {
-    const KIND: &'static str = "Node";
-    fn convert(&self, opts: &ConvertOptions) -> Converted {
-        convert::node_to_network_set(self, opts)
-    }
-}
-
-impl SourceKind for convert::admin::AdminNetworkPolicy {
-    const KIND: &'static str = "AdminNetworkPolicy";
-    const OPTIONAL: bool = true;
-    fn convert(&self, opts: &ConvertOptions) -> Converted {
-        convert::admin_network_policy_to_calico(self, opts)
-    }
-}
-
-impl SourceKind for convert::admin::BaselineAdminNetworkPolicy {
-    const KIND: &'static str = "BaselineAdminNetworkPolicy";
-    const OPTIONAL: bool = true;
-    fn convert(&self, opts: &ConvertOptions) -> Converted {
-        convert::baseline_admin_network_policy_to_calico(self, opts)
-    }
-}
-
-impl SourceKind for convert::admin::ClusterNetworkPolicy {
-    const KIND: &'static str = "ClusterNetworkPolicy";
-    const OPTIONAL: bool = true;
-    fn convert(&self, opts: &ConvertOptions) -> Converted {
-        convert::cluster_network_policy_to_calico(self, opts)
-    }
+source_kinds! {
+    Namespace => "Namespace", convert::namespace_to_profile;
+    ServiceAccount => "ServiceAccount", convert::service_account_to_profile;
+    Pod => "Pod", convert::pod_to_workload_endpoint;
+    NetworkPolicy => "NetworkPolicy", convert::network_policy_to_calico;
+    // What the watchers read: NetworkPolicy checked against the known schema.
+    StrictNetworkPolicy => "NetworkPolicy", StrictNetworkPolicy::convert;
+    Node => "Node", convert::node_to_network_set;
+    convert::admin::AdminNetworkPolicy => "AdminNetworkPolicy",
+        convert::admin_network_policy_to_calico, optional = true;
+    convert::admin::BaselineAdminNetworkPolicy => "BaselineAdminNetworkPolicy",
+        convert::baseline_admin_network_policy_to_calico, optional = true;
+    convert::admin::ClusterNetworkPolicy => "ClusterNetworkPolicy",
+        convert::cluster_network_policy_to_calico, optional = true;
 }
 
 /// What the desired state was built from, for logs and metrics.

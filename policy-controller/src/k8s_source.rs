@@ -13,8 +13,8 @@
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 
-use crate::strict_k8s::StrictNetworkPolicy;
 use futures::StreamExt;
+use k8s_convert::strict_k8s::StrictNetworkPolicy;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};

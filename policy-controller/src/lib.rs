@@ -7,8 +7,8 @@
 //!  manifests ────┘                       └─ skip reports ────┘                 ^ fenced by Election
 //! ```
 //!
-//! * [`convert`], [`manifests`], [`strict_k8s`], [`validate`], [`v3_passthrough`]: the pure conversion,
-//!   from the `k8s-convert` crate (shared with `felixrs render`/`trace`).
+//! * [`convert`], [`manifests`], [`validate`]: the pure conversion, from the `k8s-convert` crate
+//!   (shared with `felixrs render`/`trace`).
 //! * [`index`]: the synchronous source index (apply/delete/reset) the watchers feed.
 //! * [`k8s_source`]: kube-rs watchers → index.
 //! * [`writer`]: reconciles desired state into etcd under the keys the controller owns.
@@ -24,9 +24,7 @@ pub mod k8s_source;
 pub mod metrics;
 pub mod writer;
 
-// The pure conversion lives in `k8s-convert` (shared with the agent's operator tools) and etcd TLS in
-// `etcd-tls`; re-exported under their old paths.
-pub use etcd_tls;
-pub use k8s_convert::{CalicoResource, ConvertOptions, ObjectRef, SkipReport};
-pub use k8s_convert::{ManifestError, ManifestSet, ManifestSkip, load_manifests};
-pub use k8s_convert::{convert, manifests, strict_k8s, v3_passthrough, validate};
+// The pure conversion lives in `k8s-convert` (shared with the agent's operator tools); what the
+// tests, benches and fuzz targets reach through this crate is re-exported under its old paths.
+pub use k8s_convert::{ConvertOptions, ObjectRef, load_manifests};
+pub use k8s_convert::{convert, manifests, validate};

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use crate::model::{
-    GlobalNetworkPolicy, HostEndpoint, NetworkPolicy, PolicySpecCommon, PolicyType, Resource,
+    GlobalNetworkPolicy, HostEndpoint, Kind, NetworkPolicy, PolicySpecCommon, PolicyType, Resource,
     ResourceKey, WorkloadEndpoint,
 };
 use crate::proto::{EndpointId, PolicyId, PolicyKind};
@@ -127,6 +127,8 @@ pub(crate) fn build_policy(
 }
 
 pub(crate) type ItemParts = (Vec<String>, ItemData);
+/// An item's labels, borrowed from its resource.
+pub(crate) type LabelPairs<'a> = Vec<(&'a str, &'a str)>;
 
 pub(crate) fn str_pairs(m: &BTreeMap<String, String>) -> Vec<(&str, &str)> {
     m.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
@@ -213,6 +215,35 @@ pub(crate) fn hep_item(h: &HostEndpoint) -> ItemParts {
             ports: endpoint_ports(&h.spec.ports),
         },
     )
+}
+
+/// A network set (or global network set) as an item: labels, parents and members. A namespaced
+/// set also gets its namespace's label and profile (`kns.<ns>`). `None` when `r` is not a
+/// network set of `key`'s kind.
+pub(crate) fn net_set_item<'a>(
+    key: &'a ResourceKey,
+    r: &'a Resource,
+) -> Option<(LabelPairs<'a>, Vec<String>, ItemData)> {
+    let (meta, spec, ns) = match (key.kind, r) {
+        (Kind::NetworkSet, Resource::NetworkSet(s)) => (
+            &s.metadata,
+            &s.spec,
+            Some(key.namespace.as_deref().unwrap_or_default()),
+        ),
+        (Kind::GlobalNetworkSet, Resource::GlobalNetworkSet(s)) => (&s.metadata, &s.spec, None),
+        _ => return None,
+    };
+    let mut labels = str_pairs(&meta.labels);
+    let mut parents = Vec::new();
+    if let Some(ns) = ns {
+        labels.push((LABEL_NAMESPACE, ns));
+        parents.push(format!("kns.{ns}"));
+    }
+    let data = ItemData {
+        nets: split_nets(&spec.nets),
+        ports: Vec::new(),
+    };
+    Some((labels, parents, data))
 }
 
 fn endpoint_ports(ports: &[crate::model::EndpointPort]) -> Vec<NamedPort> {

@@ -81,14 +81,14 @@ use crate::proto::{
 };
 
 use convert::{
-    LocalEp, build_policy, check, hep_item, split_nets, str_pairs, wep_item, wep_labels,
+    LocalEp, build_policy, check, hep_item, net_set_item, str_pairs, wep_item, wep_labels,
 };
 use index::{MatchEvent, SelId, SelectorIndex};
 use intern::{FxMap, FxSet, Interner};
 use ipsets::IpSets;
 use labels::{ItemData, ItemId, LabelStore};
 use resolver::{PolicyRef, Tiers};
-use rules::{LABEL_NAMESPACE, ScannedRules};
+use rules::ScannedRules;
 use sequencer::{Desired, Sequencer};
 
 pub use error::{GraphError, SelectorFieldError};
@@ -381,29 +381,14 @@ impl CalcGraph {
                 }
                 _ => self.remove_item(key),
             },
-            Kind::NetworkSet => match value {
-                Some(Resource::NetworkSet(s)) => {
-                    let ns = key.namespace.clone().unwrap_or_default();
-                    let mut labels = str_pairs(&s.metadata.labels);
-                    labels.push((LABEL_NAMESPACE, &ns));
-                    let data = ItemData {
-                        nets: split_nets(&s.spec.nets),
-                        ports: Vec::new(),
-                    };
-                    self.upsert_item(key, &labels, vec![format!("kns.{ns}")], data, None);
+            Kind::NetworkSet | Kind::GlobalNetworkSet => {
+                match value.as_ref().and_then(|r| net_set_item(key, r)) {
+                    Some((labels, parents, data)) => {
+                        self.upsert_item(key, &labels, parents, data, None)
+                    }
+                    None => self.remove_item(key),
                 }
-                _ => self.remove_item(key),
-            },
-            Kind::GlobalNetworkSet => match value {
-                Some(Resource::GlobalNetworkSet(s)) => {
-                    let data = ItemData {
-                        nets: split_nets(&s.spec.nets),
-                        ports: Vec::new(),
-                    };
-                    self.upsert_item(key, &str_pairs(&s.metadata.labels), Vec::new(), data, None);
-                }
-                _ => self.remove_item(key),
-            },
+            }
             Kind::Profile => {
                 let p = match value {
                     Some(Resource::Profile(p)) => Some(p),

@@ -20,10 +20,8 @@ use std::collections::BTreeMap;
 use crate::model::{Kind, Resource, ResourceKey, validate_name};
 
 use super::CalcGraph;
-use super::convert::{check, split_nets, str_pairs, wep_item, wep_labels};
+use super::convert::{check, net_set_item, wep_item, wep_labels};
 use super::error::GraphError;
-use super::labels::ItemData;
-use super::rules::LABEL_NAMESPACE;
 
 /// The label every remote item carries: its cluster's name.
 pub const LABEL_CLUSTER: &str = "projectcalico.org/cluster";
@@ -94,32 +92,16 @@ impl CalcGraph {
                 }
                 _ => self.remove_item(&rkey),
             },
-            Kind::NetworkSet => match value {
-                Some(Resource::NetworkSet(s)) => {
-                    let ns = key.namespace.clone().unwrap_or_default();
-                    let mut labels = str_pairs(&s.metadata.labels);
-                    labels.push((LABEL_NAMESPACE, &ns));
-                    let labels = with_cluster(labels, cluster);
-                    let data = ItemData {
-                        nets: split_nets(&s.spec.nets),
-                        ports: Vec::new(),
-                    };
-                    let parents = vec![remote_name(cluster, &format!("kns.{ns}"))];
-                    self.upsert_item(&rkey, &labels, parents, data, None);
+            Kind::NetworkSet | Kind::GlobalNetworkSet => {
+                match value.as_ref().and_then(|r| net_set_item(&key, r)) {
+                    Some((labels, parents, data)) => {
+                        let labels = with_cluster(labels, cluster);
+                        let parents = parents.iter().map(|p| remote_name(cluster, p)).collect();
+                        self.upsert_item(&rkey, &labels, parents, data, None);
+                    }
+                    None => self.remove_item(&rkey),
                 }
-                _ => self.remove_item(&rkey),
-            },
-            Kind::GlobalNetworkSet => match value {
-                Some(Resource::GlobalNetworkSet(s)) => {
-                    let labels = with_cluster(str_pairs(&s.metadata.labels), cluster);
-                    let data = ItemData {
-                        nets: split_nets(&s.spec.nets),
-                        ports: Vec::new(),
-                    };
-                    self.upsert_item(&rkey, &labels, Vec::new(), data, None);
-                }
-                _ => self.remove_item(&rkey),
-            },
+            }
             Kind::Profile => {
                 // Only the labels a remote profile applies matter: no local endpoint can name it.
                 let labels = match value {

@@ -233,13 +233,8 @@ fn prefixed(text: &str, prefix: &str, field: Field<'_>) -> Result<String, Select
 /// Replaces `all()` nodes of a whole policy selector, as the GlobalNetworkPolicy processor does
 /// on its text (values are left alone).
 fn replace_all(e: &Expr, all: &Expr) -> Expr {
-    match e {
-        Expr::All => all.clone(),
-        Expr::Not(inner) => Expr::Not(Box::new(replace_all(inner, all))),
-        Expr::And(ops) => Expr::And(ops.iter().map(|o| replace_all(o, all)).collect()),
-        Expr::Or(ops) => Expr::Or(ops.iter().map(|o| replace_all(o, all)).collect()),
-        leaf => leaf.clone(),
-    }
+    e.clone()
+        .map_leaves(&|leaf| if leaf == Expr::All { all.clone() } else { leaf })
 }
 
 fn has(key: &str) -> Expr {

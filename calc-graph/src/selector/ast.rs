@@ -124,6 +124,16 @@ impl Expr {
         }
     }
 
+    /// The tree with every leaf (a node other than `Not`/`And`/`Or`) replaced by `f(leaf)`.
+    pub(crate) fn map_leaves(self, f: &dyn Fn(Expr) -> Expr) -> Expr {
+        match self {
+            Expr::Not(inner) => Expr::Not(Box::new(inner.map_leaves(f))),
+            Expr::And(ops) => Expr::And(ops.into_iter().map(|op| op.map_leaves(f)).collect()),
+            Expr::Or(ops) => Expr::Or(ops.into_iter().map(|op| op.map_leaves(f)).collect()),
+            leaf => f(leaf),
+        }
+    }
+
     /// The tree Calico's parser returns for this tree's canonical text: chains of `!` collapse by
     /// parity (`!!x` parses as `x`) and degenerate `And`/`Or` lists disappear. This is the form a
     /// selector takes once it has travelled through a string, as every rewritten selector does on

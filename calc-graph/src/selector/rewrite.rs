@@ -50,14 +50,11 @@ impl Selector {
 }
 
 fn replace_all_and_global(e: Expr) -> Expr {
-    match e {
+    e.map_leaves(&|leaf| match leaf {
         Expr::All => Expr::Has(LABEL_NAMESPACE.to_string()),
         Expr::Global => Expr::Not(Box::new(Expr::Has(LABEL_NAMESPACE.to_string()))),
-        Expr::Not(inner) => Expr::Not(Box::new(replace_all_and_global(*inner))),
-        Expr::And(ops) => Expr::And(ops.into_iter().map(replace_all_and_global).collect()),
-        Expr::Or(ops) => Expr::Or(ops.into_iter().map(replace_all_and_global).collect()),
         leaf => leaf,
-    }
+    })
 }
 
 #[cfg(test)]

@@ -72,9 +72,7 @@ impl GraphPipeline {
             );
         }
     }
-}
 
-impl GraphPipeline {
     /// A remote cluster's key (see [`federation`]): decoded and validated under its canonical
     /// key, then given to the graph as that cluster's.
     fn update_remote(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), PipelineError> {

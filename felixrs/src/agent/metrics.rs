@@ -18,45 +18,114 @@ use std::sync::{Arc, Mutex};
 
 use crate::dns::metrics::DnsMetrics;
 
-/// Every metric the agent exports, with the registry that serves them.
-pub struct Metrics {
-    registry: Registry,
-    pub apply_seconds: Histogram,
-    pub apply_errors: Counter,
-    pub restore_calls: Counter,
-    pub restore_errors: Counter,
-    pub conntrack_flows_deleted: Counter,
-    pub conntrack_errors: Counter,
-    pub rules: Gauge,
-    pub chains: Gauge,
-    pub ip_sets: Gauge,
-    pub local_endpoints: Gauge,
-    pub active_policies: Gauge,
-    pub applied_revision: Gauge,
-    pub resyncs: Counter,
-    pub datastore_updates: Counter,
-    pub datastore_disconnects: Counter,
-    pub malformed_values: Counter,
-    pub failed_safe_rules: Gauge,
-    pub snapshot_writes: Counter,
-    pub snapshot_write_errors: Counter,
-    pub snapshot_write_seconds: Histogram,
-    /// Per-policy kernel counters, as last read by the counter thread.
-    pub policy_counters: Arc<PolicyCounters>,
-    pub policy_counter_rules_missing: Gauge,
-    pub counter_reads: Counter,
-    pub counter_read_errors: Counter,
-    pub counter_read_seconds: Histogram,
-    pub drift_checks: Counter,
-    pub drift_check_errors: Counter,
-    pub drift_repairs: Counter,
-    pub drift_check_seconds: Histogram,
-    /// Per federated cluster (label `cluster`): 1 while its etcd answers.
-    pub remote_connected: Family<RemoteLabels, Gauge>,
-    /// Per federated cluster: its keys (endpoints, profiles, network sets) in the agent's view.
-    pub remote_keys: Family<RemoteLabels, Gauge>,
-    /// The DNS learner's (`felixrs_dns_*`, FQDN policy).
-    pub dns: DnsMetrics,
+/// Declares a struct of metrics from one list: each field with its initial value and, for a
+/// metric it exports itself, the name and help it is registered under. Generates
+/// `Self::unregistered()` (every field at its initial value) and `Self::register_fields()` (the
+/// exported fields, in list order), so a metric cannot be declared and never registered.
+macro_rules! metric_fields {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident {
+            $(
+                $(#[$fmeta:meta])*
+                $fvis:vis $field:ident: $ty:ty = $init:expr $(=> $metric:literal, $help:literal)?;
+            )*
+        }
+    ) => {
+        $(#[$meta])*
+        $vis struct $name {
+            $($(#[$fmeta])* $fvis $field: $ty,)*
+        }
+
+        impl $name {
+            fn unregistered() -> Self {
+                Self { $($field: $init,)* }
+            }
+
+            fn register_fields(&self, r: &mut prometheus_client::registry::Registry) {
+                $($(r.register($metric, $help, self.$field.clone());)?)*
+            }
+        }
+    };
+}
+pub(crate) use metric_fields;
+
+/// The buckets of the agent's durations: 0.5 ms .. ~16 s.
+fn seconds() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+metric_fields! {
+    /// Every metric the agent exports, with the registry that serves them.
+    pub struct Metrics {
+        registry: Registry = Registry::default();
+        pub apply_seconds: Histogram = seconds()
+            => "apply_seconds", "Time to program one coalesced batch into the kernel";
+        pub apply_errors: Counter = Counter::default() => "apply_errors", "Failed applies";
+        pub restore_calls: Counter = Counter::default()
+            => "iptables_restore_calls", "iptables-restore and ipset restore invocations";
+        pub restore_errors: Counter = Counter::default()
+            => "iptables_restore_errors", "Failed iptables-restore and ipset restore invocations";
+        pub conntrack_flows_deleted: Counter = Counter::default()
+            => "conntrack_flows_deleted",
+            "Conntrack flows deleted because their address left a local endpoint";
+        pub conntrack_errors: Counter = Counter::default()
+            => "conntrack_errors", "Addresses whose conntrack flows could not be deleted";
+        pub rules: Gauge = Gauge::default() => "rules", "Rules programmed (all tables, v4 and v6)";
+        pub chains: Gauge = Gauge::default() => "chains", "cali- chains programmed";
+        pub ip_sets: Gauge = Gauge::default() => "ip_sets", "IP sets programmed";
+        pub local_endpoints: Gauge = Gauge::default()
+            => "local_endpoints", "Local workload endpoints";
+        pub active_policies: Gauge = Gauge::default()
+            => "active_policies", "Policies active on this node";
+        pub applied_revision: Gauge = Gauge::default()
+            => "applied_revision", "Datastore revision whose effects are all in the kernel";
+        pub resyncs: Counter = Counter::default()
+            => "resyncs", "Full datastore lists (start, compaction)";
+        pub datastore_updates: Counter = Counter::default()
+            => "datastore_updates", "Datastore key changes received";
+        pub datastore_disconnects: Counter = Counter::default()
+            => "datastore_disconnects", "Lost datastore connections";
+        pub malformed_values: Counter = Counter::default()
+            => "malformed_values", "Datastore values that failed to parse and were skipped";
+        pub failed_safe_rules: Gauge = Gauge::default()
+            => "failed_safe_rules",
+            "Rules not rendered as written because of a field the agent does not enforce or know";
+        pub snapshot_writes: Counter = Counter::default()
+            => "snapshot_writes", "Snapshot files written";
+        pub snapshot_write_errors: Counter = Counter::default()
+            => "snapshot_write_errors", "Snapshot writes that failed";
+        pub snapshot_write_seconds: Histogram = seconds()
+            => "snapshot_write_seconds", "Time to encode and durably write the snapshot";
+        pub counter_reads: Counter = Counter::default()
+            => "counter_reads",
+            "Reads of the kernel's rule counters (iptables-save -c, both families)";
+        pub counter_read_errors: Counter = Counter::default()
+            => "counter_read_errors", "Failed reads of the kernel's rule counters";
+        pub counter_read_seconds: Histogram = seconds()
+            => "counter_read_seconds", "Time to read and attribute the kernel's rule counters";
+        pub policy_counter_rules_missing: Gauge = Gauge::default()
+            => "policy_counter_rules_missing",
+            "Rendered rules of ours the last counter read did not find in the kernel";
+        pub drift_checks: Counter = Counter::default()
+            => "drift_checks", "Fast drift checks (our entry chains and hooks listed)";
+        pub drift_check_errors: Counter = Counter::default()
+            => "drift_check_errors", "Fast drift checks that failed";
+        pub drift_repairs: Counter = Counter::default()
+            => "drift_repairs", "Chains found changed by someone else and repaired (one per chain)";
+        pub drift_check_seconds: Histogram = seconds()
+            => "drift_check_seconds", "Time of one fast drift check, repairs included";
+        /// Per federated cluster (label `cluster`): 1 while its etcd answers.
+        pub remote_connected: Family<RemoteLabels, Gauge> = Family::default()
+            => "remote_cluster_connected", "Federated cluster's etcd answers (1) or not (0)";
+        /// Per federated cluster: its keys (endpoints, profiles, network sets) in the agent's view.
+        pub remote_keys: Family<RemoteLabels, Gauge> = Family::default()
+            => "remote_cluster_keys", "Federated cluster's endpoints, profiles and network sets held";
+        /// Per-policy kernel counters, as last read by the counter thread (a collector).
+        pub policy_counters: Arc<PolicyCounters> = Arc::default();
+        /// The DNS learner's (`felixrs_dns_*`, FQDN policy).
+        pub dns: DnsMetrics = DnsMetrics::default();
+    }
 }
 
 /// The label set of the per-remote-cluster metrics.
@@ -76,183 +145,10 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("felixrs");
-        let secs = || Histogram::new(exponential_buckets(0.0005, 2.0, 16));
-        let m = Self {
-            apply_seconds: secs(),
-            apply_errors: Counter::default(),
-            restore_calls: Counter::default(),
-            restore_errors: Counter::default(),
-            conntrack_flows_deleted: Counter::default(),
-            conntrack_errors: Counter::default(),
-            rules: Gauge::default(),
-            chains: Gauge::default(),
-            ip_sets: Gauge::default(),
-            local_endpoints: Gauge::default(),
-            active_policies: Gauge::default(),
-            applied_revision: Gauge::default(),
-            resyncs: Counter::default(),
-            datastore_updates: Counter::default(),
-            datastore_disconnects: Counter::default(),
-            malformed_values: Counter::default(),
-            failed_safe_rules: Gauge::default(),
-            snapshot_writes: Counter::default(),
-            snapshot_write_errors: Counter::default(),
-            snapshot_write_seconds: secs(),
-            policy_counters: Arc::default(),
-            policy_counter_rules_missing: Gauge::default(),
-            counter_reads: Counter::default(),
-            counter_read_errors: Counter::default(),
-            counter_read_seconds: secs(),
-            drift_checks: Counter::default(),
-            drift_check_errors: Counter::default(),
-            drift_repairs: Counter::default(),
-            drift_check_seconds: secs(),
-            remote_connected: Family::default(),
-            remote_keys: Family::default(),
-            dns: DnsMetrics::default(),
-            registry: Registry::default(),
-        };
-        let r = &mut registry;
-        r.register(
-            "apply_seconds",
-            "Time to program one coalesced batch into the kernel",
-            m.apply_seconds.clone(),
-        );
-        r.register("apply_errors", "Failed applies", m.apply_errors.clone());
-        r.register(
-            "iptables_restore_calls",
-            "iptables-restore and ipset restore invocations",
-            m.restore_calls.clone(),
-        );
-        r.register(
-            "iptables_restore_errors",
-            "Failed iptables-restore and ipset restore invocations",
-            m.restore_errors.clone(),
-        );
-        r.register(
-            "conntrack_flows_deleted",
-            "Conntrack flows deleted because their address left a local endpoint",
-            m.conntrack_flows_deleted.clone(),
-        );
-        r.register(
-            "conntrack_errors",
-            "Addresses whose conntrack flows could not be deleted",
-            m.conntrack_errors.clone(),
-        );
-        r.register(
-            "rules",
-            "Rules programmed (all tables, v4 and v6)",
-            m.rules.clone(),
-        );
-        r.register("chains", "cali- chains programmed", m.chains.clone());
-        r.register("ip_sets", "IP sets programmed", m.ip_sets.clone());
-        r.register(
-            "local_endpoints",
-            "Local workload endpoints",
-            m.local_endpoints.clone(),
-        );
-        r.register(
-            "active_policies",
-            "Policies active on this node",
-            m.active_policies.clone(),
-        );
-        r.register(
-            "applied_revision",
-            "Datastore revision whose effects are all in the kernel",
-            m.applied_revision.clone(),
-        );
-        r.register(
-            "resyncs",
-            "Full datastore lists (start, compaction)",
-            m.resyncs.clone(),
-        );
-        r.register(
-            "datastore_updates",
-            "Datastore key changes received",
-            m.datastore_updates.clone(),
-        );
-        r.register(
-            "datastore_disconnects",
-            "Lost datastore connections",
-            m.datastore_disconnects.clone(),
-        );
-        r.register(
-            "malformed_values",
-            "Datastore values that failed to parse and were skipped",
-            m.malformed_values.clone(),
-        );
-        r.register(
-            "failed_safe_rules",
-            "Rules not rendered as written because of a field the agent does not enforce or know",
-            m.failed_safe_rules.clone(),
-        );
-        r.register(
-            "snapshot_writes",
-            "Snapshot files written",
-            m.snapshot_writes.clone(),
-        );
-        r.register(
-            "snapshot_write_errors",
-            "Snapshot writes that failed",
-            m.snapshot_write_errors.clone(),
-        );
-        r.register(
-            "snapshot_write_seconds",
-            "Time to encode and durably write the snapshot",
-            m.snapshot_write_seconds.clone(),
-        );
-        r.register(
-            "counter_reads",
-            "Reads of the kernel's rule counters (iptables-save -c, both families)",
-            m.counter_reads.clone(),
-        );
-        r.register(
-            "counter_read_errors",
-            "Failed reads of the kernel's rule counters",
-            m.counter_read_errors.clone(),
-        );
-        r.register(
-            "counter_read_seconds",
-            "Time to read and attribute the kernel's rule counters",
-            m.counter_read_seconds.clone(),
-        );
-        r.register(
-            "policy_counter_rules_missing",
-            "Rendered rules of ours the last counter read did not find in the kernel",
-            m.policy_counter_rules_missing.clone(),
-        );
-        r.register(
-            "drift_checks",
-            "Fast drift checks (our entry chains and hooks listed)",
-            m.drift_checks.clone(),
-        );
-        r.register(
-            "drift_check_errors",
-            "Fast drift checks that failed",
-            m.drift_check_errors.clone(),
-        );
-        r.register(
-            "drift_repairs",
-            "Chains found changed by someone else and repaired (one per chain)",
-            m.drift_repairs.clone(),
-        );
-        r.register(
-            "drift_check_seconds",
-            "Time of one fast drift check, repairs included",
-            m.drift_check_seconds.clone(),
-        );
-        r.register_collector(Box::new(m.policy_counters.clone()));
-        r.register(
-            "remote_cluster_connected",
-            "Federated cluster's etcd answers (1) or not (0)",
-            m.remote_connected.clone(),
-        );
-        r.register(
-            "remote_cluster_keys",
-            "Federated cluster's endpoints, profiles and network sets held",
-            m.remote_keys.clone(),
-        );
-        m.dns.register(r);
+        let m = Self::unregistered();
+        m.register_fields(&mut registry);
+        registry.register_collector(Box::new(m.policy_counters.clone()));
+        m.dns.register(&mut registry);
         Self { registry, ..m }
     }
 

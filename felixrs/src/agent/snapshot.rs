@@ -144,26 +144,12 @@ impl SnapshotStore {
         self.dir.join(FILE_NAME)
     }
 
-    /// Writes atomically: temp file, fsync, rename over the old file, fsync the directory.
-    /// Returns the number of bytes written.
+    /// Writes atomically ([`write_atomically`]). Returns the number of bytes written.
     pub fn save(&self, snapshot: &Snapshot) -> Result<usize, SnapshotError> {
         let bytes = encode(snapshot);
-        let io = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| SnapshotError::Io { path, source }
-        };
-        fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
         let tmp = self.dir.join(format!("{FILE_NAME}.tmp"));
-        {
-            let mut f = File::create(&tmp).map_err(io(&tmp))?;
-            f.write_all(&bytes).map_err(io(&tmp))?;
-            f.sync_all().map_err(io(&tmp))?;
-        }
-        let path = self.path();
-        fs::rename(&tmp, &path).map_err(io(&path))?;
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io(&self.dir))?;
+        write_atomically(&self.path(), &tmp, &bytes)
+            .map_err(|(path, source)| SnapshotError::Io { path, source })?;
         Ok(bytes.len())
     }
 
@@ -176,6 +162,29 @@ impl SnapshotStore {
             Err(source) => Err(SnapshotError::Io { path, source }),
         }
     }
+}
+
+/// Replaces `path` with `bytes` so that a crash leaves either the old or the new file, never a
+/// torn one: write `tmp` (in the same directory), fsync it, rename it over `path`, fsync the
+/// directory (creating it first). An error names the file or directory it concerns.
+pub(crate) fn write_atomically(
+    path: &Path,
+    tmp: &Path,
+    bytes: &[u8],
+) -> Result<(), (PathBuf, std::io::Error)> {
+    let at = |p: &Path| {
+        let p = p.to_path_buf();
+        move |e| (p, e)
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(dir).map_err(at(dir))?;
+    {
+        let mut f = File::create(tmp).map_err(at(tmp))?;
+        f.write_all(bytes).map_err(at(tmp))?;
+        f.sync_all().map_err(at(tmp))?;
+    }
+    fs::rename(tmp, path).map_err(at(path))?;
+    File::open(dir).and_then(|d| d.sync_all()).map_err(at(dir))
 }
 
 #[cfg(test)]

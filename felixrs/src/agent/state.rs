@@ -308,16 +308,11 @@ impl<P: Pipeline> AgentState<P> {
 
     /// Clusters with members in the view.
     pub fn remote_clusters_in_view(&self) -> Vec<String> {
-        let mut out: Vec<String> = Vec::new();
-        for k in from_key(&self.kvs, REMOTE_ROOT).map(|(k, _)| k) {
-            let Some((c, _)) = split_remote_key(k) else {
-                break;
-            };
-            if out.last().map(String::as_str) != Some(c) {
-                out.push(c.to_string());
-            }
-        }
-        out
+        let mut clusters: Vec<&str> = from_key(&self.kvs, REMOTE_ROOT)
+            .map_while(|(k, _)| split_remote_key(k).map(|(c, _)| c))
+            .collect();
+        clusters.dedup();
+        clusters.into_iter().map(String::from).collect()
     }
 
     /// The valid RemoteClusterConfigurations of the local view, if one changed since the last

@@ -14,14 +14,14 @@
 //! does not parse is reported and ignored as a whole (the agent then starts with nothing learned:
 //! domain rules deny until answers arrive again, never allow more).
 
-use std::fs::{self, File};
-use std::io::Write;
+use std::fs;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use super::learned::{Entry, LearnedMap};
+use crate::agent::snapshot::write_atomically;
 
 /// File name inside `--state-dir`.
 pub const FILE_NAME: &str = "dns-learned.json";
@@ -127,25 +127,10 @@ pub fn decode(bytes: &[u8], cap: usize, now_ms: u64) -> Result<LearnedMap, Forma
     Ok(map)
 }
 
-/// Writes `bytes` to `path` atomically.
+/// Writes `bytes` to `path` atomically (as the snapshot is).
 pub fn save(path: &Path, bytes: &[u8]) -> Result<(), PersistError> {
-    let io = |p: &Path| {
-        let path = p.to_path_buf();
-        move |source| PersistError::Io { path, source }
-    };
-    let dir = path.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(dir).map_err(io(dir))?;
-    let tmp = path.with_extension("json.tmp");
-    {
-        let mut f = File::create(&tmp).map_err(io(&tmp))?;
-        f.write_all(bytes).map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
-    }
-    fs::rename(&tmp, path).map_err(io(path))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir))?;
-    Ok(())
+    write_atomically(path, &path.with_extension("json.tmp"), bytes)
+        .map_err(|(path, source)| PersistError::Io { path, source })
 }
 
 /// Loads the map; `Ok(None)` when there is no file.

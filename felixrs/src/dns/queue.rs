@@ -37,7 +37,7 @@ pub struct QueueLoop {
 /// The running loop.
 pub struct QueueThread {
     stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<()>>,
+    handle: JoinHandle<()>,
 }
 
 impl QueueLoop {
@@ -54,16 +54,7 @@ impl QueueLoop {
 
     /// Runs the loop on its own thread.
     pub fn spawn(self, learner: Arc<Learner>) -> QueueThread {
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let handle = std::thread::Builder::new()
-            .name("dns-queue".into())
-            .spawn(move || self.run(&learner, &s))
-            .expect("spawn dns queue thread");
-        QueueThread {
-            stop,
-            handle: Some(handle),
-        }
+        QueueThread::spawn(move |stop| self.run(&learner, stop))
     }
 
     fn run(mut self, learner: &Learner, stop: &AtomicBool) {
@@ -134,42 +125,44 @@ impl QueueLoop {
 /// Responses meanwhile are dropped by the kernel (no one bound, no bypass): delayed, never let
 /// through unlearned.
 pub fn spawn_retrying(num: u16, learner: Arc<Learner>) -> QueueThread {
-    let stop = Arc::new(AtomicBool::new(false));
-    let s = stop.clone();
-    let handle = std::thread::Builder::new()
-        .name("dns-queue".into())
-        .spawn(move || {
-            let mut attempts = 0u64;
-            while !learner.programmed() {
-                if s.load(Ordering::SeqCst) {
+    QueueThread::spawn(move |stop| {
+        let mut attempts = 0u64;
+        while !learner.programmed() {
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
+            std::thread::park_timeout(Duration::from_millis(20));
+        }
+        while !stop.load(Ordering::SeqCst) {
+            match QueueLoop::bind(num) {
+                Ok(q) => {
+                    q.run(&learner, stop);
                     return;
                 }
-                std::thread::park_timeout(Duration::from_millis(20));
-            }
-            while !s.load(Ordering::SeqCst) {
-                match QueueLoop::bind(num) {
-                    Ok(q) => {
-                        q.run(&learner, &s);
-                        return;
+                Err(error) => {
+                    if attempts.is_multiple_of(12) {
+                        tracing::error!(%error, queue = num, "cannot hold DNS responses; the kernel drops them until the queue is bound (retrying every 5 s)");
                     }
-                    Err(error) => {
-                        if attempts.is_multiple_of(12) {
-                            tracing::error!(%error, queue = num, "cannot hold DNS responses; the kernel drops them until the queue is bound (retrying every 5 s)");
-                        }
-                        attempts += 1;
-                        std::thread::park_timeout(Duration::from_secs(5));
-                    }
+                    attempts += 1;
+                    std::thread::park_timeout(Duration::from_secs(5));
                 }
             }
-        })
-        .expect("spawn dns queue thread");
-    QueueThread {
-        stop,
-        handle: Some(handle),
-    }
+        }
+    })
 }
 
 impl QueueThread {
+    /// Runs `body` on the queue thread, with the flag [`QueueThread::stop`] sets.
+    fn spawn(body: impl FnOnce(&AtomicBool) + Send + 'static) -> QueueThread {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("dns-queue".into())
+            .spawn(move || body(&flag))
+            .expect("spawn dns queue thread");
+        QueueThread { stop, handle }
+    }
+
     /// Asks the loop to stop after its current batch (see the module docs).
     pub fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
@@ -177,13 +170,11 @@ impl QueueThread {
 
     /// Whether the loop has ended.
     pub fn is_finished(&self) -> bool {
-        self.handle.as_ref().is_none_or(|h| h.is_finished())
+        self.handle.is_finished()
     }
 
     /// Waits for the loop to end (after [`QueueThread::stop`] and one more packet).
-    pub fn join(mut self) {
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
+    pub fn join(self) {
+        let _ = self.handle.join();
     }
 }

@@ -233,30 +233,26 @@ impl NetlinkSetWriter {
 
 impl SetWriter for NetlinkSetWriter {
     fn add(&mut self, adds: &[SetAdd]) -> Vec<Result<(), WriteError>> {
-        let mut out = Vec::with_capacity(adds.len());
-        let mut valid = Vec::new();
-        let mut slots = Vec::new();
-        for (i, a) in adds.iter().enumerate() {
-            if valid_set_name(&a.set) {
-                valid.push(a.clone());
-                slots.push(i);
-            }
-        }
+        let valid: Vec<SetAdd> = adds
+            .iter()
+            .filter(|a| valid_set_name(&a.set))
+            .cloned()
+            .collect();
         let mut results = Vec::with_capacity(valid.len());
         for chunk in valid.chunks(CHUNK) {
             self.add_chunk(chunk, &mut results);
         }
+        // One result per valid member, in order: hand them back in the places of `adds`.
         let mut results = results.into_iter();
-        let mut slots = slots.into_iter().peekable();
-        for (i, a) in adds.iter().enumerate() {
-            if slots.peek() == Some(&i) {
-                slots.next();
-                out.push(results.next().expect("one result per valid member"));
-            } else {
-                out.push(Err(err(a, "invalid set name")));
-            }
-        }
-        out
+        adds.iter()
+            .map(|a| {
+                if valid_set_name(&a.set) {
+                    results.next().expect("one result per valid member")
+                } else {
+                    Err(err(a, "invalid set name"))
+                }
+            })
+            .collect()
     }
 }
 
