@@ -27,17 +27,24 @@ fn git(args: &[&str]) -> Option<String> {
 }
 
 /// Reruns this build script when the commit HEAD names changes (HEAD itself, the branch it points
-/// to, packed refs); paths come from git, so linked worktrees work too.
+/// to, packed refs); paths come from git, so linked worktrees work too. Only paths that exist are
+/// named: cargo counts a missing one as changed on every build, which would rerun this script and
+/// so recompile the whole package each time (a repository without `packed-refs` is common). A
+/// branch without a loose ref (only in `packed-refs`) gets one on its next commit: its directory
+/// is named instead, which cargo scans for changes.
 fn track_head() {
-    for path in ["HEAD", "packed-refs"] {
-        if let Some(p) = git(&["rev-parse", "--git-path", path]) {
-            println!("cargo:rerun-if-changed={}", PathBuf::from(p).display());
+    let mut paths = vec!["HEAD".to_string(), "packed-refs".to_string()];
+    paths.extend(git(&["symbolic-ref", "-q", "HEAD"]));
+    for path in paths {
+        let Some(mut p) = git(&["rev-parse", "--git-path", &path]).map(PathBuf::from) else {
+            continue;
+        };
+        if path.starts_with("refs/") {
+            while !p.exists() && !p.ends_with("refs") && p.pop() {}
         }
-    }
-    if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"])
-        && let Some(p) = git(&["rev-parse", "--git-path", &branch])
-    {
-        println!("cargo:rerun-if-changed={}", PathBuf::from(p).display());
+        if p.exists() {
+            println!("cargo:rerun-if-changed={}", p.display());
+        }
     }
 }
 

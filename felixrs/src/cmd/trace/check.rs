@@ -4,15 +4,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use calc_graph::proto::IpVersion;
+use iptables::apply::ExecRunner;
 use iptables::apply::backend::{self, Backend};
-use iptables::apply::{ExecRunner, Runner};
 use iptables::desired::ipset::{self, ActualSet};
 use iptables::desired::{DesiredTable, TableName};
 use iptables::parse::{ActualTable, scan_save};
 use iptables::render::trace::Effect;
 
-use anyhow::bail;
-
+use super::kernel::output_of;
 use super::traced::Traced;
 use crate::cmd::shared::node_view::NodeView;
 
@@ -95,19 +94,7 @@ pub(super) fn read_kernel(
     v: IpVersion,
 ) -> anyhow::Result<(String, ActualTable, BTreeMap<String, ActualSet>)> {
     let runner = ExecRunner::new();
-    let run = |program: &str, args: &[&str]| -> anyhow::Result<String> {
-        let out = runner
-            .run(program, args, None)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        if !out.status.success() {
-            bail!(
-                "{program} {} failed: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    };
+    let run = |program: &str, args: &[&str]| output_of(&runner, program, args);
     let mode = backend::resolve(&runner, Backend::Auto)
         .map_err(|e| anyhow::anyhow!("detecting the iptables backend: {e}"))?;
     let program = mode.save_program(v);

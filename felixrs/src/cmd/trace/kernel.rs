@@ -45,19 +45,7 @@ pub fn read_kernel_state_with(
     mode: Mode,
     v: IpVersion,
 ) -> anyhow::Result<KernelState> {
-    let run = |program: &str, args: &[&str]| -> anyhow::Result<String> {
-        let out = runner
-            .run(program, args, None)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        if !out.status.success() {
-            bail!(
-                "{program} {} failed: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    };
+    let run = |program: &str, args: &[&str]| output_of(runner, program, args);
     let program = mode.save_program(v);
     let text = run(&program, &["-t", "filter"])?;
     let (ruleset, warnings) =
@@ -68,6 +56,26 @@ pub fn read_kernel_state_with(
         ipsets: run("ipset", &["save"])?,
         warnings: warnings.iter().map(ToString::to_string).collect(),
     })
+}
+
+/// The standard output of `program args` run through `runner`; an error names the command and
+/// its stderr when it fails.
+pub(super) fn output_of(
+    runner: &dyn Runner,
+    program: &str,
+    args: &[&str],
+) -> anyhow::Result<String> {
+    let out = runner
+        .run(program, args, None)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if !out.status.success() {
+        bail!(
+            "{program} {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The kernel's verdict.
