@@ -12,23 +12,44 @@ use calc_graph::model::{Action, ModelError, Resource, Rule};
 
 use crate::convert::{CalicoResource, Converted, ObjectRef, SkipReport};
 
-/// `(field, message)`.
-pub type FieldError = (String, String);
+/// A problem at one field of a source object: the field's JSON path (relative to the part being
+/// converted until a caller puts it [`under`](FieldError::under) its own) and what is wrong. The
+/// object is named by the [`SkipReport`] it becomes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(field: String, message: String) -> Self {
+        FieldError { field, message }
+    }
+
+    /// The same error with `prefix` (e.g. `spec.ingress[0].`) put before its field.
+    pub fn under(self, prefix: impl std::fmt::Display) -> Self {
+        FieldError {
+            field: format!("{prefix}{}", self.field),
+            ..self
+        }
+    }
+}
 
 /// Decodes one `projectcalico.org/v3` document with the model; the error is the field and message
 /// of the skip report.
 pub fn decode(json: &str) -> Result<Resource, FieldError> {
     Resource::from_json(json.as_bytes()).map_err(|e| match e {
-        ModelError::Decode { path, message, .. } => (path, message),
+        ModelError::Decode { path, message, .. } => FieldError::new(path, message),
         ModelError::UnknownFields { paths, .. } => {
             let all = paths
                 .iter()
                 .map(|p| format!("{p}: unknown field"))
                 .collect::<Vec<_>>()
                 .join("; ");
-            (paths.first().cloned().unwrap_or_default(), all)
+            FieldError::new(paths.first().cloned().unwrap_or_default(), all)
         }
-        other => (String::new(), other.to_string()),
+        other => FieldError::new(String::new(), other.to_string()),
     })
 }
 
@@ -54,7 +75,7 @@ fn first_and_all(errs: Vec<calc_graph::model::ValidationError>) -> FieldError {
         .map(|e| format!("{}: {}", e.path, e.message))
         .collect::<Vec<_>>()
         .join("; ");
-    (field, message)
+    FieldError::new(field, message)
 }
 
 /// `(spec.ingress[i], rule)` for every rule of a policy or profile.
@@ -125,7 +146,10 @@ pub fn checked(mut c: Converted) -> Converted {
                 c.skips.extend(failed_safe_reports(&r));
                 c.resource = Some(r);
             }
-            Err((field, msg)) => {
+            Err(FieldError {
+                field,
+                message: msg,
+            }) => {
                 let obj = ObjectRef::new(&r.kind, r.namespace.as_deref(), &r.name);
                 c.skips.push(SkipReport::new(&obj, field, msg));
                 c.retain_key = r.etcd_key().ok();

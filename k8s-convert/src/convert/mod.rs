@@ -222,9 +222,9 @@ pub fn is_namespaced(kind: &str) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
     #[error("invalid name: {0}")]
-    Name(String),
+    Name(calc_graph::model::NameError),
     #[error("invalid namespace: {0}")]
-    Namespace(String),
+    Namespace(calc_graph::model::NameError),
     #[error("unsupported kind {0:?}")]
     UnsupportedKind(String),
     #[error("{0} is namespaced but has no namespace")]

@@ -4,6 +4,7 @@
 //! apply `pcns.`-prefixed namespace labels; `ksa.` profiles have no rules and apply `pcsa.` labels.
 //! Pods inherit these labels (felix-reference §8.2), which is how namespace and service-account selectors match.
 
+use crate::validate::FieldError;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
@@ -47,7 +48,11 @@ pub fn namespace_to_profile(ns: &Namespace, _opts: &ConvertOptions) -> Converted
     // Kubernetes 1.22), and policies commonly select namespaces by it. Objects read from
     // manifest files have not been through the API server: set it as it would.
     labels.insert(METADATA_NAME_LABEL.to_string(), name.to_string());
-    if let Err((k, e)) = validate_labels(&labels) {
+    if let Err(FieldError {
+        field: k,
+        message: e,
+    }) = validate_labels(&labels)
+    {
         return Converted::skipped(
             SkipReport::new(&obj, format!("metadata.labels.{k}"), e),
             key,
@@ -82,7 +87,11 @@ pub fn service_account_to_profile(sa: &ServiceAccount, _opts: &ConvertOptions) -
         Err(e) => return Converted::skipped(SkipReport::new(&obj, "metadata.name", e), None),
     };
     let labels = sa.metadata.labels.clone().unwrap_or_default();
-    if let Err((k, e)) = validate_labels(&labels) {
+    if let Err(FieldError {
+        field: k,
+        message: e,
+    }) = validate_labels(&labels)
+    {
         return Converted::skipped(
             SkipReport::new(&obj, format!("metadata.labels.{k}"), e),
             Some(key),

@@ -6,6 +6,7 @@
 //! protocol and no ports. A port without a protocol is TCP (the API server's default); a port without a
 //! number allows every port of its protocol and wins over numbered ports of that protocol.
 
+use crate::validate::FieldError;
 use std::collections::BTreeMap;
 
 use ipnet::IpNet;
@@ -77,7 +78,10 @@ pub fn network_policy_to_calico(np: &NetworkPolicy, _opts: &ConvertOptions) -> C
     };
     let selector = match selector_from_label_selector(spec.pod_selector.as_ref(), true) {
         Ok(s) => s,
-        Err((f, m)) => return skip(format!("spec.podSelector.{f}"), m),
+        Err(FieldError {
+            field: f,
+            message: m,
+        }) => return skip(format!("spec.podSelector.{f}"), m),
     };
 
     let ingress_items = spec.ingress.clone().unwrap_or_default();
@@ -89,7 +93,10 @@ pub fn network_policy_to_calico(np: &NetworkPolicy, _opts: &ConvertOptions) -> C
         let ports = r.ports.clone().unwrap_or_default();
         match rule_to_calico(&peers, &ports, true, "from") {
             Ok(rules) => ingress.extend(rules),
-            Err((f, m)) => skips.push(SkipReport::new(&obj, format!("spec.ingress[{i}].{f}"), m)),
+            Err(FieldError {
+                field: f,
+                message: m,
+            }) => skips.push(SkipReport::new(&obj, format!("spec.ingress[{i}].{f}"), m)),
         }
     }
     let mut egress = Vec::new();
@@ -98,7 +105,10 @@ pub fn network_policy_to_calico(np: &NetworkPolicy, _opts: &ConvertOptions) -> C
         let ports = r.ports.clone().unwrap_or_default();
         match rule_to_calico(&peers, &ports, false, "to") {
             Ok(rules) => egress.extend(rules),
-            Err((f, m)) => skips.push(SkipReport::new(&obj, format!("spec.egress[{i}].{f}"), m)),
+            Err(FieldError {
+                field: f,
+                message: m,
+            }) => skips.push(SkipReport::new(&obj, format!("spec.egress[{i}].{f}"), m)),
         }
     }
 
@@ -144,8 +154,6 @@ pub fn network_policy_to_calico(np: &NetworkPolicy, _opts: &ConvertOptions) -> C
     Converted::ok(CalicoResource::from_model(policy), skips)
 }
 
-type FieldError = (String, String);
-
 /// `k8sRuleToCalico`: one k8s rule item → Calico rules.
 fn rule_to_calico(
     peers: &[NetworkPolicyPeer],
@@ -159,7 +167,7 @@ fn rule_to_calico(
         by_protocol.insert(String::new(), None);
     }
     for (j, p) in ports.iter().enumerate() {
-        let (proto, port) = port_to_calico(p).map_err(|(f, m)| (format!("ports[{j}]{f}"), m))?;
+        let (proto, port) = port_to_calico(p).map_err(|e| e.under(format!("ports[{j}]")))?;
         match (by_protocol.get_mut(&proto), port) {
             (None, port) => {
                 by_protocol.insert(proto, port.map(|p| vec![p]));
@@ -172,7 +180,7 @@ fn rule_to_calico(
     let mut calico_peers = Vec::new();
     for (j, peer) in peers.iter().enumerate() {
         calico_peers
-            .push(peer_to_calico(peer).map_err(|(f, m)| (format!("{peer_field}[{j}].{f}"), m))?);
+            .push(peer_to_calico(peer).map_err(|e| e.under(format!("{peer_field}[{j}].")))?);
     }
     if calico_peers.is_empty() {
         calico_peers.push(EntityRule::default());
@@ -207,7 +215,7 @@ fn port_to_calico(p: &NetworkPolicyPort) -> Result<(String, Option<Port>), Field
         Some(s) => match s {
             "TCP" | "UDP" | "SCTP" => s.to_string(),
             other => {
-                return Err((
+                return Err(FieldError::new(
                     ".protocol".into(),
                     format!("unsupported protocol {other:?}: want TCP, UDP or SCTP"),
                 ));
@@ -217,7 +225,10 @@ fn port_to_calico(p: &NetworkPolicyPort) -> Result<(String, Option<Port>), Field
     let port = match &p.port {
         None => {
             if p.end_port.is_some() {
-                return Err((".endPort".into(), "endPort needs a numeric port".into()));
+                return Err(FieldError::new(
+                    ".endPort".into(),
+                    "endPort needs a numeric port".into(),
+                ));
             }
             return Ok((proto, None));
         }
@@ -226,16 +237,20 @@ fn port_to_calico(p: &NetworkPolicyPort) -> Result<(String, Option<Port>), Field
             Ok(n) => Some(n),
             Err(_) => {
                 if p.end_port.is_some() {
-                    return Err((".endPort".into(), "endPort needs a numeric port".into()));
+                    return Err(FieldError::new(
+                        ".endPort".into(),
+                        "endPort needs a numeric port".into(),
+                    ));
                 }
-                validate_port_name(s).map_err(|m| (".port".to_string(), m.to_string()))?;
+                validate_port_name(s)
+                    .map_err(|m| FieldError::new(".port".to_string(), m.to_string()))?;
                 return Ok((proto, Some(Port::Named(s.clone()))));
             }
         },
     };
     let n = port.expect("numeric port set above");
     let start = u16::try_from(n).ok().filter(|n| *n > 0).ok_or_else(|| {
-        (
+        FieldError::new(
             ".port".to_string(),
             format!("port {n} is out of range 1-65535"),
         )
@@ -244,13 +259,13 @@ fn port_to_calico(p: &NetworkPolicyPort) -> Result<(String, Option<Port>), Field
         None => Ok((proto, Some(Port::Number(start)))),
         Some(e) => {
             let end = u16::try_from(e).ok().filter(|e| *e > 0).ok_or_else(|| {
-                (
+                FieldError::new(
                     ".endPort".to_string(),
                     format!("endPort {e} is out of range 1-65535"),
                 )
             })?;
             if end < start {
-                return Err((
+                return Err(FieldError::new(
                     ".endPort".into(),
                     format!("endPort {end} is below port {start}"),
                 ));
@@ -289,13 +304,13 @@ pub(crate) fn validate_port_name(s: &str) -> Result<(), NameError> {
 fn peer_to_calico(peer: &NetworkPolicyPeer) -> Result<EntityRule, FieldError> {
     if let Some(block) = &peer.ip_block {
         if peer.pod_selector.is_some() || peer.namespace_selector.is_some() {
-            return Err((
+            return Err(FieldError::new(
                 "ipBlock".into(),
                 "ipBlock cannot be combined with podSelector or namespaceSelector".into(),
             ));
         }
         let cidr: IpNet = block.cidr.parse().map_err(|_| {
-            (
+            FieldError::new(
                 "ipBlock.cidr".to_string(),
                 format!("invalid CIDR {:?}", block.cidr),
             )
@@ -303,13 +318,13 @@ fn peer_to_calico(peer: &NetworkPolicyPeer) -> Result<EntityRule, FieldError> {
         let mut not_nets = Vec::new();
         for (k, e) in block.except.clone().unwrap_or_default().iter().enumerate() {
             let ex: IpNet = e.parse().map_err(|_| {
-                (
+                FieldError::new(
                     format!("ipBlock.except[{k}]"),
                     format!("invalid CIDR {e:?}"),
                 )
             })?;
             if !cidr.contains(&ex) {
-                return Err((
+                return Err(FieldError::new(
                     format!("ipBlock.except[{k}]"),
                     format!("{e} is not inside {}", block.cidr),
                 ));
@@ -323,12 +338,12 @@ fn peer_to_calico(peer: &NetworkPolicyPeer) -> Result<EntityRule, FieldError> {
         });
     }
     let selector = selector_from_label_selector(peer.pod_selector.as_ref(), true)
-        .map_err(|(f, m)| (format!("podSelector.{f}"), m))?;
+        .map_err(|e| e.under("podSelector."))?;
     let namespace_selector = match &peer.namespace_selector {
         None => None,
         Some(s) => selector_from_label_selector(Some(s), false)
             .map(non_empty)
-            .map_err(|(f, m)| (format!("namespaceSelector.{f}"), m))?,
+            .map_err(|e| e.under("namespaceSelector."))?,
     };
     Ok(EntityRule {
         selector: non_empty(selector),

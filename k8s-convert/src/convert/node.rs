@@ -6,6 +6,7 @@
 //!
 //! Calico has no `nodes` peer; a network set per node is how it maps onto Calico resources.
 
+use crate::validate::FieldError;
 use std::net::IpAddr;
 
 use calc_graph::model::{GlobalNetworkSet, NetworkSetSpec};
@@ -32,7 +33,11 @@ pub fn node_to_network_set(node: &Node, _opts: &ConvertOptions) -> Converted {
     };
     let mut labels = node.metadata.labels.clone().unwrap_or_default();
     labels.insert(NODE_MARKER_LABEL.to_string(), name.to_string());
-    if let Err((k, e)) = validate_labels(&labels) {
+    if let Err(FieldError {
+        field: k,
+        message: e,
+    }) = validate_labels(&labels)
+    {
         return Converted::skipped(
             SkipReport::new(&obj, format!("metadata.labels.{k}"), e),
             Some(key),

@@ -5,6 +5,7 @@
 //! `pcsa.*` labels on the pod itself are stripped so a pod cannot claim another namespace's or service
 //! account's labels (felix-reference §8.2).
 
+use crate::validate::FieldError;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
@@ -114,7 +115,11 @@ pub fn pod_to_workload_endpoint(pod: &Pod, opts: &ConvertOptions) -> Converted {
         .into_iter()
         .filter(|(k, _)| !k.starts_with("pcns.") && !k.starts_with("pcsa."))
         .collect();
-    if let Err((k, e)) = validate_labels(&labels) {
+    if let Err(FieldError {
+        field: k,
+        message: e,
+    }) = validate_labels(&labels)
+    {
         return fail(&format!("metadata.labels.{k}"), e, Some(key));
     }
     labels.insert("projectcalico.org/namespace".into(), ns.to_string());
@@ -132,7 +137,10 @@ pub fn pod_to_workload_endpoint(pod: &Pod, opts: &ConvertOptions) -> Converted {
         );
     let ports = match endpoint_ports(containers) {
         Ok(p) => p,
-        Err((f, m)) => return fail(&f, m, Some(key)),
+        Err(FieldError {
+            field: f,
+            message: m,
+        }) => return fail(&f, m, Some(key)),
     };
 
     let annotation = |name: &str| {
@@ -219,7 +227,7 @@ pub enum PrefixAnnotationError {
 /// Named container ports (init containers first, as the pod spec lists them).
 fn endpoint_ports<'a>(
     containers: impl Iterator<Item = (String, &'a Container)>,
-) -> Result<Vec<EndpointPort>, (String, String)> {
+) -> Result<Vec<EndpointPort>, FieldError> {
     let mut out = Vec::new();
     for (path, c) in containers {
         for (j, p) in c.ports.iter().flatten().enumerate() {
@@ -227,13 +235,14 @@ fn endpoint_ports<'a>(
                 continue;
             };
             let field = format!("{path}.ports[{j}]");
-            validate_port_name(pname).map_err(|m| (format!("{field}.name"), m.to_string()))?;
+            validate_port_name(pname)
+                .map_err(|m| FieldError::new(format!("{field}.name"), m.to_string()))?;
             let protocol = match p.protocol.as_deref() {
                 None | Some("" | "TCP") => Protocol::Tcp,
                 Some("UDP") => Protocol::Udp,
                 Some("SCTP") => Protocol::Sctp,
                 Some(other) => {
-                    return Err((
+                    return Err(FieldError::new(
                         format!("{field}.protocol"),
                         format!("unsupported protocol {other:?}: want TCP, UDP or SCTP"),
                     ));
@@ -243,7 +252,7 @@ fn endpoint_ports<'a>(
                 .ok()
                 .filter(|n| *n > 0)
                 .ok_or_else(|| {
-                    (
+                    FieldError::new(
                         format!("{field}.containerPort"),
                         format!("port {} is out of range 1-65535", p.container_port),
                     )

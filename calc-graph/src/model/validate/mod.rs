@@ -25,8 +25,8 @@ use std::collections::BTreeMap;
 
 use super::key::Kind;
 use super::names::{
-    validate_global_network_policy_name, validate_label_key, validate_label_value, validate_name,
-    validate_namespace, validate_network_policy_name, validate_tier_name,
+    NameError, validate_global_network_policy_name, validate_label_key, validate_label_value,
+    validate_name, validate_namespace, validate_network_policy_name, validate_tier_name,
 };
 use super::policy::{GlobalNetworkPolicySpec, NetworkPolicySpec, PolicyType, StagedAction};
 use super::primitives::Action;
@@ -94,9 +94,9 @@ impl Ctx<'_> {
         });
     }
 
-    fn check(&mut self, path: impl FieldPath, result: Result<(), String>) {
-        if let Err(message) = result {
-            self.err(path.build(), message);
+    fn check(&mut self, path: impl FieldPath, result: Result<(), NameError>) {
+        if let Err(e) = result {
+            self.err(path.build(), e.to_string());
         }
     }
 

@@ -43,6 +43,7 @@
 mod ports;
 mod types;
 
+use crate::validate::FieldError;
 use std::collections::BTreeMap;
 
 use ipnet::IpNet;
@@ -85,8 +86,6 @@ pub const RULE_NAME_ANNOTATION: &str = "name";
 
 /// The most names one `domainNames` peer may list (the API's `MaxItems`).
 pub const MAX_DOMAIN_NAMES: usize = 25;
-
-type FieldError = (String, String);
 
 /// A rule action the source kind does not have.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -232,7 +231,10 @@ fn decode<T: DeserializeOwned>(spec: &serde_json::Value) -> Result<T, FieldError
     } else {
         format!("spec.{path}")
     };
-    Err((field, format!("cannot decode: {}", e.into_inner())))
+    Err(FieldError::new(
+        field,
+        format!("cannot decode: {}", e.into_inner()),
+    ))
 }
 
 /// A rule of any kind, normalised: action checked, peers and ports still to convert.
@@ -267,7 +269,10 @@ fn convert(
         Ok(k) => k,
         Err(e) => return Converted::skipped(SkipReport::new(&obj, "metadata.name", e), None),
     };
-    let skip = |(field, msg): FieldError| {
+    let skip = |FieldError {
+                    field,
+                    message: msg,
+                }: FieldError| {
         Converted::skipped(SkipReport::new(&obj, field, msg), Some(key.clone()))
     };
     if src == Source::Banp && name != BANP_NAME {
@@ -295,12 +300,17 @@ fn convert(
             let order = match (src, anp_spec.priority) {
                 (Source::Banp, None) => BANP_ORDER,
                 (Source::Banp, Some(_)) => {
-                    return skip((
+                    return skip(FieldError::new(
                         "spec.priority".into(),
                         "cannot decode: unknown field `priority`".into(),
                     ));
                 }
-                (_, None) => return skip(("spec.priority".into(), "priority is required".into())),
+                (_, None) => {
+                    return skip(FieldError::new(
+                        "spec.priority".into(),
+                        "priority is required".into(),
+                    ));
+                }
                 (_, Some(p)) => match priority(p) {
                     Ok(o) => o,
                     Err(e) => return skip(e),
@@ -328,7 +338,7 @@ fn convert(
                 "Admin" => KUBE_ADMIN_TIER,
                 "Baseline" => KUBE_BASELINE_TIER,
                 other => {
-                    return skip((
+                    return skip(FieldError::new(
                         "spec.tier".into(),
                         format!("unknown tier {other:?}: want Admin or Baseline"),
                     ));
@@ -349,7 +359,7 @@ fn convert(
     };
     for (dir, list) in [("ingress", &ingress), ("egress", &egress)] {
         if list.len() > src.max_rules() {
-            return skip((
+            return skip(FieldError::new(
                 format!("spec.{dir}"),
                 format!(
                     "{} rules, more than the API's {}",
@@ -370,7 +380,10 @@ fn convert(
         for r in list {
             match source_rule_to_calico(&r, ingress) {
                 Ok(rules) => out.extend(rules),
-                Err((field, msg)) => {
+                Err(FieldError {
+                    field,
+                    message: msg,
+                }) => {
                     // Fail closed (network-policy-api: "treat the rule as matching no traffic" for
                     // Allow, "as a Deny all rule" for Deny and Pass).
                     let deny = matches!(r.action, Ok(Action::Deny | Action::Pass));
@@ -417,7 +430,7 @@ fn priority(p: i64) -> Result<f64, FieldError> {
     if (0..=1000).contains(&p) {
         Ok(p as f64)
     } else {
-        Err((
+        Err(FieldError::new(
             "spec.priority".into(),
             format!("priority {p} is out of range 0-1000"),
         ))
@@ -429,17 +442,17 @@ fn subject_selectors(s: &Subject) -> Result<(String, String), FieldError> {
     match (&s.namespaces, &s.pods) {
         (Some(ns), None) => {
             let nss = selector_from_label_selector(Some(&ns.to_k8s()), false)
-                .map_err(|(f, m)| (format!("spec.subject.namespaces.{f}"), m))?;
+                .map_err(|e| e.under("spec.subject.namespaces."))?;
             Ok((nss, ORCHESTRATOR_CLAUSE.to_string()))
         }
         (None, Some(p)) => {
             let nss = selector_from_label_selector(Some(&p.namespace_selector.to_k8s()), false)
-                .map_err(|(f, m)| (format!("spec.subject.pods.namespaceSelector.{f}"), m))?;
+                .map_err(|e| e.under("spec.subject.pods.namespaceSelector."))?;
             let ps = selector_from_label_selector(Some(&p.pod_selector.to_k8s()), true)
-                .map_err(|(f, m)| (format!("spec.subject.pods.podSelector.{f}"), m))?;
+                .map_err(|e| e.under("spec.subject.pods.podSelector."))?;
             Ok((nss, ps))
         }
-        _ => Err((
+        _ => Err(FieldError::new(
             "spec.subject".into(),
             "exactly one of namespaces and pods must be set".into(),
         )),
@@ -448,11 +461,11 @@ fn subject_selectors(s: &Subject) -> Result<(String, String), FieldError> {
 
 fn rule_name_check(name: Option<&str>, field: &str) -> Result<(), FieldError> {
     match name {
-        Some(n) if n.chars().count() > 100 => Err((
+        Some(n) if n.chars().count() > 100 => Err(FieldError::new(
             format!("{field}.name"),
             "rule name is longer than 100 characters".into(),
         )),
-        Some(n) if n.chars().any(char::is_control) => Err((
+        Some(n) if n.chars().any(char::is_control) => Err(FieldError::new(
             format!("{field}.name"),
             "rule name contains control characters".into(),
         )),
@@ -489,7 +502,7 @@ fn anp_rule<'a>(src: Source, r: &'a AnpRule, field: &str, ingress: bool) -> Sour
         (r.to.as_deref(), "to", r.from.as_ref().map(|_| "from"))
     };
     let ports = match wrong {
-        Some(w) => Err((
+        Some(w) => Err(FieldError::new(
             format!("{field}.{w}"),
             format!(
                 "an {} rule has no {w:?}",
@@ -522,7 +535,7 @@ fn cnp_rule<'a>(r: &'a CnpRule, field: &str, ingress: bool, admin: bool) -> Sour
         (r.to.as_deref(), "to", r.from.as_ref().map(|_| "from"))
     };
     let ports = match wrong {
-        Some(w) => Err((
+        Some(w) => Err(FieldError::new(
             format!("{field}.{w}"),
             format!(
                 "an {} rule has no {w:?}",
@@ -567,7 +580,7 @@ fn peer_to_entities(
     .filter_map(|(n, s)| s.then_some(n))
     .collect();
     let [which] = set.as_slice() else {
-        return Err((
+        return Err(FieldError::new(
             String::new(),
             format!(
                 "exactly one of namespaces, pods{} must be set",
@@ -580,7 +593,7 @@ fn peer_to_entities(
         ));
     };
     if ingress && !matches!(*which, "namespaces" | "pods") {
-        return Err((
+        return Err(FieldError::new(
             format!(".{which}"),
             format!("{which} is not an ingress peer: want namespaces or pods"),
         ));
@@ -589,7 +602,7 @@ fn peer_to_entities(
         "namespaces" => {
             let sel = peer.namespaces.as_ref().expect("checked").to_k8s();
             let nss = selector_from_label_selector(Some(&sel), false)
-                .map_err(|(f, m)| (format!(".namespaces.{f}"), m))?;
+                .map_err(|e| e.under(".namespaces."))?;
             // The orchestrator clause keeps the peer to pods: a negative namespace selector
             // (`NotIn`, `DoesNotExist`) alone would also match host endpoints and global network
             // sets, which have no namespace labels (Calico's conversion leaves that gap open).
@@ -602,9 +615,9 @@ fn peer_to_entities(
         "pods" => {
             let p = peer.pods.as_ref().expect("checked");
             let nss = selector_from_label_selector(Some(&p.namespace_selector.to_k8s()), false)
-                .map_err(|(f, m)| (format!(".pods.namespaceSelector.{f}"), m))?;
+                .map_err(|e| e.under(".pods.namespaceSelector."))?;
             let ps = selector_from_label_selector(Some(&p.pod_selector.to_k8s()), true)
-                .map_err(|(f, m)| (format!(".pods.podSelector.{f}"), m))?;
+                .map_err(|e| e.under(".pods.podSelector."))?;
             Ok(vec![EntityRule {
                 selector: non_empty(ps),
                 namespace_selector: non_empty(nss),
@@ -613,23 +626,23 @@ fn peer_to_entities(
         }
         "networks" => {
             if has_named {
-                return Err((
+                return Err(FieldError::new(
                     ".networks".into(),
                     "a networks peer cannot be used with named ports".into(),
                 ));
             }
             let nets = peer.networks.as_deref().expect("checked");
             if nets.is_empty() || nets.len() > 25 {
-                return Err((
+                return Err(FieldError::new(
                     ".networks".into(),
                     format!("{} networks: want 1-25", nets.len()),
                 ));
             }
             let (mut v4, mut v6) = (Vec::new(), Vec::new());
             for (k, n) in nets.iter().enumerate() {
-                let net: IpNet = n
-                    .parse()
-                    .map_err(|_| (format!(".networks[{k}]"), format!("invalid CIDR {n:?}")))?;
+                let net: IpNet = n.parse().map_err(|_| {
+                    FieldError::new(format!(".networks[{k}]"), format!("invalid CIDR {n:?}"))
+                })?;
                 let s = net.trunc();
                 match net {
                     IpNet::V4(_) => v4.push(s),
@@ -647,14 +660,14 @@ fn peer_to_entities(
         }
         "nodes" => {
             if has_named {
-                return Err((
+                return Err(FieldError::new(
                     ".nodes".into(),
                     "a nodes peer cannot be used with named ports".into(),
                 ));
             }
             let sel = peer.nodes.as_ref().expect("checked").to_k8s();
-            let labels = selector_from_label_selector(Some(&sel), false)
-                .map_err(|(f, m)| (format!(".nodes.{f}"), m))?;
+            let labels =
+                selector_from_label_selector(Some(&sel), false).map_err(|e| e.under(".nodes."))?;
             Ok(vec![EntityRule {
                 selector: Some(node_selector(&labels)),
                 ..EntityRule::default()
@@ -677,23 +690,23 @@ fn domain_names(
     has_named: bool,
     allowed: Result<(), &'static str>,
 ) -> Result<Vec<String>, FieldError> {
-    allowed.map_err(|m| (".domainNames".to_string(), m.to_string()))?;
+    allowed.map_err(|m| FieldError::new(".domainNames".to_string(), m.to_string()))?;
     if has_named {
-        return Err((
+        return Err(FieldError::new(
             ".domainNames".into(),
             "a domainNames peer cannot be used with named ports".into(),
         ));
     }
     if names.is_empty() || names.len() > MAX_DOMAIN_NAMES {
-        return Err((
+        return Err(FieldError::new(
             ".domainNames".into(),
             format!("{} domain names: want 1-{MAX_DOMAIN_NAMES}", names.len()),
         ));
     }
     let mut out: Vec<String> = Vec::with_capacity(names.len());
     for (k, n) in names.iter().enumerate() {
-        let p =
-            DomainPattern::parse(n).map_err(|e| (format!(".domainNames[{k}]"), e.to_string()))?;
+        let p = DomainPattern::parse(n)
+            .map_err(|e| FieldError::new(format!(".domainNames[{k}]"), e.to_string()))?;
         if !out.iter().any(|o| o == p.as_str()) {
             out.push(p.as_str().to_string());
         }
@@ -724,7 +737,7 @@ fn source_rule_to_calico(r: &SourceRule<'_>, ingress: bool) -> Result<Vec<Rule>,
     let action = r
         .action
         .clone()
-        .map_err(|m| (format!("{}.action", r.field), m.to_string()))?;
+        .map_err(|m| FieldError::new(format!("{}.action", r.field), m.to_string()))?;
     rule_name_check(r.name, &r.field)?;
     let ports = r.ports.clone()?;
     let has_named = ports
@@ -733,7 +746,7 @@ fn source_rule_to_calico(r: &SourceRule<'_>, ingress: bool) -> Result<Vec<Rule>,
         .flatten()
         .any(|p| matches!(p, Port::Named(_)));
     if r.peers.is_empty() || r.peers.len() > 100 {
-        return Err((
+        return Err(FieldError::new(
             format!("{}.{}", r.field, r.peer_field),
             format!("{} peers: want 1-100", r.peers.len()),
         ));
@@ -741,7 +754,7 @@ fn source_rule_to_calico(r: &SourceRule<'_>, ingress: bool) -> Result<Vec<Rule>,
     let mut peers = Vec::new();
     for (j, p) in r.peers.iter().enumerate() {
         let entities = peer_to_entities(p, ingress, has_named, r.domains)
-            .map_err(|(f, m)| (format!("{}.{}[{j}]{f}", r.field, r.peer_field), m))?;
+            .map_err(|e| e.under(format!("{}.{}[{j}]", r.field, r.peer_field)))?;
         peers.extend(entities);
     }
     let metadata = r.name.filter(|n| !n.is_empty()).map(|n| RuleMetadata {
