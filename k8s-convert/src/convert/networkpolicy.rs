@@ -161,21 +161,13 @@ fn rule_to_calico(
     ingress: bool,
     peer_field: &str,
 ) -> Result<Vec<Rule>, FieldError> {
-    // Protocol ("" = none) → ports (None = all ports of the protocol).
-    let mut by_protocol: BTreeMap<String, Option<Vec<Port>>> = BTreeMap::new();
+    let mut by_protocol = ProtoPorts::new();
     if ports.is_empty() {
         by_protocol.insert(String::new(), None);
     }
     for (j, p) in ports.iter().enumerate() {
         let (proto, port) = port_to_calico(p).map_err(|e| e.under(format!("ports[{j}]")))?;
-        match (by_protocol.get_mut(&proto), port) {
-            (None, port) => {
-                by_protocol.insert(proto, port.map(|p| vec![p]));
-            }
-            (Some(entry), None) => *entry = None,
-            (Some(Some(list)), Some(port)) => list.push(port),
-            (Some(None), Some(_)) => {}
-        }
+        add_port(&mut by_protocol, &proto, port);
     }
     let mut calico_peers = Vec::new();
     for (j, peer) in peers.iter().enumerate() {
@@ -185,13 +177,45 @@ fn rule_to_calico(
     if calico_peers.is_empty() {
         calico_peers.push(EntityRule::default());
     }
+    let allow = Rule::new(Action::Allow);
+    Ok(rules_per_protocol_and_peer(
+        &allow,
+        by_protocol,
+        &calico_peers,
+        ingress,
+    ))
+}
+
+/// Protocol (`""` = none) → its ports (`None` = all ports of the protocol).
+pub(crate) type ProtoPorts = BTreeMap<String, Option<Vec<Port>>>;
+
+/// Adds `port` of `proto` (`None`: all its ports, which absorbs every single port).
+pub(crate) fn add_port(map: &mut ProtoPorts, proto: &str, port: Option<Port>) {
+    match (map.get_mut(proto), port) {
+        (None, port) => {
+            map.insert(proto.to_string(), port.map(|p| vec![p]));
+        }
+        (Some(entry), None) => *entry = None,
+        (Some(Some(list)), Some(p)) => list.push(p),
+        (Some(None), Some(_)) => {}
+    }
+}
+
+/// `k8sRuleToCalico`'s cross product: one copy of `template` (action, metadata) per protocol and
+/// peer, with the peer on the remote side and the protocol's ports (simplified) on the destination.
+pub(crate) fn rules_per_protocol_and_peer(
+    template: &Rule,
+    by_protocol: ProtoPorts,
+    peers: &[EntityRule],
+    ingress: bool,
+) -> Vec<Rule> {
     let mut rules = Vec::new();
     for (proto, ports) in by_protocol {
         let ports = simplify_ports(ports.unwrap_or_default());
         // "" (no protocol) does not parse.
         let protocol = proto.parse::<Protocol>().ok();
-        for peer in &calico_peers {
-            let mut rule = Rule::new(Action::Allow);
+        for peer in peers {
+            let mut rule = template.clone();
             rule.protocol = protocol;
             if ingress {
                 rule.source = peer.clone();
@@ -205,7 +229,7 @@ fn rule_to_calico(
             rules.push(rule);
         }
     }
-    Ok(rules)
+    rules
 }
 
 /// One NetworkPolicyPort → (protocol, Some(port) or None for "all ports"). Field suffixes start with `.`.

@@ -49,21 +49,21 @@ use std::collections::BTreeMap;
 use ipnet::IpNet;
 use serde::de::DeserializeOwned;
 
-use ports::{ProtoPorts, anp_ports, cnp_ports};
+use ports::{anp_ports, cnp_ports};
 pub use types::{
     AdminNetworkPolicy, BaselineAdminNetworkPolicy, ClusterNetworkPolicy, GROUP, LabelSelector,
 };
 use types::{AnpRule, AnpSpec, CnpRule, CnpSpec, Peer, Subject};
 
 use super::labels::{ORCHESTRATOR_CLAUSE, selector_from_label_selector};
-use super::networkpolicy::simplify_ports;
+use super::networkpolicy::{ProtoPorts, rules_per_protocol_and_peer};
 use super::{
     CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, metadata, non_empty,
 };
 use calc_graph::model::{
     Action, DomainPattern, EntityRule, GlobalNetworkPolicy, GlobalNetworkPolicySpec,
     K8S_ADMIN_POLICY_PREFIXES, KUBE_ADMIN_TIER, KUBE_BASELINE_TIER, Metadata, PolicyType, Port,
-    Protocol, Rule, RuleMetadata, Tier, TierSpec,
+    Rule, RuleMetadata, Tier, TierSpec,
 };
 
 /// GlobalNetworkPolicy name prefix of a converted AdminNetworkPolicy (Calico's
@@ -325,8 +325,12 @@ fn convert(
                 tier,
                 order,
                 &anp_spec.subject,
-                anp_rules(src, anp_spec.ingress.as_deref(), true),
-                anp_rules(src, anp_spec.egress.as_deref(), false),
+                rules_of(anp_spec.ingress.as_deref(), true, |r, f| {
+                    anp_rule(src, r, f, true)
+                }),
+                rules_of(anp_spec.egress.as_deref(), false, |r, f| {
+                    anp_rule(src, r, f, false)
+                }),
             )
         }
         Source::Cnp => {
@@ -348,12 +352,17 @@ fn convert(
                 Ok(o) => o,
                 Err(e) => return skip(e),
             };
+            let admin = tier == KUBE_ADMIN_TIER;
             (
                 tier,
                 order,
                 &cnp_spec.subject,
-                cnp_rules(cnp_spec.ingress.as_deref(), true, tier == KUBE_ADMIN_TIER),
-                cnp_rules(cnp_spec.egress.as_deref(), false, tier == KUBE_ADMIN_TIER),
+                rules_of(cnp_spec.ingress.as_deref(), true, |r, f| {
+                    cnp_rule(r, f, true, admin)
+                }),
+                rules_of(cnp_spec.egress.as_deref(), false, |r, f| {
+                    cnp_rule(r, f, false, admin)
+                }),
             )
         }
     };
@@ -477,40 +486,49 @@ fn dir_name(ingress: bool) -> &'static str {
     if ingress { "ingress" } else { "egress" }
 }
 
-fn anp_rules(src: Source, list: Option<&[AnpRule]>, ingress: bool) -> Vec<SourceRule<'_>> {
+/// `spec.ingress` or `spec.egress`, each rule converted by `rule` with its field path.
+fn rules_of<'a, R>(
+    list: Option<&'a [R]>,
+    ingress: bool,
+    rule: impl Fn(&'a R, &str) -> SourceRule<'a>,
+) -> Vec<SourceRule<'a>> {
     let dir = dir_name(ingress);
     list.unwrap_or_default()
         .iter()
         .enumerate()
-        .map(|(i, r)| anp_rule(src, r, &format!("spec.{dir}[{i}]"), ingress))
+        .map(|(i, r)| rule(r, &format!("spec.{dir}[{i}]")))
         .collect()
 }
 
-fn cnp_rules(list: Option<&[CnpRule]>, ingress: bool, admin: bool) -> Vec<SourceRule<'_>> {
-    let dir = dir_name(ingress);
-    list.unwrap_or_default()
-        .iter()
-        .enumerate()
-        .map(|(i, r)| cnp_rule(r, &format!("spec.{dir}[{i}]"), ingress, admin))
-        .collect()
-}
-
-fn anp_rule<'a>(src: Source, r: &'a AnpRule, field: &str, ingress: bool) -> SourceRule<'a> {
+/// The peers of the rule's direction (`from` in ingress, `to` in egress) and the field naming
+/// them, and its ports from `ports`; a rule that names the other direction's peers has an error
+/// in place of its ports (it is dropped).
+fn peers_and_ports<'a>(
+    (from, to): (Option<&'a [Peer]>, Option<&'a [Peer]>),
+    field: &str,
+    ingress: bool,
+    ports: impl FnOnce() -> Result<ProtoPorts, FieldError>,
+) -> (&'a [Peer], &'static str, Result<ProtoPorts, FieldError>) {
     let (peers, peer_field, wrong) = if ingress {
-        (r.from.as_deref(), "from", r.to.as_ref().map(|_| "to"))
+        (from, "from", to.map(|_| "to"))
     } else {
-        (r.to.as_deref(), "to", r.from.as_ref().map(|_| "from"))
+        (to, "to", from.map(|_| "from"))
     };
     let ports = match wrong {
         Some(w) => Err(FieldError::new(
             format!("{field}.{w}"),
-            format!(
-                "an {} rule has no {w:?}",
-                if ingress { "ingress" } else { "egress" }
-            ),
+            format!("an {} rule has no {w:?}", dir_name(ingress)),
         )),
-        None => anp_ports(r.ports.as_deref(), field),
+        None => ports(),
     };
+    (peers.unwrap_or_default(), peer_field, ports)
+}
+
+fn anp_rule<'a>(src: Source, r: &'a AnpRule, field: &str, ingress: bool) -> SourceRule<'a> {
+    let (peers, peer_field, ports) =
+        peers_and_ports((r.from.as_deref(), r.to.as_deref()), field, ingress, || {
+            anp_ports(r.ports.as_deref(), field)
+        });
     let action = src.action(&r.action);
     let domains = match (src, &action) {
         (Source::Banp, _) => Err("a BaselineAdminNetworkPolicy has no domainNames peers"),
@@ -521,7 +539,7 @@ fn anp_rule<'a>(src: Source, r: &'a AnpRule, field: &str, ingress: bool) -> Sour
         field: field.to_string(),
         name: r.name.as_deref(),
         action,
-        peers: peers.unwrap_or_default(),
+        peers,
         peer_field,
         ports,
         domains,
@@ -529,21 +547,10 @@ fn anp_rule<'a>(src: Source, r: &'a AnpRule, field: &str, ingress: bool) -> Sour
 }
 
 fn cnp_rule<'a>(r: &'a CnpRule, field: &str, ingress: bool, admin: bool) -> SourceRule<'a> {
-    let (peers, peer_field, wrong) = if ingress {
-        (r.from.as_deref(), "from", r.to.as_ref().map(|_| "to"))
-    } else {
-        (r.to.as_deref(), "to", r.from.as_ref().map(|_| "from"))
-    };
-    let ports = match wrong {
-        Some(w) => Err(FieldError::new(
-            format!("{field}.{w}"),
-            format!(
-                "an {} rule has no {w:?}",
-                if ingress { "ingress" } else { "egress" }
-            ),
-        )),
-        None => cnp_ports(r.protocols.as_deref(), field),
-    };
+    let (peers, peer_field, ports) =
+        peers_and_ports((r.from.as_deref(), r.to.as_deref()), field, ingress, || {
+            cnp_ports(r.protocols.as_deref(), field)
+        });
     let action = Source::Cnp.action(&r.action);
     let domains = match (admin, &action) {
         (false, _) => Err("domainNames peers are allowed only in the Admin tier"),
@@ -554,7 +561,7 @@ fn cnp_rule<'a>(r: &'a CnpRule, field: &str, ingress: bool, admin: bool) -> Sour
         field: field.to_string(),
         name: r.name.as_deref(),
         action,
-        peers: peers.unwrap_or_default(),
+        peers,
         peer_field,
         ports,
         domains,
@@ -760,26 +767,11 @@ fn source_rule_to_calico(r: &SourceRule<'_>, ingress: bool) -> Result<Vec<Rule>,
     let metadata = r.name.filter(|n| !n.is_empty()).map(|n| RuleMetadata {
         annotations: BTreeMap::from([(RULE_NAME_ANNOTATION.to_string(), n.to_string())]),
     });
-    let mut rules = Vec::new();
-    for (proto, ports) in ports {
-        let ports = simplify_ports(ports.unwrap_or_default());
-        // "" (no protocol) does not parse.
-        let protocol = proto.parse::<Protocol>().ok();
-        for peer in &peers {
-            let mut rule = Rule::new(action);
-            rule.protocol = protocol;
-            rule.metadata = metadata.clone();
-            if ingress {
-                rule.source = peer.clone();
-                rule.destination.ports = ports.clone();
-            } else {
-                rule.destination = EntityRule {
-                    ports: ports.clone(),
-                    ..peer.clone()
-                };
-            }
-            rules.push(rule);
-        }
-    }
-    Ok(rules)
+    let template = Rule {
+        metadata,
+        ..Rule::new(action)
+    };
+    Ok(rules_per_protocol_and_peer(
+        &template, ports, &peers, ingress,
+    ))
 }

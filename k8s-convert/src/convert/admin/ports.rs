@@ -4,29 +4,15 @@
 //! full field path.
 
 use crate::validate::FieldError;
-use std::collections::BTreeMap;
 
-use super::super::networkpolicy::validate_port_name;
+use super::super::networkpolicy::{ProtoPorts, add_port, validate_port_name};
 use super::types::{AnpPort, CnpProtocol};
 use calc_graph::model::Port;
 
 /// Protocol ("" = none) → ports (`None` = every port of the protocol).
-pub(super) type ProtoPorts = BTreeMap<String, Option<Vec<Port>>>;
-
 /// The protocols a named port may be of: it matches the container port of that name, whatever its
 /// protocol, and the named-port IP sets carry the protocol.
 const NAMED_PORT_PROTOCOLS: [&str; 3] = ["SCTP", "TCP", "UDP"];
-
-fn add_port(map: &mut ProtoPorts, proto: &str, port: Option<Port>) {
-    match (map.get_mut(proto), port) {
-        (None, port) => {
-            map.insert(proto.to_string(), port.map(|p| vec![p]));
-        }
-        (Some(entry), None) => *entry = None,
-        (Some(Some(list)), Some(p)) => list.push(p),
-        (Some(None), Some(_)) => {}
-    }
-}
 
 fn l4_protocol(p: Option<&str>, field: &str) -> Result<&'static str, FieldError> {
     match p.unwrap_or("TCP") {
