@@ -19,9 +19,15 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use anyhow::Result;
+use std::path::Path;
+
+use anyhow::{Context, Result};
 
 use felixrs_test_support::netns::{Netns, unique_name};
+use felixrs_test_support::node::wire_pod;
+
+use crate::driver::{Etcd, start_etcd};
+use crate::traffic::Servers;
 
 /// The host-side interface name Calico's CNI gives a pod: `cali` + 11 hex chars of SHA-1("<ns>.<pod>").
 pub fn veth_name(namespace: &str, pod: &str) -> String {
@@ -53,6 +59,57 @@ impl Pod {
     }
 }
 
+/// What every end-to-end phase starts from: the cluster of [`crate::cases::standard_layout`] (its
+/// addresses checked against the layout's), a server in every pod, a real etcd on the infra bridge
+/// and one agent per node, started by `start_agent(node netns, node name, etcd URL, work dir)`.
+pub struct StandardCluster<A> {
+    pub work: tempfile::TempDir,
+    pub cluster: Cluster,
+    pub servers: Vec<Servers>,
+    pub etcd: Etcd,
+    pub agents: Vec<A>,
+}
+
+impl<A> StandardCluster<A> {
+    /// Builds it in a work directory named after `prefix`.
+    pub fn start(
+        prefix: &str,
+        mut start_agent: impl FnMut(&Netns, &str, &str, &Path) -> Result<A>,
+    ) -> Result<Self> {
+        let work = tempfile::Builder::new().prefix(prefix).tempdir()?;
+        let mut cluster = Cluster::new(2)?;
+        let layout = crate::cases::standard_layout();
+        for p in &layout {
+            let node = (cluster.nodes.iter())
+                .position(|n| n.name == p.node_name)
+                .context("layout names a known node")?;
+            cluster.add_pod(&p.namespace, &p.name, node)?;
+        }
+        let placed: Vec<_> = (cluster.placed_pods().iter())
+            .map(|p| (p.id(), p.ip, p.ip6))
+            .collect();
+        let want: Vec<_> = layout.iter().map(|p| (p.id(), p.ip, p.ip6)).collect();
+        anyhow::ensure!(
+            placed == want,
+            "cluster addresses differ from the evaluator's layout"
+        );
+        let servers = (cluster.pods.iter())
+            .map(|p| Servers::start(p.ns.name()))
+            .collect::<Result<Vec<_>>>()?;
+        let etcd = start_etcd(&cluster.infra, "10.77.0.1", work.path());
+        let agents = (cluster.nodes.iter())
+            .map(|n| start_agent(&n.ns, &n.name, &etcd.client_url(), work.path()))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(StandardCluster {
+            work,
+            cluster,
+            servers,
+            etcd,
+            agents,
+        })
+    }
+}
+
 pub struct Cluster {
     pub pods: Vec<Pod>,
     pub nodes: Vec<Node>,
@@ -63,8 +120,7 @@ pub struct Cluster {
 
 pub const INFRA_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 
-/// The link-local IPv6 gateway of every pod, held by every host-side `cali` interface.
-pub const GATEWAY6: &str = "fe80::1";
+pub use felixrs_test_support::node::GATEWAY6;
 
 /// The IPv6 address `Cluster::add_pod` gives the `host`-th pod of `node` (index): `fd78:<node+1>::<host>`.
 pub fn pod_ip6(node: usize, host: u8) -> Ipv6Addr {
@@ -163,78 +219,7 @@ impl Cluster {
         // Servers bind `[::]` for IPv6 next to `0.0.0.0` for IPv4: v6-only, so the two do not collide.
         ns.sysctl("net.ipv6.bindv6only", "1")?;
         let n = &self.nodes[node];
-        n.ns.exec(&[
-            "ip",
-            "link",
-            "add",
-            &iface,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            ns.name(),
-        ])?;
-        n.ns.sysctl(&format!("net.ipv4.conf.{iface}.proxy_arp"), "1")?;
-        n.ns.sysctl(&format!("net.ipv4.neigh.{iface}.proxy_delay"), "0")?;
-        n.ns.sysctl(&format!("net.ipv4.conf.{iface}.rp_filter"), "0")?;
-        n.ns.exec(&["ip", "link", "set", &iface, "up"])?;
-        n.ns.exec(&["ip", "route", "add", &format!("{ip}/32"), "dev", &iface])?;
-        n.ns.exec(&[
-            "ip",
-            "-6",
-            "addr",
-            "add",
-            &format!("{GATEWAY6}/64"),
-            "dev",
-            &iface,
-            "nodad",
-        ])?;
-        n.ns.exec(&[
-            "ip",
-            "-6",
-            "route",
-            "add",
-            &format!("{ip6}/128"),
-            "dev",
-            &iface,
-        ])?;
-        ns.exec(&["ip", "addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
-        ns.exec(&[
-            "ip",
-            "-6",
-            "addr",
-            "add",
-            &format!("{ip6}/128"),
-            "dev",
-            "eth0",
-            "nodad",
-        ])?;
-        ns.exec(&["ip", "link", "set", "eth0", "up"])?;
-        ns.exec(&[
-            "ip",
-            "route",
-            "add",
-            "169.254.1.1",
-            "dev",
-            "eth0",
-            "scope",
-            "link",
-        ])?;
-        ns.exec(&[
-            "ip",
-            "route",
-            "add",
-            "default",
-            "via",
-            "169.254.1.1",
-            "dev",
-            "eth0",
-        ])?;
-        ns.exec(&[
-            "ip", "-6", "route", "add", "default", "via", GATEWAY6, "dev", "eth0",
-        ])?;
+        wire_pod(&n.ns, &ns, &iface, ip, ip6)?;
         for (j, other) in self.nodes.iter().enumerate() {
             if j != node {
                 other.ns.exec(&[

@@ -18,9 +18,9 @@ use serde_json::Value;
 
 use felixrs_test_support::netns::{self, Netns};
 
-use crate::cases::{self, Case, Expect, Step};
-use crate::cluster::Cluster;
-use crate::driver::{Etcd, HEALTH_ADDR, http_get, start_etcd, wait_for};
+use crate::cases::{Case, Expect, Step};
+use crate::cluster::{Cluster, StandardCluster};
+use crate::driver::{Etcd, HEALTH_ADDR, http_get, wait_for};
 use crate::traffic::{Probe, Servers, probe_many};
 use crate::world::{self, Family, PlacedPod};
 
@@ -332,40 +332,16 @@ pub struct ImagePhase {
 
 impl ImagePhase {
     pub fn start(images: Images) -> Result<ImagePhase> {
-        let work = tempfile::Builder::new()
-            .prefix("felixrs-e2e-image")
-            .tempdir()?;
-        let mut cluster = Cluster::new(2)?;
-        for p in cases::standard_layout() {
-            let node = cluster
-                .nodes
-                .iter()
-                .position(|n| n.name == p.node_name)
-                .context("layout names a known node")?;
-            cluster.add_pod(&p.namespace, &p.name, node)?;
-        }
-        let servers = cluster
-            .pods
-            .iter()
-            .map(|p| Servers::start(p.ns.name()))
-            .collect::<Result<Vec<_>>>()?;
-        let etcd = start_etcd(&cluster.infra, "10.77.0.1", work.path());
-        let mut agents = Vec::new();
-        for n in &cluster.nodes {
-            agents.push(ContainerAgent::start(
-                &n.ns,
-                &n.name,
-                &etcd.client_url(),
-                &images.current,
-            )?);
-        }
+        let s = StandardCluster::start("felixrs-e2e-image", |ns, name, url, _| {
+            ContainerAgent::start(ns, name, url, &images.current)
+        })?;
         Ok(ImagePhase {
-            agents,
-            _servers: servers,
-            etcd,
-            cluster,
+            agents: s.agents,
+            _servers: s.servers,
+            etcd: s.etcd,
+            cluster: s.cluster,
             images,
-            work,
+            work: s.work,
         })
     }
 

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use crate::cases::{self, Case, Expect, Step};
-use crate::cluster::Cluster;
-use crate::driver::{Agent, Etcd, controller_sync, start_etcd};
+use crate::cases::{Case, Expect, Step};
+use crate::cluster::{Cluster, StandardCluster};
+use crate::driver::{Agent, Etcd, controller_sync};
 use crate::traffic::{Probe, Servers, probe_many};
 use crate::world::{self, Family, PlacedPod};
 
@@ -29,48 +29,13 @@ pub struct Env {
 impl Env {
     /// Builds the cluster of [`cases::standard_layout`] and starts etcd, servers and agents.
     pub fn start() -> Result<Env> {
-        let work = tempfile::Builder::new().prefix("felixrs-e2e").tempdir()?;
-        let mut cluster = Cluster::new(2)?;
-        let layout = cases::standard_layout();
-        for p in &layout {
-            let node = cluster
-                .nodes
-                .iter()
-                .position(|n| n.name == p.node_name)
-                .context("layout names a known node")?;
-            cluster.add_pod(&p.namespace, &p.name, node)?;
-        }
-        let placed: Vec<_> = cluster
-            .placed_pods()
-            .iter()
-            .map(|p| (p.id(), p.ip, p.ip6))
-            .collect();
-        let want: Vec<_> = layout.iter().map(|p| (p.id(), p.ip, p.ip6)).collect();
-        anyhow::ensure!(
-            placed == want,
-            "cluster addresses differ from the evaluator's layout"
-        );
-        let servers = cluster
-            .pods
-            .iter()
-            .map(|p| Servers::start(p.ns.name()))
-            .collect::<Result<Vec<_>>>()?;
-        let etcd = start_etcd(&cluster.infra, "10.77.0.1", work.path());
-        let mut agents = Vec::new();
-        for n in &cluster.nodes {
-            agents.push(Agent::start(
-                &n.ns,
-                &n.name,
-                &etcd.client_url(),
-                work.path(),
-            )?);
-        }
+        let s = StandardCluster::start("felixrs-e2e", Agent::start)?;
         Ok(Env {
-            cluster,
-            _servers: servers,
-            agents,
-            etcd,
-            work,
+            cluster: s.cluster,
+            _servers: s.servers,
+            agents: s.agents,
+            etcd: s.etcd,
+            work: s.work,
             latencies: Vec::new(),
         })
     }
