@@ -11,7 +11,6 @@ use serde_json::{Map, Value};
 use crate::convert::{
     self, Body, CalicoResource, Converted, ObjectRef, SkipReport, etcd_key, is_namespaced, plural,
 };
-use crate::validate::FieldError;
 use crate::validate::{decode, needs_as_written};
 
 /// A RemoteClusterConfiguration, validated strictly by the model the agents read it with (an
@@ -133,12 +132,7 @@ pub fn convert_v3(v: &Value) -> Converted {
     let json = Value::Object(doc).to_string();
     let res = match decode(&json) {
         Ok(res) => res,
-        Err(FieldError {
-            field,
-            message: msg,
-        }) => {
-            return Converted::skipped(SkipReport::new(&obj, field, msg), Some(key));
-        }
+        Err(e) => return Converted::skipped(e.report(&obj), Some(key)),
     };
     let body = if needs_as_written(&res) {
         Body::AsWritten { json, decoded: res }

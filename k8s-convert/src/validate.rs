@@ -23,8 +23,16 @@ pub struct FieldError {
 }
 
 impl FieldError {
-    pub fn new(field: String, message: String) -> Self {
-        FieldError { field, message }
+    pub fn new(field: impl Into<String>, message: impl std::fmt::Display) -> Self {
+        FieldError {
+            field: field.into(),
+            message: message.to_string(),
+        }
+    }
+
+    /// The skip report of this error on `obj`.
+    pub fn report(self, obj: &ObjectRef) -> SkipReport {
+        SkipReport::new(obj, self.field, self.message)
     }
 
     /// The same error with `prefix` (e.g. `spec.ingress[0].`) put before its field.
@@ -49,7 +57,7 @@ pub fn decode(json: &str) -> Result<Resource, FieldError> {
                 .join("; ");
             FieldError::new(paths.first().cloned().unwrap_or_default(), all)
         }
-        other => FieldError::new(String::new(), other.to_string()),
+        other => FieldError::new(String::new(), other),
     })
 }
 
@@ -171,6 +179,12 @@ mod tests {
         })))
     }
 
+    fn fields_and_messages(skips: &[SkipReport]) -> Vec<(&str, &str)> {
+        (skips.iter())
+            .map(|s| (s.field.as_str(), s.message.as_str()))
+            .collect()
+    }
+
     #[test]
     fn v3_rules_with_unknown_fields_are_stored_as_written_and_reported() {
         let c = gnp(json!({"selector": "all()", "types": ["Ingress"],
@@ -179,11 +193,7 @@ mod tests {
         let stored = c.resource.expect("stored");
         let json = stored.to_json();
         assert!(json.contains("selectr"), "{json}");
-        let fields: Vec<(&str, &str)> = c
-            .skips
-            .iter()
-            .map(|s| (s.field.as_str(), s.message.as_str()))
-            .collect();
+        let fields = fields_and_messages(&c.skips);
         assert_eq!(
             fields,
             vec![
@@ -230,11 +240,7 @@ mod tests {
                        {"action": "Allow", "destination": {"domains": ["ok.com", "a..b"]}},
                        {"action": "Deny", "destination": {"domains": ["example.com"]}}]}));
         assert!(c.resource.is_some(), "stored as written");
-        let fields: Vec<(&str, &str)> = c
-            .skips
-            .iter()
-            .map(|s| (s.field.as_str(), s.message.as_str()))
-            .collect();
+        let fields = fields_and_messages(&c.skips);
         assert_eq!(
             fields,
             vec![

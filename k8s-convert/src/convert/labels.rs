@@ -92,11 +92,13 @@ pub fn validate_label_value(v: &str) -> Result<(), NameError> {
     }
 }
 
-/// Checks every key and value; the error names the offending key.
-pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), FieldError> {
+/// Checks every key and value of an object's labels; the error's field is
+/// `metadata.labels.<key>`.
+pub fn validate_metadata_labels(labels: &BTreeMap<String, String>) -> Result<(), FieldError> {
     for (k, v) in labels {
-        validate_label_key(k).map_err(|e| FieldError::new(k.clone(), e.to_string()))?;
-        validate_label_value(v).map_err(|e| FieldError::new(k.clone(), e.to_string()))?;
+        let err = |e: NameError| FieldError::new(format!("metadata.labels.{k}"), e);
+        validate_label_key(k).map_err(err)?;
+        validate_label_value(v).map_err(err)?;
     }
     Ok(())
 }
@@ -126,18 +128,16 @@ pub fn selector_from_label_selector(
     }
     for (k, v) in &labels {
         let field = format!("matchLabels.{k}");
-        validate_label_key(k).map_err(|e| FieldError::new(field.clone(), e.to_string()))?;
-        validate_label_value(v).map_err(|e| FieldError::new(field.clone(), e.to_string()))?;
+        validate_label_key(k).map_err(|e| FieldError::new(field.clone(), e))?;
+        validate_label_value(v).map_err(|e| FieldError::new(field.clone(), e))?;
         parts.push(format!("{k} == '{v}'"));
     }
     for (i, e) in exprs.iter().enumerate() {
         let field = format!("matchExpressions[{i}]");
-        validate_label_key(&e.key)
-            .map_err(|m| FieldError::new(format!("{field}.key"), m.to_string()))?;
+        validate_label_key(&e.key).map_err(|m| FieldError::new(format!("{field}.key"), m))?;
         let values = e.values.clone().unwrap_or_default();
         for v in &values {
-            validate_label_value(v)
-                .map_err(|m| FieldError::new(format!("{field}.values"), m.to_string()))?;
+            validate_label_value(v).map_err(|m| FieldError::new(format!("{field}.values"), m))?;
         }
         let list = values.join("', '");
         if !matches!(

@@ -27,7 +27,7 @@ pub use admin::{
 };
 pub use labels::{
     NameError, selector_from_label_selector, validate_dns_label, validate_dns_subdomain,
-    validate_labels,
+    validate_metadata_labels,
 };
 pub use namespace::{namespace_to_profile, service_account_to_profile};
 pub use networkpolicy::network_policy_to_calico;

@@ -70,47 +70,50 @@ pub fn network_policy_to_calico(np: &NetworkPolicy, _opts: &ConvertOptions) -> C
         Ok(k) => k,
         Err(e) => return Converted::skipped(SkipReport::new(&obj, "metadata", e), None),
     };
-    let skip = |field: String, msg: String| {
-        Converted::skipped(SkipReport::new(&obj, field, msg), Some(key.clone()))
-    };
+    let skip = |e: FieldError| Converted::skipped(e.report(&obj), Some(key.clone()));
     let Some(spec) = np.spec.as_ref() else {
-        return skip("spec".into(), "missing spec".into());
+        return skip(FieldError::new("spec", "missing spec"));
     };
     let selector = match selector_from_label_selector(spec.pod_selector.as_ref(), true) {
         Ok(s) => s,
-        Err(FieldError {
-            field: f,
-            message: m,
-        }) => return skip(format!("spec.podSelector.{f}"), m),
+        Err(e) => return skip(e.under("spec.podSelector.")),
     };
 
     let ingress_items = spec.ingress.clone().unwrap_or_default();
     let egress_items = spec.egress.clone().unwrap_or_default();
     let mut skips = Vec::new();
-    let mut ingress = Vec::new();
-    for (i, r) in ingress_items.iter().enumerate() {
-        let peers = r.from.clone().unwrap_or_default();
-        let ports = r.ports.clone().unwrap_or_default();
-        match rule_to_calico(&peers, &ports, true, "from") {
-            Ok(rules) => ingress.extend(rules),
-            Err(FieldError {
-                field: f,
-                message: m,
-            }) => skips.push(SkipReport::new(&obj, format!("spec.ingress[{i}].{f}"), m)),
+    // Each rule item's (peers, ports) → Calico rules; an item that does not convert is reported.
+    let mut convert = |items: Vec<(Option<&Vec<_>>, Option<&Vec<_>>)>, ingress: bool| {
+        let (dir, peer_field) = if ingress {
+            ("ingress", "from")
+        } else {
+            ("egress", "to")
+        };
+        let mut out = Vec::new();
+        for (i, (peers, ports)) in items.into_iter().enumerate() {
+            let (peers, ports) = (
+                peers.map_or(&[][..], Vec::as_slice),
+                ports.map_or(&[][..], Vec::as_slice),
+            );
+            match rule_to_calico(peers, ports, ingress, peer_field) {
+                Ok(rules) => out.extend(rules),
+                Err(e) => skips.push(e.under(format!("spec.{dir}[{i}].")).report(&obj)),
+            }
         }
-    }
-    let mut egress = Vec::new();
-    for (i, r) in egress_items.iter().enumerate() {
-        let peers = r.to.clone().unwrap_or_default();
-        let ports = r.ports.clone().unwrap_or_default();
-        match rule_to_calico(&peers, &ports, false, "to") {
-            Ok(rules) => egress.extend(rules),
-            Err(FieldError {
-                field: f,
-                message: m,
-            }) => skips.push(SkipReport::new(&obj, format!("spec.egress[{i}].{f}"), m)),
-        }
-    }
+        out
+    };
+    let ingress = convert(
+        (ingress_items.iter())
+            .map(|r| (r.from.as_ref(), r.ports.as_ref()))
+            .collect(),
+        true,
+    );
+    let egress = convert(
+        (egress_items.iter())
+            .map(|r| (r.to.as_ref(), r.ports.as_ref()))
+            .collect(),
+        false,
+    );
 
     // policyTypes, defaulted as the API server does: Ingress always, Egress when egress rules exist.
     let listed = spec.policy_types.clone().unwrap_or_default();
@@ -124,10 +127,10 @@ pub fn network_policy_to_calico(np: &NetworkPolicy, _opts: &ConvertOptions) -> C
             "Ingress" => has_ingress = true,
             "Egress" => has_egress = true,
             other => {
-                return skip(
+                return skip(FieldError::new(
                     format!("spec.policyTypes[{i}]"),
                     format!("unknown policy type {other:?}"),
-                );
+                ));
             }
         }
     }
@@ -240,7 +243,7 @@ fn port_to_calico(p: &NetworkPolicyPort) -> Result<(String, Option<Port>), Field
             "TCP" | "UDP" | "SCTP" => s.to_string(),
             other => {
                 return Err(FieldError::new(
-                    ".protocol".into(),
+                    ".protocol",
                     format!("unsupported protocol {other:?}: want TCP, UDP or SCTP"),
                 ));
             }
@@ -249,10 +252,7 @@ fn port_to_calico(p: &NetworkPolicyPort) -> Result<(String, Option<Port>), Field
     let port = match &p.port {
         None => {
             if p.end_port.is_some() {
-                return Err(FieldError::new(
-                    ".endPort".into(),
-                    "endPort needs a numeric port".into(),
-                ));
+                return Err(FieldError::new(".endPort", "endPort needs a numeric port"));
             }
             return Ok((proto, None));
         }
@@ -261,36 +261,27 @@ fn port_to_calico(p: &NetworkPolicyPort) -> Result<(String, Option<Port>), Field
             Ok(n) => Some(n),
             Err(_) => {
                 if p.end_port.is_some() {
-                    return Err(FieldError::new(
-                        ".endPort".into(),
-                        "endPort needs a numeric port".into(),
-                    ));
+                    return Err(FieldError::new(".endPort", "endPort needs a numeric port"));
                 }
-                validate_port_name(s)
-                    .map_err(|m| FieldError::new(".port".to_string(), m.to_string()))?;
+                validate_port_name(s).map_err(|m| FieldError::new(".port", m))?;
                 return Ok((proto, Some(Port::Named(s.clone()))));
             }
         },
     };
     let n = port.expect("numeric port set above");
-    let start = u16::try_from(n).ok().filter(|n| *n > 0).ok_or_else(|| {
-        FieldError::new(
-            ".port".to_string(),
-            format!("port {n} is out of range 1-65535"),
-        )
-    })?;
+    let start = u16::try_from(n)
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| FieldError::new(".port", format!("port {n} is out of range 1-65535")))?;
     match p.end_port {
         None => Ok((proto, Some(Port::Number(start)))),
         Some(e) => {
             let end = u16::try_from(e).ok().filter(|e| *e > 0).ok_or_else(|| {
-                FieldError::new(
-                    ".endPort".to_string(),
-                    format!("endPort {e} is out of range 1-65535"),
-                )
+                FieldError::new(".endPort", format!("endPort {e} is out of range 1-65535"))
             })?;
             if end < start {
                 return Err(FieldError::new(
-                    ".endPort".into(),
+                    ".endPort",
                     format!("endPort {end} is below port {start}"),
                 ));
             }
@@ -329,15 +320,12 @@ fn peer_to_calico(peer: &NetworkPolicyPeer) -> Result<EntityRule, FieldError> {
     if let Some(block) = &peer.ip_block {
         if peer.pod_selector.is_some() || peer.namespace_selector.is_some() {
             return Err(FieldError::new(
-                "ipBlock".into(),
-                "ipBlock cannot be combined with podSelector or namespaceSelector".into(),
+                "ipBlock",
+                "ipBlock cannot be combined with podSelector or namespaceSelector",
             ));
         }
         let cidr: IpNet = block.cidr.parse().map_err(|_| {
-            FieldError::new(
-                "ipBlock.cidr".to_string(),
-                format!("invalid CIDR {:?}", block.cidr),
-            )
+            FieldError::new("ipBlock.cidr", format!("invalid CIDR {:?}", block.cidr))
         })?;
         let mut not_nets = Vec::new();
         for (k, e) in block.except.clone().unwrap_or_default().iter().enumerate() {

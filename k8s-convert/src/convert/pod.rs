@@ -15,7 +15,7 @@ use sha1::{Digest, Sha1};
 use calc_graph::model::{EndpointPort, Protocol, WorkloadEndpoint, WorkloadEndpointSpec};
 use ipnet::IpNet;
 
-use super::labels::validate_labels;
+use super::labels::validate_metadata_labels;
 use super::namespace::{KNS_PREFIX, KSA_PREFIX};
 use super::networkpolicy::validate_port_name;
 use super::{
@@ -115,12 +115,8 @@ pub fn pod_to_workload_endpoint(pod: &Pod, opts: &ConvertOptions) -> Converted {
         .into_iter()
         .filter(|(k, _)| !k.starts_with("pcns.") && !k.starts_with("pcsa."))
         .collect();
-    if let Err(FieldError {
-        field: k,
-        message: e,
-    }) = validate_labels(&labels)
-    {
-        return fail(&format!("metadata.labels.{k}"), e, Some(key));
+    if let Err(e) = validate_metadata_labels(&labels) {
+        return fail(&e.field, e.message, Some(key));
     }
     labels.insert("projectcalico.org/namespace".into(), ns.to_string());
     labels.insert("projectcalico.org/orchestrator".into(), "k8s".into());
@@ -137,10 +133,7 @@ pub fn pod_to_workload_endpoint(pod: &Pod, opts: &ConvertOptions) -> Converted {
         );
     let ports = match endpoint_ports(containers) {
         Ok(p) => p,
-        Err(FieldError {
-            field: f,
-            message: m,
-        }) => return fail(&f, m, Some(key)),
+        Err(e) => return fail(&e.field, e.message, Some(key)),
     };
 
     let annotation = |name: &str| {
@@ -235,8 +228,7 @@ fn endpoint_ports<'a>(
                 continue;
             };
             let field = format!("{path}.ports[{j}]");
-            validate_port_name(pname)
-                .map_err(|m| FieldError::new(format!("{field}.name"), m.to_string()))?;
+            validate_port_name(pname).map_err(|m| FieldError::new(format!("{field}.name"), m))?;
             let protocol = match p.protocol.as_deref() {
                 None | Some("" | "TCP") => Protocol::Tcp,
                 Some("UDP") => Protocol::Udp,

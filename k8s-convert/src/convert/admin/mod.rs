@@ -269,12 +269,7 @@ fn convert(
         Ok(k) => k,
         Err(e) => return Converted::skipped(SkipReport::new(&obj, "metadata.name", e), None),
     };
-    let skip = |FieldError {
-                    field,
-                    message: msg,
-                }: FieldError| {
-        Converted::skipped(SkipReport::new(&obj, field, msg), Some(key.clone()))
-    };
+    let skip = |e: FieldError| Converted::skipped(e.report(&obj), Some(key.clone()));
     if src == Source::Banp && name != BANP_NAME {
         return Converted::skipped(
             SkipReport::new(
@@ -301,15 +296,12 @@ fn convert(
                 (Source::Banp, None) => BANP_ORDER,
                 (Source::Banp, Some(_)) => {
                     return skip(FieldError::new(
-                        "spec.priority".into(),
-                        "cannot decode: unknown field `priority`".into(),
+                        "spec.priority",
+                        "cannot decode: unknown field `priority`",
                     ));
                 }
                 (_, None) => {
-                    return skip(FieldError::new(
-                        "spec.priority".into(),
-                        "priority is required".into(),
-                    ));
+                    return skip(FieldError::new("spec.priority", "priority is required"));
                 }
                 (_, Some(p)) => match priority(p) {
                     Ok(o) => o,
@@ -343,7 +335,7 @@ fn convert(
                 "Baseline" => KUBE_BASELINE_TIER,
                 other => {
                     return skip(FieldError::new(
-                        "spec.tier".into(),
+                        "spec.tier",
                         format!("unknown tier {other:?}: want Admin or Baseline"),
                     ));
                 }
@@ -389,10 +381,7 @@ fn convert(
         for r in list {
             match source_rule_to_calico(&r, ingress) {
                 Ok(rules) => out.extend(rules),
-                Err(FieldError {
-                    field,
-                    message: msg,
-                }) => {
+                Err(FieldError { field, message }) => {
                     // Fail closed (network-policy-api: "treat the rule as matching no traffic" for
                     // Allow, "as a Deny all rule" for Deny and Pass).
                     let deny = matches!(r.action, Ok(Action::Deny | Action::Pass));
@@ -401,7 +390,7 @@ fn convert(
                     } else {
                         "rule dropped"
                     };
-                    skips.push(SkipReport::new(&obj, field, format!("{msg} ({what})")));
+                    skips.push(SkipReport::new(&obj, field, format!("{message} ({what})")));
                     if deny {
                         out.push(Rule::new(Action::Deny));
                     }
@@ -440,7 +429,7 @@ fn priority(p: i64) -> Result<f64, FieldError> {
         Ok(p as f64)
     } else {
         Err(FieldError::new(
-            "spec.priority".into(),
+            "spec.priority",
             format!("priority {p} is out of range 0-1000"),
         ))
     }
@@ -462,8 +451,8 @@ fn subject_selectors(s: &Subject) -> Result<(String, String), FieldError> {
             Ok((nss, ps))
         }
         _ => Err(FieldError::new(
-            "spec.subject".into(),
-            "exactly one of namespaces and pods must be set".into(),
+            "spec.subject",
+            "exactly one of namespaces and pods must be set",
         )),
     }
 }
@@ -472,11 +461,11 @@ fn rule_name_check(name: Option<&str>, field: &str) -> Result<(), FieldError> {
     match name {
         Some(n) if n.chars().count() > 100 => Err(FieldError::new(
             format!("{field}.name"),
-            "rule name is longer than 100 characters".into(),
+            "rule name is longer than 100 characters",
         )),
         Some(n) if n.chars().any(char::is_control) => Err(FieldError::new(
             format!("{field}.name"),
-            "rule name contains control characters".into(),
+            "rule name contains control characters",
         )),
         _ => Ok(()),
     }
@@ -634,14 +623,14 @@ fn peer_to_entities(
         "networks" => {
             if has_named {
                 return Err(FieldError::new(
-                    ".networks".into(),
-                    "a networks peer cannot be used with named ports".into(),
+                    ".networks",
+                    "a networks peer cannot be used with named ports",
                 ));
             }
             let nets = peer.networks.as_deref().expect("checked");
             if nets.is_empty() || nets.len() > 25 {
                 return Err(FieldError::new(
-                    ".networks".into(),
+                    ".networks",
                     format!("{} networks: want 1-25", nets.len()),
                 ));
             }
@@ -668,8 +657,8 @@ fn peer_to_entities(
         "nodes" => {
             if has_named {
                 return Err(FieldError::new(
-                    ".nodes".into(),
-                    "a nodes peer cannot be used with named ports".into(),
+                    ".nodes",
+                    "a nodes peer cannot be used with named ports",
                 ));
             }
             let sel = peer.nodes.as_ref().expect("checked").to_k8s();
@@ -697,23 +686,23 @@ fn domain_names(
     has_named: bool,
     allowed: Result<(), &'static str>,
 ) -> Result<Vec<String>, FieldError> {
-    allowed.map_err(|m| FieldError::new(".domainNames".to_string(), m.to_string()))?;
+    allowed.map_err(|m| FieldError::new(".domainNames", m))?;
     if has_named {
         return Err(FieldError::new(
-            ".domainNames".into(),
-            "a domainNames peer cannot be used with named ports".into(),
+            ".domainNames",
+            "a domainNames peer cannot be used with named ports",
         ));
     }
     if names.is_empty() || names.len() > MAX_DOMAIN_NAMES {
         return Err(FieldError::new(
-            ".domainNames".into(),
+            ".domainNames",
             format!("{} domain names: want 1-{MAX_DOMAIN_NAMES}", names.len()),
         ));
     }
     let mut out: Vec<String> = Vec::with_capacity(names.len());
     for (k, n) in names.iter().enumerate() {
         let p = DomainPattern::parse(n)
-            .map_err(|e| FieldError::new(format!(".domainNames[{k}]"), e.to_string()))?;
+            .map_err(|e| FieldError::new(format!(".domainNames[{k}]"), e))?;
         if !out.iter().any(|o| o == p.as_str()) {
             out.push(p.as_str().to_string());
         }
@@ -744,7 +733,7 @@ fn source_rule_to_calico(r: &SourceRule<'_>, ingress: bool) -> Result<Vec<Rule>,
     let action = r
         .action
         .clone()
-        .map_err(|m| FieldError::new(format!("{}.action", r.field), m.to_string()))?;
+        .map_err(|m| FieldError::new(format!("{}.action", r.field), m))?;
     rule_name_check(r.name, &r.field)?;
     let ports = r.ports.clone()?;
     let has_named = ports

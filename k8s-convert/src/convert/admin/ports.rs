@@ -53,7 +53,7 @@ fn port_range(start: i64, end: i64, field: &str, strict: bool) -> Result<Port, F
 }
 
 fn named_port(map: &mut ProtoPorts, name: &str, field: String) -> Result<(), FieldError> {
-    validate_port_name(name).map_err(|m| FieldError::new(field, m.to_string()))?;
+    validate_port_name(name).map_err(|m| FieldError::new(field, m))?;
     for proto in NAMED_PORT_PROTOCOLS {
         add_port(map, proto, Some(Port::Named(name.to_string())));
     }
@@ -77,7 +77,7 @@ pub(super) fn anp_ports(ports: Option<&[AnpPort]>, field: &str) -> Result<ProtoP
         if set.iter().filter(|s| **s).count() != 1 {
             return Err(FieldError::new(
                 f,
-                "exactly one of portNumber, namedPort and portRange must be set".into(),
+                "exactly one of portNumber, namedPort and portRange must be set",
             ));
         }
         if let Some(n) = &p.port_number {
@@ -119,7 +119,7 @@ pub(super) fn cnp_ports(
         if set != 1 {
             return Err(FieldError::new(
                 f,
-                "exactly one of tcp, udp, sctp and destinationNamedPort must be set".into(),
+                "exactly one of tcp, udp, sctp and destinationNamedPort must be set",
             ));
         }
         if let Some(n) = &p.destination_named_port {
@@ -140,7 +140,7 @@ pub(super) fn cnp_ports(
                     _ => {
                         return Err(FieldError::new(
                             f,
-                            "exactly one of number and range must be set".into(),
+                            "exactly one of number and range must be set",
                         ));
                     }
                 },
