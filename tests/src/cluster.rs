@@ -17,7 +17,8 @@
 //! per remote pod via the other node. Duplicate address detection is off in every namespace (addresses
 //! are usable at once), and node namespaces forward IPv6.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
 
 use std::path::Path;
 
@@ -26,8 +27,10 @@ use anyhow::{Context, Result};
 use felixrs_test_support::netns::{Netns, unique_name};
 use felixrs_test_support::node::wire_pod;
 
+use crate::cases::Expect;
 use crate::driver::{Etcd, start_etcd};
-use crate::traffic::Servers;
+use crate::traffic::{Probe, Servers, probe_many};
+use crate::world::Family;
 
 /// The host-side interface name Calico's CNI gives a pod: `cali` + 11 hex chars of SHA-1("<ns>.<pod>").
 pub fn veth_name(namespace: &str, pod: &str) -> String {
@@ -117,6 +120,9 @@ pub struct Cluster {
     pub infra: Netns,
     next_host: [u8; 2],
 }
+
+/// How long one probe waits for an answer.
+pub const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
 
 pub const INFRA_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 
@@ -267,6 +273,86 @@ impl Cluster {
             .collect()
     }
 
+    /// Probes every cell of `expect` to the destinations' `family` addresses; cells that disagree are
+    /// probed twice more before they count. Returns the disagreements. Bare-IP-protocol probes,
+    /// whose conntrack flows are keyed by addresses alone (see [`Probe::is_raw`]), run in two rounds
+    /// (no pair in both directions at once) after their flows are deleted on every node.
+    pub fn check(&self, expect: &Expect, family: Family) -> Result<Vec<String>> {
+        let cells: Vec<(String, String, Probe)> = expect
+            .cells
+            .iter()
+            .map(|(f, t, p, _)| (f.clone(), t.clone(), *p))
+            .collect();
+        expect.disagreements(|idx| {
+            let some: Vec<_> = idx.iter().map(|&i| cells[i].clone()).collect();
+            self.probe(&some, family)
+        })
+    }
+
+    /// Deletes every node's conntrack flows of the bare IP protocols in `probes` (for both families).
+    pub fn forget_raw_flows(&self, probes: &[Probe]) -> Result<()> {
+        let mut protos: Vec<String> = probes
+            .iter()
+            .filter(|p| p.is_raw())
+            .map(|p| p.port.to_string())
+            .collect();
+        protos.sort();
+        protos.dedup();
+        for n in &self.nodes {
+            for proto in &protos {
+                for family in ["ipv4", "ipv6"] {
+                    // Exit status 1 means "nothing to delete".
+                    n.ns.exec_unchecked(&["conntrack", "-D", "-f", family, "-p", proto])?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Probes `(from pod, to pod, probe)` to the destinations' `family` addresses.
+    pub fn probe(&self, cells: &[(String, String, Probe)], family: Family) -> Result<Vec<bool>> {
+        let job = |(f, t, p): &(String, String, Probe)| {
+            let to = self.pod(t);
+            let dst = match family {
+                Family::V4 => IpAddr::V4(to.ip),
+                Family::V6 => IpAddr::V6(to.ip6),
+            };
+            (self.pod(f).ns.name().to_string(), dst, *p)
+        };
+        let mut results = vec![false; cells.len()];
+        let plain: Vec<usize> = (0..cells.len()).filter(|&i| !cells[i].2.is_raw()).collect();
+        let probes: Vec<Probe> = cells.iter().map(|c| c.2).collect();
+        // Raw pairs one way, then the other, each round after the flows are gone.
+        let forward: Vec<usize> = (0..cells.len())
+            .filter(|&i| cells[i].2.is_raw() && cells[i].0 < cells[i].1)
+            .collect();
+        let backward: Vec<usize> = (0..cells.len())
+            .filter(|&i| cells[i].2.is_raw() && cells[i].0 > cells[i].1)
+            .collect();
+        for (k, round) in [plain, forward, backward].into_iter().enumerate() {
+            if round.is_empty() {
+                continue;
+            }
+            if k > 0 {
+                self.forget_raw_flows(&probes)?;
+            }
+            let jobs: Vec<_> = round.iter().map(|&i| job(&cells[i])).collect();
+            for (i, r) in round.iter().zip(probe_many(&jobs, PROBE_TIMEOUT)?) {
+                results[*i] = r;
+            }
+        }
+        Ok(results)
+    }
+
+    /// Empties every pod's and node's IPv6 neighbour cache, so each probe needs neighbour discovery
+    /// between pod and node to succeed under the policy in force (NDP must survive policy, as in Felix).
+    pub fn forget_neighbours(&self) -> Result<()> {
+        let pods = self.pods.iter().map(|p| &p.ns);
+        for ns in pods.chain(self.nodes.iter().map(|n| &n.ns)) {
+            ns.exec(&["ip", "-6", "neigh", "flush", "all"])?;
+        }
+        Ok(())
+    }
     pub fn pod(&self, id: &str) -> &Pod {
         self.pods
             .iter()
