@@ -82,38 +82,28 @@ pub fn network_policy_to_calico(np: &NetworkPolicy, _opts: &ConvertOptions) -> C
     let ingress_items = spec.ingress.clone().unwrap_or_default();
     let egress_items = spec.egress.clone().unwrap_or_default();
     let mut skips = Vec::new();
-    // Each rule item's (peers, ports) → Calico rules; an item that does not convert is reported.
-    let mut convert = |items: Vec<(Option<&Vec<_>>, Option<&Vec<_>>)>, ingress: bool| {
-        let (dir, peer_field) = if ingress {
-            ("ingress", "from")
-        } else {
-            ("egress", "to")
-        };
-        let mut out = Vec::new();
-        for (i, (peers, ports)) in items.into_iter().enumerate() {
-            let (peers, ports) = (
-                peers.map_or(&[][..], Vec::as_slice),
-                ports.map_or(&[][..], Vec::as_slice),
-            );
-            match rule_to_calico(peers, ports, ingress, peer_field) {
-                Ok(rules) => out.extend(rules),
-                Err(e) => skips.push(e.under(format!("spec.{dir}[{i}].")).report(&obj)),
-            }
-        }
-        out
+    // Rule item `i` of `dir` → Calico rules; an item that does not convert is reported (and dropped).
+    let mut convert = |dir: &str, i: usize, peers: &Option<Vec<_>>, ports: &Option<Vec<_>>| {
+        let (peers, ports) = (peers.as_deref(), ports.as_deref());
+        let ingress = dir == "ingress";
+        let peer_field = if ingress { "from" } else { "to" };
+        rule_to_calico(
+            peers.unwrap_or_default(),
+            ports.unwrap_or_default(),
+            ingress,
+            peer_field,
+        )
+        .unwrap_or_else(|e| {
+            skips.push(e.under(format!("spec.{dir}[{i}].")).report(&obj));
+            Vec::new()
+        })
     };
-    let ingress = convert(
-        (ingress_items.iter())
-            .map(|r| (r.from.as_ref(), r.ports.as_ref()))
-            .collect(),
-        true,
-    );
-    let egress = convert(
-        (egress_items.iter())
-            .map(|r| (r.to.as_ref(), r.ports.as_ref()))
-            .collect(),
-        false,
-    );
+    let ingress: Vec<Rule> = (ingress_items.iter().enumerate())
+        .flat_map(|(i, r)| convert("ingress", i, &r.from, &r.ports))
+        .collect();
+    let egress: Vec<Rule> = (egress_items.iter().enumerate())
+        .flat_map(|(i, r)| convert("egress", i, &r.to, &r.ports))
+        .collect();
 
     // policyTypes, defaulted as the API server does: Ingress always, Egress when egress rules exist.
     let listed = spec.policy_types.clone().unwrap_or_default();
