@@ -132,9 +132,7 @@ pub fn convert_v3(v: &Value) -> Converted {
     let json = Value::Object(doc).to_string();
     let res = match decode(&json) {
         Ok(res) => res,
-        Err((field, msg)) => {
-            return Converted::skipped(SkipReport::new(&obj, field, msg), Some(key));
-        }
+        Err(e) => return Converted::skipped(e.report(&obj), Some(key)),
     };
     let body = if needs_as_written(&res) {
         Body::AsWritten { json, decoded: res }

@@ -12,23 +12,52 @@ use calc_graph::model::{Action, ModelError, Resource, Rule};
 
 use crate::convert::{CalicoResource, Converted, ObjectRef, SkipReport};
 
-/// `(field, message)`.
-pub type FieldError = (String, String);
+/// A problem at one field of a source object: the field's JSON path (relative to the part being
+/// converted until a caller puts it [`under`](FieldError::under) its own) and what is wrong. The
+/// object is named by the [`SkipReport`] it becomes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(field: impl Into<String>, message: impl std::fmt::Display) -> Self {
+        FieldError {
+            field: field.into(),
+            message: message.to_string(),
+        }
+    }
+
+    /// The skip report of this error on `obj`.
+    pub fn report(self, obj: &ObjectRef) -> SkipReport {
+        SkipReport::new(obj, self.field, self.message)
+    }
+
+    /// The same error with `prefix` (e.g. `spec.ingress[0].`) put before its field.
+    pub fn under(self, prefix: impl std::fmt::Display) -> Self {
+        FieldError {
+            field: format!("{prefix}{}", self.field),
+            ..self
+        }
+    }
+}
 
 /// Decodes one `projectcalico.org/v3` document with the model; the error is the field and message
 /// of the skip report.
 pub fn decode(json: &str) -> Result<Resource, FieldError> {
     Resource::from_json(json.as_bytes()).map_err(|e| match e {
-        ModelError::Decode { path, message, .. } => (path, message),
+        ModelError::Decode { path, message, .. } => FieldError::new(path, message),
         ModelError::UnknownFields { paths, .. } => {
             let all = paths
                 .iter()
                 .map(|p| format!("{p}: unknown field"))
                 .collect::<Vec<_>>()
                 .join("; ");
-            (paths.first().cloned().unwrap_or_default(), all)
+            FieldError::new(paths.first().cloned().unwrap_or_default(), all)
         }
-        other => (String::new(), other.to_string()),
+        other => FieldError::new(String::new(), other),
     })
 }
 
@@ -54,7 +83,7 @@ fn first_and_all(errs: Vec<calc_graph::model::ValidationError>) -> FieldError {
         .map(|e| format!("{}: {}", e.path, e.message))
         .collect::<Vec<_>>()
         .join("; ");
-    (field, message)
+    FieldError::new(field, message)
 }
 
 /// `(spec.ingress[i], rule)` for every rule of a policy or profile.
@@ -125,7 +154,10 @@ pub fn checked(mut c: Converted) -> Converted {
                 c.skips.extend(failed_safe_reports(&r));
                 c.resource = Some(r);
             }
-            Err((field, msg)) => {
+            Err(FieldError {
+                field,
+                message: msg,
+            }) => {
                 let obj = ObjectRef::new(&r.kind, r.namespace.as_deref(), &r.name);
                 c.skips.push(SkipReport::new(&obj, field, msg));
                 c.retain_key = r.etcd_key().ok();
@@ -147,6 +179,12 @@ mod tests {
         })))
     }
 
+    fn fields_and_messages(skips: &[SkipReport]) -> Vec<(&str, &str)> {
+        (skips.iter())
+            .map(|s| (s.field.as_str(), s.message.as_str()))
+            .collect()
+    }
+
     #[test]
     fn v3_rules_with_unknown_fields_are_stored_as_written_and_reported() {
         let c = gnp(json!({"selector": "all()", "types": ["Ingress"],
@@ -155,11 +193,7 @@ mod tests {
         let stored = c.resource.expect("stored");
         let json = stored.to_json();
         assert!(json.contains("selectr"), "{json}");
-        let fields: Vec<(&str, &str)> = c
-            .skips
-            .iter()
-            .map(|s| (s.field.as_str(), s.message.as_str()))
-            .collect();
+        let fields = fields_and_messages(&c.skips);
         assert_eq!(
             fields,
             vec![
@@ -206,11 +240,7 @@ mod tests {
                        {"action": "Allow", "destination": {"domains": ["ok.com", "a..b"]}},
                        {"action": "Deny", "destination": {"domains": ["example.com"]}}]}));
         assert!(c.resource.is_some(), "stored as written");
-        let fields: Vec<(&str, &str)> = c
-            .skips
-            .iter()
-            .map(|s| (s.field.as_str(), s.message.as_str()))
-            .collect();
+        let fields = fields_and_messages(&c.skips);
         assert_eq!(
             fields,
             vec![

@@ -337,17 +337,7 @@ async fn sync_once_from_a_kubeconfig_and_manifests() {
         "status": {"phase": "Running", "podIP": "10.9.0.1"},
     }));
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{}\"}}}}]\n\
-             users: [{{name: u, user: {{}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u}}}}]\n\
-             current-context: c\n",
-            api.url
-        ),
-    )
-    .unwrap();
+    let kubeconfig = api.write_kubeconfig(dir.path());
     let manifests = dir.path().join("m");
     std::fs::create_dir(&manifests).unwrap();
     std::fs::write(manifests.join("gnp.yaml"), MANIFESTS).unwrap();
@@ -441,17 +431,7 @@ async fn running_controller_follows_live_kubernetes_events() {
         serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "live"}}),
     );
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{}\"}}}}]\n\
-             users: [{{name: u, user: {{}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u}}}}]\n\
-             current-context: c\n",
-            api.url
-        ),
-    )
-    .unwrap();
+    let kubeconfig = api.write_kubeconfig(dir.path());
     // A resync period far beyond the test: every write below must come from a watch event.
     let _child = tokio::process::Command::new(BIN)
         .args([
@@ -579,17 +559,7 @@ async fn sync_once_lists_admin_policies_and_survives_missing_crds() {
                  "ingress": [{"action": "Deny", "from": [{"namespaces": {"matchLabels": {"team": "dev"}}}]}]},
     }));
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{}\"}}}}]\n\
-             users: [{{name: u, user: {{}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u}}}}]\n\
-             current-context: c\n",
-            api.url
-        ),
-    )
-    .unwrap();
+    let kubeconfig = api.write_kubeconfig(dir.path());
     let sync = || {
         tokio::process::Command::new(BIN)
             .args([

@@ -74,6 +74,15 @@ async fn etcd_keys(c: &mut etcd_client::Client) -> Vec<String> {
         .collect()
 }
 
+/// An index of every watched kind, without manifests.
+fn empty_index() -> Arc<Mutex<Index>> {
+    Arc::new(Mutex::new(Index::new(
+        ConvertOptions::default(),
+        &KINDS,
+        ManifestSet::default(),
+    )))
+}
+
 async fn sync(index: &Arc<Mutex<Index>>, writer: &mut Writer) {
     let state = index.lock().unwrap().desired().expect("index ready");
     writer.sync(&state.desired).await.unwrap();
@@ -90,11 +99,7 @@ async fn watch_relist_after_gone_applies_missed_deletion() {
     api.apply(mk_pod("web-2", "10.0.0.2"));
     api.apply(mk_np("prod", "allow-web"));
 
-    let index = Arc::new(Mutex::new(Index::new(
-        ConvertOptions::default(),
-        &KINDS,
-        ManifestSet::default(),
-    )));
+    let index = empty_index();
     assert!(
         index.lock().unwrap().desired().is_none(),
         "not ready before the first list"
@@ -191,11 +196,7 @@ async fn unknown_field_from_the_api_keeps_the_last_good_version() {
     api.apply(mk_namespace("prod"));
     api.apply(mk_sa("prod", "default"));
     api.apply(mk_np("prod", "allow-web"));
-    let index = Arc::new(Mutex::new(Index::new(
-        ConvertOptions::default(),
-        &KINDS,
-        ManifestSet::default(),
-    )));
+    let index = empty_index();
     let changed = Arc::new(tokio::sync::Notify::new());
     let tasks = k8s_source::spawn_all(api.client(), index.clone(), changed.clone());
     let mut writer = Writer::new(c.clone());
@@ -285,11 +286,7 @@ async fn admin_policies_watch_and_relist_after_gone() {
     api.apply(mk_anp("second", 20, "Pass"));
     api.apply(mk_banp());
     api.apply(mk_cnp("web"));
-    let index = Arc::new(Mutex::new(Index::new(
-        ConvertOptions::default(),
-        &KINDS,
-        ManifestSet::default(),
-    )));
+    let index = empty_index();
     let changed = Arc::new(tokio::sync::Notify::new());
     let tasks = k8s_source::spawn_all(api.client(), index.clone(), changed.clone());
     let mut writer = Writer::new(c.clone());
@@ -443,11 +440,7 @@ async fn missing_admin_crds_count_as_empty_until_installed() {
     let api = FakeApiServer::start().await;
     api.set_crds_installed(false);
     api.apply(mk_namespace("prod"));
-    let index = Arc::new(Mutex::new(Index::new(
-        ConvertOptions::default(),
-        &KINDS,
-        ManifestSet::default(),
-    )));
+    let index = empty_index();
     let changed = Arc::new(tokio::sync::Notify::new());
     let tasks = k8s_source::spawn_all(api.client(), index.clone(), changed.clone());
     let mut writer = Writer::new(c.clone());

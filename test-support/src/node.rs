@@ -86,113 +86,57 @@ pub fn add_pod(node: &Netns, iface: &str, v4: &str, v6: &str) -> Pod {
             .unwrap();
     }
     ns.sysctl("net.ipv6.bindv6only", "1").unwrap();
-    exec(
-        node,
-        &[
-            "ip",
-            "link",
-            "add",
-            iface,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            ns.name(),
-        ],
-    );
-    node.sysctl(&format!("net.ipv4.conf.{iface}.proxy_arp"), "1")
-        .unwrap();
-    node.sysctl(&format!("net.ipv4.neigh.{iface}.proxy_delay"), "0")
-        .unwrap();
-    node.sysctl(&format!("net.ipv4.conf.{iface}.rp_filter"), "0")
-        .unwrap();
-    exec(node, &["ip", "link", "set", iface, "up"]);
-    exec(
-        node,
-        &["ip", "route", "add", &format!("{v4}/32"), "dev", iface],
-    );
-    exec(
-        node,
-        &[
-            "ip",
-            "-6",
-            "addr",
-            "add",
-            "fe80::1/64",
-            "dev",
-            iface,
-            "nodad",
-        ],
-    );
-    exec(
-        node,
-        &[
-            "ip",
-            "-6",
-            "route",
-            "add",
-            &format!("{v6}/128"),
-            "dev",
-            iface,
-        ],
-    );
-    exec(
-        &ns,
-        &["ip", "addr", "add", &format!("{v4}/32"), "dev", "eth0"],
-    );
-    exec(
-        &ns,
-        &[
-            "ip",
-            "-6",
-            "addr",
-            "add",
-            &format!("{v6}/128"),
-            "dev",
-            "eth0",
-            "nodad",
-        ],
-    );
-    exec(&ns, &["ip", "link", "set", "eth0", "up"]);
-    exec(
-        &ns,
-        &[
-            "ip",
-            "route",
-            "add",
-            "169.254.1.1",
-            "dev",
-            "eth0",
-            "scope",
-            "link",
-        ],
-    );
-    exec(
-        &ns,
-        &[
-            "ip",
-            "route",
-            "add",
-            "default",
-            "via",
-            "169.254.1.1",
-            "dev",
-            "eth0",
-        ],
-    );
-    exec(
-        &ns,
-        &[
-            "ip", "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0",
-        ],
-    );
+    wire_pod(node, &ns, iface, v4, v6)
+        .unwrap_or_else(|e| panic!("wiring {iface} of {}: {e}", node.name()));
     Pod {
         ns,
         v4: v4.parse().unwrap(),
         v6: v6.parse().unwrap(),
     }
+}
+
+/// The link-local IPv6 gateway of every pod, held by every host-side `cali` interface.
+pub const GATEWAY6: &str = "fe80::1";
+
+/// Wires pod namespace `pod` behind host interface `iface` of `node` as Calico's CNI does: a veth
+/// pair (`eth0` in the pod), proxy ARP, no reverse-path filter and a /32 and /128 route on the
+/// node's side, which holds [`GATEWAY6`]; the pod's `v4`/32 and `v6`/128 with default routes via
+/// 169.254.1.1 and [`GATEWAY6`].
+pub fn wire_pod(
+    node: &Netns,
+    pod: &Netns,
+    iface: &str,
+    v4: impl std::fmt::Display,
+    v6: impl std::fmt::Display,
+) -> std::io::Result<()> {
+    let run = |ns: &Netns, cmd: String| {
+        ns.exec(&cmd.split_whitespace().collect::<Vec<_>>())
+            .map(drop)
+    };
+    let p = pod.name();
+    run(
+        node,
+        format!("ip link add {iface} type veth peer name eth0 netns {p}"),
+    )?;
+    node.sysctl(&format!("net.ipv4.conf.{iface}.proxy_arp"), "1")?;
+    node.sysctl(&format!("net.ipv4.neigh.{iface}.proxy_delay"), "0")?;
+    node.sysctl(&format!("net.ipv4.conf.{iface}.rp_filter"), "0")?;
+    run(node, format!("ip link set {iface} up"))?;
+    run(node, format!("ip route add {v4}/32 dev {iface}"))?;
+    run(
+        node,
+        format!("ip -6 addr add {GATEWAY6}/64 dev {iface} nodad"),
+    )?;
+    run(node, format!("ip -6 route add {v6}/128 dev {iface}"))?;
+    run(pod, format!("ip addr add {v4}/32 dev eth0"))?;
+    run(pod, format!("ip -6 addr add {v6}/128 dev eth0 nodad"))?;
+    run(pod, "ip link set eth0 up".into())?;
+    run(pod, "ip route add 169.254.1.1 dev eth0 scope link".into())?;
+    run(pod, "ip route add default via 169.254.1.1 dev eth0".into())?;
+    run(
+        pod,
+        format!("ip -6 route add default via {GATEWAY6} dev eth0"),
+    )
 }
 
 pub fn serve(ns: &Netns, addr: IpAddr, port: u16) {

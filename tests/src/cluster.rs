@@ -17,11 +17,20 @@
 //! per remote pod via the other node. Duplicate address detection is off in every namespace (addresses
 //! are usable at once), and node namespaces forward IPv6.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
 
-use anyhow::Result;
+use std::path::Path;
+
+use anyhow::{Context, Result};
 
 use felixrs_test_support::netns::{Netns, unique_name};
+use felixrs_test_support::node::wire_pod;
+
+use crate::cases::Expect;
+use crate::driver::{Etcd, start_etcd};
+use crate::traffic::{Probe, Servers, probe_many};
+use crate::world::Family;
 
 /// The host-side interface name Calico's CNI gives a pod: `cali` + 11 hex chars of SHA-1("<ns>.<pod>").
 pub fn veth_name(namespace: &str, pod: &str) -> String {
@@ -53,6 +62,57 @@ impl Pod {
     }
 }
 
+/// What every end-to-end phase starts from: the cluster of [`crate::cases::standard_layout`] (its
+/// addresses checked against the layout's), a server in every pod, a real etcd on the infra bridge
+/// and one agent per node, started by `start_agent(node netns, node name, etcd URL, work dir)`.
+pub struct StandardCluster<A> {
+    pub work: tempfile::TempDir,
+    pub cluster: Cluster,
+    pub servers: Vec<Servers>,
+    pub etcd: Etcd,
+    pub agents: Vec<A>,
+}
+
+impl<A> StandardCluster<A> {
+    /// Builds it in a work directory named after `prefix`.
+    pub fn start(
+        prefix: &str,
+        mut start_agent: impl FnMut(&Netns, &str, &str, &Path) -> Result<A>,
+    ) -> Result<Self> {
+        let work = tempfile::Builder::new().prefix(prefix).tempdir()?;
+        let mut cluster = Cluster::new(2)?;
+        let layout = crate::cases::standard_layout();
+        for p in &layout {
+            let node = (cluster.nodes.iter())
+                .position(|n| n.name == p.node_name)
+                .context("layout names a known node")?;
+            cluster.add_pod(&p.namespace, &p.name, node)?;
+        }
+        let placed: Vec<_> = (cluster.placed_pods().iter())
+            .map(|p| (p.id(), p.ip, p.ip6))
+            .collect();
+        let want: Vec<_> = layout.iter().map(|p| (p.id(), p.ip, p.ip6)).collect();
+        anyhow::ensure!(
+            placed == want,
+            "cluster addresses differ from the evaluator's layout"
+        );
+        let servers = (cluster.pods.iter())
+            .map(|p| Servers::start(p.ns.name()))
+            .collect::<Result<Vec<_>>>()?;
+        let etcd = start_etcd(&cluster.infra, "10.77.0.1", work.path());
+        let agents = (cluster.nodes.iter())
+            .map(|n| start_agent(&n.ns, &n.name, &etcd.client_url(), work.path()))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(StandardCluster {
+            work,
+            cluster,
+            servers,
+            etcd,
+            agents,
+        })
+    }
+}
+
 pub struct Cluster {
     pub pods: Vec<Pod>,
     pub nodes: Vec<Node>,
@@ -61,10 +121,12 @@ pub struct Cluster {
     next_host: [u8; 2],
 }
 
+/// How long one probe waits for an answer.
+pub const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
+
 pub const INFRA_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 
-/// The link-local IPv6 gateway of every pod, held by every host-side `cali` interface.
-pub const GATEWAY6: &str = "fe80::1";
+pub use felixrs_test_support::node::GATEWAY6;
 
 /// The IPv6 address `Cluster::add_pod` gives the `host`-th pod of `node` (index): `fd78:<node+1>::<host>`.
 pub fn pod_ip6(node: usize, host: u8) -> Ipv6Addr {
@@ -163,78 +225,7 @@ impl Cluster {
         // Servers bind `[::]` for IPv6 next to `0.0.0.0` for IPv4: v6-only, so the two do not collide.
         ns.sysctl("net.ipv6.bindv6only", "1")?;
         let n = &self.nodes[node];
-        n.ns.exec(&[
-            "ip",
-            "link",
-            "add",
-            &iface,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            ns.name(),
-        ])?;
-        n.ns.sysctl(&format!("net.ipv4.conf.{iface}.proxy_arp"), "1")?;
-        n.ns.sysctl(&format!("net.ipv4.neigh.{iface}.proxy_delay"), "0")?;
-        n.ns.sysctl(&format!("net.ipv4.conf.{iface}.rp_filter"), "0")?;
-        n.ns.exec(&["ip", "link", "set", &iface, "up"])?;
-        n.ns.exec(&["ip", "route", "add", &format!("{ip}/32"), "dev", &iface])?;
-        n.ns.exec(&[
-            "ip",
-            "-6",
-            "addr",
-            "add",
-            &format!("{GATEWAY6}/64"),
-            "dev",
-            &iface,
-            "nodad",
-        ])?;
-        n.ns.exec(&[
-            "ip",
-            "-6",
-            "route",
-            "add",
-            &format!("{ip6}/128"),
-            "dev",
-            &iface,
-        ])?;
-        ns.exec(&["ip", "addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
-        ns.exec(&[
-            "ip",
-            "-6",
-            "addr",
-            "add",
-            &format!("{ip6}/128"),
-            "dev",
-            "eth0",
-            "nodad",
-        ])?;
-        ns.exec(&["ip", "link", "set", "eth0", "up"])?;
-        ns.exec(&[
-            "ip",
-            "route",
-            "add",
-            "169.254.1.1",
-            "dev",
-            "eth0",
-            "scope",
-            "link",
-        ])?;
-        ns.exec(&[
-            "ip",
-            "route",
-            "add",
-            "default",
-            "via",
-            "169.254.1.1",
-            "dev",
-            "eth0",
-        ])?;
-        ns.exec(&[
-            "ip", "-6", "route", "add", "default", "via", GATEWAY6, "dev", "eth0",
-        ])?;
+        wire_pod(&n.ns, &ns, &iface, ip, ip6)?;
         for (j, other) in self.nodes.iter().enumerate() {
             if j != node {
                 other.ns.exec(&[
@@ -282,6 +273,86 @@ impl Cluster {
             .collect()
     }
 
+    /// Probes every cell of `expect` to the destinations' `family` addresses; cells that disagree are
+    /// probed twice more before they count. Returns the disagreements. Bare-IP-protocol probes,
+    /// whose conntrack flows are keyed by addresses alone (see [`Probe::is_raw`]), run in two rounds
+    /// (no pair in both directions at once) after their flows are deleted on every node.
+    pub fn check(&self, expect: &Expect, family: Family) -> Result<Vec<String>> {
+        let cells: Vec<(String, String, Probe)> = expect
+            .cells
+            .iter()
+            .map(|(f, t, p, _)| (f.clone(), t.clone(), *p))
+            .collect();
+        expect.disagreements(|idx| {
+            let some: Vec<_> = idx.iter().map(|&i| cells[i].clone()).collect();
+            self.probe(&some, family)
+        })
+    }
+
+    /// Deletes every node's conntrack flows of the bare IP protocols in `probes` (for both families).
+    pub fn forget_raw_flows(&self, probes: &[Probe]) -> Result<()> {
+        let mut protos: Vec<String> = probes
+            .iter()
+            .filter(|p| p.is_raw())
+            .map(|p| p.port.to_string())
+            .collect();
+        protos.sort();
+        protos.dedup();
+        for n in &self.nodes {
+            for proto in &protos {
+                for family in ["ipv4", "ipv6"] {
+                    // Exit status 1 means "nothing to delete".
+                    n.ns.exec_unchecked(&["conntrack", "-D", "-f", family, "-p", proto])?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Probes `(from pod, to pod, probe)` to the destinations' `family` addresses.
+    pub fn probe(&self, cells: &[(String, String, Probe)], family: Family) -> Result<Vec<bool>> {
+        let job = |(f, t, p): &(String, String, Probe)| {
+            let to = self.pod(t);
+            let dst = match family {
+                Family::V4 => IpAddr::V4(to.ip),
+                Family::V6 => IpAddr::V6(to.ip6),
+            };
+            (self.pod(f).ns.name().to_string(), dst, *p)
+        };
+        let mut results = vec![false; cells.len()];
+        let plain: Vec<usize> = (0..cells.len()).filter(|&i| !cells[i].2.is_raw()).collect();
+        let probes: Vec<Probe> = cells.iter().map(|c| c.2).collect();
+        // Raw pairs one way, then the other, each round after the flows are gone.
+        let forward: Vec<usize> = (0..cells.len())
+            .filter(|&i| cells[i].2.is_raw() && cells[i].0 < cells[i].1)
+            .collect();
+        let backward: Vec<usize> = (0..cells.len())
+            .filter(|&i| cells[i].2.is_raw() && cells[i].0 > cells[i].1)
+            .collect();
+        for (k, round) in [plain, forward, backward].into_iter().enumerate() {
+            if round.is_empty() {
+                continue;
+            }
+            if k > 0 {
+                self.forget_raw_flows(&probes)?;
+            }
+            let jobs: Vec<_> = round.iter().map(|&i| job(&cells[i])).collect();
+            for (i, r) in round.iter().zip(probe_many(&jobs, PROBE_TIMEOUT)?) {
+                results[*i] = r;
+            }
+        }
+        Ok(results)
+    }
+
+    /// Empties every pod's and node's IPv6 neighbour cache, so each probe needs neighbour discovery
+    /// between pod and node to succeed under the policy in force (NDP must survive policy, as in Felix).
+    pub fn forget_neighbours(&self) -> Result<()> {
+        let pods = self.pods.iter().map(|p| &p.ns);
+        for ns in pods.chain(self.nodes.iter().map(|n| &n.ns)) {
+            ns.exec(&["ip", "-6", "neigh", "flush", "all"])?;
+        }
+        Ok(())
+    }
     pub fn pod(&self, id: &str) -> &Pod {
         self.pods
             .iter()

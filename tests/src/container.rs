@@ -8,7 +8,6 @@
 //! `CONTAINERS_CONF` is set. The images are the ones `scripts/build-image.sh` tags: see
 //! [`Images::wanted`].
 
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -18,13 +17,12 @@ use serde_json::Value;
 
 use felixrs_test_support::netns::{self, Netns};
 
-use crate::cases::{self, Case, Expect, Step};
-use crate::cluster::Cluster;
-use crate::driver::{Etcd, HEALTH_ADDR, http_get, start_etcd, wait_for};
-use crate::traffic::{Probe, Servers, probe_many};
+use crate::cases::{Case, Expect, Step};
+use crate::cluster::{Cluster, StandardCluster};
+use crate::driver::{Etcd, HEALTH_ADDR, agent_args, http_get, wait_for};
+use crate::traffic::Servers;
 use crate::world::{self, Family, PlacedPod};
 
-pub const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
 pub const APPLY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// `podman ARGS` with the workspace's containers.conf.
@@ -192,26 +190,8 @@ impl ContainerAgent {
     pub fn start(node_ns: &Netns, node_name: &str, endpoint: &str, image: &str) -> Result<Self> {
         let volume = unique("state");
         podman_ok(&["volume", "create", &volume])?;
-        let args = [
-            "agent",
-            "--etcd-endpoints",
-            endpoint,
-            "--node-name",
-            node_name,
-            "--state-dir",
-            "/var/lib/felixrs",
-            "--health-listen",
-            HEALTH_ADDR,
-            "--refresh-interval",
-            "2",
-            // As the host-binary end-to-end runs (driver::Agent): each pod's
-            // allowedSourcePrefixes annotation decides what it may send from.
-            "--workload-source-spoofing",
-            "Any",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        // As the host-binary end-to-end runs (driver::Agent).
+        let args = agent_args(endpoint, node_name, "/var/lib/felixrs");
         let mut a = ContainerAgent {
             node_name: node_name.to_string(),
             netns: node_ns.name().to_string(),
@@ -332,40 +312,16 @@ pub struct ImagePhase {
 
 impl ImagePhase {
     pub fn start(images: Images) -> Result<ImagePhase> {
-        let work = tempfile::Builder::new()
-            .prefix("felixrs-e2e-image")
-            .tempdir()?;
-        let mut cluster = Cluster::new(2)?;
-        for p in cases::standard_layout() {
-            let node = cluster
-                .nodes
-                .iter()
-                .position(|n| n.name == p.node_name)
-                .context("layout names a known node")?;
-            cluster.add_pod(&p.namespace, &p.name, node)?;
-        }
-        let servers = cluster
-            .pods
-            .iter()
-            .map(|p| Servers::start(p.ns.name()))
-            .collect::<Result<Vec<_>>>()?;
-        let etcd = start_etcd(&cluster.infra, "10.77.0.1", work.path());
-        let mut agents = Vec::new();
-        for n in &cluster.nodes {
-            agents.push(ContainerAgent::start(
-                &n.ns,
-                &n.name,
-                &etcd.client_url(),
-                &images.current,
-            )?);
-        }
+        let s = StandardCluster::start("felixrs-e2e-image", |ns, name, url, _| {
+            ContainerAgent::start(ns, name, url, &images.current)
+        })?;
         Ok(ImagePhase {
-            agents,
-            _servers: servers,
-            etcd,
-            cluster,
+            agents: s.agents,
+            _servers: s.servers,
+            etcd: s.etcd,
+            cluster: s.cluster,
             images,
-            work,
+            work: s.work,
         })
     }
 
@@ -454,25 +410,9 @@ impl ImagePhase {
         e
     }
 
-    /// Probes every cell of `expect` to the destinations' `family` addresses; cells that disagree
-    /// are probed twice more before they count. Returns the disagreements.
+    /// Probes every cell of `expect` over `family`; see [`Cluster::check`].
     pub fn check(&self, expect: &Expect, family: Family) -> Result<Vec<String>> {
-        let jobs: Vec<(String, IpAddr, Probe)> = expect
-            .cells
-            .iter()
-            .map(|(f, t, p, _)| {
-                let to = self.cluster.pod(t);
-                let dst = match family {
-                    Family::V4 => IpAddr::V4(to.ip),
-                    Family::V6 => IpAddr::V6(to.ip6),
-                };
-                (self.cluster.pod(f).ns.name().to_string(), dst, *p)
-            })
-            .collect();
-        expect.disagreements(|idx| {
-            let some: Vec<_> = idx.iter().map(|&i| jobs[i].clone()).collect();
-            probe_many(&some, PROBE_TIMEOUT)
-        })
+        self.cluster.check(expect, family)
     }
 
     /// Applies and probes every step of `case` over `family`; returns the failures.
@@ -483,10 +423,7 @@ impl ImagePhase {
                 .with_context(|| format!("step {}", i + 1))?;
             if family == Family::V6 {
                 // Neighbour discovery between pod and node must survive the policy.
-                let pods = self.cluster.pods.iter().map(|p| &p.ns);
-                for ns in pods.chain(self.cluster.nodes.iter().map(|n| &n.ns)) {
-                    ns.exec(&["ip", "-6", "neigh", "flush", "all"])?;
-                }
+                self.cluster.forget_neighbours()?;
             }
             for f in self.check(&self.expect_of(step), family)? {
                 failures.push(format!("step {}: {f}", i + 1));

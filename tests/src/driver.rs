@@ -37,8 +37,14 @@ pub fn binary(name: &str) -> PathBuf {
         .expect("workspace root");
     // The workspace crates each binary is built from.
     let crates: &[&str] = match name {
-        "policy-controller" => &["calc-graph", "policy-controller"],
-        _ => &["calc-graph", "iptables", "policy-controller", "felixrs"],
+        "policy-controller" => &["calc-graph", "k8s-convert", "etcd-tls", "policy-controller"],
+        _ => &[
+            "calc-graph",
+            "iptables",
+            "k8s-convert",
+            "etcd-tls",
+            "felixrs",
+        ],
     };
     for krate in crates {
         if let Some((newest, file)) = newest_file(&root.join(krate).join("src"))
@@ -224,6 +230,28 @@ pub fn controller_sync_report(ns: &Netns, endpoint: &str, manifests: &Path) -> R
     serde_json::from_str(last).with_context(|| format!("last stdout line is not JSON: {last}"))
 }
 
+/// `felixrs agent` with its etcd, node name and state directory, `/status` on [`HEALTH_ADDR`], a
+/// 2 s refresh, and source spoofing as a Felix with WorkloadSourceSpoofing=Any (Felix's spelling):
+/// each pod's allowedSourcePrefixes annotation then decides what it may send from.
+pub fn agent_args(endpoint: &str, node_name: &str, state_dir: &str) -> Vec<String> {
+    let args = [
+        "agent",
+        "--etcd-endpoints",
+        endpoint,
+        "--node-name",
+        node_name,
+        "--state-dir",
+        state_dir,
+        "--health-listen",
+        HEALTH_ADDR,
+        "--refresh-interval",
+        "2",
+        "--workload-source-spoofing",
+        "Any",
+    ];
+    args.iter().map(|s| s.to_string()).collect()
+}
+
 /// One `felixrs agent` in a node namespace.
 pub struct Agent {
     pub node_name: String,
@@ -253,27 +281,9 @@ impl Agent {
     ) -> Result<Agent> {
         let state_dir = work.join(format!("state-{node_name}"));
         std::fs::create_dir_all(&state_dir)?;
-        let args: Vec<String> = [
-            "agent",
-            "--etcd-endpoints",
-            endpoint,
-            "--node-name",
-            node_name,
-            "--state-dir",
-            state_dir.to_str().expect("utf-8 path"),
-            "--health-listen",
-            HEALTH_ADDR,
-            "--refresh-interval",
-            "2",
-            // As a Felix with WorkloadSourceSpoofing=Any (Felix's spelling): each pod's
-            // allowedSourcePrefixes annotation then decides what it may send from.
-            "--workload-source-spoofing",
-            "Any",
-        ]
-        .iter()
-        .chain(extra)
-        .map(|s| s.to_string())
-        .collect();
+        let state = state_dir.to_str().expect("utf-8 path");
+        let mut args = agent_args(endpoint, node_name, state);
+        args.extend(extra.iter().map(|s| s.to_string()));
         let mut a = Agent {
             node_name: node_name.to_string(),
             netns: node_ns.name().to_string(),

@@ -1,20 +1,20 @@
 //! A running end-to-end environment: the two-node netns cluster of the standard layout, a server in
 //! every pod, a real etcd and one real `felixrs agent` per node, with the real `policy-controller`
-//! syncing each step's manifests. Used by the main NetworkPolicy run (`tests/e2e.rs`) and the
-//! admin-policy phase (`tests/e2e_admin.rs`).
+//! syncing each step's manifests. Used by the main NetworkPolicy run (`tests/e2e.rs`), the
+//! admin-policy phase (`tests/e2e_admin.rs`) and the ICMP and bare-IP-protocol phase
+//! (`tests/e2e_icmp.rs`).
 
-use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use crate::cases::{self, Case, Expect, Step};
-use crate::cluster::Cluster;
-use crate::driver::{Agent, Etcd, controller_sync, start_etcd};
-use crate::traffic::{Probe, Servers, probe_many};
+use crate::cases::{Case, Expect, Step};
+use crate::cluster::{Cluster, StandardCluster};
+use crate::driver::{Agent, Etcd, controller_sync};
+use crate::traffic::Servers;
 use crate::world::{self, Family, PlacedPod};
 
-const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
+pub use crate::cluster::PROBE_TIMEOUT;
 const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub struct Env {
@@ -29,48 +29,13 @@ pub struct Env {
 impl Env {
     /// Builds the cluster of [`cases::standard_layout`] and starts etcd, servers and agents.
     pub fn start() -> Result<Env> {
-        let work = tempfile::Builder::new().prefix("felixrs-e2e").tempdir()?;
-        let mut cluster = Cluster::new(2)?;
-        let layout = cases::standard_layout();
-        for p in &layout {
-            let node = cluster
-                .nodes
-                .iter()
-                .position(|n| n.name == p.node_name)
-                .context("layout names a known node")?;
-            cluster.add_pod(&p.namespace, &p.name, node)?;
-        }
-        let placed: Vec<_> = cluster
-            .placed_pods()
-            .iter()
-            .map(|p| (p.id(), p.ip, p.ip6))
-            .collect();
-        let want: Vec<_> = layout.iter().map(|p| (p.id(), p.ip, p.ip6)).collect();
-        anyhow::ensure!(
-            placed == want,
-            "cluster addresses differ from the evaluator's layout"
-        );
-        let servers = cluster
-            .pods
-            .iter()
-            .map(|p| Servers::start(p.ns.name()))
-            .collect::<Result<Vec<_>>>()?;
-        let etcd = start_etcd(&cluster.infra, "10.77.0.1", work.path());
-        let mut agents = Vec::new();
-        for n in &cluster.nodes {
-            agents.push(Agent::start(
-                &n.ns,
-                &n.name,
-                &etcd.client_url(),
-                work.path(),
-            )?);
-        }
+        let s = StandardCluster::start("felixrs-e2e", Agent::start)?;
         Ok(Env {
-            cluster,
-            _servers: servers,
-            agents,
-            etcd,
-            work,
+            cluster: s.cluster,
+            _servers: s.servers,
+            agents: s.agents,
+            etcd: s.etcd,
+            work: s.work,
             latencies: Vec::new(),
         })
     }
@@ -79,9 +44,14 @@ impl Env {
         self.cluster.placed_pods()
     }
 
+    /// The directory the last step's manifests were written to.
+    pub fn manifests_dir(&self) -> std::path::PathBuf {
+        self.work.path().join("manifests")
+    }
+
     /// Writes the step's manifests, runs the controller, and waits for every agent to apply them.
     pub fn apply_step(&mut self, step: &Step) -> Result<i64> {
-        let dir = self.work.path().join("manifests");
+        let dir = self.manifests_dir();
         std::fs::create_dir_all(&dir)?;
         std::fs::write(
             dir.join("cluster.yaml"),
@@ -101,36 +71,9 @@ impl Env {
         self.check_over(expect, Family::V4)
     }
 
-    /// Probes every cell of `expect` to the destinations' `family` addresses; cells that disagree are
-    /// probed twice more before they count. Returns the disagreements.
+    /// Probes every cell of `expect` over `family`; see [`Cluster::check`].
     pub fn check_over(&self, expect: &Expect, family: Family) -> Result<Vec<String>> {
-        let ns_of = |id: &str| self.cluster.pod(id).ns.name().to_string();
-        let ip_of = |id: &str| {
-            let p = self.cluster.pod(id);
-            match family {
-                Family::V4 => IpAddr::V4(p.ip),
-                Family::V6 => IpAddr::V6(p.ip6),
-            }
-        };
-        let jobs: Vec<(String, IpAddr, Probe)> = expect
-            .cells
-            .iter()
-            .map(|(f, t, p, _)| (ns_of(f), ip_of(t), *p))
-            .collect();
-        expect.disagreements(|idx| {
-            let some: Vec<_> = idx.iter().map(|&i| jobs[i].clone()).collect();
-            probe_many(&some, PROBE_TIMEOUT)
-        })
-    }
-
-    /// Empties every pod's and node's IPv6 neighbour cache, so each probe needs neighbour discovery
-    /// between pod and node to succeed under the policy in force (NDP must survive policy, as in Felix).
-    pub fn forget_neighbours(&self) -> Result<()> {
-        let pods = self.cluster.pods.iter().map(|p| &p.ns);
-        for ns in pods.chain(self.cluster.nodes.iter().map(|n| &n.ns)) {
-            ns.exec(&["ip", "-6", "neigh", "flush", "all"])?;
-        }
-        Ok(())
+        self.cluster.check(expect, family)
     }
 
     /// Applies and probes every step of a case over `family`; returns the failures.
@@ -143,7 +86,7 @@ impl Env {
             let mut expect = Expect::all_allowed(&ids, &step.probes);
             (step.expect)(&mut expect);
             if family == Family::V6 {
-                self.forget_neighbours()?;
+                self.cluster.forget_neighbours()?;
             }
             for f in self.check_over(&expect, family)? {
                 failures.push(format!("step {}: {f}", i + 1));

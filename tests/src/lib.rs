@@ -17,7 +17,6 @@ pub mod env;
 pub mod evaluator;
 pub mod fqdn;
 pub mod fuzz;
-pub mod harness;
 pub mod nat;
 pub mod report;
 pub mod ship;

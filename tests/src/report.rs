@@ -33,6 +33,19 @@ impl Tally {
     }
 }
 
+/// Asserts that a comparison over every case found no mismatch (else it lists them all, with their
+/// count) and checked more than `min` cells.
+#[track_caller]
+pub fn assert_no_mismatches((bad, checked): (Vec<String>, usize), min: usize) {
+    assert!(
+        bad.is_empty(),
+        "{} of {checked}:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+    assert!(checked > min, "only {checked} cells checked");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -341,6 +341,43 @@ pub fn probe_once(netns: &str, dst: IpAddr, probe: Probe, timeout: Duration) -> 
     .map_err(|_| anyhow::anyhow!("probe thread panicked"))?
 }
 
+/// Runs `during` while four probers in pod namespace `from` connect to `to` port 80 (TCP) back to
+/// back (a denied attempt costs its 150 ms timeout: ~25 attempts a second); returns what `during`
+/// returned, then the attempts and the connections that succeeded.
+pub fn probe_while<T>(
+    from: &str,
+    to: IpAddr,
+    during: impl FnOnce() -> T,
+) -> anyhow::Result<(T, u32, u32)> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let probers: Vec<_> = (0..4)
+        .map(|_| {
+            let (stop, from) = (stop.clone(), from.to_string());
+            std::thread::spawn(move || -> anyhow::Result<(u32, u32)> {
+                felixrs_test_support::netns::enter(&from)?;
+                let (mut attempts, mut successes) = (0, 0);
+                while !stop.load(Ordering::Relaxed) {
+                    attempts += 1;
+                    if connect(to, crate::cases::T80, Duration::from_millis(150)) {
+                        successes += 1;
+                    }
+                }
+                Ok((attempts, successes))
+            })
+        })
+        .collect();
+    let out = during();
+    stop.store(true, Ordering::Relaxed);
+    let (mut attempts, mut successes) = (0, 0);
+    for p in probers {
+        let (a, s) = p.join().map_err(|_| anyhow::anyhow!("prober panicked"))??;
+        attempts += a;
+        successes += s;
+    }
+    Ok((out, attempts, successes))
+}
+
 /// Connects from the calling thread's namespace.
 pub fn connect(dst: impl Into<IpAddr>, probe: Probe, timeout: Duration) -> bool {
     let dst = dst.into();

@@ -7,6 +7,7 @@ use felixrs::cmd::trace::{Verdict, trace_packet};
 use felixrs_e2e::admin_cases;
 use felixrs_e2e::admin_evaluator::admin_world;
 use felixrs_e2e::cases::{self, Case, Expect, Step, T80, U81};
+use felixrs_e2e::report::assert_no_mismatches;
 use felixrs_e2e::trace_cells::{NODES, NodeVerdict, case_steps, trace_every_cell};
 use felixrs_e2e::world::{Family, PlacedPod};
 
@@ -122,26 +123,12 @@ fn trace_cases(cases: &[Case], family: Family) -> (Vec<String>, usize) {
 
 #[test]
 fn trace_agrees_with_every_admin_case() {
-    let (bad, checked) = trace_cases(&admin_cases::all(), Family::V4);
-    assert!(
-        bad.is_empty(),
-        "{} of {checked}:\n{}",
-        bad.len(),
-        bad.join("\n")
-    );
-    assert!(checked > 3000, "only {checked} cells checked");
+    assert_no_mismatches(trace_cases(&admin_cases::all(), Family::V4), 3000);
 }
 
 #[test]
 fn trace_agrees_with_every_ipv6_admin_case() {
-    let (bad, checked) = trace_cases(&admin_cases::all_v6(), Family::V6);
-    assert!(
-        bad.is_empty(),
-        "{} of {checked}:\n{}",
-        bad.len(),
-        bad.join("\n")
-    );
-    assert!(checked > 3000, "only {checked} cells checked");
+    assert_no_mismatches(trace_cases(&admin_cases::all_v6(), Family::V6), 3000);
 }
 
 /// Random admin policies (every kind and action, namespace/pod/CIDR peers, numbered, ranged and named

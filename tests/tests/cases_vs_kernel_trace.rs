@@ -10,6 +10,7 @@ use felixrs::cmd::trace::kernel::{KernelVerdict, read_kernel_state_with, trace_k
 use felixrs::cmd::trace::trace_packet;
 use felixrs_e2e::cases::{self, Case};
 use felixrs_e2e::cases_v6;
+use felixrs_e2e::report::assert_no_mismatches;
 use felixrs_e2e::trace_cells::{NODES, NodeVerdict, case_steps, trace_every_cell};
 use felixrs_e2e::world::Family;
 use felixrs_test_support::netns::Netns;
@@ -83,24 +84,10 @@ fn mismatches(cases: &[Case], family: Family) -> (Vec<String>, usize) {
 
 #[test]
 fn kernel_trace_agrees_with_every_ipv4_case() {
-    let (bad, checked) = mismatches(&cases::all(), Family::V4);
-    assert!(
-        bad.is_empty(),
-        "{} of {checked}:\n{}",
-        bad.len(),
-        bad.join("\n")
-    );
-    assert!(checked > 1000, "only {checked} cells checked");
+    assert_no_mismatches(mismatches(&cases::all(), Family::V4), 1000);
 }
 
 #[test]
 fn kernel_trace_agrees_with_every_ipv6_case() {
-    let (bad, checked) = mismatches(&cases_v6::all(), Family::V6);
-    assert!(
-        bad.is_empty(),
-        "{} of {checked}:\n{}",
-        bad.len(),
-        bad.join("\n")
-    );
-    assert!(checked > 500, "only {checked} cells checked");
+    assert_no_mismatches(mismatches(&cases_v6::all(), Family::V6), 500);
 }

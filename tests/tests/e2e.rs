@@ -17,7 +17,7 @@ use felixrs_e2e::env::Env;
 use felixrs_e2e::report::Tally;
 use felixrs_e2e::ship;
 use felixrs_e2e::spoof::{allowed_source_prefixes, protect_step, spoofed_source_is_dropped};
-use felixrs_e2e::traffic::{Servers, connect, probe_many};
+use felixrs_e2e::traffic::{Servers, probe_many, probe_while};
 use felixrs_e2e::world::{self, Family, PlacedPod};
 use felixrs_test_support::require_root;
 
@@ -81,46 +81,18 @@ fn replace_agent_under_probe(
     mut replace: impl FnMut(&mut Env, usize, usize) -> Result<()>,
 ) -> Result<Vec<String>> {
     env.apply_step(&protect_step())?;
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let from = env.cluster.pod("x/a").ns.name().to_string();
-    let to = env.cluster.pod("x/b").ip;
-    // Four probers back to back (a denied attempt costs its 150 ms timeout): ~25 attempts a second.
-    let probers: Vec<_> = (0..4)
-        .map(|_| {
-            let (stop, from) = (stop.clone(), from.clone());
-            std::thread::spawn(move || -> Result<(u32, u32)> {
-                felixrs_test_support::netns::enter(&from)?;
-                let (mut attempts, mut successes) = (0, 0);
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    attempts += 1;
-                    if connect(to, T80, Duration::from_millis(150)) {
-                        successes += 1;
-                    }
-                }
-                Ok((attempts, successes))
-            })
-        })
-        .collect();
+    let to = env.cluster.pod("x/b").ip.into();
     let node = node_of(env, "x/b");
-    let mut result = Ok(());
-    for i in 0..rounds {
-        if let Err(e) = replace(env, node, i) {
-            result = Err(e);
-            break;
+    let (result, attempts, successes) = probe_while(&from, to, || {
+        for i in 0..rounds {
+            replace(env, node, i)?;
+            (env.agents[node].wait_applied(0, APPLY_TIMEOUT))
+                .with_context(|| format!("{what}: round {}", i + 1))?;
+            std::thread::sleep(Duration::from_millis(200));
         }
-        if let Err(e) = env.agents[node].wait_applied(0, APPLY_TIMEOUT) {
-            result = Err(e.context(format!("{what}: round {}", i + 1)));
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (mut attempts, mut successes) = (0, 0);
-    for p in probers {
-        let (a, s) = p.join().map_err(|_| anyhow::anyhow!("prober panicked"))??;
-        attempts += a;
-        successes += s;
-    }
+        anyhow::Ok(())
+    })?;
     result?;
     println!("{what} under probe: {attempts} denied-connection attempts, {successes} succeeded");
     let mut failures = Vec::new();

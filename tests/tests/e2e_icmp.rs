@@ -11,7 +11,7 @@ use felixrs_e2e::cases::{Step, T80};
 use felixrs_e2e::cases_icmp::{self, PING, RAW};
 use felixrs_e2e::cluster::GATEWAY6;
 use felixrs_e2e::driver::binary;
-use felixrs_e2e::harness::{Harness, PROBE_TIMEOUT};
+use felixrs_e2e::env::{Env, PROBE_TIMEOUT};
 use felixrs_e2e::report::Tally;
 use felixrs_e2e::traffic::{Probe, Proto, Servers, probe_many};
 use felixrs_e2e::world::Family;
@@ -38,9 +38,9 @@ fn neighbour_state(ns: &felixrs_test_support::netns::Netns, addr: &str) -> Resul
 /// Under a deny-all policy on x's pods, with every neighbour cache empty: x/a's (dropped) connection
 /// still resolves its gateway fe80::1, and the node (whose traffic to its pods is not policed, as in
 /// Felix) pings x/a, which needs neighbour discovery both ways.
-fn neighbour_discovery_survives_deny_all(h: &mut Harness) -> Result<Vec<String>> {
+fn neighbour_discovery_survives_deny_all(h: &mut Env) -> Result<Vec<String>> {
     h.apply_step(&Step::new(vec![DENY_ALL_X], vec![], |_| {}))?;
-    h.forget_neighbours()?;
+    h.cluster.forget_neighbours()?;
     let mut failures = Vec::new();
     let xa = h.cluster.pod("x/a");
     let ya = h.cluster.pod("y/a");
@@ -58,7 +58,7 @@ fn neighbour_discovery_survives_deny_all(h: &mut Harness) -> Result<Vec<String>>
             "x/a's neighbour entry for its gateway {GATEWAY6} is {state:?} after a dropped connection: neighbour discovery was blocked"
         ));
     }
-    h.forget_neighbours()?;
+    h.cluster.forget_neighbours()?;
     let out = probe_many(
         &[(node.ns.name().to_string(), IpAddr::V6(xa.ip6), PING)],
         PROBE_TIMEOUT * 3,
@@ -83,7 +83,7 @@ spec: {podSelector: {matchLabels: {pod: a}}, policyTypes: [Egress]}
 /// DefaultEndpointToHostAction, Accept) for every protocol: x/a's TCP, echo and bare-IP-protocol
 /// packets to node-1's IPv4 and IPv6 addresses are dropped while an egress policy isolates x/a,
 /// and reach the node without it. `felixrs trace --to host:ADDR` says the same for each.
-fn pod_to_its_node_every_protocol(h: &mut Harness) -> Result<Vec<String>> {
+fn pod_to_its_node_every_protocol(h: &mut Env) -> Result<Vec<String>> {
     use felixrs::cmd::shared::dataplane_args::{DataplaneArgs, WorkloadSourceSpoofing};
     use felixrs::cmd::shared::node_view::{SourceArgs, render_node};
     use felixrs::cmd::trace::{PacketArgs, Verdict, trace_packet};
@@ -98,7 +98,7 @@ fn pod_to_its_node_every_protocol(h: &mut Harness) -> Result<Vec<String>> {
     let mut failures = Vec::new();
     for (policies, want) in [(vec![DENY_EGRESS_XA], false), (vec![], true)] {
         h.apply_step(&Step::new(policies, vec![], |_| {}))?;
-        h.forget_raw_flows(&probes)?;
+        h.cluster.forget_raw_flows(&probes)?;
         let source = SourceArgs::manifests(vec![h.manifests_dir()]);
         let dataplane = DataplaneArgs {
             workload_source_spoofing: WorkloadSourceSpoofing::Any,
@@ -147,7 +147,7 @@ fn icmp_and_l3_default_deny() {
     require_root();
     binary("felixrs");
     binary("policy-controller");
-    let mut h = Harness::start().expect("cluster, etcd and agents start");
+    let mut h = Env::start().expect("cluster, etcd and agents start");
     let mut tally = Tally::default();
     let mut report = |name: &str, result: Result<Vec<String>>| tally.record(name, result);
     let cases = cases_icmp::all();

@@ -14,8 +14,6 @@
 //! one IPv6 case): the whole matrix runs against the same binaries in `tests/e2e.rs`; what this
 //! test adds is the packaging, which any case exercises, and it keeps CI's image step short.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -25,7 +23,7 @@ use felixrs_e2e::container::{APPLY_TIMEOUT, ImagePhase, Images, image_version, p
 use felixrs_e2e::report::Tally;
 use felixrs_e2e::ship;
 use felixrs_e2e::spoof::protect_step;
-use felixrs_e2e::traffic::connect;
+use felixrs_e2e::traffic::probe_while;
 use felixrs_e2e::world::Family;
 use felixrs_test_support::require_root;
 
@@ -113,37 +111,16 @@ fn upgrade_under_probe(phase: &mut ImagePhase) -> Result<Vec<String>> {
     phase.apply_step(&step)?;
     let node = phase.cluster.pod("x/b").node;
     let before = ship::rule_counters(&phase.cluster.nodes[node].ns)?;
-    let stop = Arc::new(AtomicBool::new(false));
     let from = phase.cluster.pod("x/a").ns.name().to_string();
-    let to = phase.cluster.pod("x/b").ip;
-    let probers: Vec<_> = (0..4)
-        .map(|_| {
-            let (stop, from) = (stop.clone(), from.clone());
-            std::thread::spawn(move || -> Result<(u32, u32)> {
-                felixrs_test_support::netns::enter(&from)?;
-                let (mut attempts, mut successes) = (0, 0);
-                while !stop.load(Ordering::Relaxed) {
-                    attempts += 1;
-                    if connect(to, T80, Duration::from_millis(150)) {
-                        successes += 1;
-                    }
-                }
-                Ok((attempts, successes))
-            })
-        })
-        .collect();
+    let to = phase.cluster.pod("x/b").ip.into();
     let next = phase.images.next.clone();
-    let result = phase.agents[node]
-        .upgrade(&next)
-        .and_then(|()| phase.agents[node].wait_applied(0, APPLY_TIMEOUT));
-    std::thread::sleep(Duration::from_millis(500));
-    stop.store(true, Ordering::Relaxed);
-    let (mut attempts, mut successes) = (0, 0);
-    for p in probers {
-        let (a, s) = p.join().map_err(|_| anyhow::anyhow!("prober panicked"))??;
-        attempts += a;
-        successes += s;
-    }
+    let (result, attempts, successes) = probe_while(&from, to, || {
+        let result = phase.agents[node]
+            .upgrade(&next)
+            .and_then(|()| phase.agents[node].wait_applied(0, APPLY_TIMEOUT));
+        std::thread::sleep(Duration::from_millis(500));
+        result
+    })?;
     result?;
     println!(
         "image upgrade under probe: {attempts} denied-connection attempts, {successes} succeeded"

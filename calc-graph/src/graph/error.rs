@@ -1,7 +1,7 @@
 //! Why the graph refused (part of) an update: what [`CalcGraph::take_errors`](super::CalcGraph::take_errors)
 //! reports with the resource's key. The resource is treated as deleted.
 
-use crate::model::{Kind, ResourceKey, ValidationError};
+use crate::model::{Kind, NameError, ResourceKey, ValidationError};
 
 pub use super::rules::SelectorFieldError;
 
@@ -22,7 +22,7 @@ pub enum GraphError {
     NotAPolicy(Kind),
     /// A remote cluster's name is not a valid name.
     #[error("remote cluster name {cluster:?}: {reason}")]
-    RemoteClusterName { cluster: String, reason: String },
+    RemoteClusterName { cluster: String, reason: NameError },
     /// A remote cluster's resource was refused.
     #[error("remote cluster {cluster}: {error}")]
     Remote {

@@ -6,7 +6,8 @@
 //!
 //! What it computes (Felix's `felix/calc`, felix-reference §8):
 //! * validation: a resource arrives validated once upstream (`Update::Valid`, carrying a
-//!   [`Validated`](crate::model::Validated)); through `Update::Resource` it is still checked here: one
+//!   [`Validated`](crate::model::Validated), as the agent and `felixrs render` send it); through
+//!   `Update::Resource` (tests, deletions) it is still checked here: one
 //!   whose `validate()` fails, or whose body does not match its key, is treated as deleted and the
 //!   error is kept for [`CalcGraph::take_errors`];
 //! * label inheritance ([`labels`]): endpoints and network sets inherit their profiles'

@@ -22,102 +22,88 @@ pub struct WorkloadEndpoint {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct WorkloadEndpointSpec {
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub orchestrator: Option<String>,
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub workload: Option<String>,
     /// The node the endpoint lives on; the graph keeps only endpoints of its own node.
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub node: Option<String>,
     #[serde(
         rename = "containerID",
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub container_id: Option<String>,
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub pod: Option<String>,
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub endpoint: Option<String>,
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub service_account_name: Option<String>,
     /// The endpoint's addresses, normally /32 and /128; bare addresses are read as host networks.
-    #[serde(default, with = "nets", skip_serializing_if = "Vec::is_empty")]
+    #[serde(with = "nets", skip_serializing_if = "Vec::is_empty")]
     pub ip_networks: Vec<IpNet>,
     #[serde(
         rename = "ipNATs",
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub ip_nats: Vec<IpNat>,
     #[serde(
         rename = "ipv4Gateway",
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub ipv4_gateway: Option<String>,
     #[serde(
         rename = "ipv6Gateway",
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub ipv6_gateway: Option<String>,
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub profiles: Vec<String>,
     /// Host-side interface name (`cali` + 11 hex characters for k8s pods).
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub interface_name: Option<String>,
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub mac: Option<String>,
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub ports: Vec<EndpointPort>,
-    #[serde(default, with = "nets", skip_serializing_if = "Vec::is_empty")]
+    #[serde(with = "nets", skip_serializing_if = "Vec::is_empty")]
     pub allow_spoofed_source_prefixes: Vec<IpNet>,
 }
 
@@ -168,36 +154,31 @@ pub struct HostEndpoint {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct HostEndpointSpec {
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub node: Option<String>,
     /// A host interface, or `*` for all of the host's interfaces.
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub interface_name: Option<String>,
     #[serde(
         rename = "expectedIPs",
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub expected_ips: Vec<IpAddr>,
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub profiles: Vec<String>,
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]

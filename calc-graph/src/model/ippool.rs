@@ -63,48 +63,43 @@ pub struct IpipConfiguration {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct IpPoolSpec {
     /// The pool's CIDR as written; [`IpPoolSpec::cidr`] parses it (validation rejects a bad one).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub cidr: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub vxlan_mode: Option<EncapMode>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub ipip_mode: Option<EncapMode>,
     /// Masquerade traffic from this pool to destinations outside every pool.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub nat_outgoing: bool,
     /// IPAM allocates no new addresses from the pool; existing ones keep working (and NAT).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub disabled: bool,
     #[serde(
-        default,
         rename = "disableBGPExport",
         skip_serializing_if = "std::ops::Not::not"
     )]
     pub disable_bgp_export: bool,
     /// 0 (absent) means the default: 26 for IPv4, 122 for IPv6.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(skip_serializing_if = "is_zero")]
     pub block_size: u8,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub node_selector: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub namespace_selector: String,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub allowed_uses: Vec<AllowedUse>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub assignment_mode: Option<AssignmentMode>,
     /// Deprecated (v1 API compatibility): `ipip: {enabled, mode}`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub ipip: Option<IpipConfiguration>,
     /// Deprecated (v1 API compatibility) spelling of `natOutgoing`; Calico's v3→v1 conversion
     /// reads only `natOutgoing`, and so does felixrs.
-    #[serde(
-        default,
-        rename = "nat-outgoing",
-        skip_serializing_if = "std::ops::Not::not"
-    )]
+    #[serde(rename = "nat-outgoing", skip_serializing_if = "std::ops::Not::not")]
     pub nat_outgoing_v1: bool,
 }
 

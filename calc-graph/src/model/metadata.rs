@@ -14,47 +14,41 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// `metadata` of a resource.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct Metadata {
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub name: String,
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub namespace: Option<String>,
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "BTreeMap::is_empty"
     )]
     pub labels: BTreeMap<String, String>,
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "BTreeMap::is_empty"
     )]
     pub annotations: BTreeMap<String, String>,
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub uid: Option<String>,
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub resource_version: Option<String>,
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub creation_timestamp: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub generation: Option<i64>,
 }
 

@@ -51,10 +51,10 @@ pub use ippool::{AllowedUse, AssignmentMode, EncapMode, IpPool, IpPoolSpec};
 pub use key::{API_VERSION, CALICO_PREFIX, Kind, ResourceKey};
 pub use metadata::{InvalidCidr, Metadata, parse_net};
 pub use names::{
-    K8S_ADMIN_POLICY_PREFIXES, validate_container_id, validate_global_network_policy_name,
-    validate_identifier, validate_interface_name, validate_label_key, validate_label_value,
-    validate_mac, validate_name, validate_named_port, validate_namespace,
-    validate_network_policy_name, validate_tier_name,
+    K8S_ADMIN_POLICY_PREFIXES, NameError, validate_container_id,
+    validate_global_network_policy_name, validate_identifier, validate_interface_name,
+    validate_label_key, validate_label_value, validate_mac, validate_name, validate_named_port,
+    validate_namespace, validate_network_policy_name, validate_tier_name,
 };
 pub use netset::{GlobalNetworkSet, NetworkSet, NetworkSetSpec};
 pub use policy::{

@@ -1,8 +1,8 @@
 //! Syntax checks for the strings of a resource: names, namespaces, tier names, label keys and
 //! values, named ports, interface names, MAC addresses.
 //!
-//! Each check returns `Err(reason)` with a lower-case reason that quotes the offending value;
-//! the validator prefixes the resource and the field path. These checks are also what keeps a
+//! Each check returns a [`NameError`] naming what was checked (`namespace`, `label key`, ...) and
+//! quoting the offending value; the validator prefixes the resource and the field path. These checks are also what keeps a
 //! name or label from ever carrying `/` (it would change the etcd key), whitespace, quotes or
 //! control characters (they would end up in iptables comments and IP set names).
 
@@ -13,27 +13,96 @@ pub const MAX_LABEL_LEN: usize = 63;
 /// Longest Linux interface name (IFNAMSIZ - 1).
 pub const MAX_IFACE_LEN: usize = 15;
 
-fn quote(s: &str) -> String {
-    format!("{s:?}")
+/// Why a name, label, port name, interface name or MAC address is not valid: `what` is the kind
+/// of string checked (`name`, `namespace`, `label key`, ...), `value` the offending text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("{what} must not be empty")]
+    Empty { what: &'static str },
+    /// `/`, whitespace or control characters (`forbidden` says which), never allowed.
+    #[error("{} must not contain {forbidden}", subject(what, Some(value)))]
+    Forbidden {
+        what: &'static str,
+        value: String,
+        forbidden: &'static str,
+    },
+    #[error("{} is {len} characters long, more than {max}", subject(what, value.as_ref()))]
+    TooLong {
+        what: &'static str,
+        value: Option<String>,
+        len: usize,
+        max: usize,
+    },
+    #[error("{what} {value:?} is longer than {max} characters")]
+    PartTooLong {
+        what: &'static str,
+        value: String,
+        max: usize,
+    },
+    #[error("{what} {value:?} contains {found:?}: only {allowed} are allowed")]
+    Char {
+        what: &'static str,
+        value: String,
+        found: char,
+        allowed: &'static str,
+    },
+    #[error("{what} {value:?} must start and end with {ends}")]
+    Ends {
+        what: &'static str,
+        value: String,
+        ends: &'static str,
+    },
+    #[error(
+        "{what} {value:?}: each '.'-separated part must start and end with a lower-case letter or digit"
+    )]
+    PartEnds { what: &'static str, value: String },
+    #[error("policy name {value:?} must be {want}")]
+    PolicyName { value: String, want: &'static str },
+    #[error("label key {key:?}: {prefix}")]
+    LabelKeyPrefix { key: String, prefix: Box<NameError> },
+    /// The name part of a label key is empty or holds a second `/` (`problem` says which).
+    #[error("label key {key:?} has {problem}")]
+    LabelKeyName { key: String, problem: &'static str },
+    #[error("named port {value:?}: {rule}")]
+    NamedPort { value: String, rule: &'static str },
+    #[error("{what} {value:?} is not allowed")]
+    Reserved { what: &'static str, value: String },
+    #[error("invalid MAC address {value:?}")]
+    Mac { value: String },
+    #[error(
+        "container id {value:?} must be letters, digits and '-', starting and ending with a letter or digit"
+    )]
+    ContainerId { value: String },
+}
+
+/// `what "value"`, either part left out when absent.
+fn subject(what: &str, value: Option<&String>) -> String {
+    match (what, value) {
+        ("", Some(v)) => format!("{v:?}"),
+        (w, Some(v)) => format!("{w} {v:?}"),
+        (w, None) => w.to_string(),
+    }
 }
 
 /// Rejects the characters that must never appear in any identifier.
-fn check_no_bad_chars(s: &str) -> Result<(), String> {
-    if s.contains('/') {
-        return Err(format!("{} must not contain '/'", quote(s)));
-    }
-    if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(format!(
-            "{} must not contain whitespace or control characters",
-            quote(s)
-        ));
-    }
-    Ok(())
+fn check_no_bad_chars(s: &str) -> Result<(), NameError> {
+    let forbidden = if s.contains('/') {
+        "'/'"
+    } else if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        "whitespace or control characters"
+    } else {
+        return Ok(());
+    };
+    Err(NameError::Forbidden {
+        what: "",
+        value: s.to_string(),
+        forbidden,
+    })
 }
 
 /// A DNS-1123 subdomain: lower-case alphanumerics, `-` and `.`, each `.`-separated part starting
 /// and ending with an alphanumeric, at most 253 characters. Calico's rule for resource names.
-pub fn validate_name(s: &str) -> Result<(), String> {
+pub fn validate_name(s: &str) -> Result<(), NameError> {
     dns_subdomain(s, "name")
 }
 
@@ -62,7 +131,7 @@ fn is_plain_subdomain(s: &str, max: usize) -> bool {
     alnum(prev)
 }
 
-fn dns_subdomain(s: &str, what: &str) -> Result<(), String> {
+fn dns_subdomain(s: &str, what: &'static str) -> Result<(), NameError> {
     if is_plain_subdomain(s, MAX_NAME_LEN) {
         return Ok(());
     }
@@ -70,33 +139,76 @@ fn dns_subdomain(s: &str, what: &str) -> Result<(), String> {
 }
 
 /// The checks of [`dns_subdomain`] one by one, each with its own message.
-fn dns_subdomain_checks(s: &str, what: &str) -> Result<(), String> {
-    if s.is_empty() {
-        return Err(format!("{what} must not be empty"));
-    }
-    check_no_bad_chars(s)?;
-    if s.len() > MAX_NAME_LEN {
-        return Err(format!(
-            "{what} is {} characters long, more than {MAX_NAME_LEN}",
-            s.len()
-        ));
-    }
-    if let Some(c) = s
-        .chars()
-        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-' || *c == '.'))
-    {
-        return Err(format!(
-            "{what} {} contains {c:?}: only lower-case letters, digits, '-' and '.' are allowed",
-            quote(s)
-        ));
-    }
+fn dns_subdomain_checks(s: &str, what: &'static str) -> Result<(), NameError> {
+    common_checks(
+        s,
+        what,
+        MAX_NAME_LEN,
+        "lower-case letters, digits, '-' and '.'",
+        |c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.',
+    )?;
     if s.split('.').any(|part| !alnum_ends(part)) {
-        return Err(format!(
-            "{what} {}: each '.'-separated part must start and end with a lower-case letter or digit",
-            quote(s)
-        ));
+        return Err(NameError::PartEnds {
+            what,
+            value: s.to_string(),
+        });
     }
     Ok(())
+}
+
+/// Not empty, none of [`check_no_bad_chars`], at most `max` bytes, only characters `ok` takes
+/// (`allowed` names them): what DNS subdomains and labels share.
+fn common_checks(
+    s: &str,
+    what: &'static str,
+    max: usize,
+    allowed: &'static str,
+    ok: impl Fn(char) -> bool,
+) -> Result<(), NameError> {
+    if s.is_empty() {
+        return Err(NameError::Empty { what });
+    }
+    check_no_bad_chars(s)?;
+    if s.len() > max {
+        return Err(NameError::TooLong {
+            what,
+            value: None,
+            len: s.len(),
+            max,
+        });
+    }
+    bad_char(s, what, s, allowed, ok)
+}
+
+/// The first character of `part` that `ok` refuses, reported against `whole`.
+fn bad_char(
+    part: &str,
+    what: &'static str,
+    whole: &str,
+    allowed: &'static str,
+    ok: impl Fn(char) -> bool,
+) -> Result<(), NameError> {
+    match part.chars().find(|c| !ok(*c)) {
+        Some(found) => Err(NameError::Char {
+            what,
+            value: whole.to_string(),
+            found,
+            allowed,
+        }),
+        None => Ok(()),
+    }
+}
+
+fn ends(part: &str, what: &'static str, whole: &str, ends: &'static str) -> Result<(), NameError> {
+    if alnum_ends(part) {
+        Ok(())
+    } else {
+        Err(NameError::Ends {
+            what,
+            value: whole.to_string(),
+            ends,
+        })
+    }
 }
 
 fn alnum_ends(part: &str) -> bool {
@@ -106,16 +218,16 @@ fn alnum_ends(part: &str) -> bool {
 
 /// A DNS-1123 label: lower-case alphanumerics and `-`, starting and ending with an alphanumeric,
 /// at most 63 characters. The rule for namespaces.
-pub fn validate_namespace(s: &str) -> Result<(), String> {
+pub fn validate_namespace(s: &str) -> Result<(), NameError> {
     dns_label(s, "namespace")
 }
 
 /// Tier names are DNS-1123 labels (no `.`: Calico once prefixed policy names with `<tier>.`).
-pub fn validate_tier_name(s: &str) -> Result<(), String> {
+pub fn validate_tier_name(s: &str) -> Result<(), NameError> {
     dns_label(s, "tier name")
 }
 
-fn dns_label(s: &str, what: &str) -> Result<(), String> {
+fn dns_label(s: &str, what: &'static str) -> Result<(), NameError> {
     if !s.contains('.') && is_plain_subdomain(s, MAX_LABEL_LEN) {
         return Ok(());
     }
@@ -123,39 +235,21 @@ fn dns_label(s: &str, what: &str) -> Result<(), String> {
 }
 
 /// The checks of [`dns_label`] one by one, each with its own message.
-fn dns_label_checks(s: &str, what: &str) -> Result<(), String> {
-    if s.is_empty() {
-        return Err(format!("{what} must not be empty"));
-    }
-    check_no_bad_chars(s)?;
-    if s.len() > MAX_LABEL_LEN {
-        return Err(format!(
-            "{what} is {} characters long, more than {MAX_LABEL_LEN}",
-            s.len()
-        ));
-    }
-    if let Some(c) = s
-        .chars()
-        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
-    {
-        return Err(format!(
-            "{what} {} contains {c:?}: only lower-case letters, digits and '-' are allowed",
-            quote(s)
-        ));
-    }
-    if !alnum_ends(s) {
-        return Err(format!(
-            "{what} {} must start and end with a lower-case letter or digit",
-            quote(s)
-        ));
-    }
-    Ok(())
+fn dns_label_checks(s: &str, what: &'static str) -> Result<(), NameError> {
+    common_checks(
+        s,
+        what,
+        MAX_LABEL_LEN,
+        "lower-case letters, digits and '-'",
+        |c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-',
+    )?;
+    ends(s, what, s, "a lower-case letter or digit")
 }
 
 /// A NetworkPolicy (or StagedNetworkPolicy) name as Calico accepts it: a DNS label, optionally
 /// with one `.`-separated prefix (`tier.name`), or `knp.default.<subdomain>` /
 /// `ossg.default.<subdomain>` for policies converted from Kubernetes. At most 253 characters.
-pub fn validate_network_policy_name(s: &str) -> Result<(), String> {
+pub fn validate_network_policy_name(s: &str) -> Result<(), NameError> {
     validate_name(s)?;
     if let Some(rest) = s
         .strip_prefix("knp.default.")
@@ -180,7 +274,7 @@ pub const K8S_ADMIN_POLICY_PREFIXES: [&str; 3] = [
 
 /// A GlobalNetworkPolicy (or StagedGlobalNetworkPolicy) name: a DNS label, optionally with one
 /// `.`-separated prefix, or one of [`K8S_ADMIN_POLICY_PREFIXES`] and a DNS subdomain.
-pub fn validate_global_network_policy_name(s: &str) -> Result<(), String> {
+pub fn validate_global_network_policy_name(s: &str) -> Result<(), NameError> {
     validate_name(s)?;
     if let Some(rest) = K8S_ADMIN_POLICY_PREFIXES
         .iter()
@@ -195,17 +289,20 @@ pub fn validate_global_network_policy_name(s: &str) -> Result<(), String> {
     )
 }
 
-fn policy_labels(s: &str, want: &str) -> Result<(), String> {
+fn policy_labels(s: &str, want: &'static str) -> Result<(), NameError> {
     let parts: Vec<&str> = s.split('.').collect();
     if parts.len() > 2 || parts.iter().any(|p| p.len() > MAX_LABEL_LEN) {
-        return Err(format!("policy name {} must be {want}", quote(s)));
+        return Err(NameError::PolicyName {
+            value: s.to_string(),
+            want,
+        });
     }
     Ok(())
 }
 
 /// A Kubernetes label key: `[prefix/]name`, prefix a DNS-1123 subdomain, name 1-63 characters of
 /// alphanumerics, `-`, `_` and `.` starting and ending with an alphanumeric.
-pub fn validate_label_key(s: &str) -> Result<(), String> {
+pub fn validate_label_key(s: &str) -> Result<(), NameError> {
     let plain = match s.split_once('/') {
         Some((prefix, name)) => {
             is_plain_subdomain(prefix, MAX_NAME_LEN) && is_plain_qualified(name)
@@ -219,36 +316,44 @@ pub fn validate_label_key(s: &str) -> Result<(), String> {
 }
 
 /// The checks of [`validate_label_key`] one by one, each with its own message.
-fn label_key_checks(s: &str) -> Result<(), String> {
+fn label_key_checks(s: &str) -> Result<(), NameError> {
+    const WHAT: &str = "label key";
     if s.is_empty() {
-        return Err("label key must not be empty".to_string());
+        return Err(NameError::Empty { what: WHAT });
     }
     if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(format!(
-            "label key {} must not contain whitespace or control characters",
-            quote(s)
-        ));
+        return Err(NameError::Forbidden {
+            what: WHAT,
+            value: s.to_string(),
+            forbidden: "whitespace or control characters",
+        });
     }
     let (prefix, name) = match s.split_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, s),
     };
     if let Some(prefix) = prefix {
-        dns_subdomain(prefix, "label key prefix")
-            .map_err(|e| format!("label key {}: {e}", quote(s)))?;
+        dns_subdomain(prefix, "label key prefix").map_err(|e| NameError::LabelKeyPrefix {
+            key: s.to_string(),
+            prefix: Box::new(e),
+        })?;
     }
-    if name.is_empty() {
-        return Err(format!("label key {} has an empty name part", quote(s)));
-    }
-    if name.contains('/') {
-        return Err(format!("label key {} has more than one '/'", quote(s)));
-    }
-    qualified_part(name, "label key", s)
+    let problem = if name.is_empty() {
+        "an empty name part"
+    } else if name.contains('/') {
+        "more than one '/'"
+    } else {
+        return qualified_part(name, WHAT, s);
+    };
+    Err(NameError::LabelKeyName {
+        key: s.to_string(),
+        problem,
+    })
 }
 
 /// A Kubernetes label value: empty, or 1-63 characters of alphanumerics, `-`, `_` and `.`
 /// starting and ending with an alphanumeric.
-pub fn validate_label_value(s: &str) -> Result<(), String> {
+pub fn validate_label_value(s: &str) -> Result<(), NameError> {
     if s.is_empty() {
         return Ok(());
     }
@@ -271,7 +376,7 @@ fn is_plain_qualified(part: &str) -> bool {
     }
 }
 
-fn qualified_part(part: &str, what: &str, whole: &str) -> Result<(), String> {
+fn qualified_part(part: &str, what: &'static str, whole: &str) -> Result<(), NameError> {
     if is_plain_qualified(part) {
         return Ok(());
     }
@@ -279,35 +384,33 @@ fn qualified_part(part: &str, what: &str, whole: &str) -> Result<(), String> {
 }
 
 /// The checks of [`qualified_part`] one by one, each with its own message.
-fn qualified_part_checks(part: &str, what: &str, whole: &str) -> Result<(), String> {
+fn qualified_part_checks(part: &str, what: &'static str, whole: &str) -> Result<(), NameError> {
     if part.len() > MAX_LABEL_LEN {
-        return Err(format!(
-            "{what} {} is longer than {MAX_LABEL_LEN} characters",
-            quote(whole)
-        ));
+        return Err(NameError::PartTooLong {
+            what,
+            value: whole.to_string(),
+            max: MAX_LABEL_LEN,
+        });
     }
-    if let Some(c) = part
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
-    {
-        return Err(format!(
-            "{what} {} contains {c:?}: only letters, digits, '-', '_' and '.' are allowed",
-            quote(whole)
-        ));
-    }
-    if !alnum_ends(part) {
-        return Err(format!(
-            "{what} {} must start and end with a letter or digit",
-            quote(whole)
-        ));
-    }
-    Ok(())
+    bad_char(
+        part,
+        what,
+        whole,
+        "letters, digits, '-', '_' and '.'",
+        |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'),
+    )?;
+    ends(part, what, whole, "a letter or digit")
 }
 
 /// A named port (IANA service name, as Kubernetes container port names): 1-15 characters of
 /// lower-case letters, digits and `-`, at least one letter, no leading, trailing or double `-`.
-pub fn validate_named_port(s: &str) -> Result<(), String> {
-    let bad = |why: &str| Err(format!("named port {}: {why}", quote(s)));
+pub fn validate_named_port(s: &str) -> Result<(), NameError> {
+    let bad = |rule: &'static str| {
+        Err(NameError::NamedPort {
+            value: s.to_string(),
+            rule,
+        })
+    };
     if s.is_empty() {
         return bad("must not be empty");
     }
@@ -331,35 +434,34 @@ pub fn validate_named_port(s: &str) -> Result<(), String> {
 
 /// A Linux interface name as Calico accepts it: 1-15 characters of letters, digits, `_`, `.`
 /// and `-`, not `.` or `..`. (No `+`: it is the iptables interface wildcard.)
-pub fn validate_interface_name(s: &str) -> Result<(), String> {
+pub fn validate_interface_name(s: &str) -> Result<(), NameError> {
+    const WHAT: &str = "interface name";
     if s.is_empty() {
-        return Err("interface name must not be empty".to_string());
+        return Err(NameError::Empty { what: WHAT });
     }
     if s.len() > MAX_IFACE_LEN {
-        return Err(format!(
-            "interface name {} is {} characters long, more than {MAX_IFACE_LEN}",
-            quote(s),
-            s.len()
-        ));
+        return Err(NameError::TooLong {
+            what: WHAT,
+            value: Some(s.to_string()),
+            len: s.len(),
+            max: MAX_IFACE_LEN,
+        });
     }
-    if let Some(c) = s
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')))
-    {
-        return Err(format!(
-            "interface name {} contains {c:?}: only letters, digits, '_', '.' and '-' are allowed",
-            quote(s)
-        ));
-    }
+    bad_char(s, WHAT, s, "letters, digits, '_', '.' and '-'", |c| {
+        c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')
+    })?;
     if s == "." || s == ".." {
-        return Err(format!("interface name {} is not allowed", quote(s)));
+        return Err(NameError::Reserved {
+            what: WHAT,
+            value: s.to_string(),
+        });
     }
     Ok(())
 }
 
 /// A MAC address in one of the forms Go's `net.ParseMAC` accepts for 48- and 64-bit addresses:
 /// `00:00:5e:00:53:01`, `00-00-5e-00-53-01`, `0000.5e00.5301` (and the 8-byte variants).
-pub fn validate_mac(s: &str) -> Result<(), String> {
+pub fn validate_mac(s: &str) -> Result<(), NameError> {
     let hex = |p: &str, n: usize| p.len() == n && p.chars().all(|c| c.is_ascii_hexdigit());
     let ok = if s.contains('.') {
         let parts: Vec<&str> = s.split('.').collect();
@@ -372,34 +474,36 @@ pub fn validate_mac(s: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("invalid MAC address {}", quote(s)))
+        Err(NameError::Mac {
+            value: s.to_string(),
+        })
     }
 }
 
 /// A container id: ASCII letters, digits and `-`, starting and ending with a letter or digit.
-pub fn validate_container_id(s: &str) -> Result<(), String> {
+pub fn validate_container_id(s: &str) -> Result<(), NameError> {
     let ok = s.len() <= MAX_NAME_LEN
         && alnum_ends(s)
         && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "container id {} must be letters, digits and '-', starting and ending with a letter or digit",
-            quote(s)
-        ))
+        Err(NameError::ContainerId {
+            value: s.to_string(),
+        })
     }
 }
 
 /// A free-form identifier (container id, workload, endpoint, orchestrator): non-empty, at most
 /// 253 characters, no `/`, whitespace or control characters.
-pub fn validate_identifier(s: &str) -> Result<(), String> {
+pub fn validate_identifier(s: &str) -> Result<(), NameError> {
     if s.len() > MAX_NAME_LEN {
-        return Err(format!(
-            "{} is {} characters long, more than {MAX_NAME_LEN}",
-            quote(s),
-            s.len()
-        ));
+        return Err(NameError::TooLong {
+            what: "",
+            value: Some(s.to_string()),
+            len: s.len(),
+            max: MAX_NAME_LEN,
+        });
     }
     check_no_bad_chars(s)
 }
@@ -468,7 +572,7 @@ mod tests {
             ("a..b", "must start and end"),
             (long.as_str(), "254 characters long, more than 253"),
         ] {
-            let err = validate_name(bad).unwrap_err();
+            let err = validate_name(bad).unwrap_err().to_string();
             assert!(err.contains(want), "{bad:?}: {err}");
         }
     }
@@ -496,6 +600,7 @@ mod tests {
         assert!(
             validate_global_network_policy_name("knp.default.x")
                 .unwrap_err()
+                .to_string()
                 .contains("at most one '.'")
         );
         validate_container_id("1337495556942031415926535").unwrap();
@@ -511,12 +616,14 @@ mod tests {
         assert!(
             validate_namespace("a.b")
                 .unwrap_err()
+                .to_string()
                 .contains("contains '.'")
         );
         assert!(validate_tier_name("Net").is_err());
         assert!(
             validate_namespace(&"a".repeat(64))
                 .unwrap_err()
+                .to_string()
                 .contains("more than 63")
         );
     }
@@ -541,7 +648,7 @@ mod tests {
             ("_x", "must start and end"),
             ("x=y", "contains '='"),
         ] {
-            let err = validate_label_key(bad).unwrap_err();
+            let err = validate_label_key(bad).unwrap_err().to_string();
             assert!(err.contains(want), "{bad:?}: {err}");
         }
         validate_label_value("").unwrap();
@@ -549,6 +656,7 @@ mod tests {
         assert!(
             validate_label_value("a'b")
                 .unwrap_err()
+                .to_string()
                 .contains("contains '\\''")
         );
         assert!(validate_label_value(&"v".repeat(64)).is_err());
@@ -565,9 +673,15 @@ mod tests {
         assert!(
             validate_interface_name("cali0ef24b1a2b3c")
                 .unwrap_err()
+                .to_string()
                 .contains("16 characters")
         );
-        assert!(validate_interface_name("eth+").unwrap_err().contains("'+'"));
+        assert!(
+            validate_interface_name("eth+")
+                .unwrap_err()
+                .to_string()
+                .contains("'+'")
+        );
         assert!(validate_interface_name("a b").is_err());
         assert!(validate_interface_name("..").is_err());
         validate_mac("ca:fe:1d:52:bb:e9").unwrap();

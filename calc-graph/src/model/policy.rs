@@ -27,55 +27,47 @@ pub struct NetworkPolicy {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct NetworkPolicySpec {
     /// Absent means `default`; see [`NetworkPolicySpec::tier_name`].
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub tier: Option<String>,
     /// Absent sorts after every present order.
     #[serde(
-        default,
         serialize_with = "order_as_go",
         skip_serializing_if = "Option::is_none"
     )]
     pub order: Option<f64>,
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub selector: Option<String>,
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub types: Vec<PolicyType>,
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub ingress: Vec<Rule>,
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub egress: Vec<Rule>,
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub service_account_selector: Option<String>,
     /// e.g. `AssumeNeededOnEveryNode`.
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
@@ -92,64 +84,55 @@ pub struct GlobalNetworkPolicy {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct GlobalNetworkPolicySpec {
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub tier: Option<String>,
     #[serde(
-        default,
         serialize_with = "order_as_go",
         skip_serializing_if = "Option::is_none"
     )]
     pub order: Option<f64>,
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub selector: Option<String>,
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub types: Vec<PolicyType>,
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub ingress: Vec<Rule>,
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub egress: Vec<Rule>,
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(skip_serializing_if = "is_false")]
     pub do_not_track: bool,
-    #[serde(rename = "preDNAT", default, skip_serializing_if = "is_false")]
+    #[serde(rename = "preDNAT", skip_serializing_if = "is_false")]
     pub pre_dnat: bool,
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(skip_serializing_if = "is_false")]
     pub apply_on_forward: bool,
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub namespace_selector: Option<String>,
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub service_account_selector: Option<String>,
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]

@@ -20,23 +20,20 @@ pub struct Profile {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct ProfileSpec {
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub ingress: Vec<Rule>,
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub egress: Vec<Rule>,
     /// Labels that endpoints naming this profile inherit (their own labels win).
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "BTreeMap::is_empty"
     )]

@@ -134,7 +134,7 @@ impl RemoteCluster {
                 format!("{:?} does not match the key", doc.metadata.name),
             ));
         }
-        validate_name(key_name).map_err(|e| field("metadata.name", e))?;
+        validate_name(key_name).map_err(|e| field("metadata.name", e.to_string()))?;
         let spec = doc.spec;
         if let Some(t) = spec.datastore_type.as_deref()
             && t != "etcdv3"

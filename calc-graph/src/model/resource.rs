@@ -412,6 +412,25 @@ mod tests {
     }
 
     #[test]
+    fn validated_new_checks_the_key_and_validates() {
+        let r = Resource::from_json(&mk_np_json("prod", "web")).unwrap();
+        let v = Validated::new(r.key(), r.clone()).unwrap();
+        assert_eq!(v.into_parts(), (r.key(), r.clone()));
+        let mut other = r.key();
+        other.name = "db".into();
+        let e = Validated::new(other, r.clone()).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            r#"networkpolicies/prod/db: metadata.name in the body is "web" but the etcd key says "db""#
+        );
+        let bad = Resource::from_json(&mk_np_json("prod", "Bad_Name")).unwrap();
+        assert!(matches!(
+            Validated::new(bad.key(), bad),
+            Err(ModelError::Invalid(_))
+        ));
+    }
+
+    #[test]
     fn from_json_dispatches_and_round_trips() {
         let r = Resource::from_json(&mk_np_json("prod", "web")).unwrap();
         assert_eq!(r.kind(), Kind::NetworkPolicy);
@@ -628,6 +647,33 @@ impl Validated {
     /// names the resource and the field.
     pub fn from_etcd(key: &str, value: &[u8]) -> Result<Validated, ModelError> {
         let (key, resource) = Resource::from_etcd(key, value)?;
+        resource.validate().map_err(ModelError::Invalid)?;
+        Ok(Validated { key, resource })
+    }
+
+    /// A resource already decoded (from manifests, or a conversion), checked against `key`
+    /// (kind, namespace for namespaced kinds, name) and validated.
+    pub fn new(key: ResourceKey, resource: Resource) -> Result<Validated, ModelError> {
+        let body = resource.key();
+        let differs = [
+            ("kind", key.kind.kind_name(), body.kind.kind_name()),
+            (
+                "metadata.namespace",
+                key.namespace.as_deref().unwrap_or(""),
+                body.namespace.as_deref().unwrap_or(""),
+            ),
+            ("metadata.name", key.name.as_str(), body.name.as_str()),
+        ]
+        .into_iter()
+        .find(|(_, k, b)| k != b);
+        if let Some((field, k, b)) = differs {
+            return Err(ModelError::KeyMismatch {
+                resource: key.to_string(),
+                field,
+                key: k.to_string(),
+                body: b.to_string(),
+            });
+        }
         resource.validate().map_err(ModelError::Invalid)?;
         Ok(Validated { key, resource })
     }

@@ -171,49 +171,43 @@ impl Rule {
 /// The source or destination half of a rule. All present fields must match (AND); within a list,
 /// any entry matches (OR); `not*` fields match when none of their entries do.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct EntityRule {
-    #[serde(default, with = "nets", skip_serializing_if = "Vec::is_empty")]
+    #[serde(with = "nets", skip_serializing_if = "Vec::is_empty")]
     pub nets: Vec<IpNet>,
-    #[serde(default, with = "nets", skip_serializing_if = "Vec::is_empty")]
+    #[serde(with = "nets", skip_serializing_if = "Vec::is_empty")]
     pub not_nets: Vec<IpNet>,
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub selector: Option<String>,
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub not_selector: Option<String>,
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub namespace_selector: Option<String>,
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub ports: Vec<Port>,
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub not_ports: Vec<Port>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub service_accounts: Option<ServiceAccountMatch>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub services: Option<ServiceMatch>,
     /// DNS names (Calico Enterprise); known so that a rule using it fails safe.
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
@@ -237,16 +231,14 @@ impl EntityRule {
 
 /// `serviceAccounts`: match endpoints by service account name and/or labels.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct ServiceAccountMatch {
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub names: Vec<String>,
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
@@ -255,12 +247,11 @@ pub struct ServiceAccountMatch {
 
 /// `services`: match the endpoints of a Kubernetes Service.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct ServiceMatch {
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub name: String,
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
@@ -269,16 +260,14 @@ pub struct ServiceMatch {
 
 /// `http`: L7 match on methods and paths.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct HttpMatch {
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub methods: Vec<String>,
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
@@ -287,16 +276,14 @@ pub struct HttpMatch {
 
 /// One entry of `http.paths`: exactly one of `exact` or `prefix`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct HttpPath {
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub exact: Option<String>,
     #[serde(
-        default,
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
@@ -305,10 +292,9 @@ pub struct HttpPath {
 
 /// A rule's own `metadata`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct RuleMetadata {
     #[serde(
-        default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "BTreeMap::is_empty"
     )]

@@ -22,17 +22,16 @@ pub struct Tier {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct TierSpec {
     /// Absent sorts after every present order.
     #[serde(
-        default,
         serialize_with = "order_as_go",
         skip_serializing_if = "Option::is_none"
     )]
     pub order: Option<f64>,
     /// `Deny` or `Pass`; absent means `Deny`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub default_action: Option<Action>,
 }
 

@@ -45,18 +45,22 @@ impl GraphPipeline {
         }
     }
 
-    /// A local resource already decoded and validated (`felixrs render` of manifests, whose
-    /// resources are typed from the conversion): given to the graph without decoding it again.
+    /// A local resource already decoded (`felixrs render` of manifests, whose resources are
+    /// typed from the conversion): validated here, once ([`Validated::new`]), and given to the
+    /// graph without decoding or checking it again. An invalid one is refused (nothing applied).
     pub fn update_decoded(
         &mut self,
         key: ResourceKey,
         value: Resource,
     ) -> Result<(), PipelineError> {
-        self.graph.apply(Update::Resource {
-            key: key.clone(),
-            value: Some(value),
-        });
-        self.warn_failed_safe(&key);
+        self.update_valid(Validated::new(key, value)?)
+    }
+
+    /// A local resource validated upstream ([`Validated`]): given to the graph as it is.
+    pub fn update_valid(&mut self, valid: Validated) -> Result<(), PipelineError> {
+        let rk = valid.key().clone();
+        self.graph.apply(Update::Valid(valid));
+        self.warn_failed_safe(&rk);
         self.take_errors()
     }
 
@@ -119,26 +123,14 @@ impl Pipeline for GraphPipeline {
             return Ok(());
         }
         // Validated here, once: the graph takes it as it is.
-        let (rk, present) = match value {
-            Some(v) => {
-                let valid = Validated::from_etcd(key, v)?;
-                let rk = valid.key().clone();
-                self.graph.apply(Update::Valid(valid));
-                (rk, true)
-            }
+        match value {
+            Some(v) => self.update_valid(Validated::from_etcd(key, v)?),
             None => {
-                let rk = ResourceKey::parse_etcd_key(key)?;
-                self.graph.apply(Update::Resource {
-                    key: rk.clone(),
-                    value: None,
-                });
-                (rk, false)
+                let key = ResourceKey::parse_etcd_key(key)?;
+                self.graph.apply(Update::Resource { key, value: None });
+                self.take_errors()
             }
-        };
-        if present {
-            self.warn_failed_safe(&rk);
         }
-        self.take_errors()
     }
 
     fn in_sync(&mut self) {

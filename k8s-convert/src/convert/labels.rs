@@ -4,6 +4,7 @@
 //! Validation is what keeps names, labels and selector strings safe: a valid label value cannot contain
 //! a quote, so the `key == 'value'` strings built here always parse back to the same meaning.
 
+use crate::validate::FieldError;
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -91,11 +92,13 @@ pub fn validate_label_value(v: &str) -> Result<(), NameError> {
     }
 }
 
-/// Checks every key and value; the error names the offending key.
-pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), (String, String)> {
+/// Checks every key and value of an object's labels; the error's field is
+/// `metadata.labels.<key>`.
+pub fn validate_metadata_labels(labels: &BTreeMap<String, String>) -> Result<(), FieldError> {
     for (k, v) in labels {
-        validate_label_key(k).map_err(|e| (k.clone(), e.to_string()))?;
-        validate_label_value(v).map_err(|e| (k.clone(), e.to_string()))?;
+        let err = |e: NameError| FieldError::new(format!("metadata.labels.{k}"), e);
+        validate_label_key(k).map_err(err)?;
+        validate_label_value(v).map_err(err)?;
     }
     Ok(())
 }
@@ -110,7 +113,7 @@ pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), (String,
 pub fn selector_from_label_selector(
     sel: Option<&LabelSelector>,
     pod: bool,
-) -> Result<String, (String, String)> {
+) -> Result<String, FieldError> {
     let mut parts: Vec<String> = Vec::new();
     if pod {
         parts.push(ORCHESTRATOR_CLAUSE.to_string());
@@ -125,36 +128,36 @@ pub fn selector_from_label_selector(
     }
     for (k, v) in &labels {
         let field = format!("matchLabels.{k}");
-        validate_label_key(k).map_err(|e| (field.clone(), e.to_string()))?;
-        validate_label_value(v).map_err(|e| (field.clone(), e.to_string()))?;
+        validate_label_key(k).map_err(|e| FieldError::new(field.clone(), e))?;
+        validate_label_value(v).map_err(|e| FieldError::new(field.clone(), e))?;
         parts.push(format!("{k} == '{v}'"));
     }
     for (i, e) in exprs.iter().enumerate() {
         let field = format!("matchExpressions[{i}]");
-        validate_label_key(&e.key).map_err(|m| (format!("{field}.key"), m.to_string()))?;
+        validate_label_key(&e.key).map_err(|m| FieldError::new(format!("{field}.key"), m))?;
         let values = e.values.clone().unwrap_or_default();
         for v in &values {
-            validate_label_value(v).map_err(|m| (format!("{field}.values"), m.to_string()))?;
+            validate_label_value(v).map_err(|m| FieldError::new(format!("{field}.values"), m))?;
         }
         let list = values.join("', '");
         if !matches!(
             e.operator.as_str(),
             "In" | "NotIn" | "Exists" | "DoesNotExist"
         ) {
-            return Err((
+            return Err(FieldError::new(
                 format!("{field}.operator"),
                 format!("unknown operator {:?}", e.operator),
             ));
         }
         let needs_values = matches!(e.operator.as_str(), "In" | "NotIn");
         if needs_values && values.is_empty() {
-            return Err((
+            return Err(FieldError::new(
                 format!("{field}.values"),
                 format!("operator {} needs at least one value", e.operator),
             ));
         }
         if !needs_values && !values.is_empty() {
-            return Err((
+            return Err(FieldError::new(
                 format!("{field}.values"),
                 format!("operator {} takes no values", e.operator),
             ));
@@ -223,13 +226,13 @@ mod tests {
             match_labels: Some([("a".into(), "x' || all() || '".into())].into()),
             match_expressions: None,
         };
-        let (field, _) = selector_from_label_selector(Some(&sel), true).unwrap_err();
+        let FieldError { field, .. } = selector_from_label_selector(Some(&sel), true).unwrap_err();
         assert_eq!(field, "matchLabels.a");
         let sel = LabelSelector {
             match_labels: None,
             match_expressions: Some(vec![mk_req("a", "Near", &["x"])]),
         };
-        let (field, _) = selector_from_label_selector(Some(&sel), true).unwrap_err();
+        let FieldError { field, .. } = selector_from_label_selector(Some(&sel), true).unwrap_err();
         assert_eq!(field, "matchExpressions[0].operator");
         let sel = LabelSelector {
             match_labels: None,
@@ -340,15 +343,16 @@ mod tests {
         for (req, want) in cases {
             for pod in [true, false] {
                 let s = sel(&[], vec![req.clone()]);
-                let (field, _) = selector_from_label_selector(Some(&s), pod).unwrap_err();
+                let FieldError { field, .. } =
+                    selector_from_label_selector(Some(&s), pod).unwrap_err();
                 assert_eq!(field, want, "{req:?}");
             }
         }
-        let (field, _) =
+        let FieldError { field, .. } =
             selector_from_label_selector(Some(&sel(&[("app", "a\"b")], vec![])), false)
                 .unwrap_err();
         assert_eq!(field, "matchLabels.app");
-        let (field, _) =
+        let FieldError { field, .. } =
             selector_from_label_selector(Some(&sel(&[("-app", "x")], vec![])), false).unwrap_err();
         assert_eq!(field, "matchLabels.-app");
     }

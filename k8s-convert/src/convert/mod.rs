@@ -27,7 +27,7 @@ pub use admin::{
 };
 pub use labels::{
     NameError, selector_from_label_selector, validate_dns_label, validate_dns_subdomain,
-    validate_labels,
+    validate_metadata_labels,
 };
 pub use namespace::{namespace_to_profile, service_account_to_profile};
 pub use networkpolicy::network_policy_to_calico;
@@ -222,9 +222,9 @@ pub fn is_namespaced(kind: &str) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
     #[error("invalid name: {0}")]
-    Name(String),
+    Name(calc_graph::model::NameError),
     #[error("invalid namespace: {0}")]
-    Namespace(String),
+    Namespace(calc_graph::model::NameError),
     #[error("unsupported kind {0:?}")]
     UnsupportedKind(String),
     #[error("{0} is namespaced but has no namespace")]

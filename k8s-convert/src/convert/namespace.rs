@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 
 use calc_graph::model::{Action, Profile, ProfileSpec, Rule};
 
-use super::labels::validate_labels;
+use super::labels::validate_metadata_labels;
 use super::{CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, metadata};
 
 /// Name prefix of namespace profiles.
@@ -47,11 +47,8 @@ pub fn namespace_to_profile(ns: &Namespace, _opts: &ConvertOptions) -> Converted
     // Kubernetes 1.22), and policies commonly select namespaces by it. Objects read from
     // manifest files have not been through the API server: set it as it would.
     labels.insert(METADATA_NAME_LABEL.to_string(), name.to_string());
-    if let Err((k, e)) = validate_labels(&labels) {
-        return Converted::skipped(
-            SkipReport::new(&obj, format!("metadata.labels.{k}"), e),
-            key,
-        );
+    if let Err(e) = validate_metadata_labels(&labels) {
+        return Converted::skipped(e.report(&obj), key);
     }
     let o = Profile {
         metadata: metadata(profile, None, &ns.metadata),
@@ -82,11 +79,8 @@ pub fn service_account_to_profile(sa: &ServiceAccount, _opts: &ConvertOptions) -
         Err(e) => return Converted::skipped(SkipReport::new(&obj, "metadata.name", e), None),
     };
     let labels = sa.metadata.labels.clone().unwrap_or_default();
-    if let Err((k, e)) = validate_labels(&labels) {
-        return Converted::skipped(
-            SkipReport::new(&obj, format!("metadata.labels.{k}"), e),
-            Some(key),
-        );
+    if let Err(e) = validate_metadata_labels(&labels) {
+        return Converted::skipped(e.report(&obj), Some(key));
     }
     let o = Profile {
         metadata: metadata(profile, None, &sa.metadata),

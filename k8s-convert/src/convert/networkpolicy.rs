@@ -6,6 +6,7 @@
 //! protocol and no ports. A port without a protocol is TCP (the API server's default); a port without a
 //! number allows every port of its protocol and wins over numbered ports of that protocol.
 
+use crate::validate::FieldError;
 use std::collections::BTreeMap;
 
 use ipnet::IpNet;
@@ -69,38 +70,40 @@ pub fn network_policy_to_calico(np: &NetworkPolicy, _opts: &ConvertOptions) -> C
         Ok(k) => k,
         Err(e) => return Converted::skipped(SkipReport::new(&obj, "metadata", e), None),
     };
-    let skip = |field: String, msg: String| {
-        Converted::skipped(SkipReport::new(&obj, field, msg), Some(key.clone()))
-    };
+    let skip = |e: FieldError| Converted::skipped(e.report(&obj), Some(key.clone()));
     let Some(spec) = np.spec.as_ref() else {
-        return skip("spec".into(), "missing spec".into());
+        return skip(FieldError::new("spec", "missing spec"));
     };
     let selector = match selector_from_label_selector(spec.pod_selector.as_ref(), true) {
         Ok(s) => s,
-        Err((f, m)) => return skip(format!("spec.podSelector.{f}"), m),
+        Err(e) => return skip(e.under("spec.podSelector.")),
     };
 
     let ingress_items = spec.ingress.clone().unwrap_or_default();
     let egress_items = spec.egress.clone().unwrap_or_default();
     let mut skips = Vec::new();
-    let mut ingress = Vec::new();
-    for (i, r) in ingress_items.iter().enumerate() {
-        let peers = r.from.clone().unwrap_or_default();
-        let ports = r.ports.clone().unwrap_or_default();
-        match rule_to_calico(&peers, &ports, true, "from") {
-            Ok(rules) => ingress.extend(rules),
-            Err((f, m)) => skips.push(SkipReport::new(&obj, format!("spec.ingress[{i}].{f}"), m)),
-        }
-    }
-    let mut egress = Vec::new();
-    for (i, r) in egress_items.iter().enumerate() {
-        let peers = r.to.clone().unwrap_or_default();
-        let ports = r.ports.clone().unwrap_or_default();
-        match rule_to_calico(&peers, &ports, false, "to") {
-            Ok(rules) => egress.extend(rules),
-            Err((f, m)) => skips.push(SkipReport::new(&obj, format!("spec.egress[{i}].{f}"), m)),
-        }
-    }
+    // Rule item `i` of `dir` → Calico rules; an item that does not convert is reported (and dropped).
+    let mut convert = |dir: &str, i: usize, peers: &Option<Vec<_>>, ports: &Option<Vec<_>>| {
+        let (peers, ports) = (peers.as_deref(), ports.as_deref());
+        let ingress = dir == "ingress";
+        let peer_field = if ingress { "from" } else { "to" };
+        rule_to_calico(
+            peers.unwrap_or_default(),
+            ports.unwrap_or_default(),
+            ingress,
+            peer_field,
+        )
+        .unwrap_or_else(|e| {
+            skips.push(e.under(format!("spec.{dir}[{i}].")).report(&obj));
+            Vec::new()
+        })
+    };
+    let ingress: Vec<Rule> = (ingress_items.iter().enumerate())
+        .flat_map(|(i, r)| convert("ingress", i, &r.from, &r.ports))
+        .collect();
+    let egress: Vec<Rule> = (egress_items.iter().enumerate())
+        .flat_map(|(i, r)| convert("egress", i, &r.to, &r.ports))
+        .collect();
 
     // policyTypes, defaulted as the API server does: Ingress always, Egress when egress rules exist.
     let listed = spec.policy_types.clone().unwrap_or_default();
@@ -114,10 +117,10 @@ pub fn network_policy_to_calico(np: &NetworkPolicy, _opts: &ConvertOptions) -> C
             "Ingress" => has_ingress = true,
             "Egress" => has_egress = true,
             other => {
-                return skip(
+                return skip(FieldError::new(
                     format!("spec.policyTypes[{i}]"),
                     format!("unknown policy type {other:?}"),
-                );
+                ));
             }
         }
     }
@@ -144,8 +147,6 @@ pub fn network_policy_to_calico(np: &NetworkPolicy, _opts: &ConvertOptions) -> C
     Converted::ok(CalicoResource::from_model(policy), skips)
 }
 
-type FieldError = (String, String);
-
 /// `k8sRuleToCalico`: one k8s rule item → Calico rules.
 fn rule_to_calico(
     peers: &[NetworkPolicyPeer],
@@ -153,37 +154,61 @@ fn rule_to_calico(
     ingress: bool,
     peer_field: &str,
 ) -> Result<Vec<Rule>, FieldError> {
-    // Protocol ("" = none) → ports (None = all ports of the protocol).
-    let mut by_protocol: BTreeMap<String, Option<Vec<Port>>> = BTreeMap::new();
+    let mut by_protocol = ProtoPorts::new();
     if ports.is_empty() {
         by_protocol.insert(String::new(), None);
     }
     for (j, p) in ports.iter().enumerate() {
-        let (proto, port) = port_to_calico(p).map_err(|(f, m)| (format!("ports[{j}]{f}"), m))?;
-        match (by_protocol.get_mut(&proto), port) {
-            (None, port) => {
-                by_protocol.insert(proto, port.map(|p| vec![p]));
-            }
-            (Some(entry), None) => *entry = None,
-            (Some(Some(list)), Some(port)) => list.push(port),
-            (Some(None), Some(_)) => {}
-        }
+        let (proto, port) = port_to_calico(p).map_err(|e| e.under(format!("ports[{j}]")))?;
+        add_port(&mut by_protocol, &proto, port);
     }
     let mut calico_peers = Vec::new();
     for (j, peer) in peers.iter().enumerate() {
         calico_peers
-            .push(peer_to_calico(peer).map_err(|(f, m)| (format!("{peer_field}[{j}].{f}"), m))?);
+            .push(peer_to_calico(peer).map_err(|e| e.under(format!("{peer_field}[{j}].")))?);
     }
     if calico_peers.is_empty() {
         calico_peers.push(EntityRule::default());
     }
+    let allow = Rule::new(Action::Allow);
+    Ok(rules_per_protocol_and_peer(
+        &allow,
+        by_protocol,
+        &calico_peers,
+        ingress,
+    ))
+}
+
+/// Protocol (`""` = none) → its ports (`None` = all ports of the protocol).
+pub(crate) type ProtoPorts = BTreeMap<String, Option<Vec<Port>>>;
+
+/// Adds `port` of `proto` (`None`: all its ports, which absorbs every single port).
+pub(crate) fn add_port(map: &mut ProtoPorts, proto: &str, port: Option<Port>) {
+    match (map.get_mut(proto), port) {
+        (None, port) => {
+            map.insert(proto.to_string(), port.map(|p| vec![p]));
+        }
+        (Some(entry), None) => *entry = None,
+        (Some(Some(list)), Some(p)) => list.push(p),
+        (Some(None), Some(_)) => {}
+    }
+}
+
+/// `k8sRuleToCalico`'s cross product: one copy of `template` (action, metadata) per protocol and
+/// peer, with the peer on the remote side and the protocol's ports (simplified) on the destination.
+pub(crate) fn rules_per_protocol_and_peer(
+    template: &Rule,
+    by_protocol: ProtoPorts,
+    peers: &[EntityRule],
+    ingress: bool,
+) -> Vec<Rule> {
     let mut rules = Vec::new();
     for (proto, ports) in by_protocol {
         let ports = simplify_ports(ports.unwrap_or_default());
         // "" (no protocol) does not parse.
         let protocol = proto.parse::<Protocol>().ok();
-        for peer in &calico_peers {
-            let mut rule = Rule::new(Action::Allow);
+        for peer in peers {
+            let mut rule = template.clone();
             rule.protocol = protocol;
             if ingress {
                 rule.source = peer.clone();
@@ -197,7 +222,7 @@ fn rule_to_calico(
             rules.push(rule);
         }
     }
-    Ok(rules)
+    rules
 }
 
 /// One NetworkPolicyPort → (protocol, Some(port) or None for "all ports"). Field suffixes start with `.`.
@@ -207,8 +232,8 @@ fn port_to_calico(p: &NetworkPolicyPort) -> Result<(String, Option<Port>), Field
         Some(s) => match s {
             "TCP" | "UDP" | "SCTP" => s.to_string(),
             other => {
-                return Err((
-                    ".protocol".into(),
+                return Err(FieldError::new(
+                    ".protocol",
                     format!("unsupported protocol {other:?}: want TCP, UDP or SCTP"),
                 ));
             }
@@ -217,7 +242,7 @@ fn port_to_calico(p: &NetworkPolicyPort) -> Result<(String, Option<Port>), Field
     let port = match &p.port {
         None => {
             if p.end_port.is_some() {
-                return Err((".endPort".into(), "endPort needs a numeric port".into()));
+                return Err(FieldError::new(".endPort", "endPort needs a numeric port"));
             }
             return Ok((proto, None));
         }
@@ -226,32 +251,27 @@ fn port_to_calico(p: &NetworkPolicyPort) -> Result<(String, Option<Port>), Field
             Ok(n) => Some(n),
             Err(_) => {
                 if p.end_port.is_some() {
-                    return Err((".endPort".into(), "endPort needs a numeric port".into()));
+                    return Err(FieldError::new(".endPort", "endPort needs a numeric port"));
                 }
-                validate_port_name(s).map_err(|m| (".port".to_string(), m.to_string()))?;
+                validate_port_name(s).map_err(|m| FieldError::new(".port", m))?;
                 return Ok((proto, Some(Port::Named(s.clone()))));
             }
         },
     };
     let n = port.expect("numeric port set above");
-    let start = u16::try_from(n).ok().filter(|n| *n > 0).ok_or_else(|| {
-        (
-            ".port".to_string(),
-            format!("port {n} is out of range 1-65535"),
-        )
-    })?;
+    let start = u16::try_from(n)
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| FieldError::new(".port", format!("port {n} is out of range 1-65535")))?;
     match p.end_port {
         None => Ok((proto, Some(Port::Number(start)))),
         Some(e) => {
             let end = u16::try_from(e).ok().filter(|e| *e > 0).ok_or_else(|| {
-                (
-                    ".endPort".to_string(),
-                    format!("endPort {e} is out of range 1-65535"),
-                )
+                FieldError::new(".endPort", format!("endPort {e} is out of range 1-65535"))
             })?;
             if end < start {
-                return Err((
-                    ".endPort".into(),
+                return Err(FieldError::new(
+                    ".endPort",
                     format!("endPort {end} is below port {start}"),
                 ));
             }
@@ -289,27 +309,24 @@ pub(crate) fn validate_port_name(s: &str) -> Result<(), NameError> {
 fn peer_to_calico(peer: &NetworkPolicyPeer) -> Result<EntityRule, FieldError> {
     if let Some(block) = &peer.ip_block {
         if peer.pod_selector.is_some() || peer.namespace_selector.is_some() {
-            return Err((
-                "ipBlock".into(),
-                "ipBlock cannot be combined with podSelector or namespaceSelector".into(),
+            return Err(FieldError::new(
+                "ipBlock",
+                "ipBlock cannot be combined with podSelector or namespaceSelector",
             ));
         }
         let cidr: IpNet = block.cidr.parse().map_err(|_| {
-            (
-                "ipBlock.cidr".to_string(),
-                format!("invalid CIDR {:?}", block.cidr),
-            )
+            FieldError::new("ipBlock.cidr", format!("invalid CIDR {:?}", block.cidr))
         })?;
         let mut not_nets = Vec::new();
         for (k, e) in block.except.clone().unwrap_or_default().iter().enumerate() {
             let ex: IpNet = e.parse().map_err(|_| {
-                (
+                FieldError::new(
                     format!("ipBlock.except[{k}]"),
                     format!("invalid CIDR {e:?}"),
                 )
             })?;
             if !cidr.contains(&ex) {
-                return Err((
+                return Err(FieldError::new(
                     format!("ipBlock.except[{k}]"),
                     format!("{e} is not inside {}", block.cidr),
                 ));
@@ -323,12 +340,12 @@ fn peer_to_calico(peer: &NetworkPolicyPeer) -> Result<EntityRule, FieldError> {
         });
     }
     let selector = selector_from_label_selector(peer.pod_selector.as_ref(), true)
-        .map_err(|(f, m)| (format!("podSelector.{f}"), m))?;
+        .map_err(|e| e.under("podSelector."))?;
     let namespace_selector = match &peer.namespace_selector {
         None => None,
         Some(s) => selector_from_label_selector(Some(s), false)
             .map(non_empty)
-            .map_err(|(f, m)| (format!("namespaceSelector.{f}"), m))?,
+            .map_err(|e| e.under("namespaceSelector."))?,
     };
     Ok(EntityRule {
         selector: non_empty(selector),

@@ -12,7 +12,7 @@ use calc_graph::model::{GlobalNetworkSet, NetworkSetSpec};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
 
-use super::labels::validate_labels;
+use super::labels::validate_metadata_labels;
 use super::{CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, metadata};
 
 /// Name prefix of the per-node network sets.
@@ -32,11 +32,8 @@ pub fn node_to_network_set(node: &Node, _opts: &ConvertOptions) -> Converted {
     };
     let mut labels = node.metadata.labels.clone().unwrap_or_default();
     labels.insert(NODE_MARKER_LABEL.to_string(), name.to_string());
-    if let Err((k, e)) = validate_labels(&labels) {
-        return Converted::skipped(
-            SkipReport::new(&obj, format!("metadata.labels.{k}"), e),
-            Some(key),
-        );
+    if let Err(e) = validate_metadata_labels(&labels) {
+        return Converted::skipped(e.report(&obj), Some(key));
     }
     let mut skips = Vec::new();
     let mut nets: Vec<IpNet> = Vec::new();

@@ -5,6 +5,7 @@
 //! `pcsa.*` labels on the pod itself are stripped so a pod cannot claim another namespace's or service
 //! account's labels (felix-reference §8.2).
 
+use crate::validate::FieldError;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
@@ -14,7 +15,7 @@ use sha1::{Digest, Sha1};
 use calc_graph::model::{EndpointPort, Protocol, WorkloadEndpoint, WorkloadEndpointSpec};
 use ipnet::IpNet;
 
-use super::labels::validate_labels;
+use super::labels::validate_metadata_labels;
 use super::namespace::{KNS_PREFIX, KSA_PREFIX};
 use super::networkpolicy::validate_port_name;
 use super::{
@@ -114,8 +115,8 @@ pub fn pod_to_workload_endpoint(pod: &Pod, opts: &ConvertOptions) -> Converted {
         .into_iter()
         .filter(|(k, _)| !k.starts_with("pcns.") && !k.starts_with("pcsa."))
         .collect();
-    if let Err((k, e)) = validate_labels(&labels) {
-        return fail(&format!("metadata.labels.{k}"), e, Some(key));
+    if let Err(e) = validate_metadata_labels(&labels) {
+        return fail(&e.field, e.message, Some(key));
     }
     labels.insert("projectcalico.org/namespace".into(), ns.to_string());
     labels.insert("projectcalico.org/orchestrator".into(), "k8s".into());
@@ -132,7 +133,7 @@ pub fn pod_to_workload_endpoint(pod: &Pod, opts: &ConvertOptions) -> Converted {
         );
     let ports = match endpoint_ports(containers) {
         Ok(p) => p,
-        Err((f, m)) => return fail(&f, m, Some(key)),
+        Err(e) => return fail(&e.field, e.message, Some(key)),
     };
 
     let annotation = |name: &str| {
@@ -219,7 +220,7 @@ pub enum PrefixAnnotationError {
 /// Named container ports (init containers first, as the pod spec lists them).
 fn endpoint_ports<'a>(
     containers: impl Iterator<Item = (String, &'a Container)>,
-) -> Result<Vec<EndpointPort>, (String, String)> {
+) -> Result<Vec<EndpointPort>, FieldError> {
     let mut out = Vec::new();
     for (path, c) in containers {
         for (j, p) in c.ports.iter().flatten().enumerate() {
@@ -227,13 +228,13 @@ fn endpoint_ports<'a>(
                 continue;
             };
             let field = format!("{path}.ports[{j}]");
-            validate_port_name(pname).map_err(|m| (format!("{field}.name"), m.to_string()))?;
+            validate_port_name(pname).map_err(|m| FieldError::new(format!("{field}.name"), m))?;
             let protocol = match p.protocol.as_deref() {
                 None | Some("" | "TCP") => Protocol::Tcp,
                 Some("UDP") => Protocol::Udp,
                 Some("SCTP") => Protocol::Sctp,
                 Some(other) => {
-                    return Err((
+                    return Err(FieldError::new(
                         format!("{field}.protocol"),
                         format!("unsupported protocol {other:?}: want TCP, UDP or SCTP"),
                     ));
@@ -243,7 +244,7 @@ fn endpoint_ports<'a>(
                 .ok()
                 .filter(|n| *n > 0)
                 .ok_or_else(|| {
-                    (
+                    FieldError::new(
                         format!("{field}.containerPort"),
                         format!("port {} is out of range 1-65535", p.container_port),
                     )

@@ -147,6 +147,19 @@ impl FakeApiServer {
         kube::Client::try_from(config).unwrap()
     }
 
+    /// Writes a kubeconfig pointing at this server into `dir`; returns its path.
+    pub fn write_kubeconfig(&self, dir: &std::path::Path) -> std::path::PathBuf {
+        let path = dir.join("kubeconfig");
+        let config = format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{}\"}}}}]\n\
+             users: [{{name: u, user: {{}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u}}}}]\n\
+             current-context: c\n",
+            self.url
+        );
+        std::fs::write(&path, config).unwrap();
+        path
+    }
+
     /// Adds or replaces an object and tells the open watches.
     pub fn apply(&self, obj: Value) {
         let mut g = self.inner.lock().unwrap();

@@ -25,8 +25,8 @@ use std::collections::BTreeMap;
 
 use super::key::Kind;
 use super::names::{
-    validate_global_network_policy_name, validate_label_key, validate_label_value, validate_name,
-    validate_namespace, validate_network_policy_name, validate_tier_name,
+    NameError, validate_global_network_policy_name, validate_label_key, validate_label_value,
+    validate_name, validate_namespace, validate_network_policy_name, validate_tier_name,
 };
 use super::policy::{GlobalNetworkPolicySpec, NetworkPolicySpec, PolicyType, StagedAction};
 use super::primitives::Action;
@@ -94,9 +94,9 @@ impl Ctx<'_> {
         });
     }
 
-    fn check(&mut self, path: impl FieldPath, result: Result<(), String>) {
-        if let Err(message) = result {
-            self.err(path.build(), message);
+    fn check(&mut self, path: impl FieldPath, result: Result<(), NameError>) {
+        if let Err(e) = result {
+            self.err(path.build(), e.to_string());
         }
     }
 
@@ -130,27 +130,31 @@ pub(super) fn validate_resource(r: &Resource) -> Result<(), Vec<ValidationError>
         Resource::GlobalNetworkPolicy(p) => global_policy(&mut ctx, &p.spec),
         Resource::StagedNetworkPolicy(p) => {
             let spec = &p.spec.policy;
-            if p.spec.staged_action == Some(StagedAction::Delete) {
-                let rest = NetworkPolicySpec {
-                    tier: spec.tier.clone(),
-                    ..NetworkPolicySpec::default()
-                };
-                staged_delete(&mut ctx, *spec == rest);
-            } else {
-                network_policy(&mut ctx, spec);
-            }
+            let tier_only = NetworkPolicySpec {
+                tier: spec.tier.clone(),
+                ..NetworkPolicySpec::default()
+            };
+            staged(
+                &mut ctx,
+                p.spec.staged_action,
+                spec,
+                tier_only,
+                network_policy,
+            );
         }
         Resource::StagedGlobalNetworkPolicy(p) => {
             let spec = &p.spec.policy;
-            if p.spec.staged_action == Some(StagedAction::Delete) {
-                let rest = GlobalNetworkPolicySpec {
-                    tier: spec.tier.clone(),
-                    ..GlobalNetworkPolicySpec::default()
-                };
-                staged_delete(&mut ctx, *spec == rest);
-            } else {
-                global_policy(&mut ctx, spec);
-            }
+            let tier_only = GlobalNetworkPolicySpec {
+                tier: spec.tier.clone(),
+                ..GlobalNetworkPolicySpec::default()
+            };
+            staged(
+                &mut ctx,
+                p.spec.staged_action,
+                spec,
+                tier_only,
+                global_policy,
+            );
         }
         Resource::StagedKubernetesNetworkPolicy(p) => {
             if p.spec.staged_action == Some(StagedAction::Delete) {
@@ -195,6 +199,22 @@ pub(super) fn validate_resource(r: &Resource) -> Result<(), Vec<ValidationError>
         Ok(())
     } else {
         Err(ctx.errors)
+    }
+}
+
+/// A staged Calico policy: with stagedAction Delete its spec may hold only its tier
+/// (`tier_only`); otherwise it is checked as the policy it stages.
+fn staged<S: PartialEq>(
+    ctx: &mut Ctx<'_>,
+    action: Option<StagedAction>,
+    spec: &S,
+    tier_only: S,
+    policy: fn(&mut Ctx<'_>, &S),
+) {
+    if action == Some(StagedAction::Delete) {
+        staged_delete(ctx, *spec == tier_only);
+    } else {
+        policy(ctx, spec);
     }
 }
 

@@ -43,26 +43,27 @@
 mod ports;
 mod types;
 
+use crate::validate::FieldError;
 use std::collections::BTreeMap;
 
 use ipnet::IpNet;
 use serde::de::DeserializeOwned;
 
-use ports::{ProtoPorts, anp_ports, cnp_ports};
+use ports::{anp_ports, cnp_ports};
 pub use types::{
     AdminNetworkPolicy, BaselineAdminNetworkPolicy, ClusterNetworkPolicy, GROUP, LabelSelector,
 };
 use types::{AnpRule, AnpSpec, CnpRule, CnpSpec, Peer, Subject};
 
 use super::labels::{ORCHESTRATOR_CLAUSE, selector_from_label_selector};
-use super::networkpolicy::simplify_ports;
+use super::networkpolicy::{ProtoPorts, rules_per_protocol_and_peer};
 use super::{
     CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, metadata, non_empty,
 };
 use calc_graph::model::{
     Action, DomainPattern, EntityRule, GlobalNetworkPolicy, GlobalNetworkPolicySpec,
     K8S_ADMIN_POLICY_PREFIXES, KUBE_ADMIN_TIER, KUBE_BASELINE_TIER, Metadata, PolicyType, Port,
-    Protocol, Rule, RuleMetadata, Tier, TierSpec,
+    Rule, RuleMetadata, Tier, TierSpec,
 };
 
 /// GlobalNetworkPolicy name prefix of a converted AdminNetworkPolicy (Calico's
@@ -85,8 +86,6 @@ pub const RULE_NAME_ANNOTATION: &str = "name";
 
 /// The most names one `domainNames` peer may list (the API's `MaxItems`).
 pub const MAX_DOMAIN_NAMES: usize = 25;
-
-type FieldError = (String, String);
 
 /// A rule action the source kind does not have.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -232,7 +231,10 @@ fn decode<T: DeserializeOwned>(spec: &serde_json::Value) -> Result<T, FieldError
     } else {
         format!("spec.{path}")
     };
-    Err((field, format!("cannot decode: {}", e.into_inner())))
+    Err(FieldError::new(
+        field,
+        format!("cannot decode: {}", e.into_inner()),
+    ))
 }
 
 /// A rule of any kind, normalised: action checked, peers and ports still to convert.
@@ -267,9 +269,7 @@ fn convert(
         Ok(k) => k,
         Err(e) => return Converted::skipped(SkipReport::new(&obj, "metadata.name", e), None),
     };
-    let skip = |(field, msg): FieldError| {
-        Converted::skipped(SkipReport::new(&obj, field, msg), Some(key.clone()))
-    };
+    let skip = |e: FieldError| Converted::skipped(e.report(&obj), Some(key.clone()));
     if src == Source::Banp && name != BANP_NAME {
         return Converted::skipped(
             SkipReport::new(
@@ -295,12 +295,14 @@ fn convert(
             let order = match (src, anp_spec.priority) {
                 (Source::Banp, None) => BANP_ORDER,
                 (Source::Banp, Some(_)) => {
-                    return skip((
-                        "spec.priority".into(),
-                        "cannot decode: unknown field `priority`".into(),
+                    return skip(FieldError::new(
+                        "spec.priority",
+                        "cannot decode: unknown field `priority`",
                     ));
                 }
-                (_, None) => return skip(("spec.priority".into(), "priority is required".into())),
+                (_, None) => {
+                    return skip(FieldError::new("spec.priority", "priority is required"));
+                }
                 (_, Some(p)) => match priority(p) {
                     Ok(o) => o,
                     Err(e) => return skip(e),
@@ -315,8 +317,12 @@ fn convert(
                 tier,
                 order,
                 &anp_spec.subject,
-                anp_rules(src, anp_spec.ingress.as_deref(), true),
-                anp_rules(src, anp_spec.egress.as_deref(), false),
+                rules_of(anp_spec.ingress.as_deref(), true, |r, f| {
+                    anp_rule(src, r, f, true)
+                }),
+                rules_of(anp_spec.egress.as_deref(), false, |r, f| {
+                    anp_rule(src, r, f, false)
+                }),
             )
         }
         Source::Cnp => {
@@ -328,8 +334,8 @@ fn convert(
                 "Admin" => KUBE_ADMIN_TIER,
                 "Baseline" => KUBE_BASELINE_TIER,
                 other => {
-                    return skip((
-                        "spec.tier".into(),
+                    return skip(FieldError::new(
+                        "spec.tier",
                         format!("unknown tier {other:?}: want Admin or Baseline"),
                     ));
                 }
@@ -338,18 +344,23 @@ fn convert(
                 Ok(o) => o,
                 Err(e) => return skip(e),
             };
+            let admin = tier == KUBE_ADMIN_TIER;
             (
                 tier,
                 order,
                 &cnp_spec.subject,
-                cnp_rules(cnp_spec.ingress.as_deref(), true, tier == KUBE_ADMIN_TIER),
-                cnp_rules(cnp_spec.egress.as_deref(), false, tier == KUBE_ADMIN_TIER),
+                rules_of(cnp_spec.ingress.as_deref(), true, |r, f| {
+                    cnp_rule(r, f, true, admin)
+                }),
+                rules_of(cnp_spec.egress.as_deref(), false, |r, f| {
+                    cnp_rule(r, f, false, admin)
+                }),
             )
         }
     };
     for (dir, list) in [("ingress", &ingress), ("egress", &egress)] {
         if list.len() > src.max_rules() {
-            return skip((
+            return skip(FieldError::new(
                 format!("spec.{dir}"),
                 format!(
                     "{} rules, more than the API's {}",
@@ -370,7 +381,7 @@ fn convert(
         for r in list {
             match source_rule_to_calico(&r, ingress) {
                 Ok(rules) => out.extend(rules),
-                Err((field, msg)) => {
+                Err(FieldError { field, message }) => {
                     // Fail closed (network-policy-api: "treat the rule as matching no traffic" for
                     // Allow, "as a Deny all rule" for Deny and Pass).
                     let deny = matches!(r.action, Ok(Action::Deny | Action::Pass));
@@ -379,7 +390,7 @@ fn convert(
                     } else {
                         "rule dropped"
                     };
-                    skips.push(SkipReport::new(&obj, field, format!("{msg} ({what})")));
+                    skips.push(SkipReport::new(&obj, field, format!("{message} ({what})")));
                     if deny {
                         out.push(Rule::new(Action::Deny));
                     }
@@ -417,8 +428,8 @@ fn priority(p: i64) -> Result<f64, FieldError> {
     if (0..=1000).contains(&p) {
         Ok(p as f64)
     } else {
-        Err((
-            "spec.priority".into(),
+        Err(FieldError::new(
+            "spec.priority",
             format!("priority {p} is out of range 0-1000"),
         ))
     }
@@ -429,32 +440,32 @@ fn subject_selectors(s: &Subject) -> Result<(String, String), FieldError> {
     match (&s.namespaces, &s.pods) {
         (Some(ns), None) => {
             let nss = selector_from_label_selector(Some(&ns.to_k8s()), false)
-                .map_err(|(f, m)| (format!("spec.subject.namespaces.{f}"), m))?;
+                .map_err(|e| e.under("spec.subject.namespaces."))?;
             Ok((nss, ORCHESTRATOR_CLAUSE.to_string()))
         }
         (None, Some(p)) => {
             let nss = selector_from_label_selector(Some(&p.namespace_selector.to_k8s()), false)
-                .map_err(|(f, m)| (format!("spec.subject.pods.namespaceSelector.{f}"), m))?;
+                .map_err(|e| e.under("spec.subject.pods.namespaceSelector."))?;
             let ps = selector_from_label_selector(Some(&p.pod_selector.to_k8s()), true)
-                .map_err(|(f, m)| (format!("spec.subject.pods.podSelector.{f}"), m))?;
+                .map_err(|e| e.under("spec.subject.pods.podSelector."))?;
             Ok((nss, ps))
         }
-        _ => Err((
-            "spec.subject".into(),
-            "exactly one of namespaces and pods must be set".into(),
+        _ => Err(FieldError::new(
+            "spec.subject",
+            "exactly one of namespaces and pods must be set",
         )),
     }
 }
 
 fn rule_name_check(name: Option<&str>, field: &str) -> Result<(), FieldError> {
     match name {
-        Some(n) if n.chars().count() > 100 => Err((
+        Some(n) if n.chars().count() > 100 => Err(FieldError::new(
             format!("{field}.name"),
-            "rule name is longer than 100 characters".into(),
+            "rule name is longer than 100 characters",
         )),
-        Some(n) if n.chars().any(char::is_control) => Err((
+        Some(n) if n.chars().any(char::is_control) => Err(FieldError::new(
             format!("{field}.name"),
-            "rule name contains control characters".into(),
+            "rule name contains control characters",
         )),
         _ => Ok(()),
     }
@@ -464,40 +475,49 @@ fn dir_name(ingress: bool) -> &'static str {
     if ingress { "ingress" } else { "egress" }
 }
 
-fn anp_rules(src: Source, list: Option<&[AnpRule]>, ingress: bool) -> Vec<SourceRule<'_>> {
+/// `spec.ingress` or `spec.egress`, each rule converted by `rule` with its field path.
+fn rules_of<'a, R>(
+    list: Option<&'a [R]>,
+    ingress: bool,
+    rule: impl Fn(&'a R, &str) -> SourceRule<'a>,
+) -> Vec<SourceRule<'a>> {
     let dir = dir_name(ingress);
     list.unwrap_or_default()
         .iter()
         .enumerate()
-        .map(|(i, r)| anp_rule(src, r, &format!("spec.{dir}[{i}]"), ingress))
+        .map(|(i, r)| rule(r, &format!("spec.{dir}[{i}]")))
         .collect()
 }
 
-fn cnp_rules(list: Option<&[CnpRule]>, ingress: bool, admin: bool) -> Vec<SourceRule<'_>> {
-    let dir = dir_name(ingress);
-    list.unwrap_or_default()
-        .iter()
-        .enumerate()
-        .map(|(i, r)| cnp_rule(r, &format!("spec.{dir}[{i}]"), ingress, admin))
-        .collect()
+/// The peers of the rule's direction (`from` in ingress, `to` in egress) and the field naming
+/// them, and its ports from `ports`; a rule that names the other direction's peers has an error
+/// in place of its ports (it is dropped).
+fn peers_and_ports<'a>(
+    (from, to): (Option<&'a [Peer]>, Option<&'a [Peer]>),
+    field: &str,
+    ingress: bool,
+    ports: impl FnOnce() -> Result<ProtoPorts, FieldError>,
+) -> (&'a [Peer], &'static str, Result<ProtoPorts, FieldError>) {
+    let (peers, peer_field, wrong) = if ingress {
+        (from, "from", to.map(|_| "to"))
+    } else {
+        (to, "to", from.map(|_| "from"))
+    };
+    let ports = match wrong {
+        Some(w) => Err(FieldError::new(
+            format!("{field}.{w}"),
+            format!("an {} rule has no {w:?}", dir_name(ingress)),
+        )),
+        None => ports(),
+    };
+    (peers.unwrap_or_default(), peer_field, ports)
 }
 
 fn anp_rule<'a>(src: Source, r: &'a AnpRule, field: &str, ingress: bool) -> SourceRule<'a> {
-    let (peers, peer_field, wrong) = if ingress {
-        (r.from.as_deref(), "from", r.to.as_ref().map(|_| "to"))
-    } else {
-        (r.to.as_deref(), "to", r.from.as_ref().map(|_| "from"))
-    };
-    let ports = match wrong {
-        Some(w) => Err((
-            format!("{field}.{w}"),
-            format!(
-                "an {} rule has no {w:?}",
-                if ingress { "ingress" } else { "egress" }
-            ),
-        )),
-        None => anp_ports(r.ports.as_deref(), field),
-    };
+    let (peers, peer_field, ports) =
+        peers_and_ports((r.from.as_deref(), r.to.as_deref()), field, ingress, || {
+            anp_ports(r.ports.as_deref(), field)
+        });
     let action = src.action(&r.action);
     let domains = match (src, &action) {
         (Source::Banp, _) => Err("a BaselineAdminNetworkPolicy has no domainNames peers"),
@@ -508,7 +528,7 @@ fn anp_rule<'a>(src: Source, r: &'a AnpRule, field: &str, ingress: bool) -> Sour
         field: field.to_string(),
         name: r.name.as_deref(),
         action,
-        peers: peers.unwrap_or_default(),
+        peers,
         peer_field,
         ports,
         domains,
@@ -516,21 +536,10 @@ fn anp_rule<'a>(src: Source, r: &'a AnpRule, field: &str, ingress: bool) -> Sour
 }
 
 fn cnp_rule<'a>(r: &'a CnpRule, field: &str, ingress: bool, admin: bool) -> SourceRule<'a> {
-    let (peers, peer_field, wrong) = if ingress {
-        (r.from.as_deref(), "from", r.to.as_ref().map(|_| "to"))
-    } else {
-        (r.to.as_deref(), "to", r.from.as_ref().map(|_| "from"))
-    };
-    let ports = match wrong {
-        Some(w) => Err((
-            format!("{field}.{w}"),
-            format!(
-                "an {} rule has no {w:?}",
-                if ingress { "ingress" } else { "egress" }
-            ),
-        )),
-        None => cnp_ports(r.protocols.as_deref(), field),
-    };
+    let (peers, peer_field, ports) =
+        peers_and_ports((r.from.as_deref(), r.to.as_deref()), field, ingress, || {
+            cnp_ports(r.protocols.as_deref(), field)
+        });
     let action = Source::Cnp.action(&r.action);
     let domains = match (admin, &action) {
         (false, _) => Err("domainNames peers are allowed only in the Admin tier"),
@@ -541,7 +550,7 @@ fn cnp_rule<'a>(r: &'a CnpRule, field: &str, ingress: bool, admin: bool) -> Sour
         field: field.to_string(),
         name: r.name.as_deref(),
         action,
-        peers: peers.unwrap_or_default(),
+        peers,
         peer_field,
         ports,
         domains,
@@ -567,7 +576,7 @@ fn peer_to_entities(
     .filter_map(|(n, s)| s.then_some(n))
     .collect();
     let [which] = set.as_slice() else {
-        return Err((
+        return Err(FieldError::new(
             String::new(),
             format!(
                 "exactly one of namespaces, pods{} must be set",
@@ -580,7 +589,7 @@ fn peer_to_entities(
         ));
     };
     if ingress && !matches!(*which, "namespaces" | "pods") {
-        return Err((
+        return Err(FieldError::new(
             format!(".{which}"),
             format!("{which} is not an ingress peer: want namespaces or pods"),
         ));
@@ -589,7 +598,7 @@ fn peer_to_entities(
         "namespaces" => {
             let sel = peer.namespaces.as_ref().expect("checked").to_k8s();
             let nss = selector_from_label_selector(Some(&sel), false)
-                .map_err(|(f, m)| (format!(".namespaces.{f}"), m))?;
+                .map_err(|e| e.under(".namespaces."))?;
             // The orchestrator clause keeps the peer to pods: a negative namespace selector
             // (`NotIn`, `DoesNotExist`) alone would also match host endpoints and global network
             // sets, which have no namespace labels (Calico's conversion leaves that gap open).
@@ -602,9 +611,9 @@ fn peer_to_entities(
         "pods" => {
             let p = peer.pods.as_ref().expect("checked");
             let nss = selector_from_label_selector(Some(&p.namespace_selector.to_k8s()), false)
-                .map_err(|(f, m)| (format!(".pods.namespaceSelector.{f}"), m))?;
+                .map_err(|e| e.under(".pods.namespaceSelector."))?;
             let ps = selector_from_label_selector(Some(&p.pod_selector.to_k8s()), true)
-                .map_err(|(f, m)| (format!(".pods.podSelector.{f}"), m))?;
+                .map_err(|e| e.under(".pods.podSelector."))?;
             Ok(vec![EntityRule {
                 selector: non_empty(ps),
                 namespace_selector: non_empty(nss),
@@ -613,23 +622,23 @@ fn peer_to_entities(
         }
         "networks" => {
             if has_named {
-                return Err((
-                    ".networks".into(),
-                    "a networks peer cannot be used with named ports".into(),
+                return Err(FieldError::new(
+                    ".networks",
+                    "a networks peer cannot be used with named ports",
                 ));
             }
             let nets = peer.networks.as_deref().expect("checked");
             if nets.is_empty() || nets.len() > 25 {
-                return Err((
-                    ".networks".into(),
+                return Err(FieldError::new(
+                    ".networks",
                     format!("{} networks: want 1-25", nets.len()),
                 ));
             }
             let (mut v4, mut v6) = (Vec::new(), Vec::new());
             for (k, n) in nets.iter().enumerate() {
-                let net: IpNet = n
-                    .parse()
-                    .map_err(|_| (format!(".networks[{k}]"), format!("invalid CIDR {n:?}")))?;
+                let net: IpNet = n.parse().map_err(|_| {
+                    FieldError::new(format!(".networks[{k}]"), format!("invalid CIDR {n:?}"))
+                })?;
                 let s = net.trunc();
                 match net {
                     IpNet::V4(_) => v4.push(s),
@@ -647,14 +656,14 @@ fn peer_to_entities(
         }
         "nodes" => {
             if has_named {
-                return Err((
-                    ".nodes".into(),
-                    "a nodes peer cannot be used with named ports".into(),
+                return Err(FieldError::new(
+                    ".nodes",
+                    "a nodes peer cannot be used with named ports",
                 ));
             }
             let sel = peer.nodes.as_ref().expect("checked").to_k8s();
-            let labels = selector_from_label_selector(Some(&sel), false)
-                .map_err(|(f, m)| (format!(".nodes.{f}"), m))?;
+            let labels =
+                selector_from_label_selector(Some(&sel), false).map_err(|e| e.under(".nodes."))?;
             Ok(vec![EntityRule {
                 selector: Some(node_selector(&labels)),
                 ..EntityRule::default()
@@ -677,23 +686,23 @@ fn domain_names(
     has_named: bool,
     allowed: Result<(), &'static str>,
 ) -> Result<Vec<String>, FieldError> {
-    allowed.map_err(|m| (".domainNames".to_string(), m.to_string()))?;
+    allowed.map_err(|m| FieldError::new(".domainNames", m))?;
     if has_named {
-        return Err((
-            ".domainNames".into(),
-            "a domainNames peer cannot be used with named ports".into(),
+        return Err(FieldError::new(
+            ".domainNames",
+            "a domainNames peer cannot be used with named ports",
         ));
     }
     if names.is_empty() || names.len() > MAX_DOMAIN_NAMES {
-        return Err((
-            ".domainNames".into(),
+        return Err(FieldError::new(
+            ".domainNames",
             format!("{} domain names: want 1-{MAX_DOMAIN_NAMES}", names.len()),
         ));
     }
     let mut out: Vec<String> = Vec::with_capacity(names.len());
     for (k, n) in names.iter().enumerate() {
-        let p =
-            DomainPattern::parse(n).map_err(|e| (format!(".domainNames[{k}]"), e.to_string()))?;
+        let p = DomainPattern::parse(n)
+            .map_err(|e| FieldError::new(format!(".domainNames[{k}]"), e))?;
         if !out.iter().any(|o| o == p.as_str()) {
             out.push(p.as_str().to_string());
         }
@@ -724,7 +733,7 @@ fn source_rule_to_calico(r: &SourceRule<'_>, ingress: bool) -> Result<Vec<Rule>,
     let action = r
         .action
         .clone()
-        .map_err(|m| (format!("{}.action", r.field), m.to_string()))?;
+        .map_err(|m| FieldError::new(format!("{}.action", r.field), m))?;
     rule_name_check(r.name, &r.field)?;
     let ports = r.ports.clone()?;
     let has_named = ports
@@ -733,7 +742,7 @@ fn source_rule_to_calico(r: &SourceRule<'_>, ingress: bool) -> Result<Vec<Rule>,
         .flatten()
         .any(|p| matches!(p, Port::Named(_)));
     if r.peers.is_empty() || r.peers.len() > 100 {
-        return Err((
+        return Err(FieldError::new(
             format!("{}.{}", r.field, r.peer_field),
             format!("{} peers: want 1-100", r.peers.len()),
         ));
@@ -741,32 +750,17 @@ fn source_rule_to_calico(r: &SourceRule<'_>, ingress: bool) -> Result<Vec<Rule>,
     let mut peers = Vec::new();
     for (j, p) in r.peers.iter().enumerate() {
         let entities = peer_to_entities(p, ingress, has_named, r.domains)
-            .map_err(|(f, m)| (format!("{}.{}[{j}]{f}", r.field, r.peer_field), m))?;
+            .map_err(|e| e.under(format!("{}.{}[{j}]", r.field, r.peer_field)))?;
         peers.extend(entities);
     }
     let metadata = r.name.filter(|n| !n.is_empty()).map(|n| RuleMetadata {
         annotations: BTreeMap::from([(RULE_NAME_ANNOTATION.to_string(), n.to_string())]),
     });
-    let mut rules = Vec::new();
-    for (proto, ports) in ports {
-        let ports = simplify_ports(ports.unwrap_or_default());
-        // "" (no protocol) does not parse.
-        let protocol = proto.parse::<Protocol>().ok();
-        for peer in &peers {
-            let mut rule = Rule::new(action);
-            rule.protocol = protocol;
-            rule.metadata = metadata.clone();
-            if ingress {
-                rule.source = peer.clone();
-                rule.destination.ports = ports.clone();
-            } else {
-                rule.destination = EntityRule {
-                    ports: ports.clone(),
-                    ..peer.clone()
-                };
-            }
-            rules.push(rule);
-        }
-    }
-    Ok(rules)
+    let template = Rule {
+        metadata,
+        ..Rule::new(action)
+    };
+    Ok(rules_per_protocol_and_peer(
+        &template, ports, &peers, ingress,
+    ))
 }

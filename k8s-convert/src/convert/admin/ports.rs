@@ -3,37 +3,23 @@
 //! `destinationPort` number or range, `destinationNamedPort`). Errors are `(field, message)` with the
 //! full field path.
 
-use std::collections::BTreeMap;
+use crate::validate::FieldError;
 
-use super::super::networkpolicy::validate_port_name;
-use super::FieldError;
+use super::super::networkpolicy::{ProtoPorts, add_port, validate_port_name};
 use super::types::{AnpPort, CnpProtocol};
 use calc_graph::model::Port;
 
 /// Protocol ("" = none) → ports (`None` = every port of the protocol).
-pub(super) type ProtoPorts = BTreeMap<String, Option<Vec<Port>>>;
-
 /// The protocols a named port may be of: it matches the container port of that name, whatever its
 /// protocol, and the named-port IP sets carry the protocol.
 const NAMED_PORT_PROTOCOLS: [&str; 3] = ["SCTP", "TCP", "UDP"];
-
-fn add_port(map: &mut ProtoPorts, proto: &str, port: Option<Port>) {
-    match (map.get_mut(proto), port) {
-        (None, port) => {
-            map.insert(proto.to_string(), port.map(|p| vec![p]));
-        }
-        (Some(entry), None) => *entry = None,
-        (Some(Some(list)), Some(p)) => list.push(p),
-        (Some(None), Some(_)) => {}
-    }
-}
 
 fn l4_protocol(p: Option<&str>, field: &str) -> Result<&'static str, FieldError> {
     match p.unwrap_or("TCP") {
         "TCP" => Ok("TCP"),
         "UDP" => Ok("UDP"),
         "SCTP" => Ok("SCTP"),
-        other => Err((
+        other => Err(FieldError::new(
             format!("{field}.protocol"),
             format!("unsupported protocol {other:?}: want TCP, UDP or SCTP"),
         )),
@@ -44,14 +30,14 @@ fn port_number(n: i64, field: String) -> Result<u16, FieldError> {
     u16::try_from(n)
         .ok()
         .filter(|n| *n > 0)
-        .ok_or_else(|| (field, format!("port {n} is out of range 1-65535")))
+        .ok_or_else(|| FieldError::new(field, format!("port {n} is out of range 1-65535")))
 }
 
 fn port_range(start: i64, end: i64, field: &str, strict: bool) -> Result<Port, FieldError> {
     let a = port_number(start, format!("{field}.start"))?;
     let b = port_number(end, format!("{field}.end"))?;
     if b < a || (strict && b == a) {
-        return Err((
+        return Err(FieldError::new(
             format!("{field}.end"),
             format!(
                 "end {b} must be {} start {a}",
@@ -67,7 +53,7 @@ fn port_range(start: i64, end: i64, field: &str, strict: bool) -> Result<Port, F
 }
 
 fn named_port(map: &mut ProtoPorts, name: &str, field: String) -> Result<(), FieldError> {
-    validate_port_name(name).map_err(|m| (field, m.to_string()))?;
+    validate_port_name(name).map_err(|m| FieldError::new(field, m))?;
     for proto in NAMED_PORT_PROTOCOLS {
         add_port(map, proto, Some(Port::Named(name.to_string())));
     }
@@ -89,9 +75,9 @@ pub(super) fn anp_ports(ports: Option<&[AnpPort]>, field: &str) -> Result<ProtoP
             p.port_range.is_some(),
         ];
         if set.iter().filter(|s| **s).count() != 1 {
-            return Err((
+            return Err(FieldError::new(
                 f,
-                "exactly one of portNumber, namedPort and portRange must be set".into(),
+                "exactly one of portNumber, namedPort and portRange must be set",
             ));
         }
         if let Some(n) = &p.port_number {
@@ -131,9 +117,9 @@ pub(super) fn cnp_ports(
         let set = l4.iter().filter(|(_, _, x)| x.is_some()).count()
             + usize::from(p.destination_named_port.is_some());
         if set != 1 {
-            return Err((
+            return Err(FieldError::new(
                 f,
-                "exactly one of tcp, udp, sctp and destinationNamedPort must be set".into(),
+                "exactly one of tcp, udp, sctp and destinationNamedPort must be set",
             ));
         }
         if let Some(n) = &p.destination_named_port {
@@ -152,7 +138,10 @@ pub(super) fn cnp_ports(
                         Some(port_range(r.start, r.end, &format!("{f}.range"), true)?)
                     }
                     _ => {
-                        return Err((f, "exactly one of number and range must be set".into()));
+                        return Err(FieldError::new(
+                            f,
+                            "exactly one of number and range must be set",
+                        ));
                     }
                 },
             };
