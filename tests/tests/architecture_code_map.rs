@@ -23,6 +23,10 @@ use std::path::{Path, PathBuf};
 const NOT_IN_GIT: &[&str] = &[
     // deploy/overlays/*/certs/: the git-ignored PEM files scripts/etcd-certs.sh makes.
     "certs/",
+    // Build output of scripts/build-image.sh (the staged binaries and the cached base), there
+    // only after an image build: the map names them, a plain `cargo test` has not made them.
+    "target/image/",
+    "target/image-base/",
 ];
 
 fn repo_root() -> PathBuf {

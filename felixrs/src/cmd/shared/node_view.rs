@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use calc_graph::model::Resource;
+use calc_graph::model::{Resource, Validated};
 use calc_graph::proto::Output;
 use iptables::render::Renderer;
 use k8s_convert::{ConvertOptions, load_manifests};
@@ -98,10 +98,10 @@ pub fn render_node_learned(
                 .map(|(k, v)| (k.to_string(), v.to_vec()))
                 .collect();
             for (key, value) in &kvs {
-                let result = match Resource::from_etcd_validated(key, value) {
-                    Ok((rk, r)) => {
-                        resources.insert(key.clone(), r.clone());
-                        pipeline.update_decoded(rk, r)
+                let result = match Validated::from_etcd(key, value) {
+                    Ok(valid) => {
+                        resources.insert(key.clone(), valid.resource().clone());
+                        pipeline.update_valid(valid)
                     }
                     // A remote cluster's key, a kind the graph does not consume or an invalid
                     // value: the pipeline decides (and names the problem).
