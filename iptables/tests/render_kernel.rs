@@ -243,7 +243,7 @@ fn kernel_resaves_exactly_the_rules_we_render() {
                 let got: Vec<_> = pt.rules_of(name).collect();
                 assert_eq!(got.len(), rules.len(), "{v:?} {name}: rule count\n{saved}");
                 for ((g, ours), want) in got.iter().zip(ours).zip(rules) {
-                    let expected = ours.hashed(&want.hash).unwrap();
+                    let expected = ours.hashed(name, &want.hash).unwrap();
                     assert_eq!(
                         **g, expected,
                         "{v:?} {name}: kernel re-saved a different rule"

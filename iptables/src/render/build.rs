@@ -222,8 +222,10 @@ impl Target {
 /// two forms in step.
 #[derive(Debug, Clone)]
 pub struct Rule {
-    /// What the kernel gets. Its chain is the one the renderer stores it in (a placeholder until
-    /// then); its `cali:` comment is added by the applier.
+    /// What the kernel gets, shared by every chain and family that holds the same rule. Its chain
+    /// is a placeholder: where a rule stands is the key it is stored under (the applier writes
+    /// `-A <chain>` from that, and [`Self::hashed`] takes it), so storing a rule never copies it.
+    /// Its `cali:` comment is added by the applier.
     rule: Arc<model::Rule>,
     /// Felix's rendering of everything after `-A <chain> HASH` (felix-reference §6.3).
     felix: String,
@@ -272,7 +274,7 @@ impl std::ops::Deref for Rule {
     }
 }
 
-/// The chain of a rule not stored yet.
+/// The placeholder chain of the renderer's model rules (see the `rule` field of [`Rule`]).
 fn unplaced() -> model::ChainName {
     static NAME: std::sync::LazyLock<model::ChainName> =
         std::sync::LazyLock::new(|| model::ChainName::new("cali-unplaced").expect("a chain name"));
@@ -374,9 +376,10 @@ impl Rule {
         &self.rule
     }
 
-    /// The rule as the applier writes it: `cali:<hash>` as its first comment.
-    pub fn hashed(&self, hash: &str) -> Result<model::Rule, ModelError> {
+    /// The rule as the applier writes it in `chain`: `cali:<hash>` as its first comment.
+    pub fn hashed(&self, chain: &str, hash: &str) -> Result<model::Rule, ModelError> {
         let mut r = model::Rule::clone(&self.rule);
+        r.chain = model::ChainName::new(chain)?;
         r.matches.insert(
             0,
             model::Match::Comment(model::Text::new(format!("cali:{hash}"))?),
@@ -387,13 +390,6 @@ impl Rule {
     /// The members of each net set ([`Match::NetSet`]) the rule names, by kernel set name.
     pub fn net_sets(&self) -> &[(String, Arc<[IpNet]>)] {
         &self.net_sets
-    }
-
-    /// Places the rule in `chain` (the renderer's store does this).
-    pub(super) fn place(&mut self, chain: &model::ChainName) {
-        if self.rule.chain != *chain {
-            Arc::make_mut(&mut self.rule).chain = chain.clone();
-        }
     }
 
     fn push_match(&mut self, m: &Match) -> Result<(), ModelError> {

@@ -87,12 +87,11 @@ impl Family {
         }
     }
 
-    pub(super) fn set_chain(&mut self, table: TableName, name: String, mut rules: Vec<Rule>) {
+    pub(super) fn set_chain(&mut self, table: TableName, name: String, rules: Vec<Rule>) {
         let key = (table, name);
         if self.chains.get(&key).is_some_and(|c| *c == rules) {
             return;
         }
-        place(&key.1, &mut rules);
         let hashes = rule_hashes(&key.1, rules.iter().map(Rule::felix_text));
         let desired = desired_rules(hashes, &rules);
         for (s, nets) in net_set_members(&rules) {
@@ -203,8 +202,7 @@ pub(super) fn hash_hooks(
             rule_hashes(&hash_chain, rules.iter().map(|r| r.felix_text())).into_iter(),
         );
     }
-    for (chain, pos, mut rule) in hooks {
-        place(chain, std::slice::from_mut(&mut rule));
+    for (chain, pos, rule) in hooks {
         let hash = hashes
             .get_mut(&(chain, pos == HookPosition::Append))
             .and_then(Iterator::next)
@@ -219,15 +217,6 @@ pub(super) fn hash_hooks(
         ));
     }
     out
-}
-
-/// Places the rules in chain `name` (a name the model refuses, impossible for the renderer's
-/// validated names, leaves them unplaced: only their chain text would differ).
-fn place(name: &str, rules: &mut [Rule]) {
-    match crate::model::ChainName::new(name) {
-        Ok(c) => rules.iter_mut().for_each(|r| r.place(&c)),
-        Err(e) => tracing::error!(chain = name, error = %e, "chain name refused by the model"),
-    }
 }
 
 /// The applier's form of a chain's rules: the hash and the kernel-form body of the model rule.

@@ -140,7 +140,7 @@ pub fn assert_parses_back(r: &iptables::render::Renderer, v: IpVersion) -> usize
             let got: Vec<_> = pt.rules_of(name).cloned().collect();
             assert_eq!(got.len(), rules.len(), "rule count of {name}");
             for ((g, ours), want) in got.iter().zip(ours).zip(rules) {
-                let expected = ours.hashed(&want.hash).unwrap();
+                let expected = ours.hashed(name, &want.hash).unwrap();
                 assert_eq!(g, &expected, "rule of {name}");
                 assert_eq!(
                     g.cali_comment(),
