@@ -245,7 +245,7 @@ fn scenario(cluster: &Cluster, mode: Mode, work: &Path) -> Result<()> {
         &CLUSTER_A.replace("__SERVER__", &ip("a/server")),
         work,
     )?;
-    controller(
+    let rev_b = controller(
         infra,
         &url_b,
         b_prefix,
@@ -261,7 +261,9 @@ fn scenario(cluster: &Cluster, mode: Mode, work: &Path) -> Result<()> {
         .unwrap_or_default();
     let mut agent_b = Agent::start_with(&n2.ns, &n2.name, &url_b, work, &b_args)?;
     agent_a.wait_applied(rev_a.max(rcc_rev), WAIT)?;
-    agent_b.wait_applied(0, WAIT)?;
+    // b's own writes, not 0: in sync with nothing applied yet would pass 0, and the status read below
+    // would then catch b before its first program.
+    agent_b.wait_applied(rev_b, WAIT)?;
     // Isolation: each agent sees only its own cluster's endpoints as local.
     let sa = agent_a.status().context("a status")?;
     let sb = agent_b.status().context("b status")?;
