@@ -21,7 +21,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::sync::Arc;
 
 use calc_graph::proto::Protocol;
 pub use calc_graph::proto::{IpSetKind, IpSetMember, IpVersion};
@@ -62,10 +61,10 @@ impl TableName {
 /// rule texts), computed by the renderer; the applier compares rules only by hash, so a rule whose
 /// hash is unchanged is never rewritten (its counters survive).
 ///
-/// The renderer's rules carry their typed [`model::Rule`](crate::model::Rule) ([`Self::typed`]),
-/// shared with the renderer's store: the body is rendered from it once, and the chain it jumps
-/// to comes from its target. A rule built from restore text ([`Self::new`], for hand-written
-/// states) has no typed form; its target is read from the text once.
+/// The renderer's rules are made from their typed [`model::Rule`](crate::model::Rule)
+/// ([`Self::from_rule`]): the body is rendered from it once, and the chain it jumps to comes from
+/// its target. A rule built from restore text ([`Self::new`], for hand-written states) reads its
+/// target from the text once.
 #[derive(Debug, Clone)]
 pub struct DesiredRule {
     pub hash: String,
@@ -74,10 +73,9 @@ pub struct DesiredRule {
     body: String,
     /// The user chain the rule jumps or goes to (`-j X` / `-g X`).
     target: Option<String>,
-    typed: Option<Arc<crate::model::Rule>>,
 }
 
-/// Rules are equal when they are written the same (the typed form is the body's source).
+/// Rules are equal when they are written the same.
 impl PartialEq for DesiredRule {
     fn eq(&self, o: &Self) -> bool {
         self.hash == o.hash && self.body == o.body
@@ -101,12 +99,11 @@ impl DesiredRule {
             hash: hash.into(),
             target: crate::parse::body_target(&body).map(str::to_string),
             body,
-            typed: None,
         }
     }
 
     /// The typed rule `rule` (its chain and counters are not part of the body).
-    pub fn from_rule(hash: impl Into<String>, rule: Arc<crate::model::Rule>) -> Self {
+    pub fn from_rule(hash: impl Into<String>, rule: &crate::model::Rule) -> Self {
         DesiredRule {
             hash: hash.into(),
             body: rule.render_spec(),
@@ -115,7 +112,6 @@ impl DesiredRule {
                 .as_ref()
                 .and_then(|t| t.chain())
                 .map(|c| c.as_str().to_string()),
-            typed: Some(rule),
         }
     }
 
@@ -127,11 +123,6 @@ impl DesiredRule {
     /// The user chain the rule jumps or goes to (`-j X` / `-g X`).
     pub fn target(&self) -> Option<&str> {
         self.target.as_deref()
-    }
-
-    /// The typed rule, when the renderer made this one.
-    pub fn typed(&self) -> Option<&crate::model::Rule> {
-        self.typed.as_deref()
     }
 
     /// The rule text after `-A <chain> ` / `-I <chain> ` as written to iptables-restore.

@@ -205,16 +205,6 @@ pub enum Target {
     },
 }
 
-impl Target {
-    /// The chain this target refers to, if any.
-    pub fn referenced_chain(&self) -> Option<&str> {
-        match self {
-            Target::Jump(c) | Target::Goto(c) => Some(c),
-            _ => None,
-        }
-    }
-}
-
 /// A rendered rule: the typed model rule the kernel gets, plus Felix's input text of the same
 /// rule (for the `cali:` hash only), both written by one pass over the fragments so that the hash
 /// keeps Felix's fragment order while the model keeps the kernel's. Read it as a
@@ -366,13 +356,6 @@ impl Rule {
 
     /// The typed rule the kernel gets.
     pub fn model(&self) -> &model::Rule {
-        &self.rule
-    }
-
-    /// The typed rule the kernel gets, shared (the applier's [`DesiredRule`] holds it too).
-    ///
-    /// [`DesiredRule`]: crate::desired::DesiredRule
-    pub fn shared(&self) -> &Arc<model::Rule> {
         &self.rule
     }
 

@@ -224,6 +224,6 @@ fn desired_rules(hashes: Vec<String>, rules: &[Rule]) -> Vec<DesiredRule> {
     hashes
         .into_iter()
         .zip(rules)
-        .map(|(h, r)| DesiredRule::from_rule(h, r.shared().clone()))
+        .map(|(h, r)| DesiredRule::from_rule(h, r.model()))
         .collect()
 }
