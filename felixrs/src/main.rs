@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 use clap::{Parser, Subcommand};
+use felixrs::cmd::shared::{Answer, finish};
 
 #[derive(Parser)]
 #[command(
@@ -44,13 +45,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Iptables(args) => felixrs::cmd::iptables::run(args),
-        Command::Agent(args) => match args.run() {
-            Ok(()) => std::process::ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("felixrs agent: {e:#}");
-                std::process::ExitCode::FAILURE
-            }
-        },
+        Command::Agent(args) => finish("agent", args.run().map(|()| Answer::default())),
         Command::Render(args) => args.run(),
         Command::Trace(args) => args.run(),
         Command::Cleanup(args) => args.run(),

@@ -27,6 +27,7 @@ use serde::Serialize;
 use crate::cmd::shared::dataplane_args::{DataplaneArgs, LOG_ACTION_NFLOG_GROUP};
 use crate::cmd::shared::node_view::{SourceArgs, render_node};
 use crate::cmd::shared::pods::Pods;
+use crate::cmd::shared::{Answer, finish};
 use crate::cmd::stats::cell;
 
 /// `felixrs flows`.
@@ -284,13 +285,7 @@ fn open() -> anyhow::Result<Socket> {
 
 impl Args {
     pub fn run(self) -> std::process::ExitCode {
-        match self.flows() {
-            Ok(()) => std::process::ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("felixrs flows: {e:#}");
-                std::process::ExitCode::FAILURE
-            }
-        }
+        finish("flows", self.flows().map(|()| Answer::default()))
     }
 
     fn flows(&self) -> anyhow::Result<()> {

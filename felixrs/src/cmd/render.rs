@@ -14,6 +14,7 @@ use iptables::desired::Preview;
 
 use crate::cmd::shared::dataplane_args::DataplaneArgs;
 use crate::cmd::shared::node_view::{SourceArgs, render_node};
+use crate::cmd::shared::{Answer, finish};
 
 /// `felixrs render`.
 #[derive(Debug, Clone, clap::Args)]
@@ -27,42 +28,17 @@ pub struct Args {
     pub dataplane: DataplaneArgs,
 }
 
-/// What `render` found, besides the text.
-#[derive(Debug, Default)]
-pub struct Rendered {
-    pub text: String,
-    /// One line per object that was skipped or rendered fail-closed.
-    pub problems: Vec<String>,
-}
-
 impl Args {
     pub fn run(self) -> std::process::ExitCode {
-        match self.render() {
-            Ok(r) => {
-                for p in &r.problems {
-                    eprintln!("felixrs render: {p}");
-                }
-                print!("{}", r.text);
-                std::process::ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("felixrs render: {e:#}");
-                std::process::ExitCode::FAILURE
-            }
-        }
+        finish("render", self.render())
     }
 
-    pub fn render(self) -> anyhow::Result<Rendered> {
-        let Args {
-            source,
-            node_name,
-            dataplane,
-        } = self;
-        let node = render_node(&source, &node_name, &dataplane)?;
+    fn render(self) -> anyhow::Result<Answer> {
+        let node = render_node(&self.source, &self.node_name, &self.dataplane)?;
         let renderer = node.renderer;
-        let mut out = Rendered {
+        let mut out = Answer {
             problems: node.problems,
-            ..Rendered::default()
+            ..Answer::default()
         };
         if let Some(rev) = node.revision {
             let _ = writeln!(

@@ -22,6 +22,7 @@ use serde::Serialize;
 use crate::agent::IptablesBackend;
 use crate::cmd::shared::dataplane_args::DataplaneArgs;
 use crate::cmd::shared::node_view::{SourceArgs, render_node};
+use crate::cmd::shared::{Answer, finish};
 
 /// `felixrs stats`.
 #[derive(Debug, Clone, clap::Args)]
@@ -214,23 +215,10 @@ pub fn table(stats: &Stats) -> String {
 
 impl Args {
     pub fn run(self) -> std::process::ExitCode {
-        match self.stats() {
-            Ok((text, problems)) => {
-                for p in &problems {
-                    eprintln!("felixrs stats: {p}");
-                }
-                print!("{text}");
-                std::process::ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("felixrs stats: {e:#}");
-                std::process::ExitCode::FAILURE
-            }
-        }
+        finish("stats", self.stats())
     }
 
-    /// The output text, and the objects that were skipped or rendered fail-closed.
-    pub fn stats(&self) -> anyhow::Result<(String, Vec<String>)> {
+    fn stats(&self) -> anyhow::Result<Answer> {
         let view = render_node(&self.source, &self.node_name, &self.dataplane)?;
         let runner = ExecRunner::new();
         let mode = backend::resolve(&runner, Backend::from(self.iptables_backend))
@@ -243,7 +231,11 @@ impl Args {
         } else {
             table(&stats)
         };
-        Ok((text, view.problems))
+        Ok(Answer {
+            text,
+            problems: view.problems,
+            status: 0,
+        })
     }
 }
 

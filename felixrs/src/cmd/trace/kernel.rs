@@ -93,7 +93,8 @@ pub struct KernelTrace {
     pub agrees: bool,
 }
 
-fn effect_text(e: &Effect) -> String {
+/// What a step did, as both reports print it.
+pub(super) fn effect_text(e: &Effect) -> String {
     match e {
         Effect::Accept => "ACCEPT".into(),
         Effect::Drop => "DROP".into(),

@@ -16,9 +16,9 @@ use anyhow::{Context, bail};
 use calc_graph::proto::{Action, IpVersion, Output};
 use iptables::desired::TableName;
 use iptables::render::Renderer;
+use iptables::render::names;
 use iptables::render::static_chains::verdict_of_chain;
 use iptables::render::trace::{self, Effect, Outcome, Packet, RendererRules};
-use iptables::render::{names, static_chains};
 
 mod check;
 pub mod kernel;
@@ -32,6 +32,7 @@ pub use traced::{Path, Traced, Verdict};
 use crate::cmd::shared::dataplane_args::DataplaneArgs;
 use crate::cmd::shared::node_view::{NodeView, SourceArgs, render_node_learned};
 use crate::cmd::shared::pods::Pods;
+use crate::cmd::shared::{Answer, finish};
 use crate::dns::trace::{LearnedFile, explain as explain_domain};
 
 /// `felixrs trace`.
@@ -93,41 +94,14 @@ pub struct PacketArgs {
     pub ipv6: bool,
 }
 
-/// The kernel differs from the traced rules: the whole report, findings included.
-#[derive(Debug)]
-struct KernelDiffers(String);
-
-impl std::fmt::Display for KernelDiffers {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the kernel differs from the traced rules")
-    }
-}
-
-impl std::error::Error for KernelDiffers {}
-
 impl Args {
     pub fn run(self) -> std::process::ExitCode {
-        match self.trace() {
-            Ok((text, problems)) => {
-                for p in &problems {
-                    eprintln!("felixrs trace: {p}");
-                }
-                print!("{text}");
-                std::process::ExitCode::SUCCESS
-            }
-            Err(e) if e.downcast_ref::<KernelDiffers>().is_some() => {
-                print!("{}", e.downcast_ref::<KernelDiffers>().map_or("", |k| &k.0));
-                std::process::ExitCode::from(2)
-            }
-            Err(e) => {
-                eprintln!("felixrs trace: {e:#}");
-                std::process::ExitCode::FAILURE
-            }
-        }
+        finish("trace", self.trace())
     }
 
-    /// The report, and the objects that were skipped or rendered fail-closed.
-    pub fn trace(&self) -> anyhow::Result<(String, Vec<String>)> {
+    /// The report and the objects that were skipped or rendered fail-closed; status 2 if the
+    /// kernel differs (the report then ends with the first check that found it).
+    fn trace(&self) -> anyhow::Result<Answer> {
         let learned_path = self.dns_learned.clone().or_else(|| {
             let p = self
                 .source
@@ -142,7 +116,12 @@ impl Args {
         };
         let view = render_node_learned(&self.source, &self.node_name, &self.dataplane, learned)?;
         let traced = trace_packet(&view, &self.node_name, &self.packet)?;
-        let mut text = report(&view, &traced, &self.node_name);
+        let mut answer = Answer {
+            text: report(&view, &traced, &self.node_name),
+            problems: view.problems.clone(),
+            status: 0,
+        };
+        let text = &mut answer.text;
         if !view.failed_safe.is_empty() {
             let _ = writeln!(
                 text,
@@ -176,10 +155,8 @@ impl Args {
                 for f in &findings {
                     let _ = writeln!(text, "  differs: {f}");
                 }
-                for p in &view.problems {
-                    eprintln!("felixrs trace: {p}");
-                }
-                return Err(KernelDiffers(text).into());
+                answer.status = 2;
+                return Ok(answer);
             }
         }
         if self.kernel {
@@ -187,13 +164,10 @@ impl Args {
             let kt = kernel::trace_kernel(&traced, &state)?;
             text.push_str(&kt.text);
             if !kt.agrees {
-                for p in &view.problems {
-                    eprintln!("felixrs trace: {p}");
-                }
-                return Err(KernelDiffers(text).into());
+                answer.status = 2;
             }
         }
-        Ok((text, view.problems))
+        Ok(answer)
     }
 }
 
@@ -209,11 +183,11 @@ pub fn trace_packet(view: &NodeView, node: &str, p: &PacketArgs) -> anyhow::Resu
             to.addr
         );
     }
-    let (path, start) = match (from.host, to.host) {
+    let path = match (from.host, to.host) {
         (true, true) => bail!("--from and --to are both this host: no policy applies"),
-        (false, true) => (Path::Input, static_chains::INPUT),
-        (true, false) => (Path::Output, static_chains::OUTPUT),
-        (false, false) => (Path::Forward, static_chains::FORWARD),
+        (false, true) => Path::Input,
+        (true, false) => Path::Output,
+        (false, false) => Path::Forward,
     };
     let v6 = from.addr.is_ipv6();
     let proto = protocol_number(&p.protocol, v6)?;
@@ -233,7 +207,8 @@ pub fn trace_packet(view: &NodeView, node: &str, p: &PacketArgs) -> anyhow::Resu
         version: pkt.version(),
         table: TableName::Filter,
     };
-    let t = trace::trace(&rules, start, &pkt).map_err(|e| anyhow::anyhow!("cannot trace: {e}"))?;
+    let t = trace::trace(&rules, path.our_chain(), &pkt)
+        .map_err(|e| anyhow::anyhow!("cannot trace: {e}"))?;
     let accept = view.renderer.marks().accept;
     let verdict = match t.outcome {
         Outcome::Accept => Verdict::Accept,
@@ -437,18 +412,6 @@ fn verdict_goto(effect: &Effect) -> Option<&'static str> {
     })
 }
 
-/// `<indent>  set cali40c:… holds <net>, <net>` for each net set the step's rule matches on.
-fn net_set_lines(view: &NodeView, v: IpVersion, step: &trace::Step, indent: &str) -> String {
-    let rule = (view.renderer.chain(v, TableName::Filter, &step.chain))
-        .and_then(|c| c.get(step.rule.checked_sub(1)?));
-    let mut out = String::new();
-    for (name, nets) in rule.map_or(&[][..], |r| r.net_sets()) {
-        let list: Vec<String> = nets.iter().map(ToString::to_string).collect();
-        let _ = writeln!(out, "{indent}  set {name} holds {}", list.join(", "));
-    }
-    out
-}
-
 fn describe_end(e: &End) -> String {
     if e.host {
         return "this node".to_string();
@@ -519,23 +482,23 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
             .unwrap_or_default();
         let owner = owners.get(&step.chain);
         let label = owner.map(|o| format!(" [{}]", o.what)).unwrap_or_default();
-        let effect = match &step.effect {
-            Effect::Accept => "ACCEPT".to_string(),
-            Effect::Drop => "DROP".to_string(),
-            Effect::Return => "RETURN".to_string(),
-            Effect::Jump(c) => format!("jump to {c}"),
-            Effect::Goto(c) => format!("goto {c}"),
-            Effect::Mark(m) => format!("mark now {m:#x}"),
-            Effect::Continue => "continue".to_string(),
-        };
         let indent = "  ".repeat(step.depth + 1);
         let _ = writeln!(
             s,
-            "{indent}{}{label} rule {}: {text}\n{indent}  => {effect}",
-            step.chain, step.rule
+            "{indent}{}{label} rule {}: {text}\n{indent}  => {}",
+            step.chain,
+            step.rule,
+            kernel::effect_text(&step.effect)
         );
         // A net set's name hides its CIDRs (shared layout): list them, the set holds exactly these.
-        let _ = write!(s, "{}", net_set_lines(view, pkt.version(), step, &indent));
+        let built = (view
+            .renderer
+            .chain(pkt.version(), TableName::Filter, &step.chain))
+        .and_then(|c| c.get(step.rule - 1));
+        for (name, nets) in built.map_or(&[][..], |r| r.net_sets()) {
+            let list: Vec<String> = nets.iter().map(ToString::to_string).collect();
+            let _ = writeln!(s, "{indent}  set {name} holds {}", list.join(", "));
+        }
         // A policy or profile rule that sets the accept bit allowed the packet, one that sets the
         // pass bit sent it on to the next tier; any DROP ends it.
         let verdicts = owner.is_some_and(|o| o.verdicts);
