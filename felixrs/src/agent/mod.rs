@@ -185,30 +185,11 @@ pub struct Args {
 impl Args {
     /// Runs the agent until SIGTERM/SIGINT. The kernel rules are left in place on exit.
     pub fn run(self) -> anyhow::Result<()> {
-        let Args {
-            etcd_endpoints,
-            etcd_prefix,
-            node_name,
-            state_dir,
-            health_listen,
-            iptables_backend,
-            dataplane: dataplane_args,
-            refresh_interval,
-            drift_interval,
-            counters_interval,
-            etcd_timeout,
-            etcd_ca,
-            etcd_cert,
-            etcd_key,
-            dns_min_ttl,
-            dns_max_learned,
-            log,
-        } = self;
         tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::try_new(&log).context("--log")?)
+            .with_env_filter(tracing_subscriber::EnvFilter::try_new(&self.log).context("--log")?)
             .with_writer(std::io::stderr)
             .init();
-        let mut render = dataplane_args.render_config();
+        let mut render = self.dataplane.render_config();
         // As Felix's feature detection: MASQUERADE --random-fully where iptables and the kernel
         // support it (`felixrs render` assumes they do).
         render.masquerade_random_fully =
@@ -221,32 +202,33 @@ impl Args {
         let hub = StatusHub::with_liveness(Metrics::new(), liveness::Liveness::new(stale_after));
         // The dataplane's commands beat the apply thread's heartbeat (a long apply is not a stuck one).
         let runner = liveness::BeatingRunner::new(ExecRunner::new(), hub.liveness.clone());
-        let mut dataplane = kernel::KernelDataplane::new(runner, iptables_backend.into(), render)?
-            .with_counters(counter_hub.clone());
+        let mut dataplane =
+            kernel::KernelDataplane::new(runner, self.iptables_backend.into(), render)?
+                .with_counters(counter_hub.clone());
         let dns = crate::dns::agent::start(
-            &dataplane_args,
-            dns_min_ttl,
-            dns_max_learned,
-            &state_dir,
+            &self.dataplane,
+            self.dns_min_ttl,
+            self.dns_max_learned,
+            &self.state_dir,
             hub.metrics.dns.clone(),
         );
         if let Some(d) = &dns {
             dataplane = dataplane.with_learner(d.learner.clone());
         }
-        let pipeline = kernel::GraphPipeline::new(&node_name);
+        let pipeline = kernel::GraphPipeline::new(&self.node_name);
         let tls = EtcdTls {
-            ca: etcd_ca,
-            cert: etcd_cert,
-            key: etcd_key,
+            ca: self.etcd_ca,
+            cert: self.etcd_cert,
+            key: self.etcd_key,
         };
-        let datastore = EtcdDatastore::new(etcd_endpoints, tls, etcd_timeout);
+        let datastore = EtcdDatastore::new(self.etcd_endpoints, tls, self.etcd_timeout);
         let cfg = RuntimeConfig {
-            prefix: etcd_prefix,
-            state_dir,
-            health_listen,
-            etcd_timeout,
-            refresh_interval,
-            drift_interval: (!drift_interval.is_zero()).then_some(drift_interval),
+            prefix: self.etcd_prefix,
+            state_dir: self.state_dir,
+            health_listen: self.health_listen,
+            etcd_timeout: self.etcd_timeout,
+            refresh_interval: self.refresh_interval,
+            drift_interval: (!self.drift_interval.is_zero()).then_some(self.drift_interval),
             snapshot_interval: Duration::from_secs(1),
         };
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -258,12 +240,12 @@ impl Args {
             ExecRunner::new(),
             counter_hub,
             hub.clone(),
-            counters_interval,
+            self.counters_interval,
         );
+        tracing::info!(node = %self.node_name, "felixrs agent starting");
         let result = rt.block_on(async move {
             let cancel = CancellationToken::new();
             tokio::spawn(shutdown_on_signal(cancel.clone()));
-            tracing::info!(node = %node_name, "felixrs agent starting");
             #[cfg(debug_assertions)]
             if let Some(fault) = fault::from_env() {
                 tracing::warn!(?fault, "test fault injected into the apply thread");
