@@ -235,7 +235,7 @@ impl<P: Pipeline> AgentState<P> {
                 .set(i64::from(connected));
             m.remote_keys.get_or_create(&labels).set(keys as i64);
         };
-        match ev {
+        let (revision, listed) = match ev {
             SyncEvent::Listed { revision, kvs } => {
                 let new = kvs
                     .into_iter()
@@ -245,12 +245,7 @@ impl<P: Pipeline> AgentState<P> {
                 let removed = self.replace_scope(Scope::Remote(cluster), new);
                 tracing::info!(%cluster, revision, removed, "listed remote cluster");
                 self.after_remote_change();
-                status(self, &|r| {
-                    r.connected = true;
-                    r.error = None;
-                    r.revision = revision;
-                    r.source = Source::Etcd;
-                });
+                (revision, true)
             }
             SyncEvent::Changes { revision, changes } => {
                 for c in changes.into_iter().filter(|c| is_federated(&c.key)) {
@@ -259,25 +254,28 @@ impl<P: Pipeline> AgentState<P> {
                     self.change(key, c.value.map(Arc::from));
                 }
                 self.after_remote_change();
-                status(self, &|r| {
-                    r.connected = true;
-                    r.error = None;
-                    r.revision = r.revision.max(revision);
-                });
+                (revision, false)
             }
-            SyncEvent::Progress { revision } => status(self, &|r| {
-                r.connected = true;
-                r.error = None;
-                r.revision = r.revision.max(revision);
-            }),
+            SyncEvent::Progress { revision } => (revision, false),
             SyncEvent::Disconnected { reason } => {
                 tracing::warn!(%cluster, %reason, "remote cluster unreachable; keeping its last members");
-                status(self, &|r| {
+                return status(self, &|r| {
                     r.connected = false;
                     r.error = Some(reason.clone());
-                })
+                });
             }
-        }
+        };
+        // Its etcd answered: a list replaces the revision, the rest only advance it.
+        status(self, &|r| {
+            r.connected = true;
+            r.error = None;
+            if listed {
+                r.revision = revision;
+                r.source = Source::Etcd;
+            } else {
+                r.revision = r.revision.max(revision);
+            }
+        });
     }
 
     fn after_remote_change(&mut self) {
@@ -391,52 +389,35 @@ impl<P: Pipeline> AgentState<P> {
     /// Replaces the keys of `scope` with `new` (whose keys must all be in it), telling the graph
     /// only what changed; returns how many keys were removed.
     fn replace_scope(&mut self, scope: Scope<'_>, new: KvMap) -> usize {
-        let (old, keep): (KvMap, KvMap) = std::mem::take(&mut self.kvs)
+        let (mut old, keep): (KvMap, KvMap) = std::mem::take(&mut self.kvs)
             .into_iter()
             .partition(|(k, _)| scope.contains(k));
         self.kvs = keep;
-        let mut merged = KvMap::new();
-        let mut old_iter = old.into_iter().peekable();
-        // Both maps are sorted: walk them together.
-        let mut removed = Vec::new();
         for (k, v) in new {
-            while let Some((ok, _)) = old_iter.peek() {
-                if ok < &k {
-                    removed.push(old_iter.next().expect("peeked").0);
-                } else {
-                    break;
-                }
+            let prev = old.remove(&k);
+            if prev.as_ref() == Some(&v) {
+                self.kvs.insert(k, v);
+                continue;
             }
-            let prev = match old_iter.peek() {
-                Some((ok, _)) if ok == &k => old_iter.next().map(|(_, v)| v),
-                _ => None,
-            };
-            match prev {
-                Some(pv) if pv == v => {
-                    merged.insert(k, pv);
+            match self.pipeline.update(&k, Some(&v)) {
+                Ok(()) => {
+                    self.kvs.insert(k, v);
+                    self.dirty = true;
                 }
-                prev => match self.pipeline.update(&k, Some(&v)) {
-                    Ok(()) => {
-                        merged.insert(k, v);
-                        self.dirty = true;
+                Err(error) => {
+                    self.malformed(&k, &error);
+                    if let Some(pv) = prev {
+                        self.kvs.insert(k, pv);
                     }
-                    Err(error) => {
-                        self.malformed(&k, &error);
-                        if let Some(pv) = prev {
-                            merged.insert(k, pv);
-                        }
-                    }
-                },
+                }
             }
         }
-        removed.extend(old_iter.map(|(k, _)| k));
-        let count = removed.len();
-        for k in removed {
+        let removed = old.len();
+        for k in old.into_keys() {
             self.delete(&k);
         }
-        self.kvs.extend(merged);
         self.dirty = true;
-        count
+        removed
     }
 
     fn change(&mut self, key: Arc<str>, value: Option<Arc<[u8]>>) {
