@@ -49,8 +49,6 @@ pub struct LearnedMap {
     /// Addresses per name (the learned-names gauge).
     names: HashMap<String, usize>,
     next_seq: u64,
-    /// Entries evicted by the cap since the map was made.
-    pub evictions: u64,
 }
 
 impl LearnedMap {
@@ -63,7 +61,6 @@ impl LearnedMap {
             expiry: BTreeSet::new(),
             names: HashMap::new(),
             next_seq: 0,
-            evictions: 0,
         }
     }
 
@@ -106,7 +103,6 @@ impl LearnedMap {
             self.remove(&n, a);
             evicted += 1;
         }
-        self.evictions += evicted as u64;
         evicted
     }
 
@@ -253,7 +249,6 @@ mod tests {
         m.learn("b.x.com", ip("192.0.2.2"), 100, 2_000);
         // a was touched at 1 s, b at 2 s: a is the least recent.
         assert_eq!(m.learn("c.x.com", ip("192.0.2.3"), 100, 3_000), 1);
-        assert_eq!(m.evictions, 1);
         let names: Vec<&str> = m.iter_lru().map(|(n, _, _)| n).collect();
         assert_eq!(names, ["b.x.com", "c.x.com"]);
     }
