@@ -61,10 +61,6 @@ impl Liveness {
         }
     }
 
-    pub fn stale_after(&self) -> Duration {
-        self.stale_after
-    }
-
     fn now_ms(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }

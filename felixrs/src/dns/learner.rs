@@ -166,10 +166,6 @@ impl Learner {
             .set(map.address_count() as i64);
     }
 
-    pub fn config(&self) -> &LearnerConfig {
-        &self.cfg
-    }
-
     fn trusted(&self, src: IpAddr, port: u16) -> bool {
         self.cfg
             .trusted_servers

@@ -15,7 +15,6 @@
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nfq::{Queue, Verdict as NfVerdict};
@@ -34,10 +33,9 @@ pub struct QueueLoop {
     num: u16,
 }
 
-/// The running loop.
+/// The running loop (detached: see the module docs on stopping).
 pub struct QueueThread {
     stop: Arc<AtomicBool>,
-    handle: JoinHandle<()>,
 }
 
 impl QueueLoop {
@@ -156,25 +154,15 @@ impl QueueThread {
     fn spawn(body: impl FnOnce(&AtomicBool) + Send + 'static) -> QueueThread {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
-        let handle = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("dns-queue".into())
             .spawn(move || body(&flag))
             .expect("spawn dns queue thread");
-        QueueThread { stop, handle }
+        QueueThread { stop }
     }
 
     /// Asks the loop to stop after its current batch (see the module docs).
     pub fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
-    }
-
-    /// Whether the loop has ended.
-    pub fn is_finished(&self) -> bool {
-        self.handle.is_finished()
-    }
-
-    /// Waits for the loop to end (after [`QueueThread::stop`] and one more packet).
-    pub fn join(self) {
-        let _ = self.handle.join();
     }
 }
