@@ -109,12 +109,10 @@ impl EtcdDatastore {
     /// certificate was offered, when none was configured): "transport error" alone tells an operator
     /// nothing.
     fn explain(&self, e: DatastoreError) -> DatastoreError {
-        let DatastoreError::Etcd(inner) = &e else {
-            return e;
+        let inner = match &e {
+            DatastoreError::Etcd(inner) if is_connection_error(inner) => inner,
+            _ => return e,
         };
-        if !is_connection_error(inner) {
-            return e;
-        }
         let detail = describe(inner);
         let message = if self.tls.ca.is_some() || self.tls.cert.is_some() {
             let lower = detail.to_ascii_lowercase();
@@ -139,6 +137,12 @@ impl EtcdDatastore {
             endpoints: self.endpoints.join(","),
             message,
         }
+    }
+
+    /// A request failed: the next one reconnects. The error, explained.
+    fn failed(&mut self, e: DatastoreError) -> DatastoreError {
+        self.client = None;
+        self.explain(e)
     }
 
     pub fn new(endpoints: Vec<String>, tls: EtcdTls, timeout: Duration) -> Self {
@@ -271,14 +275,11 @@ impl Datastore for EtcdDatastore {
     async fn list(&mut self, prefix: &str) -> Result<Listing, DatastoreError> {
         let mut client = self.client().await?;
         let timeout = self.timeout * 10;
-        let res = tokio::time::timeout(timeout, Self::list_pages(&mut client, prefix))
+        tokio::time::timeout(timeout, Self::list_pages(&mut client, prefix))
             .await
             .map_err(|_| DatastoreError::Timeout(timeout))
-            .and_then(|r| r);
-        if res.is_err() {
-            self.client = None;
-        }
-        res.map_err(|e| self.explain(e))
+            .and_then(|r| r)
+            .map_err(|e| self.failed(e))
     }
 
     async fn watch(
@@ -291,17 +292,12 @@ impl Datastore for EtcdDatastore {
             .with_prefix()
             .with_start_revision(start_revision)
             .with_progress_notify();
-        let res = tokio::time::timeout(self.timeout, client.watch(prefix, Some(opts)))
+        let stream = tokio::time::timeout(self.timeout, client.watch(prefix, Some(opts)))
             .await
             .map_err(|_| DatastoreError::Timeout(self.timeout))
-            .and_then(|r| r.map_err(DatastoreError::from));
-        match res {
-            Ok(stream) => Ok(EtcdWatch { stream }),
-            Err(e) => {
-                self.client = None;
-                Err(self.explain(e))
-            }
-        }
+            .and_then(|r| r.map_err(DatastoreError::from))
+            .map_err(|e| self.failed(e))?;
+        Ok(EtcdWatch { stream })
     }
 }
 
