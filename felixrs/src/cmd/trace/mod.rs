@@ -110,10 +110,8 @@ impl Args {
                 .join(crate::dns::persist::FILE_NAME);
             p.exists().then_some(p)
         });
-        let learned = match learned_path {
-            Some(p) => Some(std::sync::Arc::new(LearnedFile::load(&p)?)),
-            None => None,
-        };
+        let learned =
+            (learned_path.map(|p| LearnedFile::load(&p).map(std::sync::Arc::new))).transpose()?;
         let view = render_node_learned(&self.source, &self.node_name, &self.dataplane, learned)?;
         let traced = trace_packet(&view, &self.node_name, &self.packet)?;
         let mut answer = Answer {
@@ -239,34 +237,27 @@ fn end(pods: &Pods, node: &str, want_v6: bool, spec: &str, flag: &str) -> anyhow
             local_iface: None,
         });
     }
-    if let Ok(addr) = spec.parse::<IpAddr>() {
-        let pod = pods.by_addr(addr);
-        return Ok(End {
-            host: false,
-            addr,
-            pod: pod.map(|p| p.id.clone()),
-            local_iface: pod.filter(|p| p.node == node).map(|p| p.iface.clone()),
-        });
-    }
-    if !spec.contains('/') {
-        bail!("{flag} {spec:?}: want namespace/pod, an IP address or host:ADDR");
-    }
-    let pod = pods.by_id(spec).with_context(|| {
-        format!("{flag} {spec:?}: no such pod with an address in the manifests")
-    })?;
-    let addr = *pod
-        .addrs
-        .iter()
-        .find(|a| a.is_ipv6() == want_v6)
-        .with_context(|| {
+    let (addr, pod) = if let Ok(addr) = spec.parse::<IpAddr>() {
+        (addr, pods.by_addr(addr))
+    } else {
+        if !spec.contains('/') {
+            bail!("{flag} {spec:?}: want namespace/pod, an IP address or host:ADDR");
+        }
+        let pod = pods.by_id(spec).with_context(|| {
+            format!("{flag} {spec:?}: no such pod with an address in the manifests")
+        })?;
+        let addr = pod.addrs.iter().find(|a| a.is_ipv6() == want_v6);
+        let addr = *addr.with_context(|| {
             let family = if want_v6 { "IPv6" } else { "IPv4" };
             format!("{flag} {spec:?}: the pod has no {family} address")
         })?;
+        (addr, Some(pod))
+    };
     Ok(End {
         host: false,
         addr,
-        pod: Some(pod.id.clone()),
-        local_iface: (pod.node == node).then(|| pod.iface.clone()),
+        pod: pod.map(|p| p.id.clone()),
+        local_iface: pod.filter(|p| p.node == node).map(|p| p.iface.clone()),
     })
 }
 
