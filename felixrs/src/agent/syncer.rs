@@ -137,17 +137,7 @@ async fn session<D: Datastore>(
             }
         };
         let mut watch = ds.watch(cfg.prefix.resources(), start + 1).await?;
-        match pump(
-            &mut watch,
-            start + 1,
-            cfg,
-            tx,
-            nudge,
-            last_revision,
-            backoff,
-        )
-        .await?
-        {
+        match pump(&mut watch, cfg, tx, nudge, last_revision, backoff).await? {
             Pumped::ReceiverGone => return Ok(()),
             Pumped::Compacted(compact_revision) => {
                 tracing::warn!(compact_revision, "watch revision compacted; listing again");
@@ -162,9 +152,9 @@ enum Pumped {
     Compacted(i64),
 }
 
+/// Forwards what `watch` (started right after `last_revision`) delivers.
 async fn pump<W: DatastoreWatch>(
     watch: &mut W,
-    start_revision: i64,
     cfg: &SyncerConfig,
     tx: &mpsc::Sender<SyncEvent>,
     nudge: &Notify,
@@ -172,6 +162,7 @@ async fn pump<W: DatastoreWatch>(
     backoff: &mut Duration,
 ) -> Result<Pumped, DatastoreError> {
     let mut confirmed = last_revision.unwrap_or(0);
+    let start_revision = confirmed + 1;
     let mut pending: Option<i64> = None;
     let created_at = Instant::now();
     // The store's revision when the watch was created; `None` until the creation response.
