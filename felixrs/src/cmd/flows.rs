@@ -173,13 +173,7 @@ fn names_of(view: &crate::cmd::shared::node_view::NodeView) -> Names {
 
 fn flow(names: &Names, group: u16, prefix: &str, payload: &[u8]) -> Option<Flow> {
     let (action, kind, direction, rule, id) = decode_prefix(prefix)?;
-    let IpHeader {
-        src,
-        dst,
-        protocol,
-        src_port,
-        dst_port,
-    } = decode_ip(payload)?;
+    let ip = decode_ip(payload)?;
     let decided_by = match kind {
         "policy" => names
             .policies
@@ -198,13 +192,13 @@ fn flow(names: &Names, group: u16, prefix: &str, payload: &[u8]) -> Option<Flow>
         rule,
         prefix: prefix.to_string(),
         group,
-        protocol,
-        src: src.to_string(),
-        dst: dst.to_string(),
-        src_port,
-        dst_port,
-        src_pod: names.pods.by_addr(src).map(|p| p.id.clone()),
-        dst_pod: names.pods.by_addr(dst).map(|p| p.id.clone()),
+        protocol: ip.protocol,
+        src: ip.src.to_string(),
+        dst: ip.dst.to_string(),
+        src_port: ip.src_port,
+        dst_port: ip.dst_port,
+        src_pod: names.pods.by_addr(ip.src).map(|p| p.id.clone()),
+        dst_pod: names.pods.by_addr(ip.dst).map(|p| p.id.clone()),
     })
 }
 

@@ -119,13 +119,8 @@ pub fn check_sets(
             .renderer
             .chain(v, TableName::Filter, chain)
             .unwrap_or_default();
-        for r in rules {
-            for m in &r.matches {
-                if let Some(name) = m.set_name() {
-                    names.insert(name.to_string());
-                }
-            }
-        }
+        let matches = rules.iter().flat_map(|r| &r.matches);
+        names.extend(matches.filter_map(|m| m.set_name()).map(String::from));
     }
     let desired = &view.renderer.desired_ref(v).ip_sets;
     let sample = |s: &BTreeSet<&String>| {
