@@ -161,15 +161,11 @@ pub fn trace_kernel(traced: &Traced, state: &KernelState) -> anyhow::Result<Kern
             };
             (KernelVerdict::Drop, decider)
         }
-        Outcome::Return => {
-            let policy = rules.policies.get(start).copied().unwrap_or(Policy::Accept);
-            let v = if policy == Policy::Drop {
-                KernelVerdict::Drop
-            } else {
-                KernelVerdict::Accept
-            };
-            (v, None)
+        // No rule ended it: the kernel chain's policy (ACCEPT when unknown).
+        Outcome::Return if rules.policies.get(start) == Some(&Policy::Drop) => {
+            (KernelVerdict::Drop, None)
         }
+        Outcome::Return => (KernelVerdict::Accept, None),
     };
     let word = |v: KernelVerdict| match v {
         KernelVerdict::Accept => "ACCEPT",

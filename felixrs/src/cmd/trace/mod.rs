@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use anyhow::{Context, bail};
-use calc_graph::proto::{Action, IpVersion, Output};
+use calc_graph::proto::{Action, Output};
 use iptables::desired::TableName;
 use iptables::render::Renderer;
 use iptables::render::names;
@@ -418,16 +418,12 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
     let (pkt, from, to, t) = (&traced.packet, &traced.from, &traced.to, &traced.trace);
     let marks = *view.renderer.marks();
     let owners = chain_owners(&view.outputs, &view.renderer);
-    let family = if pkt.version() == IpVersion::V6 {
-        "IPv6"
-    } else {
-        "IPv4"
-    };
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "packet: {} ({family}, new connection), on node {node}",
-        describe_packet(pkt)
+        "packet: {} (IPv{}, new connection), on node {node}",
+        describe_packet(pkt),
+        pkt.version().number()
     );
     if let Some(rev) = view.revision {
         let _ = writeln!(
