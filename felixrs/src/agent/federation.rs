@@ -122,18 +122,16 @@ impl Remotes {
     /// Starts, restarts and stops syncers so that one runs per configuration in `desired`.
     /// Returns the clusters whose syncer was stopped for good (their keys must go).
     pub fn reconcile(&mut self, desired: &BTreeMap<String, RemoteCluster>) -> Vec<String> {
-        let gone: Vec<String> = self
-            .running
-            .keys()
-            .filter(|c| !desired.contains_key(*c))
-            .cloned()
-            .collect();
-        for c in &gone {
-            if let Some(r) = self.running.remove(c) {
+        let mut gone = Vec::new();
+        self.running.retain(|c, r| {
+            let keep = desired.contains_key(c);
+            if !keep {
                 tracing::info!(cluster = %c, "remote cluster configuration deleted; stopping its syncer");
                 r.cancel.cancel();
+                gone.push(c.clone());
             }
-        }
+            keep
+        });
         for (name, config) in desired {
             if self.running.get(name).is_some_and(|r| &r.config == config) {
                 continue;
