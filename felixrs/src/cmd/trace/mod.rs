@@ -439,13 +439,7 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
         Path::Output => "from the node itself: OUTPUT, from cali-OUTPUT",
     };
     let _ = writeln!(s, "  {path}");
-    let iface = |i: &str| {
-        if i.is_empty() {
-            "-".to_string()
-        } else {
-            i.to_string()
-        }
-    };
+    let iface = |i: &str| (if i.is_empty() { "-" } else { i }).to_string();
     let _ = writeln!(
         s,
         "  in on {}, out on {}",
