@@ -42,7 +42,7 @@ macro_rules! metric_fields {
                 Self { $($field: $init,)* }
             }
 
-            fn register_fields(&self, r: &mut prometheus_client::registry::Registry) {
+            pub(crate) fn register_fields(&self, r: &mut prometheus_client::registry::Registry) {
                 $($(r.register($metric, $help, self.$field.clone());)?)*
             }
         }
@@ -142,7 +142,8 @@ impl Metrics {
         let m = Self::unregistered();
         m.register_fields(&mut registry);
         registry.register_collector(Box::new(m.policy_counters.clone()));
-        m.dns.register(&mut registry);
+        // The DNS learner's, `felixrs_dns_*`.
+        m.dns.register_fields(&mut registry);
         Self { registry, ..m }
     }
 
@@ -163,10 +164,6 @@ pub struct PolicyCounters {
 impl PolicyCounters {
     pub fn set(&self, tallies: Vec<(IpVersion, Tally)>) {
         *self.tallies.lock().expect("policy counters lock") = tallies;
-    }
-
-    pub fn get(&self) -> Vec<(IpVersion, Tally)> {
-        self.tallies.lock().expect("policy counters lock").clone()
     }
 }
 

@@ -4,7 +4,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
 
 use crate::agent::metrics::metric_fields;
 
@@ -51,10 +50,5 @@ impl DnsMetrics {
         self.responses_dropped
             .get_or_create(&vec![("reason".to_string(), reason.to_string())])
             .inc();
-    }
-
-    /// Registers every metric under `felixrs_dns_*`.
-    pub fn register(&self, r: &mut Registry) {
-        self.register_fields(r);
     }
 }
