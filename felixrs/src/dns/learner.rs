@@ -222,22 +222,21 @@ impl Learner {
             }
         }
         let mut verdicts = vec![Verdict::Release; packets.len()];
-        if !needs.is_empty() {
-            let adds: Vec<SetAdd> = needs
-                .keys()
-                .map(|(set, addr)| SetAdd {
-                    set: set.clone(),
-                    addr: *addr,
-                    timeout_secs: self.timeout_for(&inner.map, &inner.active, set, *addr, now),
-                })
-                .collect();
-            let results = inner.writer.add(&adds);
-            for (r, pkts) in results.iter().zip(needs.values()) {
-                if let Err(error) = r {
-                    tracing::warn!(%error, "dropping the held DNS response: its address could not be added");
-                    for &i in pkts {
-                        verdicts[i] = Verdict::Drop(DROP_WRITE_FAILED);
-                    }
+        let adds: Vec<SetAdd> = needs
+            .keys()
+            .map(|(set, addr)| SetAdd {
+                set: set.clone(),
+                addr: *addr,
+                timeout_secs: self.timeout_for(&inner.map, &inner.active, set, *addr, now),
+            })
+            .collect();
+        // Every writer takes an empty batch without touching the kernel.
+        let results = inner.writer.add(&adds);
+        for (r, pkts) in results.iter().zip(needs.values()) {
+            if let Err(error) = r {
+                tracing::warn!(%error, "dropping the held DNS response: its address could not be added");
+                for &i in pkts {
+                    verdicts[i] = Verdict::Drop(DROP_WRITE_FAILED);
                 }
             }
         }
@@ -325,11 +324,8 @@ impl Learner {
                 );
             }
         }
-        let results = if adds.is_empty() {
-            Vec::new()
-        } else {
-            inner.writer.add(&adds)
-        };
+        // Every writer takes an empty batch without touching the kernel.
+        let results = inner.writer.add(&adds);
         let mut failed = BTreeSet::new();
         for (r, a) in results.iter().zip(&adds) {
             if let Err(error) = r {
