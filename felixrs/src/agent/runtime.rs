@@ -243,11 +243,9 @@ fn fallback<P: Pipeline>(
     hub: &StatusHub,
     loaded: Option<Result<Option<Snapshot>, super::snapshot::SnapshotError>>,
 ) {
-    let Some(loaded) = loaded else {
-        return;
-    };
     match loaded {
-        Ok(Some(snap)) => {
+        None => {}
+        Some(Ok(Some(snap))) => {
             let (revision, keys) = (snap.revision, snap.kvs.len());
             if state.load_snapshot(snap) {
                 tracing::warn!(
@@ -258,13 +256,13 @@ fn fallback<P: Pipeline>(
                 hub.update(|s| s.snapshot_revision = Some(revision));
             }
         }
-        Ok(None) => {
+        Some(Ok(None)) => {
             tracing::warn!(
                 "etcd not answering and no snapshot; kernel left untouched until in sync"
             );
             hub.update(|s| s.snapshot_error = Some("no snapshot".into()));
         }
-        Err(error) => {
+        Some(Err(error)) => {
             tracing::error!(%error, "ignoring unusable snapshot; kernel left untouched until in sync");
             hub.update(|s| s.snapshot_error = Some(error.to_string()));
         }

@@ -145,11 +145,8 @@ impl StatusHub {
         let applied = s.applied_revision;
         drop(s);
         self.metrics.applied_revision.set(applied);
-        self.applied_tx.send_if_modified(|r| {
-            let changed = *r != applied;
-            *r = applied;
-            changed
-        });
+        self.applied_tx
+            .send_if_modified(|r| std::mem::replace(r, applied) != applied);
     }
 
     /// Waits until `applied_revision >= revision` or `timeout` passes; true if reached.
