@@ -325,30 +325,27 @@ impl<P: Pipeline> AgentState<P> {
         }
         let prefix = rcc_prefix();
         let mut out = BTreeMap::new();
+        // Each configuration's name is in `errors` (invalid) or else in `out`.
         let mut errors = BTreeMap::new();
-        let mut names = std::collections::BTreeSet::new();
         for (k, v) in from_key(&self.kvs, &prefix).take_while(|(k, _)| k.starts_with(&prefix)) {
             let Some(name) = remote_cluster_name(k) else {
                 continue;
             };
-            names.insert(name.to_string());
-            match RemoteCluster::from_etcd(k, v) {
-                Ok(rc) => {
-                    out.insert(name.to_string(), rc);
-                }
+            let config = match RemoteCluster::from_etcd(k, v) {
+                Ok(rc) => Some(rc),
                 Err(error) => {
                     self.malformed(k, &error);
-                    if let Some(prev) = running(name) {
-                        out.insert(name.to_string(), prev);
-                    }
                     errors.insert(name.to_string(), error.to_string());
+                    running(name)
                 }
-            }
+            };
+            out.extend(config.map(|c| (name.to_string(), c)));
         }
         self.hub.update(|s| {
             // A cluster without a configuration any more is gone from the status (its members go
             // with `drop_remote`).
-            s.remote_clusters.retain(|name, _| names.contains(name));
+            s.remote_clusters
+                .retain(|name, _| out.contains_key(name) || errors.contains_key(name));
             for (name, r) in s.remote_clusters.iter_mut() {
                 r.config_error = errors.remove(name);
             }
