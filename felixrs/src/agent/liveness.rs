@@ -73,11 +73,7 @@ impl Liveness {
 
     /// The apply thread ended (the first cause recorded wins).
     pub fn ended(&self, why: NotAlive) {
-        let mut ended = self.ended.lock().expect("liveness lock");
-        if ended.is_none() {
-            *ended = Some(why);
-        }
-        drop(ended);
+        self.ended.lock().expect("liveness lock").get_or_insert(why);
         self.ended_notify.notify_one();
     }
 

@@ -32,10 +32,7 @@ impl Pods {
     /// The workload endpoints among `view`'s resources (decoded once, when the view was built).
     pub fn of(view: &NodeView) -> Pods {
         let mut out = Pods::default();
-        for (key, res) in &view.resources {
-            if !key.contains("/workloadendpoints/") {
-                continue;
-            }
+        for res in view.resources.values() {
             let Resource::WorkloadEndpoint(w) = res else {
                 continue;
             };

@@ -33,6 +33,7 @@ use crate::cmd::shared::dataplane_args::DataplaneArgs;
 use crate::cmd::shared::node_view::{NodeView, SourceArgs, render_node_learned};
 use crate::cmd::shared::pods::Pods;
 use crate::cmd::shared::{Answer, finish};
+use crate::dns::persist::FILE_NAME;
 use crate::dns::trace::{LearnedFile, explain as explain_domain};
 
 /// `felixrs trace`.
@@ -102,14 +103,9 @@ impl Args {
     /// The report and the objects that were skipped or rendered fail-closed; status 2 if the
     /// kernel differs (the report then ends with the first check that found it).
     fn trace(&self) -> anyhow::Result<Answer> {
-        let learned_path = self.dns_learned.clone().or_else(|| {
-            let p = self
-                .source
-                .state_dir
-                .as_ref()?
-                .join(crate::dns::persist::FILE_NAME);
-            p.exists().then_some(p)
-        });
+        let in_state_dir = (self.source.state_dir.as_ref()).map(|d| d.join(FILE_NAME));
+        let learned_path =
+            (self.dns_learned.clone()).or_else(|| in_state_dir.filter(|p| p.exists()));
         let learned =
             (learned_path.map(|p| LearnedFile::load(&p).map(std::sync::Arc::new))).transpose()?;
         let view = render_node_learned(&self.source, &self.node_name, &self.dataplane, learned)?;
