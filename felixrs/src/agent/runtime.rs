@@ -299,17 +299,13 @@ async fn snapshot_writer(
     hub: Arc<StatusHub>,
 ) {
     while rx.changed().await.is_ok() {
-        let Some(Pending {
-            snapshot: snap,
-            remotes,
-        }) = rx.borrow_and_update().clone()
-        else {
+        let Some(Pending { snapshot, remotes }) = rx.borrow_and_update().clone() else {
             continue;
         };
         let store = store.clone();
         let started = Instant::now();
-        let revision = snap.revision;
-        let res = tokio::task::spawn_blocking(move || store.save(&snap)).await;
+        let revision = snapshot.revision;
+        let res = tokio::task::spawn_blocking(move || store.save(&snapshot)).await;
         hub.metrics
             .snapshot_write_seconds
             .observe(started.elapsed().as_secs_f64());

@@ -162,13 +162,11 @@ struct Names {
 }
 
 fn names_of(view: &crate::cmd::shared::node_view::NodeView) -> Names {
-    let pods = Pods::of(view);
-    let policies = view
-        .renderer
-        .policy_ids()
-        .map(|id| (names::policy_chain_id(id), id.to_string()))
-        .collect();
-    Names { pods, policies }
+    let policies = view.renderer.policy_ids();
+    Names {
+        pods: Pods::of(view),
+        policies: (policies.map(|id| (names::policy_chain_id(id), id.to_string()))).collect(),
+    }
 }
 
 fn flow(names: &Names, group: u16, prefix: &str, payload: &[u8]) -> Option<Flow> {
