@@ -136,6 +136,12 @@ pub fn remote_labels(cluster: &str) -> RemoteLabels {
     vec![("cluster".to_string(), cluster.to_string())]
 }
 
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("felixrs");
