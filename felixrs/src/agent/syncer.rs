@@ -114,26 +114,17 @@ async fn session<D: Datastore>(
         let start = match *last_revision {
             Some(rev) => rev,
             None => {
-                let mut listing = ds.list(cfg.prefix.resources()).await?;
-                listing.kvs = listing
-                    .kvs
-                    .into_iter()
+                let listing = ds.list(cfg.prefix.resources()).await?;
+                let revision = listing.revision;
+                let kvs: Vec<_> = (listing.kvs.into_iter())
                     .filter_map(|(k, v)| Some((cfg.prefix.to_canonical(&k)?, v)))
                     .collect();
-                tracing::info!(
-                    revision = listing.revision,
-                    keys = listing.kvs.len(),
-                    "listed datastore"
-                );
-                *last_revision = Some(listing.revision);
-                let ev = SyncEvent::Listed {
-                    revision: listing.revision,
-                    kvs: listing.kvs,
-                };
-                if tx.send(ev).await.is_err() {
+                tracing::info!(revision, keys = kvs.len(), "listed datastore");
+                *last_revision = Some(revision);
+                if tx.send(SyncEvent::Listed { revision, kvs }).await.is_err() {
                     return Ok(());
                 }
-                listing.revision
+                revision
             }
         };
         let mut watch = ds.watch(cfg.prefix.resources(), start + 1).await?;
