@@ -392,22 +392,7 @@ impl<P: Pipeline> AgentState<P> {
         self.kvs = keep;
         for (k, v) in new {
             let prev = old.remove(&k);
-            if prev.as_ref() == Some(&v) {
-                self.kvs.insert(k, v);
-                continue;
-            }
-            match self.pipeline.update(&k, Some(&v)) {
-                Ok(()) => {
-                    self.kvs.insert(k, v);
-                    self.dirty = true;
-                }
-                Err(error) => {
-                    self.malformed(&k, &error);
-                    if let Some(pv) = prev {
-                        self.kvs.insert(k, pv);
-                    }
-                }
-            }
+            self.put(k, v, prev);
         }
         let removed = old.len();
         for k in old.into_keys() {
@@ -428,15 +413,28 @@ impl<P: Pipeline> AgentState<P> {
                 }
             }
             Some(v) => {
-                if self.kvs.get(&key) == Some(&v) {
-                    return;
-                }
-                match self.pipeline.update(&key, Some(&v)) {
-                    Ok(()) => {
-                        self.kvs.insert(key, v);
-                        self.dirty = true;
-                    }
-                    Err(error) => self.malformed(&key, &error),
+                let prev = self.kvs.remove(&key);
+                self.put(key, v, prev);
+            }
+        }
+    }
+
+    /// `key` (not in `kvs`) is now `value`: the graph is told unless `prev` was the same; a
+    /// malformed value keeps `prev`.
+    fn put(&mut self, key: Arc<str>, value: Arc<[u8]>, prev: Option<Arc<[u8]>>) {
+        if prev.as_ref() == Some(&value) {
+            self.kvs.insert(key, value);
+            return;
+        }
+        match self.pipeline.update(&key, Some(&value)) {
+            Ok(()) => {
+                self.kvs.insert(key, value);
+                self.dirty = true;
+            }
+            Err(error) => {
+                self.malformed(&key, &error);
+                if let Some(prev) = prev {
+                    self.kvs.insert(key, prev);
                 }
             }
         }
