@@ -1,6 +1,6 @@
 //! Fuzz target for the controller's conversion of Kubernetes objects
-//! (`policy_controller::manifests::convert_value` then `validate::checked`, as the manifest
-//! loader and the watchers run them), fed from YAML/JSON text as a manifest file
+//! (`policy_controller::manifests::convert_value`, which validates what it converts, as the
+//! manifest loader and the watchers run it), fed from YAML/JSON text as a manifest file
 //! or the API server would give it.
 //!
 //! Properties: parsing and conversion never panic; every resource the controller would store has
@@ -12,7 +12,6 @@
 use calc_graph::model::Resource;
 use policy_controller::ConvertOptions;
 use policy_controller::manifests::convert_value;
-use policy_controller::validate::checked;
 
 /// Checks the properties on one input; panics when one does not hold.
 pub fn run(data: &[u8]) {
@@ -23,7 +22,7 @@ pub fn run(data: &[u8]) {
     let opts = ConvertOptions {
         interface_prefix: "cali".to_string(),
     };
-    let converted = checked(convert_value(&value, &opts));
+    let converted = convert_value(&value, &opts);
     let Some(res) = converted.resource else {
         return;
     };

@@ -178,7 +178,7 @@ fn load_document(
         vec![value]
     };
     for item in items {
-        let converted = crate::validate::checked(convert_value(&item, opts));
+        let converted = convert_value(&item, opts);
         for r in converted.skips {
             skip(set, r);
         }

@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 use crate::convert::{
     self, Body, CalicoResource, Converted, ObjectRef, SkipReport, etcd_key, is_namespaced, plural,
 };
-use crate::validate::{decode, needs_as_written};
+use crate::validate::{checked, decode, needs_as_written};
 
 /// A RemoteClusterConfiguration, validated strictly by the model the agents read it with (an
 /// unknown field, e.g. `kubeconfig`, is an error naming it).
@@ -134,19 +134,6 @@ pub fn convert_v3(v: &Value) -> Converted {
         Ok(res) => res,
         Err(e) => return Converted::skipped(e.report(&obj), Some(key)),
     };
-    let body = if needs_as_written(&res) {
-        Body::AsWritten { json, decoded: res }
-    } else {
-        Body::Model(res)
-    };
-    Converted {
-        resource: Some(CalicoResource {
-            kind: kind.to_string(),
-            namespace: ns,
-            name,
-            body,
-        }),
-        skips: Vec::new(),
-        retain_key: None,
-    }
+    let as_written = needs_as_written(&res).then_some(json);
+    checked(res, as_written, Vec::new())
 }

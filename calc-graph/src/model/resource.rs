@@ -678,6 +678,16 @@ impl Validated {
         Ok(Validated { key, resource })
     }
 
+    /// A resource built in code (a conversion), validated under its own key; the error is every
+    /// problem found.
+    pub fn of(resource: Resource) -> Result<Validated, Vec<ValidationError>> {
+        resource.validate()?;
+        Ok(Validated {
+            key: resource.key(),
+            resource,
+        })
+    }
+
     pub fn key(&self) -> &ResourceKey {
         &self.key
     }

@@ -20,9 +20,7 @@ use calc_graph::model::{
 };
 
 use super::labels::{NameError, selector_from_label_selector};
-use super::{
-    CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, metadata, non_empty,
-};
+use super::{ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, metadata, non_empty};
 
 /// Name prefix of converted policies in etcd mode.
 pub const KNP_PREFIX: &str = "knp.default.";
@@ -144,7 +142,7 @@ pub fn network_policy_to_calico(np: &NetworkPolicy, _opts: &ConvertOptions) -> C
             ..NetworkPolicySpec::default()
         },
     };
-    Converted::ok(CalicoResource::from_model(policy), skips)
+    Converted::ok(policy, skips)
 }
 
 /// `k8sRuleToCalico`: one k8s rule item → Calico rules.

@@ -63,7 +63,7 @@ use super::{
 use calc_graph::model::{
     Action, DomainPattern, EntityRule, GlobalNetworkPolicy, GlobalNetworkPolicySpec,
     K8S_ADMIN_POLICY_PREFIXES, KUBE_ADMIN_TIER, KUBE_BASELINE_TIER, Metadata, PolicyType, Port,
-    Rule, RuleMetadata, Tier, TierSpec,
+    Rule, RuleMetadata, Tier, TierSpec, Validated,
 };
 
 /// GlobalNetworkPolicy name prefix of a converted AdminNetworkPolicy (Calico's
@@ -167,13 +167,15 @@ pub fn admin_tiers() -> Vec<CalicoResource> {
     ]
     .into_iter()
     .map(|(name, order)| {
-        CalicoResource::from_model(Tier {
+        let tier = Tier {
             metadata: Metadata::named(name),
             spec: TierSpec {
                 order: Some(order),
                 default_action: Some(Action::Pass),
             },
-        })
+        };
+        let valid = Validated::of(tier.into()).expect("the built-in tiers are valid");
+        CalicoResource::new(valid, None)
     })
     .collect()
 }
@@ -210,9 +212,6 @@ pub fn add_admin_tiers<V>(
         return;
     }
     for t in admin_tiers() {
-        if let Err(e) = t.resource().expect("a model resource").validate() {
-            unreachable!("built-in tier {} is invalid: {e:?}", t.name);
-        }
         if let Ok(k) = t.etcd_key() {
             resources.entry(k).or_insert_with(|| value(t));
         }
@@ -421,7 +420,7 @@ fn convert(
             ..GlobalNetworkPolicySpec::default()
         },
     };
-    Converted::ok(CalicoResource::from_model(gnp), skips)
+    Converted::ok(gnp, skips)
 }
 
 fn priority(p: i64) -> Result<f64, FieldError> {
