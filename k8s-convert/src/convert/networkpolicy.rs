@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sha1::{Digest, Sha1};
 
 use calc_graph::model::{
-    Action, EntityRule, NetworkPolicy as CalicoNetworkPolicy, NetworkPolicySpec, PolicyType, Port,
+    Action, EntityRule, NetworkPolicy as CalicoNetworkPolicy, PolicySpec, PolicyType, Port,
     Protocol, Rule,
 };
 
@@ -132,14 +132,14 @@ pub fn network_policy_to_calico(np: &NetworkPolicy, _opts: &ConvertOptions) -> C
 
     let policy = CalicoNetworkPolicy {
         metadata: metadata(calico_name, Some(ns), &np.metadata),
-        spec: NetworkPolicySpec {
+        spec: PolicySpec {
             tier: Some(calc_graph::model::DEFAULT_TIER.to_string()),
             order: Some(1000.0),
             ingress,
             egress,
             selector: non_empty(selector),
             types,
-            ..NetworkPolicySpec::default()
+            ..PolicySpec::default()
         },
     };
     Converted::ok(policy, skips)

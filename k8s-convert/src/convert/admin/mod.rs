@@ -61,9 +61,9 @@ use super::{
     CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, metadata, non_empty,
 };
 use calc_graph::model::{
-    Action, DomainPattern, EntityRule, GlobalNetworkPolicy, GlobalNetworkPolicySpec,
-    K8S_ADMIN_POLICY_PREFIXES, KUBE_ADMIN_TIER, KUBE_BASELINE_TIER, Metadata, PolicyType, Port,
-    Rule, RuleMetadata, Tier, TierSpec, Validated,
+    Action, DomainPattern, EntityRule, GlobalNetworkPolicy, K8S_ADMIN_POLICY_PREFIXES,
+    KUBE_ADMIN_TIER, KUBE_BASELINE_TIER, Metadata, PolicySpec, PolicyType, Port, Rule,
+    RuleMetadata, Tier, TierSpec, Validated,
 };
 
 /// GlobalNetworkPolicy name prefix of a converted AdminNetworkPolicy (Calico's
@@ -409,7 +409,7 @@ fn convert(
     }
     let gnp = GlobalNetworkPolicy {
         metadata: metadata(calico_name, None, meta),
-        spec: GlobalNetworkPolicySpec {
+        spec: PolicySpec {
             tier: Some(tier.to_string()),
             order: Some(order),
             ingress,
@@ -417,7 +417,7 @@ fn convert(
             selector: non_empty(selector),
             types,
             namespace_selector: non_empty(namespace_selector),
-            ..GlobalNetworkPolicySpec::default()
+            ..PolicySpec::default()
         },
     };
     Converted::ok(gnp, skips)
