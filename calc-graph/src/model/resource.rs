@@ -220,28 +220,7 @@ impl Resource {
     pub fn from_etcd(key: &str, value: &[u8]) -> Result<(ResourceKey, Resource), ModelError> {
         let rk = ResourceKey::parse_etcd_key(key)?;
         let resource = Self::decode(value, Some(&rk))?;
-        let mismatch = |field: &'static str, key: &str, body: &str| ModelError::KeyMismatch {
-            resource: rk.to_string(),
-            field,
-            key: key.to_string(),
-            body: body.to_string(),
-        };
-        if resource.kind() != rk.kind {
-            return Err(mismatch(
-                "kind",
-                rk.kind.kind_name(),
-                resource.kind().kind_name(),
-            ));
-        }
-        let meta = resource.metadata();
-        let body_ns = meta.namespace.as_deref().unwrap_or("");
-        let key_ns = rk.namespace.as_deref().unwrap_or("");
-        if body_ns != key_ns {
-            return Err(mismatch("metadata.namespace", key_ns, body_ns));
-        }
-        if meta.name != rk.name {
-            return Err(mismatch("metadata.name", &rk.name, &meta.name));
-        }
+        check_key(&rk, &resource)?;
         Ok((rk, resource))
     }
 
@@ -633,6 +612,32 @@ mod tests {
     }
 }
 
+/// Checks that the body's kind, namespace and name are the ones in `key`; the error names the
+/// first that differs.
+fn check_key(key: &ResourceKey, resource: &Resource) -> Result<(), ModelError> {
+    let meta = resource.metadata();
+    let differs = [
+        ("kind", key.kind.kind_name(), resource.kind().kind_name()),
+        (
+            "metadata.namespace",
+            key.namespace.as_deref().unwrap_or(""),
+            meta.namespace.as_deref().unwrap_or(""),
+        ),
+        ("metadata.name", key.name.as_str(), meta.name.as_str()),
+    ]
+    .into_iter()
+    .find(|(_, k, b)| k != b);
+    match differs {
+        Some((field, k, b)) => Err(ModelError::KeyMismatch {
+            resource: key.to_string(),
+            field,
+            key: k.to_string(),
+            body: b.to_string(),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// A resource that decoded under its etcd key, matches that key (kind, namespace, name) and
 /// validated: the one place a resource from the datastore is validated. The graph takes it
 /// ([`Update::Valid`](crate::graph::Update::Valid)) without checking it again.
@@ -651,29 +656,10 @@ impl Validated {
         Ok(Validated { key, resource })
     }
 
-    /// A resource already decoded (from manifests, or a conversion), checked against `key`
-    /// (kind, namespace for namespaced kinds, name) and validated.
+    /// A resource already decoded, checked against `key` (kind, namespace, name) as
+    /// [`Resource::from_etcd`] checks it, and validated.
     pub fn new(key: ResourceKey, resource: Resource) -> Result<Validated, ModelError> {
-        let body = resource.key();
-        let differs = [
-            ("kind", key.kind.kind_name(), body.kind.kind_name()),
-            (
-                "metadata.namespace",
-                key.namespace.as_deref().unwrap_or(""),
-                body.namespace.as_deref().unwrap_or(""),
-            ),
-            ("metadata.name", key.name.as_str(), body.name.as_str()),
-        ]
-        .into_iter()
-        .find(|(_, k, b)| k != b);
-        if let Some((field, k, b)) = differs {
-            return Err(ModelError::KeyMismatch {
-                resource: key.to_string(),
-                field,
-                key: k.to_string(),
-                body: b.to_string(),
-            });
-        }
+        check_key(&key, &resource)?;
         resource.validate().map_err(ModelError::Invalid)?;
         Ok(Validated { key, resource })
     }
