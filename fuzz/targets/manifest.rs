@@ -4,12 +4,12 @@
 //! or the API server would give it.
 //!
 //! Properties: parsing and conversion never panic; every resource the controller would store has
-//! a valid etcd key and is decoded by the agent (`Resource::from_etcd_validated`) under that key,
+//! a valid etcd key and is decoded by the agent (`Validated::from_etcd`) under that key,
 //! so whatever a hostile object holds, the agent reads exactly what the controller wrote.
 //!
 //! Shared by the cargo-fuzz target (`fuzz/fuzz_targets/manifest.rs`, nightly, coverage guided) and
 //! the bounded stable run in CI (`tests/tests/fuzz_stable.rs`, `scripts/fuzz-stable.sh`).
-use calc_graph::model::Resource;
+use calc_graph::model::Validated;
 use policy_controller::ConvertOptions;
 use policy_controller::manifests::convert_value;
 
@@ -30,7 +30,7 @@ pub fn run(data: &[u8]) {
     let key = res
         .etcd_key()
         .unwrap_or_else(|e| panic!("stored resource without a key: {e}\n{json}"));
-    if let Err(e) = Resource::from_etcd_validated(&key, json.as_bytes()) {
+    if let Err(e) = Validated::from_etcd(&key, json.as_bytes()) {
         panic!("the agent rejects what the controller stores at {key}: {e}\n{json}");
     }
 }

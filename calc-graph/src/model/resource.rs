@@ -224,15 +224,6 @@ impl Resource {
         Ok((rk, resource))
     }
 
-    /// [`Resource::from_etcd`] followed by [`Resource::validate`], for callers that want only
-    /// valid resources ([`Validated::from_etcd`], taken apart).
-    pub fn from_etcd_validated(
-        key: &str,
-        value: &[u8],
-    ) -> Result<(ResourceKey, Resource), ModelError> {
-        Validated::from_etcd(key, value).map(Validated::into_parts)
-    }
-
     fn decode(json: &[u8], key: Option<&ResourceKey>) -> Result<Resource, ModelError> {
         // serde also accepts a struct as a positional array; a resource is only ever an object.
         if json.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
