@@ -208,21 +208,6 @@ impl CalicoResource {
 /// RemoteClusterConfiguration: stored for the agents (federation), not a graph resource.
 pub const REMOTE_CLUSTER_KIND: &str = "RemoteClusterConfiguration";
 
-/// The model's kind for a v3 kind name, if this controller can store it.
-pub fn model_kind(kind: &str) -> Option<calc_graph::model::Kind> {
-    calc_graph::model::Kind::from_kind_name(kind)
-}
-
-/// The plural resource name used in etcd keys.
-pub fn plural(kind: &str) -> Option<&'static str> {
-    model_kind(kind).map(|k| k.plural())
-}
-
-/// Whether a v3 kind is namespaced.
-pub fn is_namespaced(kind: &str) -> bool {
-    model_kind(kind).is_some_and(|k| k.is_namespaced())
-}
-
 /// Why a resource has no etcd key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
@@ -241,7 +226,7 @@ pub enum KeyError {
 /// The etcd key of a v3 resource: `/calico/resources/v3/projectcalico.org/<plural>/[<ns>/]<name>`.
 /// Names and namespaces are checked first so that nothing in them can add a path segment.
 pub fn etcd_key(kind: &str, namespace: Option<&str>, name: &str) -> Result<String, KeyError> {
-    use calc_graph::model::{ResourceKey, validate_name, validate_namespace};
+    use calc_graph::model::{Kind, ResourceKey, validate_name, validate_namespace};
     if kind == REMOTE_CLUSTER_KIND {
         validate_name(name).map_err(KeyError::Name)?;
         return match namespace {
@@ -249,7 +234,8 @@ pub fn etcd_key(kind: &str, namespace: Option<&str>, name: &str) -> Result<Strin
             Some(_) => Err(KeyError::UnexpectedNamespace(kind.to_string())),
         };
     }
-    let k = model_kind(kind).ok_or_else(|| KeyError::UnsupportedKind(kind.to_string()))?;
+    let k =
+        Kind::from_kind_name(kind).ok_or_else(|| KeyError::UnsupportedKind(kind.to_string()))?;
     validate_name(name).map_err(KeyError::Name)?;
     match (k.is_namespaced(), namespace) {
         (true, Some(ns)) => {
