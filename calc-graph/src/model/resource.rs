@@ -18,53 +18,52 @@ use super::schema;
 use super::tier::Tier;
 use super::{ModelError, ValidationError};
 
-/// One Calico v3 resource of any supported kind.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Resource {
-    NetworkPolicy(NetworkPolicy),
-    GlobalNetworkPolicy(GlobalNetworkPolicy),
-    Tier(Tier),
-    Profile(Profile),
-    WorkloadEndpoint(WorkloadEndpoint),
-    HostEndpoint(HostEndpoint),
-    NetworkSet(NetworkSet),
-    GlobalNetworkSet(GlobalNetworkSet),
-    StagedNetworkPolicy(StagedNetworkPolicy),
-    StagedGlobalNetworkPolicy(StagedGlobalNetworkPolicy),
-    StagedKubernetesNetworkPolicy(StagedKubernetesNetworkPolicy),
-    IpPool(IpPool),
-}
-
-/// Applies `$body` to the inner value of every variant.
-macro_rules! each_variant {
-    ($self:expr, $inner:ident => $body:expr) => {
-        match $self {
-            Resource::NetworkPolicy($inner) => $body,
-            Resource::GlobalNetworkPolicy($inner) => $body,
-            Resource::Tier($inner) => $body,
-            Resource::Profile($inner) => $body,
-            Resource::WorkloadEndpoint($inner) => $body,
-            Resource::HostEndpoint($inner) => $body,
-            Resource::NetworkSet($inner) => $body,
-            Resource::GlobalNetworkSet($inner) => $body,
-            Resource::StagedNetworkPolicy($inner) => $body,
-            Resource::StagedGlobalNetworkPolicy($inner) => $body,
-            Resource::StagedKubernetesNetworkPolicy($inner) => $body,
-            Resource::IpPool($inner) => $body,
+/// Defines [`Resource`] from the one list of kinds, each a variant holding the type of the same
+/// name (and a [`Kind`] of that name): the enum, `From` for each type, [`Resource::kind`], the
+/// decoding dispatch, and `each_variant!`, which applies an expression to any variant's value.
+macro_rules! resources {
+    ($($t:ident),* $(,)?) => {
+        /// One Calico v3 resource of any supported kind.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum Resource {
+            $($t($t),)*
         }
-    };
-}
 
-macro_rules! impl_from {
-    ($($t:ident),*) => {
         $(impl From<$t> for Resource {
             fn from(r: $t) -> Resource {
                 Resource::$t(r)
             }
         })*
+
+        impl Resource {
+            pub fn kind(&self) -> Kind {
+                match self {
+                    $(Resource::$t(_) => Kind::$t,)*
+                }
+            }
+
+            /// Decodes `json` as the type of `kind`.
+            fn decode_kind(
+                kind: Kind,
+                json: &[u8],
+                label: &dyn Fn() -> String,
+            ) -> Result<Resource, ModelError> {
+                Ok(match kind {
+                    $(Kind::$t => Resource::$t(decode_as(json, label)?),)*
+                })
+            }
+        }
+
+        macro_rules! each_variant {
+            ($self:expr, $inner:ident => $body:expr) => {
+                match $self {
+                    $(Resource::$t($inner) => $body,)*
+                }
+            };
+        }
     };
 }
-impl_from!(
+resources!(
     NetworkPolicy,
     GlobalNetworkPolicy,
     Tier,
@@ -76,7 +75,7 @@ impl_from!(
     StagedNetworkPolicy,
     StagedGlobalNetworkPolicy,
     StagedKubernetesNetworkPolicy,
-    IpPool
+    IpPool,
 );
 
 /// The output envelope: type meta first, then the resource's own `metadata` and `spec`.
@@ -172,23 +171,6 @@ fn decode_as<T: DeserializeOwned>(
 }
 
 impl Resource {
-    pub fn kind(&self) -> Kind {
-        match self {
-            Resource::NetworkPolicy(_) => Kind::NetworkPolicy,
-            Resource::GlobalNetworkPolicy(_) => Kind::GlobalNetworkPolicy,
-            Resource::Tier(_) => Kind::Tier,
-            Resource::Profile(_) => Kind::Profile,
-            Resource::WorkloadEndpoint(_) => Kind::WorkloadEndpoint,
-            Resource::HostEndpoint(_) => Kind::HostEndpoint,
-            Resource::NetworkSet(_) => Kind::NetworkSet,
-            Resource::GlobalNetworkSet(_) => Kind::GlobalNetworkSet,
-            Resource::StagedNetworkPolicy(_) => Kind::StagedNetworkPolicy,
-            Resource::StagedGlobalNetworkPolicy(_) => Kind::StagedGlobalNetworkPolicy,
-            Resource::StagedKubernetesNetworkPolicy(_) => Kind::StagedKubernetesNetworkPolicy,
-            Resource::IpPool(_) => Kind::IpPool,
-        }
-    }
-
     pub fn metadata(&self) -> &Metadata {
         each_variant!(self, r => &r.metadata)
     }
@@ -253,24 +235,7 @@ impl Resource {
             });
         }
         let l: &dyn Fn() -> String = &label;
-        let mut resource = match kind {
-            Kind::NetworkPolicy => Resource::NetworkPolicy(decode_as(json, l)?),
-            Kind::GlobalNetworkPolicy => Resource::GlobalNetworkPolicy(decode_as(json, l)?),
-            Kind::Tier => Resource::Tier(decode_as(json, l)?),
-            Kind::Profile => Resource::Profile(decode_as(json, l)?),
-            Kind::WorkloadEndpoint => Resource::WorkloadEndpoint(decode_as(json, l)?),
-            Kind::HostEndpoint => Resource::HostEndpoint(decode_as(json, l)?),
-            Kind::NetworkSet => Resource::NetworkSet(decode_as(json, l)?),
-            Kind::GlobalNetworkSet => Resource::GlobalNetworkSet(decode_as(json, l)?),
-            Kind::StagedNetworkPolicy => Resource::StagedNetworkPolicy(decode_as(json, l)?),
-            Kind::StagedGlobalNetworkPolicy => {
-                Resource::StagedGlobalNetworkPolicy(decode_as(json, l)?)
-            }
-            Kind::StagedKubernetesNetworkPolicy => {
-                Resource::StagedKubernetesNetworkPolicy(decode_as(json, l)?)
-            }
-            Kind::IpPool => Resource::IpPool(decode_as(json, l)?),
-        };
+        let mut resource = Self::decode_kind(kind, json, l)?;
         let unknown = schema::unknown_field_paths(schema::calico_document(kind), json);
         if !unknown.is_empty() {
             resource.attach_unknown_fields(unknown, l)?;
