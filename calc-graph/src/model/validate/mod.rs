@@ -31,7 +31,7 @@ use super::names::{
 use super::policy::{PolicySpec, PolicyType, StagedAction, StagedPolicySpec};
 use super::primitives::Action;
 use super::resource::Resource;
-use super::tier::{DEFAULT_TIER, KUBE_ADMIN_TIER, KUBE_BASELINE_TIER, TierSpec};
+use super::tier::{Tier, TierSpec};
 use super::{Metadata, ValidationError};
 use rule::{Direction, Owner};
 
@@ -269,12 +269,9 @@ fn tier(ctx: &mut Ctx<'_>, name: &str, spec: &TierSpec) {
             format!("default action must be Deny or Pass, got {a:?}"),
         );
     }
-    let fixed = match name {
-        DEFAULT_TIER => Some(1_000_000.0),
-        KUBE_ADMIN_TIER => Some(1_000.0),
-        KUBE_BASELINE_TIER => Some(10_000_000.0),
-        _ => None,
-    };
+    let fixed = (Tier::builtin().into_iter())
+        .find(|t| t.metadata.name == name)
+        .and_then(|t| t.spec.order);
     if let Some(want) = fixed
         && spec.order != Some(want)
     {

@@ -62,8 +62,8 @@ use super::{
 };
 use calc_graph::model::{
     Action, DomainPattern, EntityRule, GlobalNetworkPolicy, K8S_ADMIN_POLICY_PREFIXES,
-    KUBE_ADMIN_TIER, KUBE_BASELINE_TIER, Metadata, PolicySpec, PolicyType, Port, Rule,
-    RuleMetadata, Tier, TierSpec, Validated,
+    KUBE_ADMIN_TIER, KUBE_BASELINE_TIER, PolicySpec, PolicyType, Port, Rule, RuleMetadata, Tier,
+    Validated,
 };
 
 /// GlobalNetworkPolicy name prefix of a converted AdminNetworkPolicy (Calico's
@@ -73,10 +73,6 @@ pub const ANP_PREFIX: &str = K8S_ADMIN_POLICY_PREFIXES[0];
 pub const BANP_PREFIX: &str = K8S_ADMIN_POLICY_PREFIXES[1];
 /// GlobalNetworkPolicy name prefix of a converted ClusterNetworkPolicy (Felix's `kcnp.` legacy key).
 pub const CNP_PREFIX: &str = K8S_ADMIN_POLICY_PREFIXES[2];
-/// Order of the `kube-admin` tier (Calico `KubeAdminTierOrder`).
-pub const KUBE_ADMIN_TIER_ORDER: f64 = 1_000.0;
-/// Order of the `kube-baseline` tier (Calico `KubeBaselineTierOrder`).
-pub const KUBE_BASELINE_TIER_ORDER: f64 = 10_000_000.0;
 /// The order of the BaselineAdminNetworkPolicy in its tier (Calico's fixed 1000).
 pub const BANP_ORDER: f64 = 1000.0;
 /// The only name a BaselineAdminNetworkPolicy may have.
@@ -159,25 +155,16 @@ pub fn cluster_network_policy_to_calico(
     convert(Source::Cnp, &o.metadata, &o.spec)
 }
 
-/// The built-in Tier resources the admin policies live in (written with them).
+/// The built-in Tier resources the admin policies live in (written with them): `kube-admin` and
+/// `kube-baseline`, as [`Tier::builtin`] defines them.
 pub fn admin_tiers() -> Vec<CalicoResource> {
-    [
-        (KUBE_ADMIN_TIER, KUBE_ADMIN_TIER_ORDER),
-        (KUBE_BASELINE_TIER, KUBE_BASELINE_TIER_ORDER),
-    ]
-    .into_iter()
-    .map(|(name, order)| {
-        let tier = Tier {
-            metadata: Metadata::named(name),
-            spec: TierSpec {
-                order: Some(order),
-                default_action: Some(Action::Pass),
-            },
-        };
-        let valid = Validated::of(tier.into()).expect("the built-in tiers are valid");
-        CalicoResource::new(valid, None)
-    })
-    .collect()
+    (Tier::builtin().into_iter())
+        .filter(|t| [KUBE_ADMIN_TIER, KUBE_BASELINE_TIER].contains(&t.metadata.name.as_str()))
+        .map(|t| {
+            let valid = Validated::of(t.into()).expect("the built-in tiers are valid");
+            CalicoResource::new(valid, None)
+        })
+        .collect()
 }
 
 /// Whether an etcd key is that of a converted admin policy (which needs [`admin_tiers`]).
