@@ -10,9 +10,9 @@ use std::fs;
 use std::path::Path;
 
 use calc_graph::model::{
-    Action, EntityRule, GlobalNetworkPolicy, GlobalNetworkPolicySpec, IcmpFields, IpVersion,
-    Metadata, NetworkPolicy, NetworkPolicySpec, NetworkSet, NetworkSetSpec, PolicyType, Port,
-    Protocol, Resource, ResourceKey, Rule, WorkloadEndpoint, WorkloadEndpointSpec, validate_name,
+    Action, EntityRule, GlobalNetworkPolicy, IcmpFields, IpVersion, Metadata, NetworkPolicy,
+    NetworkSet, NetworkSetSpec, PolicySpec, PolicyType, Port, Protocol, Resource, ResourceKey,
+    Rule, WorkloadEndpoint, WorkloadEndpointSpec, validate_name,
 };
 use ipnet::IpNet;
 use proptest::prelude::*;
@@ -148,13 +148,13 @@ fn resource() -> impl Strategy<Value = Resource> {
                     labels,
                     ..Metadata::namespaced(ns, n)
                 },
-                spec: NetworkPolicySpec {
+                spec: PolicySpec {
                     order,
                     selector: sel,
                     types,
                     ingress,
                     egress,
-                    ..NetworkPolicySpec::default()
+                    ..PolicySpec::default()
                 },
             })
         });
@@ -166,12 +166,12 @@ fn resource() -> impl Strategy<Value = Resource> {
         .prop_map(|(n, flags, ingress)| {
             Resource::GlobalNetworkPolicy(GlobalNetworkPolicy {
                 metadata: Metadata::named(n),
-                spec: GlobalNetworkPolicySpec {
+                spec: PolicySpec {
                     tier: Some("security".into()),
                     ingress,
                     do_not_track: flags,
                     apply_on_forward: flags,
-                    ..GlobalNetworkPolicySpec::default()
+                    ..PolicySpec::default()
                 },
             })
         });

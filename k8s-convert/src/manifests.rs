@@ -12,7 +12,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use crate::strict_k8s::StrictNetworkPolicy;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use serde_json::Value;
 
 use crate::convert::{self, CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport};
@@ -178,7 +177,7 @@ fn load_document(
         vec![value]
     };
     for item in items {
-        let converted = crate::validate::checked(convert_value(&item, opts));
+        let converted = convert_value(&item, opts);
         for r in converted.skips {
             skip(set, r);
         }
@@ -210,6 +209,22 @@ fn load_document(
     }
 }
 
+/// `v` decoded as `T` and converted by `convert`; an object that does not decode is skipped.
+fn decoded<T: serde::de::DeserializeOwned>(
+    v: &Value,
+    obj: &ObjectRef,
+    opts: &ConvertOptions,
+    convert: fn(&T, &ConvertOptions) -> Converted,
+) -> Converted {
+    match serde_json::from_value(v.clone()) {
+        Ok(o) => convert(&o, opts),
+        Err(e) => Converted::skipped(
+            SkipReport::new(obj, "", format!("cannot decode: {e}")),
+            None,
+        ),
+    }
+}
+
 /// Converts one JSON object of any accepted kind.
 pub fn convert_value(v: &Value, opts: &ConvertOptions) -> Converted {
     let api = v.get("apiVersion").and_then(Value::as_str).unwrap_or("");
@@ -223,27 +238,11 @@ pub fn convert_value(v: &Value, opts: &ConvertOptions) -> Converted {
         .and_then(|m| m.get("namespace"))
         .and_then(Value::as_str);
     let obj = ObjectRef::new(kind, ns, name);
-    fn parse<T: serde::de::DeserializeOwned>(v: &Value, obj: &ObjectRef) -> Result<T, SkipReport> {
-        serde_json::from_value(v.clone())
-            .map_err(|e| SkipReport::new(obj, "", format!("cannot decode: {e}")))
-    }
     match (api, kind) {
-        ("v1", "Namespace") => match parse::<Namespace>(v, &obj) {
-            Ok(o) => convert::namespace_to_profile(&o, opts),
-            Err(r) => Converted::skipped(r, None),
-        },
-        ("v1", "ServiceAccount") => match parse::<ServiceAccount>(v, &obj) {
-            Ok(o) => convert::service_account_to_profile(&o, opts),
-            Err(r) => Converted::skipped(r, None),
-        },
-        ("v1", "Pod") => match parse::<Pod>(v, &obj) {
-            Ok(o) => convert::pod_to_workload_endpoint(&o, opts),
-            Err(r) => Converted::skipped(r, None),
-        },
-        ("v1", "Node") => match parse::<Node>(v, &obj) {
-            Ok(o) => convert::node_to_network_set(&o, opts),
-            Err(r) => Converted::skipped(r, None),
-        },
+        ("v1", "Namespace") => decoded(v, &obj, opts, convert::namespace_to_profile),
+        ("v1", "ServiceAccount") => decoded(v, &obj, opts, convert::service_account_to_profile),
+        ("v1", "Pod") => decoded(v, &obj, opts, convert::pod_to_workload_endpoint),
+        ("v1", "Node") => decoded(v, &obj, opts, convert::node_to_network_set),
         ("networking.k8s.io/v1", "NetworkPolicy") => {
             match StrictNetworkPolicy::from_value(v.clone()) {
                 Ok(o) => o.convert(opts),
@@ -254,22 +253,16 @@ pub fn convert_value(v: &Value, opts: &ConvertOptions) -> Converted {
             }
         }
         ("policy.networking.k8s.io/v1alpha1", "AdminNetworkPolicy") => {
-            match parse::<convert::admin::AdminNetworkPolicy>(v, &obj) {
-                Ok(o) => convert::admin_network_policy_to_calico(&o, opts),
-                Err(r) => Converted::skipped(r, None),
-            }
+            decoded(v, &obj, opts, convert::admin_network_policy_to_calico)
         }
-        ("policy.networking.k8s.io/v1alpha1", "BaselineAdminNetworkPolicy") => {
-            match parse::<convert::admin::BaselineAdminNetworkPolicy>(v, &obj) {
-                Ok(o) => convert::baseline_admin_network_policy_to_calico(&o, opts),
-                Err(r) => Converted::skipped(r, None),
-            }
-        }
+        ("policy.networking.k8s.io/v1alpha1", "BaselineAdminNetworkPolicy") => decoded(
+            v,
+            &obj,
+            opts,
+            convert::baseline_admin_network_policy_to_calico,
+        ),
         ("policy.networking.k8s.io/v1alpha2", "ClusterNetworkPolicy") => {
-            match parse::<convert::admin::ClusterNetworkPolicy>(v, &obj) {
-                Ok(o) => convert::cluster_network_policy_to_calico(&o, opts),
-                Err(r) => Converted::skipped(r, None),
-            }
+            decoded(v, &obj, opts, convert::cluster_network_policy_to_calico)
         }
         (calc_graph::model::API_VERSION, _) => crate::v3_passthrough::convert_v3(v),
         _ => Converted::skipped(

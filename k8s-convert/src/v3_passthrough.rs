@@ -6,12 +6,11 @@
 //! `default`, as calicoctl does. Validation (names, labels, selectors, rules) is the model's, applied by
 //! [`crate::validate::checked`] to every resource.
 
+use calc_graph::model::Kind;
 use serde_json::{Map, Value};
 
-use crate::convert::{
-    self, Body, CalicoResource, Converted, ObjectRef, SkipReport, etcd_key, is_namespaced, plural,
-};
-use crate::validate::{decode, needs_as_written};
+use crate::convert::{self, Body, CalicoResource, Converted, ObjectRef, SkipReport, etcd_key};
+use crate::validate::{checked, decode, needs_as_written};
 
 /// A RemoteClusterConfiguration, validated strictly by the model the agents read it with (an
 /// unknown field, e.g. `kubeconfig`, is an error naming it).
@@ -71,21 +70,16 @@ pub fn convert_v3(v: &Value) -> Converted {
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_string();
-    let mut ns = meta
-        .get("namespace")
-        .and_then(Value::as_str)
-        .map(str::to_string);
-    if is_namespaced(kind) && ns.is_none() {
-        ns = Some("default".to_string());
-    }
-    if !is_namespaced(kind) {
-        ns = None;
-    }
+    let model = Kind::from_kind_name(kind);
+    let ns = model.is_some_and(|k| k.is_namespaced()).then(|| {
+        let ns = meta.get("namespace").and_then(Value::as_str);
+        ns.unwrap_or("default").to_string()
+    });
     let obj = ObjectRef::new(kind, ns.as_deref(), &name);
     if kind == convert::REMOTE_CLUSTER_KIND {
         return remote_cluster(v, &obj, &name);
     }
-    if plural(kind).is_none() {
+    if model.is_none() {
         return Converted::skipped(
             SkipReport::new(
                 &obj,
@@ -134,19 +128,6 @@ pub fn convert_v3(v: &Value) -> Converted {
         Ok(res) => res,
         Err(e) => return Converted::skipped(e.report(&obj), Some(key)),
     };
-    let body = if needs_as_written(&res) {
-        Body::AsWritten { json, decoded: res }
-    } else {
-        Body::Model(res)
-    };
-    Converted {
-        resource: Some(CalicoResource {
-            kind: kind.to_string(),
-            namespace: ns,
-            name,
-            body,
-        }),
-        skips: Vec::new(),
-        retain_key: None,
-    }
+    let as_written = needs_as_written(&res).then_some(json);
+    checked(res, as_written, Vec::new())
 }

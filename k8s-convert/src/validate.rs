@@ -1,16 +1,17 @@
 //! Every resource is validated by the shared model before it is stored.
 //!
-//! Conversions build `calc_graph::model` resources directly; [`checked`] runs
-//! `Resource::validate` (names, labels, selectors, ports, protocols, nets) on each, once, so nothing
-//! reaches etcd that the agent's model would reject. What is stored is the model's canonical JSON
+//! Conversions build `calc_graph::model` resources directly; [`checked`] validates each with the
+//! model (names, labels, selectors, ports, protocols, nets), once, where it is converted, so nothing
+//! reaches etcd that the agent's model would reject, and the agent's tools take the result as
+//! [`Validated`] without checking it again. What is stored is the model's canonical JSON
 //! (`Resource::to_json`), encoded when it is written. `projectcalico.org/v3` documents are decoded
 //! strictly by [`decode`] (the model's schema): an unknown field outside a rule fails the resource;
 //! a rule with an unknown field is kept as written (the canonical form could not carry the field),
 //! so the agent sees it and fails that rule safe; see [`failed_safe_reports`].
 
-use calc_graph::model::{Action, ModelError, Resource, Rule};
+use calc_graph::model::{Action, ModelError, Resource, Rule, Validated};
 
-use crate::convert::{CalicoResource, Converted, ObjectRef, SkipReport};
+use crate::convert::{CalicoResource, Converted, ObjectRef, SkipReport, etcd_key};
 
 /// A problem at one field of a source object: the field's JSON path (relative to the part being
 /// converted until a caller puts it [`under`](FieldError::under) its own) and what is wrong. The
@@ -65,15 +66,6 @@ pub fn decode(json: &str) -> Result<Resource, FieldError> {
 /// model does not know.
 pub fn needs_as_written(res: &Resource) -> bool {
     rules_of(res).any(|(_, rule)| !rule.unknown_fields.is_empty())
-}
-
-/// Validates one resource with the model (a RemoteClusterConfiguration was validated strictly
-/// where it was converted).
-pub fn validate(r: &CalicoResource) -> Result<(), FieldError> {
-    match r.resource() {
-        Some(res) => res.validate().map_err(first_and_all),
-        None => Ok(()),
-    }
 }
 
 fn first_and_all(errs: Vec<calc_graph::model::ValidationError>) -> FieldError {
@@ -146,25 +138,40 @@ pub fn failed_safe_reports(r: &CalicoResource) -> Vec<SkipReport> {
     out
 }
 
-/// Validates a conversion's output; a failure becomes a skip that retains the key.
-pub fn checked(mut c: Converted) -> Converted {
-    if let Some(r) = c.resource.take() {
-        match validate(&r) {
-            Ok(()) => {
-                c.skips.extend(failed_safe_reports(&r));
-                c.resource = Some(r);
+/// Validates a converted resource with the model, once: the result carries it as [`Validated`],
+/// with a report per rule that fails safe; an invalid resource becomes a skip that retains its key
+/// (fail closed).
+pub(crate) fn checked(
+    res: Resource,
+    as_written: Option<String>,
+    mut skips: Vec<SkipReport>,
+) -> Converted {
+    let key = res.key();
+    match Validated::of(res) {
+        Ok(valid) => {
+            let r = CalicoResource::new(valid, as_written);
+            skips.extend(failed_safe_reports(&r));
+            Converted {
+                resource: Some(r),
+                skips,
+                retain_key: None,
             }
-            Err(FieldError {
+        }
+        Err(errs) => {
+            let (kind, ns) = (key.kind.kind_name(), key.namespace.as_deref());
+            let FieldError { field, message } = first_and_all(errs);
+            skips.push(SkipReport::new(
+                &ObjectRef::new(kind, ns, &key.name),
                 field,
-                message: msg,
-            }) => {
-                let obj = ObjectRef::new(&r.kind, r.namespace.as_deref(), &r.name);
-                c.skips.push(SkipReport::new(&obj, field, msg));
-                c.retain_key = r.etcd_key().ok();
+                message,
+            ));
+            Converted {
+                resource: None,
+                skips,
+                retain_key: etcd_key(kind, ns, &key.name).ok(),
             }
         }
     }
-    c
 }
 
 #[cfg(test)]
@@ -173,10 +180,10 @@ mod tests {
     use serde_json::json;
 
     fn gnp(spec: serde_json::Value) -> Converted {
-        checked(crate::v3_passthrough::convert_v3(&json!({
+        crate::v3_passthrough::convert_v3(&json!({
             "apiVersion": "projectcalico.org/v3", "kind": "GlobalNetworkPolicy",
             "metadata": {"name": "g"}, "spec": spec
-        })))
+        }))
     }
 
     fn fields_and_messages(skips: &[SkipReport]) -> Vec<(&str, &str)> {

@@ -21,7 +21,6 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use policy_controller::ConvertOptions;
 use policy_controller::convert::{self, RESOURCE_PREFIX};
-use policy_controller::validate::checked;
 use policy_controller::writer::{Desired, Writer};
 use serde_json::{Value, json};
 
@@ -87,21 +86,21 @@ fn bench_convert() {
             let mut n = 0;
             for p in &pods {
                 let o: Pod = serde_json::from_value(p.clone()).unwrap();
-                n += checked(convert::pod_to_workload_endpoint(&o, &opts))
+                n += convert::pod_to_workload_endpoint(&o, &opts)
                     .resource
                     .map(|r| r.to_json())
                     .is_some() as usize;
             }
             for p in &nps {
                 let o: NetworkPolicy = serde_json::from_value(p.clone()).unwrap();
-                n += checked(convert::network_policy_to_calico(&o, &opts))
+                n += convert::network_policy_to_calico(&o, &opts)
                     .resource
                     .map(|r| r.to_json())
                     .is_some() as usize;
             }
             for p in &nss {
                 let o: Namespace = serde_json::from_value(p.clone()).unwrap();
-                n += checked(convert::namespace_to_profile(&o, &opts))
+                n += convert::namespace_to_profile(&o, &opts)
                     .resource
                     .map(|r| r.to_json())
                     .is_some() as usize;

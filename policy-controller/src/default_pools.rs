@@ -6,7 +6,7 @@
 //! They are desired state like a manifest's resources, with lower precedence: a manifest that
 //! defines an IPPool of the same name wins (that is how an operator changes the default pool).
 
-use calc_graph::model::{IpPool, IpPoolSpec, Metadata, Resource};
+use calc_graph::model::{IpPool, IpPoolSpec, Metadata, Resource, Validated};
 
 use crate::convert::CalicoResource;
 
@@ -85,15 +85,14 @@ impl DefaultPools {
                 },
                 status: None,
             });
-            if let Err(errs) = pool.validate() {
-                let msgs: Vec<String> = errs.iter().map(ToString::to_string).collect();
-                return Err(DefaultPoolError::Invalid {
-                    flag,
-                    cidr: cidr.clone(),
-                    problems: msgs.join("; "),
-                });
-            }
-            out.push((pool.key().etcd_key(), CalicoResource::from_model(pool)));
+            let valid = Validated::of(pool).map_err(|errs| DefaultPoolError::Invalid {
+                flag,
+                cidr: cidr.clone(),
+                problems: (errs.iter().map(ToString::to_string))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            })?;
+            out.push((valid.key().etcd_key(), CalicoResource::new(valid, None)));
         }
         Ok(out)
     }

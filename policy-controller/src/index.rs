@@ -16,7 +16,6 @@ use kube::ResourceExt;
 
 use crate::convert::{self, ConvertOptions, Converted, ObjectRef, SkipReport};
 use crate::manifests::ManifestSet;
-use crate::validate::checked;
 use crate::writer::Desired;
 
 /// A Kubernetes kind the controller converts.
@@ -124,7 +123,7 @@ impl Index {
 
     /// An object was added or changed.
     pub fn apply<K: SourceKind>(&mut self, o: &K) {
-        let converted = checked(o.convert(&self.opts));
+        let converted = o.convert(&self.opts);
         for s in &converted.skips {
             tracing::warn!(object = %obj_ref(o), field = %s.field, "skipping: {}", s.message);
         }

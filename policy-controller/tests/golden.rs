@@ -87,8 +87,9 @@ fn stored_values_are_model_canonical() {
     assert!(set.resources.len() > 10);
     for (key, r) in &set.resources {
         let json = r.to_json();
-        let (rk, res) = calc_graph::model::Resource::from_etcd_validated(key, json.as_bytes())
-            .unwrap_or_else(|e| panic!("{key}: {e}"));
+        let (rk, res) = calc_graph::model::Validated::from_etcd(key, json.as_bytes())
+            .unwrap_or_else(|e| panic!("{key}: {e}"))
+            .into_parts();
         assert_eq!(&rk.etcd_key(), key);
         assert_eq!(res.to_json(), json, "{key} is not canonical");
     }

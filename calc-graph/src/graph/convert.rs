@@ -8,8 +8,8 @@ use std::sync::Arc;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use crate::model::{
-    GlobalNetworkPolicy, HostEndpoint, Kind, NetworkPolicy, PolicySpecCommon, PolicyType, Resource,
-    ResourceKey, WorkloadEndpoint,
+    GlobalNetworkPolicy, HostEndpoint, Kind, NetworkPolicy, PolicyType, Resource, ResourceKey,
+    WorkloadEndpoint,
 };
 use crate::proto::{EndpointId, PolicyId, PolicyKind};
 
@@ -60,68 +60,44 @@ pub(crate) fn check(key: &ResourceKey, r: &Resource) -> Result<(), GraphError> {
     r.validate().map_err(GraphError::Invalid)
 }
 
-fn has_type(types: &[PolicyType], t: PolicyType) -> bool {
-    types.contains(&t)
-}
-
 pub(crate) fn build_policy(
     key: &ResourceKey,
     r: Resource,
 ) -> Result<(PolicyDraft, Vec<FailedSafeRule>), GraphError> {
-    let (draft, warnings) = match r {
+    let (kind, namespace, spec) = match r {
         Resource::NetworkPolicy(NetworkPolicy { spec, .. }) => {
             let ns = key.namespace.clone().unwrap_or_default();
-            let selector = rules::network_policy_selector(&spec, &ns)?;
-            let scanned = rules::scan_rules(&spec.ingress, &spec.egress, Some(&ns))?;
-            let types = spec.effective_types();
-            let warnings = scanned.failed_safe.clone();
-            (
-                PolicyDraft {
-                    id: PolicyId {
-                        kind: PolicyKind::NetworkPolicy,
-                        tier: spec.tier_name().to_string(),
-                        namespace: Some(ns),
-                        name: key.name.clone(),
-                    },
-                    selector,
-                    order: spec.order,
-                    ingress: has_type(&types, PolicyType::Ingress),
-                    egress: has_type(&types, PolicyType::Egress),
-                    untracked: false,
-                    pre_dnat: false,
-                    // Felix's NetworkPolicy processor always sets applyOnForward.
-                    apply_on_forward: true,
-                    rules: Arc::new(scanned),
-                },
-                warnings,
-            )
+            (PolicyKind::NetworkPolicy, Some(ns), spec)
         }
         Resource::GlobalNetworkPolicy(GlobalNetworkPolicy { spec, .. }) => {
-            let selector = rules::global_policy_selector(&spec)?;
-            let scanned = rules::scan_rules(&spec.ingress, &spec.egress, None)?;
-            let types = spec.effective_types();
-            let warnings = scanned.failed_safe.clone();
-            (
-                PolicyDraft {
-                    id: PolicyId {
-                        kind: PolicyKind::GlobalNetworkPolicy,
-                        tier: spec.tier_name().to_string(),
-                        namespace: None,
-                        name: key.name.clone(),
-                    },
-                    selector,
-                    order: spec.order,
-                    ingress: has_type(&types, PolicyType::Ingress),
-                    egress: has_type(&types, PolicyType::Egress),
-                    untracked: spec.do_not_track,
-                    pre_dnat: spec.pre_dnat,
-                    apply_on_forward: spec.apply_on_forward,
-                    rules: Arc::new(scanned),
-                },
-                warnings,
-            )
+            (PolicyKind::GlobalNetworkPolicy, None, spec)
         }
         other => return Err(GraphError::NotAPolicy(other.kind())),
+    };
+    let selector = match &namespace {
+        Some(ns) => rules::network_policy_selector(&spec, ns)?,
+        None => rules::global_policy_selector(&spec)?,
+    };
+    let scanned = rules::scan_rules(&spec.ingress, &spec.egress, namespace.as_deref())?;
+    let types = spec.effective_types();
+    let warnings = scanned.failed_safe.clone();
+    let draft = PolicyDraft {
+        id: PolicyId {
+            kind,
+            tier: spec.tier_name().to_string(),
+            namespace,
+            name: key.name.clone(),
+        },
+        selector,
+        order: spec.order,
+        ingress: types.contains(&PolicyType::Ingress),
+        egress: types.contains(&PolicyType::Egress),
+        // A NetworkPolicy has none of the three flags (validation), and Felix's NetworkPolicy
+        // processor always sets applyOnForward.
+        untracked: spec.do_not_track,
+        pre_dnat: spec.pre_dnat,
+        apply_on_forward: spec.apply_on_forward || kind == PolicyKind::NetworkPolicy,
+        rules: Arc::new(scanned),
     };
     Ok((draft, warnings))
 }

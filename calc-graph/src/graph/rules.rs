@@ -18,8 +18,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::model::{
-    Action, DomainPattern, EntityRule, GlobalNetworkPolicySpec, NetworkPolicySpec, Port, Protocol,
-    Rule, ServiceAccountMatch,
+    Action, DomainPattern, EntityRule, PolicySpec, Port, Protocol, Rule, ServiceAccountMatch,
 };
 use crate::proto::{IpSetId, IpSetKind, ParsedRule, PortRange};
 use crate::selector::{self, Expr, Selector, make_unique_id};
@@ -281,7 +280,7 @@ fn checked_field(text: Option<&str>, field: Field<'_>) -> Result<String, Selecto
 
 /// The selector of a namespaced NetworkPolicy, scoped to its namespace.
 pub(crate) fn network_policy_selector(
-    spec: &NetworkPolicySpec,
+    spec: &PolicySpec,
     ns: &str,
 ) -> Result<Selector, SelectorFieldError> {
     let mut sel = checked_field(spec.selector.as_deref(), &"spec.selector")?;
@@ -301,9 +300,7 @@ pub(crate) fn network_policy_selector(
 }
 
 /// The selector of a GlobalNetworkPolicy, with its namespace and service-account selectors.
-pub(crate) fn global_policy_selector(
-    spec: &GlobalNetworkPolicySpec,
-) -> Result<Selector, SelectorFieldError> {
+pub(crate) fn global_policy_selector(spec: &PolicySpec) -> Result<Selector, SelectorFieldError> {
     let mut sel = checked_field(spec.selector.as_deref(), &"spec.selector")?;
     if let Some(nss) = spec.namespace_selector.as_deref() {
         sel = prefix_and_append(sel, Some(nss), NS_PREFIX, &"spec.namespaceSelector")?;

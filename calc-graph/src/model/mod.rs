@@ -58,10 +58,9 @@ pub use names::{
 };
 pub use netset::{GlobalNetworkSet, NetworkSet, NetworkSetSpec};
 pub use policy::{
-    GlobalNetworkPolicy, GlobalNetworkPolicySpec, NetworkPolicy, NetworkPolicySpec,
-    PolicySpecCommon, PolicyType, StagedAction, StagedGlobalNetworkPolicy,
-    StagedGlobalNetworkPolicySpec, StagedKubernetesNetworkPolicy,
-    StagedKubernetesNetworkPolicySpec, StagedNetworkPolicy, StagedNetworkPolicySpec,
+    GlobalNetworkPolicy, NetworkPolicy, PolicySpec, PolicyType, StagedAction,
+    StagedGlobalNetworkPolicy, StagedKubernetesNetworkPolicy, StagedKubernetesNetworkPolicySpec,
+    StagedNetworkPolicy, StagedPolicySpec,
 };
 pub use prefix::{DEFAULT_ETCD_PREFIX, EtcdPrefix, EtcdPrefixError};
 pub use primitives::{Action, IcmpFields, IpVersion, Port, PrimitiveError, Protocol};

@@ -23,55 +23,7 @@ pub struct NetworkPolicy {
     #[serde(default)]
     pub metadata: Metadata,
     #[serde(default)]
-    pub spec: NetworkPolicySpec,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
-pub struct NetworkPolicySpec {
-    /// Absent means `default`; see [`NetworkPolicySpec::tier_name`].
-    #[serde(
-        deserialize_with = "empty_as_none",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub tier: Option<String>,
-    /// Absent sorts after every present order.
-    #[serde(
-        serialize_with = "order_as_go",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub order: Option<f64>,
-    #[serde(
-        deserialize_with = "empty_as_none",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub selector: Option<String>,
-    #[serde(
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "Vec::is_empty"
-    )]
-    pub types: Vec<PolicyType>,
-    #[serde(
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "Vec::is_empty"
-    )]
-    pub ingress: Vec<Rule>,
-    #[serde(
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "Vec::is_empty"
-    )]
-    pub egress: Vec<Rule>,
-    #[serde(
-        deserialize_with = "empty_as_none",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub service_account_selector: Option<String>,
-    /// e.g. `AssumeNeededOnEveryNode`.
-    #[serde(
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "Vec::is_empty"
-    )]
-    pub performance_hints: Vec<String>,
+    pub spec: PolicySpec,
 }
 
 /// `projectcalico.org/v3` GlobalNetworkPolicy (cluster-scoped).
@@ -80,17 +32,22 @@ pub struct GlobalNetworkPolicy {
     #[serde(default)]
     pub metadata: Metadata,
     #[serde(default)]
-    pub spec: GlobalNetworkPolicySpec,
+    pub spec: PolicySpec,
 }
 
+/// The spec of both policy kinds: a NetworkPolicy's is a GlobalNetworkPolicy's without
+/// `doNotTrack`, `preDNAT`, `applyOnForward` and `namespaceSelector` (the schema refuses them in a
+/// NetworkPolicy document, validation in a NetworkPolicy built in code).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
-pub struct GlobalNetworkPolicySpec {
+pub struct PolicySpec {
+    /// Absent means `default`; see [`PolicySpec::tier_name`].
     #[serde(
         deserialize_with = "empty_as_none",
         skip_serializing_if = "Option::is_none"
     )]
     pub tier: Option<String>,
+    /// Absent sorts after every present order.
     #[serde(
         serialize_with = "order_as_go",
         skip_serializing_if = "Option::is_none"
@@ -132,6 +89,7 @@ pub struct GlobalNetworkPolicySpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub service_account_selector: Option<String>,
+    /// e.g. `AssumeNeededOnEveryNode`.
     #[serde(
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
@@ -139,40 +97,32 @@ pub struct GlobalNetworkPolicySpec {
     pub performance_hints: Vec<String>,
 }
 
-/// Fields both policy specs share, for code that handles either kind.
-pub trait PolicySpecCommon {
-    fn tier(&self) -> Option<&str>;
-    fn order(&self) -> Option<f64>;
-    fn selector(&self) -> Option<&str>;
-    fn types(&self) -> &[PolicyType];
-    fn ingress(&self) -> &[Rule];
-    fn egress(&self) -> &[Rule];
-
+impl PolicySpec {
     /// The tier, with an absent tier meaning `default`.
-    fn tier_name(&self) -> &str {
-        self.tier().unwrap_or(DEFAULT_TIER)
+    pub fn tier_name(&self) -> &str {
+        self.tier.as_deref().unwrap_or(DEFAULT_TIER)
     }
 
     /// The directions the policy applies to, as Felix reads stored data
     /// (`extractPolicyMetadata` in `felix/calc`): the listed types, and an empty `types` means
     /// both Ingress and Egress ("back compatibility: no Types means Ingress and Egress").
-    /// Differs from [`PolicySpecCommon::effective_types`] only for stored policies without
+    /// Differs from [`PolicySpec::effective_types`] only for stored policies without
     /// `types`, which Calico's own writers never produce.
-    fn felix_types(&self) -> Vec<PolicyType> {
-        if self.types().is_empty() {
+    pub fn felix_types(&self) -> Vec<PolicyType> {
+        if self.types.is_empty() {
             return vec![PolicyType::Ingress, PolicyType::Egress];
         }
-        let mut t = self.types().to_vec();
+        let mut t = self.types.clone();
         t.sort();
         t.dedup();
         t
     }
 
     /// The listed types (sorted, deduplicated), or, when there are none, the types Calico's
-    /// client would have filled in at create time (see [`PolicySpecCommon::create_time_types`]).
+    /// client would have filled in at create time (see [`PolicySpec::create_time_types`]).
     /// Kept with this meaning because the graph already relies on it; see `felix_types` for how
     /// Felix itself reads a stored policy without types.
-    fn effective_types(&self) -> Vec<PolicyType> {
+    pub fn effective_types(&self) -> Vec<PolicyType> {
         self.create_time_types()
     }
 
@@ -180,54 +130,25 @@ pub trait PolicySpecCommon {
     /// (`defaultPolicyTypesField` in clientv3): Ingress, plus Egress when there are egress rules,
     /// and only Egress when there are only egress rules. Writers (the controller, manifest
     /// loaders) apply this before storing, so the stored policy means what its author expected.
-    fn create_time_types(&self) -> Vec<PolicyType> {
-        if !self.types().is_empty() {
+    pub fn create_time_types(&self) -> Vec<PolicyType> {
+        if !self.types.is_empty() {
             return self.felix_types();
         }
-        match (self.ingress().is_empty(), self.egress().is_empty()) {
+        match (self.ingress.is_empty(), self.egress.is_empty()) {
             (_, true) => vec![PolicyType::Ingress],
             (true, false) => vec![PolicyType::Egress],
             (false, false) => vec![PolicyType::Ingress, PolicyType::Egress],
         }
     }
-}
 
-macro_rules! impl_common {
-    ($t:ty) => {
-        impl PolicySpecCommon for $t {
-            fn tier(&self) -> Option<&str> {
-                self.tier.as_deref()
-            }
-            fn order(&self) -> Option<f64> {
-                self.order
-            }
-            fn selector(&self) -> Option<&str> {
-                self.selector.as_deref()
-            }
-            fn types(&self) -> &[PolicyType] {
-                &self.types
-            }
-            fn ingress(&self) -> &[Rule] {
-                &self.ingress
-            }
-            fn egress(&self) -> &[Rule] {
-                &self.egress
-            }
+    /// Sets `types` to [`PolicySpec::create_time_types`] if it is empty, as Calico's client does
+    /// on create.
+    pub fn fill_default_types(&mut self) {
+        if self.types.is_empty() {
+            self.types = self.create_time_types();
         }
-
-        impl $t {
-            /// Sets `types` to [`PolicySpecCommon::create_time_types`] if it is empty, as
-            /// Calico's client does on create.
-            pub fn fill_default_types(&mut self) {
-                if self.types.is_empty() {
-                    self.types = self.create_time_types();
-                }
-            }
-        }
-    };
+    }
 }
-impl_common!(NetworkPolicySpec);
-impl_common!(GlobalNetworkPolicySpec);
 
 /// What applying a staged policy would do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -244,16 +165,7 @@ pub struct StagedNetworkPolicy {
     #[serde(default)]
     pub metadata: Metadata,
     #[serde(default)]
-    pub spec: StagedNetworkPolicySpec,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct StagedNetworkPolicySpec {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub staged_action: Option<StagedAction>,
-    #[serde(flatten)]
-    pub policy: NetworkPolicySpec,
+    pub spec: StagedPolicySpec,
 }
 
 /// `StagedGlobalNetworkPolicy`: a GlobalNetworkPolicy spec plus `stagedAction`; never enforced.
@@ -262,16 +174,17 @@ pub struct StagedGlobalNetworkPolicy {
     #[serde(default)]
     pub metadata: Metadata,
     #[serde(default)]
-    pub spec: StagedGlobalNetworkPolicySpec,
+    pub spec: StagedPolicySpec,
 }
 
+/// The spec of both staged Calico policy kinds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct StagedGlobalNetworkPolicySpec {
+pub struct StagedPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staged_action: Option<StagedAction>,
     #[serde(flatten)]
-    pub policy: GlobalNetworkPolicySpec,
+    pub policy: PolicySpec,
 }
 
 /// `StagedKubernetesNetworkPolicy`: a Kubernetes NetworkPolicy spec plus `stagedAction`, kept
@@ -331,7 +244,7 @@ mod tests {
             ("1e3", "1000"),
         ] {
             let doc = format!(r#"{{"order": {input}}}"#);
-            let s: NetworkPolicySpec = serde_json::from_str(&doc).unwrap();
+            let s: PolicySpec = serde_json::from_str(&doc).unwrap();
             assert_eq!(
                 serde_json::to_string(&s).unwrap(),
                 format!(r#"{{"order":{output}}}"#)
@@ -342,7 +255,7 @@ mod tests {
     #[test]
     fn felix_types_and_create_time_types() {
         use super::super::primitives::Action;
-        let mut s = NetworkPolicySpec::default();
+        let mut s = PolicySpec::default();
         let both = vec![PolicyType::Ingress, PolicyType::Egress];
         assert_eq!(s.felix_types(), both);
         assert_eq!(s.create_time_types(), vec![PolicyType::Ingress]);
@@ -357,9 +270,9 @@ mod tests {
         assert_eq!(s.create_time_types(), vec![PolicyType::Egress]);
         assert_eq!(s.effective_types(), vec![PolicyType::Egress]);
 
-        let mut g = GlobalNetworkPolicySpec {
+        let mut g = PolicySpec {
             ingress: vec![Rule::new(Action::Allow)],
-            ..GlobalNetworkPolicySpec::default()
+            ..PolicySpec::default()
         };
         g.fill_default_types();
         assert_eq!(g.types, vec![PolicyType::Ingress]);

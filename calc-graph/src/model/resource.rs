@@ -18,53 +18,52 @@ use super::schema;
 use super::tier::Tier;
 use super::{ModelError, ValidationError};
 
-/// One Calico v3 resource of any supported kind.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Resource {
-    NetworkPolicy(NetworkPolicy),
-    GlobalNetworkPolicy(GlobalNetworkPolicy),
-    Tier(Tier),
-    Profile(Profile),
-    WorkloadEndpoint(WorkloadEndpoint),
-    HostEndpoint(HostEndpoint),
-    NetworkSet(NetworkSet),
-    GlobalNetworkSet(GlobalNetworkSet),
-    StagedNetworkPolicy(StagedNetworkPolicy),
-    StagedGlobalNetworkPolicy(StagedGlobalNetworkPolicy),
-    StagedKubernetesNetworkPolicy(StagedKubernetesNetworkPolicy),
-    IpPool(IpPool),
-}
-
-/// Applies `$body` to the inner value of every variant.
-macro_rules! each_variant {
-    ($self:expr, $inner:ident => $body:expr) => {
-        match $self {
-            Resource::NetworkPolicy($inner) => $body,
-            Resource::GlobalNetworkPolicy($inner) => $body,
-            Resource::Tier($inner) => $body,
-            Resource::Profile($inner) => $body,
-            Resource::WorkloadEndpoint($inner) => $body,
-            Resource::HostEndpoint($inner) => $body,
-            Resource::NetworkSet($inner) => $body,
-            Resource::GlobalNetworkSet($inner) => $body,
-            Resource::StagedNetworkPolicy($inner) => $body,
-            Resource::StagedGlobalNetworkPolicy($inner) => $body,
-            Resource::StagedKubernetesNetworkPolicy($inner) => $body,
-            Resource::IpPool($inner) => $body,
+/// Defines [`Resource`] from the one list of kinds, each a variant holding the type of the same
+/// name (and a [`Kind`] of that name): the enum, `From` for each type, [`Resource::kind`], the
+/// decoding dispatch, and `each_variant!`, which applies an expression to any variant's value.
+macro_rules! resources {
+    ($($t:ident),* $(,)?) => {
+        /// One Calico v3 resource of any supported kind.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum Resource {
+            $($t($t),)*
         }
-    };
-}
 
-macro_rules! impl_from {
-    ($($t:ident),*) => {
         $(impl From<$t> for Resource {
             fn from(r: $t) -> Resource {
                 Resource::$t(r)
             }
         })*
+
+        impl Resource {
+            pub fn kind(&self) -> Kind {
+                match self {
+                    $(Resource::$t(_) => Kind::$t,)*
+                }
+            }
+
+            /// Decodes `json` as the type of `kind`.
+            fn decode_kind(
+                kind: Kind,
+                json: &[u8],
+                label: &dyn Fn() -> String,
+            ) -> Result<Resource, ModelError> {
+                Ok(match kind {
+                    $(Kind::$t => Resource::$t(decode_as(json, label)?),)*
+                })
+            }
+        }
+
+        macro_rules! each_variant {
+            ($self:expr, $inner:ident => $body:expr) => {
+                match $self {
+                    $(Resource::$t($inner) => $body,)*
+                }
+            };
+        }
     };
 }
-impl_from!(
+resources!(
     NetworkPolicy,
     GlobalNetworkPolicy,
     Tier,
@@ -76,7 +75,7 @@ impl_from!(
     StagedNetworkPolicy,
     StagedGlobalNetworkPolicy,
     StagedKubernetesNetworkPolicy,
-    IpPool
+    IpPool,
 );
 
 /// The output envelope: type meta first, then the resource's own `metadata` and `spec`.
@@ -172,23 +171,6 @@ fn decode_as<T: DeserializeOwned>(
 }
 
 impl Resource {
-    pub fn kind(&self) -> Kind {
-        match self {
-            Resource::NetworkPolicy(_) => Kind::NetworkPolicy,
-            Resource::GlobalNetworkPolicy(_) => Kind::GlobalNetworkPolicy,
-            Resource::Tier(_) => Kind::Tier,
-            Resource::Profile(_) => Kind::Profile,
-            Resource::WorkloadEndpoint(_) => Kind::WorkloadEndpoint,
-            Resource::HostEndpoint(_) => Kind::HostEndpoint,
-            Resource::NetworkSet(_) => Kind::NetworkSet,
-            Resource::GlobalNetworkSet(_) => Kind::GlobalNetworkSet,
-            Resource::StagedNetworkPolicy(_) => Kind::StagedNetworkPolicy,
-            Resource::StagedGlobalNetworkPolicy(_) => Kind::StagedGlobalNetworkPolicy,
-            Resource::StagedKubernetesNetworkPolicy(_) => Kind::StagedKubernetesNetworkPolicy,
-            Resource::IpPool(_) => Kind::IpPool,
-        }
-    }
-
     pub fn metadata(&self) -> &Metadata {
         each_variant!(self, r => &r.metadata)
     }
@@ -220,38 +202,8 @@ impl Resource {
     pub fn from_etcd(key: &str, value: &[u8]) -> Result<(ResourceKey, Resource), ModelError> {
         let rk = ResourceKey::parse_etcd_key(key)?;
         let resource = Self::decode(value, Some(&rk))?;
-        let mismatch = |field: &'static str, key: &str, body: &str| ModelError::KeyMismatch {
-            resource: rk.to_string(),
-            field,
-            key: key.to_string(),
-            body: body.to_string(),
-        };
-        if resource.kind() != rk.kind {
-            return Err(mismatch(
-                "kind",
-                rk.kind.kind_name(),
-                resource.kind().kind_name(),
-            ));
-        }
-        let meta = resource.metadata();
-        let body_ns = meta.namespace.as_deref().unwrap_or("");
-        let key_ns = rk.namespace.as_deref().unwrap_or("");
-        if body_ns != key_ns {
-            return Err(mismatch("metadata.namespace", key_ns, body_ns));
-        }
-        if meta.name != rk.name {
-            return Err(mismatch("metadata.name", &rk.name, &meta.name));
-        }
+        check_key(&rk, &resource)?;
         Ok((rk, resource))
-    }
-
-    /// [`Resource::from_etcd`] followed by [`Resource::validate`], for callers that want only
-    /// valid resources ([`Validated::from_etcd`], taken apart).
-    pub fn from_etcd_validated(
-        key: &str,
-        value: &[u8],
-    ) -> Result<(ResourceKey, Resource), ModelError> {
-        Validated::from_etcd(key, value).map(Validated::into_parts)
     }
 
     fn decode(json: &[u8], key: Option<&ResourceKey>) -> Result<Resource, ModelError> {
@@ -283,24 +235,7 @@ impl Resource {
             });
         }
         let l: &dyn Fn() -> String = &label;
-        let mut resource = match kind {
-            Kind::NetworkPolicy => Resource::NetworkPolicy(decode_as(json, l)?),
-            Kind::GlobalNetworkPolicy => Resource::GlobalNetworkPolicy(decode_as(json, l)?),
-            Kind::Tier => Resource::Tier(decode_as(json, l)?),
-            Kind::Profile => Resource::Profile(decode_as(json, l)?),
-            Kind::WorkloadEndpoint => Resource::WorkloadEndpoint(decode_as(json, l)?),
-            Kind::HostEndpoint => Resource::HostEndpoint(decode_as(json, l)?),
-            Kind::NetworkSet => Resource::NetworkSet(decode_as(json, l)?),
-            Kind::GlobalNetworkSet => Resource::GlobalNetworkSet(decode_as(json, l)?),
-            Kind::StagedNetworkPolicy => Resource::StagedNetworkPolicy(decode_as(json, l)?),
-            Kind::StagedGlobalNetworkPolicy => {
-                Resource::StagedGlobalNetworkPolicy(decode_as(json, l)?)
-            }
-            Kind::StagedKubernetesNetworkPolicy => {
-                Resource::StagedKubernetesNetworkPolicy(decode_as(json, l)?)
-            }
-            Kind::IpPool => Resource::IpPool(decode_as(json, l)?),
-        };
+        let mut resource = Self::decode_kind(kind, json, l)?;
         let unknown = schema::unknown_field_paths(schema::calico_document(kind), json);
         if !unknown.is_empty() {
             resource.attach_unknown_fields(unknown, l)?;
@@ -633,6 +568,32 @@ mod tests {
     }
 }
 
+/// Checks that the body's kind, namespace and name are the ones in `key`; the error names the
+/// first that differs.
+fn check_key(key: &ResourceKey, resource: &Resource) -> Result<(), ModelError> {
+    let meta = resource.metadata();
+    let differs = [
+        ("kind", key.kind.kind_name(), resource.kind().kind_name()),
+        (
+            "metadata.namespace",
+            key.namespace.as_deref().unwrap_or(""),
+            meta.namespace.as_deref().unwrap_or(""),
+        ),
+        ("metadata.name", key.name.as_str(), meta.name.as_str()),
+    ]
+    .into_iter()
+    .find(|(_, k, b)| k != b);
+    match differs {
+        Some((field, k, b)) => Err(ModelError::KeyMismatch {
+            resource: key.to_string(),
+            field,
+            key: k.to_string(),
+            body: b.to_string(),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// A resource that decoded under its etcd key, matches that key (kind, namespace, name) and
 /// validated: the one place a resource from the datastore is validated. The graph takes it
 /// ([`Update::Valid`](crate::graph::Update::Valid)) without checking it again.
@@ -651,31 +612,22 @@ impl Validated {
         Ok(Validated { key, resource })
     }
 
-    /// A resource already decoded (from manifests, or a conversion), checked against `key`
-    /// (kind, namespace for namespaced kinds, name) and validated.
+    /// A resource already decoded, checked against `key` (kind, namespace, name) as
+    /// [`Resource::from_etcd`] checks it, and validated.
     pub fn new(key: ResourceKey, resource: Resource) -> Result<Validated, ModelError> {
-        let body = resource.key();
-        let differs = [
-            ("kind", key.kind.kind_name(), body.kind.kind_name()),
-            (
-                "metadata.namespace",
-                key.namespace.as_deref().unwrap_or(""),
-                body.namespace.as_deref().unwrap_or(""),
-            ),
-            ("metadata.name", key.name.as_str(), body.name.as_str()),
-        ]
-        .into_iter()
-        .find(|(_, k, b)| k != b);
-        if let Some((field, k, b)) = differs {
-            return Err(ModelError::KeyMismatch {
-                resource: key.to_string(),
-                field,
-                key: k.to_string(),
-                body: b.to_string(),
-            });
-        }
+        check_key(&key, &resource)?;
         resource.validate().map_err(ModelError::Invalid)?;
         Ok(Validated { key, resource })
+    }
+
+    /// A resource built in code (a conversion), validated under its own key; the error is every
+    /// problem found.
+    pub fn of(resource: Resource) -> Result<Validated, Vec<ValidationError>> {
+        resource.validate()?;
+        Ok(Validated {
+            key: resource.key(),
+            resource,
+        })
     }
 
     pub fn key(&self) -> &ResourceKey {

@@ -9,9 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use calc_graph::graph::{CalcGraph, Update};
 use calc_graph::model::{
-    Action, EndpointPort, EntityRule, GlobalNetworkPolicy, GlobalNetworkPolicySpec, Kind, Metadata,
-    NetworkPolicy, NetworkPolicySpec, NetworkSet, NetworkSetSpec, Profile, ProfileSpec, Protocol,
-    Resource, ResourceKey, Rule, Tier, TierSpec, WorkloadEndpoint, WorkloadEndpointSpec,
+    Action, EndpointPort, EntityRule, GlobalNetworkPolicy, Kind, Metadata, NetworkPolicy,
+    NetworkSet, NetworkSetSpec, PolicySpec, Profile, ProfileSpec, Protocol, Resource, ResourceKey,
+    Rule, Tier, TierSpec, WorkloadEndpoint, WorkloadEndpointSpec,
 };
 use calc_graph::proto::{
     ActivePolicy, ActiveProfile, EndpointId, IpSetKind, IpSetMember, LocalEndpoint, Output,
@@ -122,11 +122,11 @@ pub fn allow_from(selector: &str) -> Rule {
 pub fn mk_np_res(ns: &str, name: &str, selector: &str, ingress: Vec<Rule>) -> NetworkPolicy {
     NetworkPolicy {
         metadata: Metadata::namespaced(ns, name),
-        spec: NetworkPolicySpec {
+        spec: PolicySpec {
             order: Some(1000.0),
             selector: Some(selector.into()),
             ingress,
-            ..NetworkPolicySpec::default()
+            ..PolicySpec::default()
         },
     }
 }
@@ -144,12 +144,12 @@ pub fn mk_gnp_res(
 ) -> GlobalNetworkPolicy {
     GlobalNetworkPolicy {
         metadata: Metadata::named(name),
-        spec: GlobalNetworkPolicySpec {
+        spec: PolicySpec {
             order,
             selector: Some(selector.into()),
             ingress,
             egress,
-            ..GlobalNetworkPolicySpec::default()
+            ..PolicySpec::default()
         },
     }
 }

@@ -9,9 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use calc_graph::graph::named_port_set_id;
-use calc_graph::model::{
-    Action, Kind, PolicySpecCommon, PolicyType, Port, Protocol, Resource, ResourceKey, Rule,
-};
+use calc_graph::model::{Action, Kind, PolicyType, Port, Protocol, Resource, ResourceKey, Rule};
 use calc_graph::proto::{
     ActivePolicy, ActiveProfile, EndpointId, IpSetKind, IpSetMember, LocalEndpoint, ParsedRule,
     PolicyId, PolicyKind, PortRange, TierInfo,

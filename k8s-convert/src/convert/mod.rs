@@ -19,7 +19,7 @@ mod pod;
 
 use std::fmt;
 
-use calc_graph::model::{Metadata, Resource};
+use calc_graph::model::{Metadata, Resource, Validated};
 
 pub use admin::{
     admin_network_policy_to_calico, baseline_admin_network_policy_to_calico,
@@ -144,44 +144,49 @@ pub struct CalicoResource {
 /// What a [`CalicoResource`] stores.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Body {
-    /// A resource of the shared model, stored in the model's canonical JSON
-    /// ([`Resource::to_json`], encoded once, when it is written).
-    Model(Resource),
+    /// A resource of the shared model, validated once (where it was converted), stored in the
+    /// model's canonical JSON ([`Resource::to_json`], encoded once, when it is written).
+    Model(Validated),
     /// A `projectcalico.org/v3` document whose rules carry fields the model cannot hold: stored as
     /// written, so the agent sees those fields and fails the rules safe. `decoded` is what the
     /// agent decodes from `json`.
-    AsWritten { json: String, decoded: Resource },
+    AsWritten { json: String, decoded: Validated },
     /// A RemoteClusterConfiguration (read by the agents' federation, not a graph resource), as
     /// built by [`crate::v3_passthrough`].
     RemoteCluster(String),
 }
 
 impl CalicoResource {
-    /// A model resource, named by its own metadata.
-    pub fn from_model(res: impl Into<Resource>) -> Self {
-        let res = res.into();
-        let kind = res.kind();
-        let meta = res.metadata();
+    /// A validated resource, named by its key: stored as `as_written` when given, else in the
+    /// model's canonical JSON.
+    pub fn new(valid: Validated, as_written: Option<String>) -> Self {
+        let key = valid.key();
         CalicoResource {
-            kind: kind.kind_name().to_string(),
-            namespace: meta.namespace.clone().filter(|_| kind.is_namespaced()),
-            name: meta.name.clone(),
-            body: Body::Model(res),
+            kind: key.kind.kind_name().to_string(),
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+            body: match as_written {
+                Some(json) => Body::AsWritten {
+                    json,
+                    decoded: valid,
+                },
+                None => Body::Model(valid),
+            },
         }
     }
 
     /// The typed resource the agent reads (`None` for a RemoteClusterConfiguration).
     pub fn resource(&self) -> Option<&Resource> {
         match &self.body {
-            Body::Model(r) | Body::AsWritten { decoded: r, .. } => Some(r),
+            Body::Model(v) | Body::AsWritten { decoded: v, .. } => Some(v.resource()),
             Body::RemoteCluster(_) => None,
         }
     }
 
-    /// The typed resource, owned.
-    pub fn into_resource(self) -> Option<Resource> {
+    /// The validated resource, owned, for the graph to take as it is.
+    pub fn into_valid(self) -> Option<Validated> {
         match self.body {
-            Body::Model(r) | Body::AsWritten { decoded: r, .. } => Some(r),
+            Body::Model(v) | Body::AsWritten { decoded: v, .. } => Some(v),
             Body::RemoteCluster(_) => None,
         }
     }
@@ -189,7 +194,7 @@ impl CalicoResource {
     /// The JSON document stored in etcd.
     pub fn to_json(&self) -> String {
         match &self.body {
-            Body::Model(r) => r.to_json(),
+            Body::Model(v) => v.resource().to_json(),
             Body::AsWritten { json, .. } | Body::RemoteCluster(json) => json.clone(),
         }
     }
@@ -202,21 +207,6 @@ impl CalicoResource {
 
 /// RemoteClusterConfiguration: stored for the agents (federation), not a graph resource.
 pub const REMOTE_CLUSTER_KIND: &str = "RemoteClusterConfiguration";
-
-/// The model's kind for a v3 kind name, if this controller can store it.
-pub fn model_kind(kind: &str) -> Option<calc_graph::model::Kind> {
-    calc_graph::model::Kind::from_kind_name(kind)
-}
-
-/// The plural resource name used in etcd keys.
-pub fn plural(kind: &str) -> Option<&'static str> {
-    model_kind(kind).map(|k| k.plural())
-}
-
-/// Whether a v3 kind is namespaced.
-pub fn is_namespaced(kind: &str) -> bool {
-    model_kind(kind).is_some_and(|k| k.is_namespaced())
-}
 
 /// Why a resource has no etcd key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -236,7 +226,7 @@ pub enum KeyError {
 /// The etcd key of a v3 resource: `/calico/resources/v3/projectcalico.org/<plural>/[<ns>/]<name>`.
 /// Names and namespaces are checked first so that nothing in them can add a path segment.
 pub fn etcd_key(kind: &str, namespace: Option<&str>, name: &str) -> Result<String, KeyError> {
-    use calc_graph::model::{ResourceKey, validate_name, validate_namespace};
+    use calc_graph::model::{Kind, ResourceKey, validate_name, validate_namespace};
     if kind == REMOTE_CLUSTER_KIND {
         validate_name(name).map_err(KeyError::Name)?;
         return match namespace {
@@ -244,7 +234,8 @@ pub fn etcd_key(kind: &str, namespace: Option<&str>, name: &str) -> Result<Strin
             Some(_) => Err(KeyError::UnexpectedNamespace(kind.to_string())),
         };
     }
-    let k = model_kind(kind).ok_or_else(|| KeyError::UnsupportedKind(kind.to_string()))?;
+    let k =
+        Kind::from_kind_name(kind).ok_or_else(|| KeyError::UnsupportedKind(kind.to_string()))?;
     validate_name(name).map_err(KeyError::Name)?;
     match (k.is_namespaced(), namespace) {
         (true, Some(ns)) => {
@@ -270,12 +261,9 @@ pub struct Converted {
 }
 
 impl Converted {
-    pub(crate) fn ok(resource: CalicoResource, skips: Vec<SkipReport>) -> Self {
-        Converted {
-            resource: Some(resource),
-            skips,
-            retain_key: None,
-        }
+    /// A converted resource, validated here, once (see [`crate::validate::checked`]).
+    pub(crate) fn ok(resource: impl Into<Resource>, skips: Vec<SkipReport>) -> Self {
+        crate::validate::checked(resource.into(), None, skips)
     }
 
     pub(crate) fn none() -> Self {

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use calc_graph::model::{Action, Profile, ProfileSpec, Rule};
 
 use super::labels::validate_metadata_labels;
-use super::{CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, metadata};
+use super::{ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, metadata};
 
 /// Name prefix of namespace profiles.
 pub const KNS_PREFIX: &str = "kns.";
@@ -58,7 +58,7 @@ pub fn namespace_to_profile(ns: &Namespace, _opts: &ConvertOptions) -> Converted
             labels_to_apply: prefixed_labels(&labels, "pcns.", name),
         },
     };
-    Converted::ok(CalicoResource::from_model(o), Vec::new())
+    Converted::ok(o, Vec::new())
 }
 
 /// Converts a ServiceAccount into its `ksa.<ns>.<sa>` profile.
@@ -90,7 +90,7 @@ pub fn service_account_to_profile(sa: &ServiceAccount, _opts: &ConvertOptions) -
             labels_to_apply: prefixed_labels(&labels, "pcsa.", name),
         },
     };
-    Converted::ok(CalicoResource::from_model(o), Vec::new())
+    Converted::ok(o, Vec::new())
 }
 
 #[cfg(test)]

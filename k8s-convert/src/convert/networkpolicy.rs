@@ -15,14 +15,12 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sha1::{Digest, Sha1};
 
 use calc_graph::model::{
-    Action, EntityRule, NetworkPolicy as CalicoNetworkPolicy, NetworkPolicySpec, PolicyType, Port,
+    Action, EntityRule, NetworkPolicy as CalicoNetworkPolicy, PolicySpec, PolicyType, Port,
     Protocol, Rule,
 };
 
 use super::labels::{NameError, selector_from_label_selector};
-use super::{
-    CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, metadata, non_empty,
-};
+use super::{ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, metadata, non_empty};
 
 /// Name prefix of converted policies in etcd mode.
 pub const KNP_PREFIX: &str = "knp.default.";
@@ -134,17 +132,17 @@ pub fn network_policy_to_calico(np: &NetworkPolicy, _opts: &ConvertOptions) -> C
 
     let policy = CalicoNetworkPolicy {
         metadata: metadata(calico_name, Some(ns), &np.metadata),
-        spec: NetworkPolicySpec {
+        spec: PolicySpec {
             tier: Some(calc_graph::model::DEFAULT_TIER.to_string()),
             order: Some(1000.0),
             ingress,
             egress,
             selector: non_empty(selector),
             types,
-            ..NetworkPolicySpec::default()
+            ..PolicySpec::default()
         },
     };
-    Converted::ok(CalicoResource::from_model(policy), skips)
+    Converted::ok(policy, skips)
 }
 
 /// `k8sRuleToCalico`: one k8s rule item → Calico rules.

@@ -13,7 +13,7 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
 
 use super::labels::validate_metadata_labels;
-use super::{CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, metadata};
+use super::{ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, metadata};
 
 /// Name prefix of the per-node network sets.
 pub const KNODE_PREFIX: &str = "knode.";
@@ -66,5 +66,5 @@ pub fn node_to_network_set(node: &Node, _opts: &ConvertOptions) -> Converted {
         metadata: meta,
         spec: NetworkSetSpec { nets },
     };
-    Converted::ok(CalicoResource::from_model(o), skips)
+    Converted::ok(o, skips)
 }

@@ -18,9 +18,7 @@ use ipnet::IpNet;
 use super::labels::validate_metadata_labels;
 use super::namespace::{KNS_PREFIX, KSA_PREFIX};
 use super::networkpolicy::validate_port_name;
-use super::{
-    CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, metadata, non_empty,
-};
+use super::{ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, metadata, non_empty};
 
 /// The host-side veth name: prefix + first 11 hex characters of SHA-1(`<ns>.<pod>`).
 pub fn interface_name(prefix: &str, namespace: &str, pod: &str) -> String {
@@ -180,7 +178,7 @@ pub fn pod_to_workload_endpoint(pod: &Pod, opts: &ConvertOptions) -> Converted {
             ..WorkloadEndpointSpec::default()
         },
     };
-    Converted::ok(CalicoResource::from_model(o), Vec::new())
+    Converted::ok(o, Vec::new())
 }
 
 /// The pod annotation with the extra source prefixes a pod may send from (honoured only where the

@@ -28,10 +28,10 @@ use super::names::{
     NameError, validate_global_network_policy_name, validate_label_key, validate_label_value,
     validate_name, validate_namespace, validate_network_policy_name, validate_tier_name,
 };
-use super::policy::{GlobalNetworkPolicySpec, NetworkPolicySpec, PolicyType, StagedAction};
+use super::policy::{PolicySpec, PolicyType, StagedAction, StagedPolicySpec};
 use super::primitives::Action;
 use super::resource::Resource;
-use super::tier::{DEFAULT_TIER, KUBE_ADMIN_TIER, KUBE_BASELINE_TIER, TierSpec};
+use super::tier::{Tier, TierSpec};
 use super::{Metadata, ValidationError};
 use rule::{Direction, Owner};
 
@@ -128,34 +128,8 @@ pub(super) fn validate_resource(r: &Resource) -> Result<(), Vec<ValidationError>
     match r {
         Resource::NetworkPolicy(p) => network_policy(&mut ctx, &p.spec),
         Resource::GlobalNetworkPolicy(p) => global_policy(&mut ctx, &p.spec),
-        Resource::StagedNetworkPolicy(p) => {
-            let spec = &p.spec.policy;
-            let tier_only = NetworkPolicySpec {
-                tier: spec.tier.clone(),
-                ..NetworkPolicySpec::default()
-            };
-            staged(
-                &mut ctx,
-                p.spec.staged_action,
-                spec,
-                tier_only,
-                network_policy,
-            );
-        }
-        Resource::StagedGlobalNetworkPolicy(p) => {
-            let spec = &p.spec.policy;
-            let tier_only = GlobalNetworkPolicySpec {
-                tier: spec.tier.clone(),
-                ..GlobalNetworkPolicySpec::default()
-            };
-            staged(
-                &mut ctx,
-                p.spec.staged_action,
-                spec,
-                tier_only,
-                global_policy,
-            );
-        }
+        Resource::StagedNetworkPolicy(p) => staged(&mut ctx, &p.spec, network_policy),
+        Resource::StagedGlobalNetworkPolicy(p) => staged(&mut ctx, &p.spec, global_policy),
         Resource::StagedKubernetesNetworkPolicy(p) => {
             if p.spec.staged_action == Some(StagedAction::Delete) {
                 staged_delete(&mut ctx, p.spec.rest.is_empty());
@@ -204,17 +178,15 @@ pub(super) fn validate_resource(r: &Resource) -> Result<(), Vec<ValidationError>
 
 /// A staged Calico policy: with stagedAction Delete its spec may hold only its tier
 /// (`tier_only`); otherwise it is checked as the policy it stages.
-fn staged<S: PartialEq>(
-    ctx: &mut Ctx<'_>,
-    action: Option<StagedAction>,
-    spec: &S,
-    tier_only: S,
-    policy: fn(&mut Ctx<'_>, &S),
-) {
-    if action == Some(StagedAction::Delete) {
-        staged_delete(ctx, *spec == tier_only);
+fn staged(ctx: &mut Ctx<'_>, s: &StagedPolicySpec, policy: fn(&mut Ctx<'_>, &PolicySpec)) {
+    if s.staged_action == Some(StagedAction::Delete) {
+        let tier_only = PolicySpec {
+            tier: s.policy.tier.clone(),
+            ..PolicySpec::default()
+        };
+        staged_delete(ctx, s.policy == tier_only);
     } else {
-        policy(ctx, spec);
+        policy(ctx, &s.policy);
     }
 }
 
@@ -297,12 +269,9 @@ fn tier(ctx: &mut Ctx<'_>, name: &str, spec: &TierSpec) {
             format!("default action must be Deny or Pass, got {a:?}"),
         );
     }
-    let fixed = match name {
-        DEFAULT_TIER => Some(1_000_000.0),
-        KUBE_ADMIN_TIER => Some(1_000.0),
-        KUBE_BASELINE_TIER => Some(10_000_000.0),
-        _ => None,
-    };
+    let fixed = (Tier::builtin().into_iter())
+        .find(|t| t.metadata.name == name)
+        .and_then(|t| t.spec.order);
     if let Some(want) = fixed
         && spec.order != Some(want)
     {
@@ -314,38 +283,26 @@ fn tier(ctx: &mut Ctx<'_>, name: &str, spec: &TierSpec) {
 }
 
 /// The fields both policy kinds share.
-struct PolicyFields<'a> {
-    tier: Option<&'a str>,
-    order: Option<f64>,
-    selector: Option<&'a str>,
-    service_account_selector: Option<&'a str>,
-    types: &'a [PolicyType],
-    ingress: &'a [super::Rule],
-    egress: &'a [super::Rule],
-    performance_hints: &'a [String],
-    owner: Owner,
-}
-
-fn policy_common(ctx: &mut Ctx<'_>, f: PolicyFields<'_>) {
-    if let Some(t) = f.tier {
+fn policy_common(ctx: &mut Ctx<'_>, s: &PolicySpec, owner: Owner) {
+    if let Some(t) = &s.tier {
         ctx.check("spec.tier", validate_tier_name(t));
     }
-    order(ctx, "spec.order", f.order);
-    ctx.selector("spec.selector", f.selector, true);
+    order(ctx, "spec.order", s.order);
+    ctx.selector("spec.selector", s.selector.as_deref(), true);
     ctx.selector(
         "spec.serviceAccountSelector",
-        f.service_account_selector,
+        s.service_account_selector.as_deref(),
         true,
     );
-    for (i, t) in f.types.iter().enumerate() {
-        if f.types[..i].contains(t) {
+    for (i, t) in s.types.iter().enumerate() {
+        if s.types[..i].contains(t) {
             ctx.err(
                 format!("spec.types[{i}]"),
                 format!("{t:?} is listed more than once"),
             );
         }
     }
-    for (i, h) in f.performance_hints.iter().enumerate() {
+    for (i, h) in s.performance_hints.iter().enumerate() {
         if h != "AssumeNeededOnEveryNode" {
             ctx.err(
                 format!("spec.performanceHints[{i}]"),
@@ -353,47 +310,31 @@ fn policy_common(ctx: &mut Ctx<'_>, f: PolicyFields<'_>) {
             );
         }
     }
-    rule::rules(ctx, "spec.ingress", f.ingress, f.owner, Direction::Ingress);
-    rule::rules(ctx, "spec.egress", f.egress, f.owner, Direction::Egress);
+    rule::rules(ctx, "spec.ingress", &s.ingress, owner, Direction::Ingress);
+    rule::rules(ctx, "spec.egress", &s.egress, owner, Direction::Egress);
 }
 
-fn network_policy(ctx: &mut Ctx<'_>, s: &NetworkPolicySpec) {
-    policy_common(
-        ctx,
-        PolicyFields {
-            tier: s.tier.as_deref(),
-            order: s.order,
-            selector: s.selector.as_deref(),
-            service_account_selector: s.service_account_selector.as_deref(),
-            types: &s.types,
-            ingress: &s.ingress,
-            egress: &s.egress,
-            performance_hints: &s.performance_hints,
-            owner: Owner::NamespacedPolicy,
-        },
-    );
+fn network_policy(ctx: &mut Ctx<'_>, s: &PolicySpec) {
+    policy_common(ctx, s, Owner::NamespacedPolicy);
+    for (field, set) in [
+        ("spec.doNotTrack", s.do_not_track),
+        ("spec.preDNAT", s.pre_dnat),
+        ("spec.applyOnForward", s.apply_on_forward),
+        ("spec.namespaceSelector", s.namespace_selector.is_some()),
+    ] {
+        if set {
+            ctx.err(field, "only a GlobalNetworkPolicy has this field");
+        }
+    }
 }
 
-fn global_policy(ctx: &mut Ctx<'_>, s: &GlobalNetworkPolicySpec) {
+fn global_policy(ctx: &mut Ctx<'_>, s: &PolicySpec) {
     ctx.selector(
         "spec.namespaceSelector",
         s.namespace_selector.as_deref(),
         true,
     );
-    policy_common(
-        ctx,
-        PolicyFields {
-            tier: s.tier.as_deref(),
-            order: s.order,
-            selector: s.selector.as_deref(),
-            service_account_selector: s.service_account_selector.as_deref(),
-            types: &s.types,
-            ingress: &s.ingress,
-            egress: &s.egress,
-            performance_hints: &s.performance_hints,
-            owner: Owner::GlobalPolicy,
-        },
-    );
+    policy_common(ctx, s, Owner::GlobalPolicy);
     if s.do_not_track && s.pre_dnat {
         ctx.err("spec.preDNAT", "preDNAT and doNotTrack cannot both be true");
     }

@@ -272,6 +272,30 @@ fn global_policy_flags() {
     }
 }
 
+/// Both policy kinds share one spec type; a NetworkPolicy built in code with a global-only field
+/// is refused (a NetworkPolicy document with one is refused as an unknown field when decoded).
+#[test]
+fn network_policy_refuses_global_only_fields() {
+    let Resource::NetworkPolicy(mut p) = mk_np(json!([])) else {
+        unreachable!()
+    };
+    p.spec.do_not_track = true;
+    p.spec.apply_on_forward = true;
+    p.spec.namespace_selector = Some("all()".into());
+    assert_eq!(
+        errors(&Resource::NetworkPolicy(p)),
+        vec![
+            "networkpolicies/prod/web: spec.doNotTrack: only a GlobalNetworkPolicy has this field",
+            "networkpolicies/prod/web: spec.applyOnForward: only a GlobalNetworkPolicy has this field",
+            "networkpolicies/prod/web: spec.namespaceSelector: only a GlobalNetworkPolicy has this field",
+        ]
+    );
+    let doc = json!({"kind": "NetworkPolicy", "metadata": {"name": "web", "namespace": "prod"},
+                     "spec": {"preDNAT": true}});
+    let e = Resource::from_json(&serde_json::to_vec(&doc).unwrap()).unwrap_err();
+    assert!(e.to_string().contains("spec.preDNAT"), "{e}");
+}
+
 #[test]
 fn builtin_tier_orders_are_fixed() {
     let r = mk_resource(json!({"kind": "Tier", "metadata": {"name": "default"},

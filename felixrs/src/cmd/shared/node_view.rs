@@ -119,15 +119,16 @@ pub fn render_node_learned(
             let set = load_manifests(&source.manifests, &convert).context("loading manifests")?;
             problems.extend(set.skipped.iter().map(|s| format!("skipped {s}")));
             // The conversion's typed resources go to the graph as they are: each manifest is
-            // decoded once. (A RemoteClusterConfiguration is not a graph resource.)
+            // decoded and validated once, by the conversion. (A RemoteClusterConfiguration is not
+            // a graph resource.)
             for (key, r) in set.resources {
-                let Some(res) = r.into_resource() else {
+                let Some(valid) = r.into_valid() else {
                     continue;
                 };
-                if let Err(e) = pipeline.update_decoded(res.key(), res.clone()) {
+                resources.insert(key.clone(), valid.resource().clone());
+                if let Err(e) = pipeline.update_valid(valid) {
                     problems.push(format!("skipped {key}: {e}"));
                 }
-                resources.insert(key, res);
             }
         }
     }

@@ -61,9 +61,9 @@ use super::{
     CalicoResource, ConvertOptions, Converted, ObjectRef, SkipReport, etcd_key, metadata, non_empty,
 };
 use calc_graph::model::{
-    Action, DomainPattern, EntityRule, GlobalNetworkPolicy, GlobalNetworkPolicySpec,
-    K8S_ADMIN_POLICY_PREFIXES, KUBE_ADMIN_TIER, KUBE_BASELINE_TIER, Metadata, PolicyType, Port,
-    Rule, RuleMetadata, Tier, TierSpec,
+    Action, DomainPattern, EntityRule, GlobalNetworkPolicy, K8S_ADMIN_POLICY_PREFIXES,
+    KUBE_ADMIN_TIER, KUBE_BASELINE_TIER, PolicySpec, PolicyType, Port, Rule, RuleMetadata, Tier,
+    Validated,
 };
 
 /// GlobalNetworkPolicy name prefix of a converted AdminNetworkPolicy (Calico's
@@ -73,10 +73,6 @@ pub const ANP_PREFIX: &str = K8S_ADMIN_POLICY_PREFIXES[0];
 pub const BANP_PREFIX: &str = K8S_ADMIN_POLICY_PREFIXES[1];
 /// GlobalNetworkPolicy name prefix of a converted ClusterNetworkPolicy (Felix's `kcnp.` legacy key).
 pub const CNP_PREFIX: &str = K8S_ADMIN_POLICY_PREFIXES[2];
-/// Order of the `kube-admin` tier (Calico `KubeAdminTierOrder`).
-pub const KUBE_ADMIN_TIER_ORDER: f64 = 1_000.0;
-/// Order of the `kube-baseline` tier (Calico `KubeBaselineTierOrder`).
-pub const KUBE_BASELINE_TIER_ORDER: f64 = 10_000_000.0;
 /// The order of the BaselineAdminNetworkPolicy in its tier (Calico's fixed 1000).
 pub const BANP_ORDER: f64 = 1000.0;
 /// The only name a BaselineAdminNetworkPolicy may have.
@@ -159,23 +155,16 @@ pub fn cluster_network_policy_to_calico(
     convert(Source::Cnp, &o.metadata, &o.spec)
 }
 
-/// The built-in Tier resources the admin policies live in (written with them).
+/// The built-in Tier resources the admin policies live in (written with them): `kube-admin` and
+/// `kube-baseline`, as [`Tier::builtin`] defines them.
 pub fn admin_tiers() -> Vec<CalicoResource> {
-    [
-        (KUBE_ADMIN_TIER, KUBE_ADMIN_TIER_ORDER),
-        (KUBE_BASELINE_TIER, KUBE_BASELINE_TIER_ORDER),
-    ]
-    .into_iter()
-    .map(|(name, order)| {
-        CalicoResource::from_model(Tier {
-            metadata: Metadata::named(name),
-            spec: TierSpec {
-                order: Some(order),
-                default_action: Some(Action::Pass),
-            },
+    (Tier::builtin().into_iter())
+        .filter(|t| [KUBE_ADMIN_TIER, KUBE_BASELINE_TIER].contains(&t.metadata.name.as_str()))
+        .map(|t| {
+            let valid = Validated::of(t.into()).expect("the built-in tiers are valid");
+            CalicoResource::new(valid, None)
         })
-    })
-    .collect()
+        .collect()
 }
 
 /// Whether an etcd key is that of a converted admin policy (which needs [`admin_tiers`]).
@@ -210,9 +199,6 @@ pub fn add_admin_tiers<V>(
         return;
     }
     for t in admin_tiers() {
-        if let Err(e) = t.resource().expect("a model resource").validate() {
-            unreachable!("built-in tier {} is invalid: {e:?}", t.name);
-        }
         if let Ok(k) = t.etcd_key() {
             resources.entry(k).or_insert_with(|| value(t));
         }
@@ -410,7 +396,7 @@ fn convert(
     }
     let gnp = GlobalNetworkPolicy {
         metadata: metadata(calico_name, None, meta),
-        spec: GlobalNetworkPolicySpec {
+        spec: PolicySpec {
             tier: Some(tier.to_string()),
             order: Some(order),
             ingress,
@@ -418,10 +404,10 @@ fn convert(
             selector: non_empty(selector),
             types,
             namespace_selector: non_empty(namespace_selector),
-            ..GlobalNetworkPolicySpec::default()
+            ..PolicySpec::default()
         },
     };
-    Converted::ok(CalicoResource::from_model(gnp), skips)
+    Converted::ok(gnp, skips)
 }
 
 fn priority(p: i64) -> Result<f64, FieldError> {

@@ -79,9 +79,7 @@ watched_kind!(
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LabelSelector {
-    #[serde(default)]
     pub match_labels: Option<BTreeMap<String, String>>,
-    #[serde(default)]
     pub match_expressions: Option<Vec<Requirement>>,
 }
 
@@ -90,7 +88,6 @@ pub struct LabelSelector {
 pub struct Requirement {
     pub key: String,
     pub operator: String,
-    #[serde(default)]
     pub values: Option<Vec<String>>,
 }
 
@@ -123,9 +120,7 @@ pub struct NamespacedPod {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Subject {
-    #[serde(default)]
     pub namespaces: Option<LabelSelector>,
-    #[serde(default)]
     pub pods: Option<NamespacedPod>,
 }
 
@@ -133,15 +128,10 @@ pub struct Subject {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Peer {
-    #[serde(default)]
     pub namespaces: Option<LabelSelector>,
-    #[serde(default)]
     pub pods: Option<NamespacedPod>,
-    #[serde(default)]
     pub nodes: Option<LabelSelector>,
-    #[serde(default)]
     pub networks: Option<Vec<String>>,
-    #[serde(default)]
     pub domain_names: Option<Vec<String>>,
 }
 
@@ -149,11 +139,8 @@ pub struct Peer {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AnpPort {
-    #[serde(default)]
     pub port_number: Option<AnpPortNumber>,
-    #[serde(default)]
     pub named_port: Option<String>,
-    #[serde(default)]
     pub port_range: Option<AnpPortRange>,
 }
 
@@ -161,7 +148,6 @@ pub struct AnpPort {
 #[serde(deny_unknown_fields)]
 pub struct AnpPortNumber {
     /// Defaults to TCP.
-    #[serde(default)]
     pub protocol: Option<String>,
     pub port: i64,
 }
@@ -170,7 +156,6 @@ pub struct AnpPortNumber {
 #[serde(deny_unknown_fields)]
 pub struct AnpPortRange {
     /// Defaults to TCP.
-    #[serde(default)]
     pub protocol: Option<String>,
     pub start: i64,
     pub end: i64,
@@ -180,14 +165,10 @@ pub struct AnpPortRange {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AnpRule {
-    #[serde(default)]
     pub name: Option<String>,
     pub action: String,
-    #[serde(default)]
     pub from: Option<Vec<Peer>>,
-    #[serde(default)]
     pub to: Option<Vec<Peer>>,
-    #[serde(default)]
     pub ports: Option<Vec<AnpPort>>,
 }
 
@@ -195,12 +176,9 @@ pub struct AnpRule {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AnpSpec {
-    #[serde(default)]
     pub priority: Option<i64>,
     pub subject: Subject,
-    #[serde(default)]
     pub ingress: Option<Vec<AnpRule>>,
-    #[serde(default)]
     pub egress: Option<Vec<AnpRule>>,
 }
 
@@ -208,9 +186,7 @@ pub struct AnpSpec {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CnpPort {
-    #[serde(default)]
     pub number: Option<i64>,
-    #[serde(default)]
     pub range: Option<CnpPortRange>,
 }
 
@@ -225,7 +201,6 @@ pub struct CnpPortRange {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CnpL4 {
-    #[serde(default)]
     pub destination_port: Option<CnpPort>,
 }
 
@@ -233,27 +208,19 @@ pub struct CnpL4 {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CnpProtocol {
-    #[serde(default)]
     pub tcp: Option<CnpL4>,
-    #[serde(default)]
     pub udp: Option<CnpL4>,
-    #[serde(default)]
     pub sctp: Option<CnpL4>,
-    #[serde(default)]
     pub destination_named_port: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CnpRule {
-    #[serde(default)]
     pub name: Option<String>,
     pub action: String,
-    #[serde(default)]
     pub from: Option<Vec<Peer>>,
-    #[serde(default)]
     pub to: Option<Vec<Peer>>,
-    #[serde(default)]
     pub protocols: Option<Vec<CnpProtocol>>,
 }
 
@@ -264,8 +231,6 @@ pub struct CnpSpec {
     pub tier: String,
     pub priority: i64,
     pub subject: Subject,
-    #[serde(default)]
     pub ingress: Option<Vec<CnpRule>>,
-    #[serde(default)]
     pub egress: Option<Vec<CnpRule>>,
 }
