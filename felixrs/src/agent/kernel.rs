@@ -17,7 +17,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use calc_graph::graph::{CalcGraph, Update};
-use calc_graph::model::{CALICO_PREFIX, Kind, Resource, ResourceKey, Validated};
+use calc_graph::model::{CALICO_PREFIX, Kind, ResourceKey, Validated};
 use calc_graph::proto::{EndpointId, IpVersion, Output, PolicyId};
 use iptables::apply::{Applier, ApplierConfig, Backend, Runner, backend, conntrack};
 use iptables::desired::{DesiredState, TableName};
@@ -43,17 +43,6 @@ impl GraphPipeline {
         Self {
             graph: CalcGraph::new(node_name),
         }
-    }
-
-    /// A local resource already decoded (`felixrs render` of manifests, whose resources are
-    /// typed from the conversion): validated here, once ([`Validated::new`]), and given to the
-    /// graph without decoding or checking it again. An invalid one is refused (nothing applied).
-    pub fn update_decoded(
-        &mut self,
-        key: ResourceKey,
-        value: Resource,
-    ) -> Result<(), PipelineError> {
-        self.update_valid(Validated::new(key, value)?)
     }
 
     /// A local resource validated upstream ([`Validated`]): given to the graph as it is.
