@@ -123,38 +123,6 @@ pub enum Match {
     CtDirReply,
 }
 
-impl Match {
-    /// The IP set this match reads, if it reads one: its kernel name, direction flags and
-    /// negation (a [`Match::NetSet`] reads its side's address, as a `Set` with `src` or `dst`).
-    pub fn set_match(&self) -> Option<(&str, SetFlags, bool)> {
-        match self {
-            Match::Set {
-                name,
-                flags,
-                negated,
-            } => Some((name, *flags, *negated)),
-            Match::NetSet {
-                name,
-                side,
-                negated,
-                ..
-            } => {
-                let flags = match side {
-                    Side::Src => SetFlags::Src,
-                    Side::Dst => SetFlags::Dst,
-                };
-                Some((name, flags, *negated))
-            }
-            _ => None,
-        }
-    }
-
-    /// The kernel name of the IP set this match reads, if it reads one.
-    pub fn set_name(&self) -> Option<&str> {
-        self.set_match().map(|(name, ..)| name)
-    }
-}
-
 /// A rule's target.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Target {
@@ -363,25 +331,20 @@ impl Rule {
                 r.out_iface = Some(model::Negatable::is(model::Iface::new(i.as_str())?));
                 return Ok(());
             }
-            Match::Set { .. } | Match::NetSet { .. } => {
-                use model::SetDir::{Dst, Src};
-                let (name, flags, negated) = m.set_match().expect("a set match");
-                let (flag, dirs) = match flags {
-                    SetFlags::Src => ("src", vec![Src]),
-                    SetFlags::Dst => ("dst", vec![Dst]),
-                    SetFlags::SrcSrc => ("src,src", vec![Src, Src]),
-                    SetFlags::DstDst => ("dst,dst", vec![Dst, Dst]),
-                };
-                let _ = write!(f, "-m set {}--match-set {name} {flag}", not(negated));
-                if let Match::NetSet { name, nets, .. } = m {
-                    self.net_sets.push((name.clone(), nets.clone()));
-                }
-                let name = model::SetName::new(name)?;
-                model::Match::Set {
-                    negated,
-                    name,
-                    dirs,
-                }
+            Match::Set {
+                name,
+                flags,
+                negated,
+            } => set_match(f, name, *flags, *negated)?,
+            Match::NetSet {
+                name,
+                side,
+                nets,
+                negated,
+            } => {
+                self.net_sets.push((name.clone(), nets.clone()));
+                let flags = side.pick(SetFlags::Src, SetFlags::Dst);
+                set_match(f, name, flags, *negated)?
             }
             Match::Ports {
                 side,
@@ -570,6 +533,30 @@ impl Rule {
         });
         Ok(())
     }
+}
+
+/// `-m set [!] --match-set <name> <flags>` in both forms (Felix's text first).
+fn set_match(
+    f: &mut String,
+    name: &str,
+    flags: SetFlags,
+    negated: bool,
+) -> Result<model::Match, ModelError> {
+    use model::SetDir::{Dst, Src};
+    let (flag, dirs) = match flags {
+        SetFlags::Src => ("src", vec![Src]),
+        SetFlags::Dst => ("dst", vec![Dst]),
+        SetFlags::SrcSrc => ("src,src", vec![Src, Src]),
+        SetFlags::DstDst => ("dst,dst", vec![Dst, Dst]),
+    };
+    let not = if negated { "! " } else { "" };
+    let _ = write!(f, "-m set {not}--match-set {name} {flag}");
+    let name = model::SetName::new(name)?;
+    Ok(model::Match::Set {
+        negated,
+        name,
+        dirs,
+    })
 }
 
 fn push_sep(s: &mut String) {
