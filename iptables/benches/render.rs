@@ -5,6 +5,10 @@
 //! (OR block), deny with negated CIDRs); 500 selector IP sets of 20 members.
 //!
 //! Run: `cargo bench -p iptables --bench render`
+//!
+//! `RENDER_BENCH_ONLY=full|change|endpoint` runs one full render, takes its deltas, and then only
+//! that scenario (`full`: none), printing nothing: for instruction counts (`valgrind
+//! --tool=cachegrind --cache-sim=no`), where a scenario's cost is its run's count minus `full`'s.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -191,11 +195,10 @@ fn main() {
     let mut full = Vec::new();
     let mut flush_only = Vec::new();
     let mut renderer = None;
-    let runs = if std::env::var_os("RENDER_BENCH_FULL_ONLY").is_some() {
-        1
-    } else {
-        3
-    };
+    let only = std::env::var("RENDER_BENCH_ONLY").ok();
+    let only = only.as_deref();
+    let full_only = std::env::var_os("RENDER_BENCH_FULL_ONLY").is_some();
+    let runs = if full_only || only.is_some() { 1 } else { 3 };
     for _ in 0..runs {
         let t = Instant::now();
         let mut r = Renderer::new(RenderConfig::default()).unwrap();
@@ -209,8 +212,23 @@ fn main() {
         renderer = Some(r);
     }
     let mut r = renderer.unwrap();
-    if std::env::var_os("RENDER_BENCH_FULL_ONLY").is_some() {
+    if full_only {
         // For profiling the from-scratch path alone.
+        return;
+    }
+    if let Some(scenario) = only {
+        r.take_delta(IpVersion::V4);
+        r.take_delta(IpVersion::V6);
+        match scenario {
+            "full" => {}
+            "change" => {
+                one_policy_change(&mut r);
+            }
+            "endpoint" => {
+                new_endpoints(&mut r);
+            }
+            _ => panic!("RENDER_BENCH_ONLY={scenario}: expected full, change or endpoint"),
+        }
         return;
     }
     let (c4, r4, b4) = rules_and_bytes(&r, IpVersion::V4);
@@ -256,30 +274,9 @@ fn main() {
     r.take_delta(IpVersion::V4);
     r.take_delta(IpVersion::V6);
 
-    // One policy change: apply + flush + both families' deltas.
-    let mut times = Vec::new();
-    let mut delta_chains = 0;
-    let mut delta_rules = 0;
-    let mut delta_bytes = 0;
-    for k in 0..200u16 {
-        let t = Instant::now();
-        r.apply(Output::PolicyUpdated(policy(7, k + 1))).unwrap();
-        assert!(r.flush().is_empty());
-        let d4 = r.take_delta(IpVersion::V4);
-        let d6 = r.take_delta(IpVersion::V6);
-        times.push(t.elapsed());
-        delta_chains = d4.chains.len() + d6.chains.len();
-        delta_rules = d4.rule_count() + d6.rule_count();
-        delta_bytes = [d4, d6]
-            .iter()
-            .flat_map(|d| d.chains.iter())
-            .flat_map(|(_, _, rs)| rs.iter().flatten())
-            .map(|r| r.restore_spec().len() + 20)
-            .sum::<usize>();
-    }
+    let (time, delta_chains, delta_rules, delta_bytes) = one_policy_change(&mut r);
     println!(
-        "one-policy change (apply+flush+delta, both families): median {:?} over 200; delta = {delta_chains} chains, {delta_rules} rules, ~{delta_bytes} bytes",
-        median(times)
+        "one-policy change (apply+flush+delta, both families): median {time:?} over 200; delta = {delta_chains} chains, {delta_rules} rules, ~{delta_bytes} bytes"
     );
 
     // The same change, then the full DesiredState of both families as the applier takes it
@@ -310,6 +307,41 @@ fn main() {
     );
 
     // A new endpoint (new pod): its chains + the dispatch chains.
+    let (time, chains) = new_endpoints(&mut r);
+    println!(
+        "one new endpoint (apply+flush+delta): median {time:?} over 50; delta = {chains} chains"
+    );
+}
+
+/// One policy change, 200 times: apply + flush + both families' deltas. Returns the median and the
+/// last delta's chains, rules and restore bytes.
+fn one_policy_change(r: &mut Renderer) -> (Duration, usize, usize, usize) {
+    let mut times = Vec::new();
+    let mut delta_chains = 0;
+    let mut delta_rules = 0;
+    let mut delta_bytes = 0;
+    for k in 0..200u16 {
+        let t = Instant::now();
+        r.apply(Output::PolicyUpdated(policy(7, k + 1))).unwrap();
+        assert!(r.flush().is_empty());
+        let d4 = r.take_delta(IpVersion::V4);
+        let d6 = r.take_delta(IpVersion::V6);
+        times.push(t.elapsed());
+        delta_chains = d4.chains.len() + d6.chains.len();
+        delta_rules = d4.rule_count() + d6.rule_count();
+        delta_bytes = [d4, d6]
+            .iter()
+            .flat_map(|d| d.chains.iter())
+            .flat_map(|(_, _, rs)| rs.iter().flatten())
+            .map(|r| r.restore_spec().len() + 20)
+            .sum::<usize>();
+    }
+    (median(times), delta_chains, delta_rules, delta_bytes)
+}
+
+/// 50 new endpoints (new pods), each: apply + flush + both families' deltas. Returns the median
+/// and the last delta's chains.
+fn new_endpoints(r: &mut Renderer) -> (Duration, usize) {
     let mut times = Vec::new();
     let mut chains = 0;
     for e in 0..50 {
@@ -324,8 +356,5 @@ fn main() {
         times.push(t.elapsed());
         chains = d4.chains.len() + d6.chains.len();
     }
-    println!(
-        "one new endpoint (apply+flush+delta): median {:?} over 50; delta = {chains} chains",
-        median(times)
-    );
+    (median(times), chains)
 }

@@ -16,11 +16,6 @@ use std::sync::Arc;
 
 use calc_graph::proto::{PortRange, Protocol};
 
-mod felix;
-
-pub use felix::felix_proto;
-use felix::{push_sep, write_match, write_target};
-
 use crate::model::{self, ModelError};
 use ipnet::IpNet;
 
@@ -29,6 +24,16 @@ use ipnet::IpNet;
 pub enum Side {
     Src,
     Dst,
+}
+
+impl Side {
+    /// `src` for [`Side::Src`], else `dst`.
+    fn pick<T>(self, src: T, dst: T) -> T {
+        match self {
+            Side::Src => src,
+            Side::Dst => dst,
+        }
+    }
 }
 
 /// The direction flags of an `-m set` match.
@@ -40,31 +45,11 @@ pub enum SetFlags {
     DstDst,
 }
 
-impl SetFlags {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SetFlags::Src => "src",
-            SetFlags::Dst => "dst",
-            SetFlags::SrcSrc => "src,src",
-            SetFlags::DstDst => "dst,dst",
-        }
-    }
-}
-
 /// Conntrack state sets used by the renderer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CtStates {
     RelatedEstablished,
     Invalid,
-}
-
-impl CtStates {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CtStates::RelatedEstablished => "RELATED,ESTABLISHED",
-            CtStates::Invalid => "INVALID",
-        }
-    }
 }
 
 /// One match fragment.
@@ -138,38 +123,6 @@ pub enum Match {
     CtDirReply,
 }
 
-impl Match {
-    /// The IP set this match reads, if it reads one: its kernel name, direction flags and
-    /// negation (a [`Match::NetSet`] reads its side's address, as a `Set` with `src` or `dst`).
-    pub fn set_match(&self) -> Option<(&str, SetFlags, bool)> {
-        match self {
-            Match::Set {
-                name,
-                flags,
-                negated,
-            } => Some((name, *flags, *negated)),
-            Match::NetSet {
-                name,
-                side,
-                negated,
-                ..
-            } => {
-                let flags = match side {
-                    Side::Src => SetFlags::Src,
-                    Side::Dst => SetFlags::Dst,
-                };
-                Some((name, flags, *negated))
-            }
-            _ => None,
-        }
-    }
-
-    /// The kernel name of the IP set this match reads, if it reads one.
-    pub fn set_name(&self) -> Option<&str> {
-        self.set_match().map(|(name, ..)| name)
-    }
-}
-
 /// A rule's target.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Target {
@@ -226,32 +179,12 @@ pub struct Rule {
 }
 
 /// Two rendered rules are equal when they would be written and hashed the same, wherever they
-/// are stored (the chain is not compared).
+/// are stored (the chain is not compared). Felix's text decides: it spells out every fragment
+/// the model rule was built from (validated names, escaped comments), so equal texts mean equal
+/// model rules; a net set's name is a hash of its members, compared too for what it declares.
 impl PartialEq for Rule {
     fn eq(&self, o: &Self) -> bool {
-        let (a, b) = (&self.rule, &o.rule);
-        if Arc::ptr_eq(a, b) {
-            return self.net_sets == o.net_sets;
-        }
-        self.felix == o.felix
-            && a.matches == b.matches
-            && a.target == b.target
-            && (
-                &a.src,
-                &a.dst,
-                &a.in_iface,
-                &a.out_iface,
-                &a.protocol,
-                &a.fragment,
-            ) == (
-                &b.src,
-                &b.dst,
-                &b.in_iface,
-                &b.out_iface,
-                &b.protocol,
-                &b.fragment,
-            )
-            && self.net_sets == o.net_sets
+        self.felix == o.felix && self.net_sets == o.net_sets
     }
 }
 
@@ -286,36 +219,24 @@ impl Default for Rule {
 impl Rule {
     /// The rule `matches` (in Felix's order) then `target`.
     pub fn new(matches: Vec<Match>, target: Target) -> Self {
-        Self::build(&matches, Some(&target))
-    }
-
-    /// A rule without a target (a pure counter).
-    pub fn counter(matches: Vec<Match>) -> Self {
-        Self::build(&matches, None)
-    }
-
-    fn build(matches: &[Match], target: Option<&Target>) -> Self {
         let mut r = Rule::default();
-        let built = matches
-            .iter()
-            .try_for_each(|m| r.push_match(m))
-            .and_then(|()| target.map_or(Ok(()), |t| r.set_target(t)));
-        if let Err(e) = built {
+        // Room for a typical rule's text and its matches (and a comment or two) at once.
+        r.felix.reserve(128);
+        Arc::make_mut(&mut r.rule)
+            .matches
+            .reserve(matches.len() + 2);
+        // Every fragment is written, so that Felix's text is whole even when the model refused one.
+        let mut refused = None;
+        for m in &matches {
+            refused = refused.or(r.push_match(m).err());
+        }
+        refused = refused.or(r.set_target(&target).err());
+        if let Some(e) = refused {
             // Impossible for validated names; kept as a safety net: the hash stays Felix's, the
             // kernel gets a bare DROP, so a bug can only make a chain stricter.
             tracing::error!(rule = %r.felix, error = %e, "rule refused by the model; rendering DROP instead");
             r.rule = Arc::new(model::Rule::new(unplaced()).with_target(model::Target::Drop));
             r.net_sets.clear();
-            // Finish Felix's text as it would have been.
-            r.felix.clear();
-            for m in matches {
-                push_sep(&mut r.felix);
-                write_match(&mut r.felix, m);
-            }
-            if let Some(t) = target {
-                push_sep(&mut r.felix);
-                write_target(&mut r.felix, t);
-            }
         }
         r
     }
@@ -375,67 +296,71 @@ impl Rule {
         &self.net_sets
     }
 
+    /// Writes fragment `m` in both forms: Felix's text first (always whole), then the model's.
     fn push_match(&mut self, m: &Match) -> Result<(), ModelError> {
-        push_sep(&mut self.felix);
-        write_match(&mut self.felix, m);
+        let f = &mut self.felix;
+        push_sep(f);
+        let not = |n: bool| if n { "! " } else { "" };
         let r = Arc::make_mut(&mut self.rule);
-        match m {
+        let model = match m {
             Match::Protocol { proto, negated } => {
+                let _ = write!(f, "{}-p {}", not(*negated), felix_proto(*proto));
                 let p = model::Protocol::from_token(&kernel_proto(*proto))?;
                 r.protocol = Some(model::Negatable {
                     negated: *negated,
                     value: p,
                 });
+                return Ok(());
             }
             Match::Net { side, net, negated } => {
-                let v = Some(model::Negatable {
+                let opt = side.pick("--source", "--destination");
+                let _ = write!(f, "{}{opt} {net}", not(*negated));
+                *side.pick(&mut r.src, &mut r.dst) = Some(model::Negatable {
                     negated: *negated,
                     value: model::Addr::Net(*net),
                 });
-                match side {
-                    Side::Src => r.src = v,
-                    Side::Dst => r.dst = v,
-                }
+                return Ok(());
             }
             Match::InIface(i) => {
-                r.in_iface = Some(model::Negatable::is(model::Iface::new(i.as_str())?))
+                let _ = write!(f, "--in-interface {i}");
+                r.in_iface = Some(model::Negatable::is(model::Iface::new(i.as_str())?));
+                return Ok(());
             }
             Match::OutIface(i) => {
-                r.out_iface = Some(model::Negatable::is(model::Iface::new(i.as_str())?))
+                let _ = write!(f, "--out-interface {i}");
+                r.out_iface = Some(model::Negatable::is(model::Iface::new(i.as_str())?));
+                return Ok(());
             }
-            Match::Set { .. } | Match::NetSet { .. } => {
-                use model::SetDir::{Dst, Src};
-                let (name, flags, negated) = m.set_match().expect("a set match");
-                let dirs = match flags {
-                    SetFlags::Src => vec![Src],
-                    SetFlags::Dst => vec![Dst],
-                    SetFlags::SrcSrc => vec![Src, Src],
-                    SetFlags::DstDst => vec![Dst, Dst],
-                };
-                let name = model::SetName::new(name)?;
-                r.matches.push(model::Match::Set {
-                    negated,
-                    name,
-                    dirs,
-                });
-                if let Match::NetSet { name, nets, .. } = m {
-                    self.net_sets.push((name.clone(), nets.clone()));
-                }
+            Match::Set {
+                name,
+                flags,
+                negated,
+            } => set_match(f, name, *flags, *negated)?,
+            Match::NetSet {
+                name,
+                side,
+                nets,
+                negated,
+            } => {
+                self.net_sets.push((name.clone(), nets.clone()));
+                let flags = side.pick(SetFlags::Src, SetFlags::Dst);
+                set_match(f, name, flags, *negated)?
             }
             Match::Ports {
                 side,
                 ports,
                 negated,
             } => {
-                let kind = match side {
-                    Side::Src => model::PortsKind::Source,
-                    Side::Dst => model::PortsKind::Destination,
-                };
-                r.matches.push(model::Match::Multiport {
+                let opt = side.pick("--source-ports", "--destination-ports");
+                let _ = write!(f, "-m multiport {}{opt} ", not(*negated));
+                for (i, p) in ports.iter().enumerate() {
+                    let _ = write!(f, "{}{p}", if i > 0 { "," } else { "" });
+                }
+                model::Match::Multiport {
                     negated: *negated,
-                    kind,
+                    kind: side.pick(model::PortsKind::Source, model::PortsKind::Destination),
                     ports: ports.clone(),
-                });
+                }
             }
             Match::Icmp {
                 v6,
@@ -443,84 +368,135 @@ impl Rule {
                 code,
                 negated,
             } => {
+                let (module, opt) = if *v6 {
+                    ("icmp6", "--icmpv6-type")
+                } else {
+                    ("icmp", "--icmp-type")
+                };
+                let _ = write!(f, "-m {module} {}{opt} {type_}", not(*negated));
                 let icmp_type = match code {
-                    Some(c) => model::IcmpType::TypeCode(*type_, *c),
+                    Some(c) => {
+                        let _ = write!(f, "/{c}");
+                        model::IcmpType::TypeCode(*type_, *c)
+                    }
                     None => model::IcmpType::Type(*type_),
                 };
-                r.matches.push(if *v6 {
-                    model::Match::Icmpv6 {
-                        negated: *negated,
-                        icmp_type,
-                    }
+                let negated = *negated;
+                if *v6 {
+                    model::Match::Icmpv6 { negated, icmp_type }
                 } else {
-                    model::Match::Icmp {
-                        negated: *negated,
-                        icmp_type,
-                    }
-                });
+                    model::Match::Icmp { negated, icmp_type }
+                }
             }
             Match::Mark {
                 value,
                 mask,
                 negated,
-            } => r.matches.push(model::Match::Mark {
-                negated: *negated,
-                value: *value,
-                mask: *mask,
-            }),
+            } => {
+                let value_text = mark_value(*value);
+                let _ = write!(f, "-m mark {}--mark {value_text}/{mask:#x}", not(*negated));
+                model::Match::Mark {
+                    negated: *negated,
+                    value: *value,
+                    mask: *mask,
+                }
+            }
             Match::Conntrack { states, negated } => {
                 use model::CtState::{Established, Invalid, Related};
-                let states = match states {
-                    CtStates::RelatedEstablished => model::CtStates::of(&[Related, Established]),
-                    CtStates::Invalid => model::CtStates::of(&[Invalid]),
+                let (text, states) = match states {
+                    CtStates::RelatedEstablished => (
+                        "RELATED,ESTABLISHED",
+                        model::CtStates::of(&[Related, Established]),
+                    ),
+                    CtStates::Invalid => ("INVALID", model::CtStates::of(&[Invalid])),
                 };
-                r.matches.push(model::Match::Conntrack {
+                let _ = write!(f, "-m conntrack {}--ctstate {text}", not(*negated));
+                model::Match::Conntrack {
                     negated: *negated,
                     states,
-                });
+                }
             }
             Match::Limit { per_second, burst } => {
-                r.matches.push(model::Match::Limit {
+                let _ = write!(
+                    f,
+                    "-m limit --limit {per_second}/second --limit-burst {burst}"
+                );
+                model::Match::Limit {
                     rate: model::Rate {
                         count: *per_second,
                         unit: model::RateUnit::Second,
                     },
                     // The kernel does not print the default burst.
                     burst: (*burst != 5).then_some(*burst),
-                });
+                }
             }
             Match::SrcPort { proto, port } => {
+                let _ = write!(f, "-m {} --sport {port}", felix_proto(*proto));
                 let ports = model::Ports {
                     sport: Some(model::Negatable::is(model::PortRange::single(*port))),
                     dport: None,
                 };
-                r.matches.push(if proto.number() == 17 {
+                if proto.number() == 17 {
                     model::Match::Udp(ports)
                 } else {
                     model::Match::Tcp(ports)
-                });
+                }
             }
-            Match::CtDirReply => r.matches.push(model::Match::Generic {
-                module: model::Word::new("conntrack")?,
-                args: vec![model::Arg::bare("--ctdir")?, model::Arg::bare("REPLY")?],
-            }),
+            Match::CtDirReply => {
+                f.push_str("-m conntrack --ctdir REPLY");
+                model::Match::Generic {
+                    module: model::Word::new("conntrack")?,
+                    args: vec![model::Arg::bare("--ctdir")?, model::Arg::bare("REPLY")?],
+                }
+            }
             Match::Rpfilter { negated } => {
+                f.push_str(if *negated {
+                    "-m rpfilter --invert"
+                } else {
+                    "-m rpfilter"
+                });
                 let mut args = Vec::new();
                 if *negated {
                     args.push(model::Arg::bare("--invert")?);
                 }
-                r.matches.push(model::Match::Generic {
+                model::Match::Generic {
                     module: model::Word::new("rpfilter")?,
                     args,
-                });
+                }
             }
-        }
+        };
+        r.matches.push(model);
         Ok(())
     }
 
+    /// Writes target `t` in both forms, as [`Self::push_match`].
     fn set_target(&mut self, t: &Target) -> Result<(), ModelError> {
-        push_sep(&mut self.felix);
-        write_target(&mut self.felix, t);
+        let f = &mut self.felix;
+        push_sep(f);
+        let _ = match t {
+            Target::Accept => write!(f, "--jump ACCEPT"),
+            Target::Drop => write!(f, "--jump DROP"),
+            Target::Return => write!(f, "--jump RETURN"),
+            Target::Jump(c) => write!(f, "--jump {c}"),
+            Target::Goto(c) => write!(f, "--goto {c}"),
+            Target::SetMark { value, mask } => {
+                write!(f, "--jump MARK --set-mark {value:#x}/{mask:#x}")
+            }
+            Target::ClearMark(mask) => write!(f, "--jump MARK --set-mark 0/{mask:#x}"),
+            Target::Log { prefix } => {
+                write!(f, "--jump LOG --log-prefix \"{prefix}: \" --log-level 5")
+            }
+            Target::Nflog { group, prefix } => write!(
+                f,
+                "--jump NFLOG --nflog-group {group} --nflog-prefix {prefix}"
+            ),
+            Target::Masquerade { random_fully } => write!(
+                f,
+                "--jump MASQUERADE{}",
+                if *random_fully { " --random-fully" } else { "" }
+            ),
+            Target::Nfqueue { num } => write!(f, "--jump NFQUEUE --queue-num {num}"),
+        };
         Arc::make_mut(&mut self.rule).target = Some(match t {
             Target::Accept => model::Target::Accept,
             Target::Drop => model::Target::Drop,
@@ -559,9 +535,61 @@ impl Rule {
     }
 }
 
+/// `-m set [!] --match-set <name> <flags>` in both forms (Felix's text first).
+fn set_match(
+    f: &mut String,
+    name: &str,
+    flags: SetFlags,
+    negated: bool,
+) -> Result<model::Match, ModelError> {
+    use model::SetDir::{Dst, Src};
+    let (flag, dirs) = match flags {
+        SetFlags::Src => ("src", vec![Src]),
+        SetFlags::Dst => ("dst", vec![Dst]),
+        SetFlags::SrcSrc => ("src,src", vec![Src, Src]),
+        SetFlags::DstDst => ("dst,dst", vec![Dst, Dst]),
+    };
+    let not = if negated { "! " } else { "" };
+    let _ = write!(f, "-m set {not}--match-set {name} {flag}");
+    let name = model::SetName::new(name)?;
+    Ok(model::Match::Set {
+        negated,
+        name,
+        dirs,
+    })
+}
+
+fn push_sep(s: &mut String) {
+    if !s.is_empty() {
+        s.push(' ');
+    }
+}
+
+/// Felix's protocol name (`-p tcp`), or the number.
+fn felix_proto(p: Protocol) -> String {
+    match p {
+        Protocol::Tcp => "tcp".into(),
+        Protocol::Udp => "udp".into(),
+        Protocol::Sctp => "sctp".into(),
+        Protocol::Icmp => "icmp".into(),
+        Protocol::IcmpV6 => "icmpv6".into(),
+        Protocol::UdpLite => "udplite".into(),
+        Protocol::Number(n) => n.to_string(),
+    }
+}
+
+/// A mark match's value as Felix writes it: `0`, else hex.
+fn mark_value(v: u32) -> String {
+    if v == 0 {
+        "0".into()
+    } else {
+        format!("{v:#x}")
+    }
+}
+
 /// The protocol as `iptables-save` prints it (numbers without a well-known name stay numbers;
 /// the kernel may print a name from /etc/protocols for those, which only changes the text).
-pub fn kernel_proto(p: Protocol) -> String {
+fn kernel_proto(p: Protocol) -> String {
     match p.number() {
         6 => "tcp".into(),
         17 => "udp".into(),

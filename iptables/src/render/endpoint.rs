@@ -44,21 +44,27 @@ pub fn endpoint_chain(
     (name, rules)
 }
 
-/// One direction of an endpoint with sharing: its own chain (a goto) and the shared chain
-/// `(name, rules)` it goes to (the inlined chain's rules, each jump naming its policy or profile).
-pub fn shared_endpoint_chains(
+/// One direction of an endpoint's policy part with sharing: the shared chain `(name, rules)` its
+/// own chain goes to (the inlined chain's rules, each jump naming its policy or profile).
+pub fn shared_endpoint_chain(
     ep: &LocalEndpoint,
     ingress: bool,
     marks: &MarkBits,
     allow_encap: bool,
     deny_log: Option<DenyLog>,
-) -> ((String, Vec<Rule>), (String, Vec<Rule>)) {
-    let mut shared_rules = preamble(ingress, marks, allow_encap);
-    shared_rules.extend(policy_rules(ep, ingress, marks, true, deny_log));
-    let shared = names::shared_chain_name(&shared_rules, ingress);
-    let rules = vec![Rule::new(vec![], Target::Goto(shared.clone()))];
-    let own = names::endpoint_chain_name(&ep.interface_name, ingress);
-    ((own, rules), (shared, shared_rules))
+) -> (String, Vec<Rule>) {
+    let mut rules = preamble(ingress, marks, allow_encap);
+    rules.extend(policy_rules(ep, ingress, marks, true, deny_log));
+    (names::shared_chain_name(&rules, ingress), rules)
+}
+
+/// An endpoint's own chain with sharing: a goto to its `shared` chain.
+pub fn goto_shared_chain(ep: &LocalEndpoint, ingress: bool, shared: &str) -> (String, Vec<Rule>) {
+    let rules = vec![Rule::new(vec![], Target::Goto(shared.to_string()))];
+    (
+        names::endpoint_chain_name(&ep.interface_name, ingress),
+        rules,
+    )
 }
 
 /// What every endpoint chain starts with: conntrack, clearing the verdict bits, and (egress)

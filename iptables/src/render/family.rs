@@ -120,13 +120,9 @@ impl Family {
 
     /// [`Self::set_chain`] from borrowed rules, copied only when they differ from the stored ones.
     pub(super) fn set_chain_if_changed(&mut self, table: TableName, name: &str, rules: &[Rule]) {
-        let same = self
-            .chains
-            .range((table, name.to_string())..)
-            .next()
-            .is_some_and(|((t, n), r)| *t == table && n == name && r.as_slice() == rules);
-        if !same {
-            self.set_chain(table, name.to_string(), rules.to_vec());
+        let key = (table, name.to_string());
+        if self.chains.get(&key).is_none_or(|r| r.as_slice() != rules) {
+            self.set_chain(table, key.1, rules.to_vec());
         }
     }
 
@@ -168,11 +164,7 @@ impl Family {
     }
 
     pub(super) fn has(&self, table: TableName, name: &str) -> bool {
-        // Avoids allocating a key for the common lookup.
-        self.chains
-            .range((table, name.to_string())..)
-            .next()
-            .is_some_and(|((t, n), _)| *t == table && n == name)
+        self.chains.contains_key(&(table, name.to_string()))
     }
 }
 

@@ -25,7 +25,7 @@ pub use super::family::{Delta, SetChange};
 use super::family::{Family, hash_hooks};
 use super::marks::MarkBits;
 use super::rule::{RuleCtx, render_profile_rules, render_rules};
-use super::shared::SharedChains;
+use super::shared::{Inputs, SharedChains};
 use super::{
     RenderConfig, RenderError, SourceSpoofing, dispatch, dns_hold, endpoint, names, static_chains,
 };
@@ -381,21 +381,35 @@ impl Renderer {
                 for ingress in [true, false] {
                     let encap = self.cfg.allow_encap_from_workloads;
                     let (name, rules) = if self.cfg.share_chains {
-                        let (own, (shared, shared_rules)) = endpoint::shared_endpoint_chains(
-                            ep,
-                            ingress,
-                            &self.marks,
-                            encap,
-                            self.cfg.deny_log,
-                        );
-                        // First user: the chain is created in the same flush (and so the same
-                        // transaction) as the endpoint chain that goes to it.
-                        if self.shared.acquire(&shared) {
-                            for fam in &mut self.families {
-                                let rules = shared_rules.clone();
-                                fam.set_chain(TableName::Filter, shared.clone(), rules);
+                        // Endpoints with the same policy lists go to one chain, rendered once.
+                        let inputs = Inputs::of(ep, ingress);
+                        let shared = match self.shared.rendered(&inputs) {
+                            Some(name) => name.to_string(),
+                            None => {
+                                let (name, rules) = endpoint::shared_endpoint_chain(
+                                    ep,
+                                    ingress,
+                                    &self.marks,
+                                    encap,
+                                    self.cfg.deny_log,
+                                );
+                                // First user (other inputs may render the same rules): the
+                                // chain is created in the same flush (and so the same
+                                // transaction) as the endpoint chain that goes to it.
+                                if self.shared.users(&name) == 0 {
+                                    for fam in &mut self.families {
+                                        fam.set_chain(
+                                            TableName::Filter,
+                                            name.clone(),
+                                            rules.clone(),
+                                        );
+                                    }
+                                }
+                                name
                             }
-                        }
+                        };
+                        self.shared.acquire(&shared, inputs);
+                        let own = endpoint::goto_shared_chain(ep, ingress, &shared);
                         new.shared.push((ingress, shared));
                         own
                     } else {
