@@ -288,7 +288,7 @@ impl<R: Runner> Applier<R> {
         let (Some(mode), Some(_)) = (self.mode, self.view.as_ref()) else {
             return Ok((drift, None));
         };
-        if let Some(tables) = self.tables_if_changed(mode)? {
+        if let (Some(tables), token) = self.tables_if_changed(mode)? {
             drift.listings = 1;
             for table in TableName::ALL {
                 let actual = tables.get(&table).unwrap_or(&EMPTY_TABLE);
@@ -301,6 +301,8 @@ impl<R: Runner> Applier<R> {
                 }
             }
             self.view().tables = tables;
+            // Planned whole: the next check re-reads only after a later change.
+            self.seen = token;
         }
         // Our sets, by members. A domain set's members come and go without us (learner, kernel
         // timeouts): only its absence is drift.
@@ -326,30 +328,32 @@ impl<R: Runner> Applier<R> {
     }
 
     /// This backend's tables as the kernel has them now, or `None` when the change signal says
-    /// nothing changed since the last look or our last write ([`super::signal`]).
+    /// nothing changed since the last look or our last write ([`super::signal`]); and the
+    /// signal's value, taken before the tables were read (a change in between is seen again).
+    #[allow(clippy::type_complexity)]
     fn tables_if_changed(
         &mut self,
         mode: Mode,
-    ) -> Result<Option<BTreeMap<TableName, ActualTable>>, ApplyError> {
+    ) -> Result<(Option<BTreeMap<TableName, ActualTable>>, Option<u64>), ApplyError> {
         if let Some(generation) = self.nft_generation(mode) {
-            if self.seen == Some(generation) {
-                return Ok(None);
+            let token = Some(generation);
+            if self.seen == token {
+                return Ok((None, token));
             }
-            // Read before the tables: a change in between is seen again next time.
-            self.seen = Some(generation);
-            return self.read_iptables(mode, None).map(Some);
+            return Ok((Some(self.read_iptables(mode, None)?), token));
         }
         let program = mode.save_program(self.config.family);
         let out = self.run_save(&program, &[])?;
         let text = String::from_utf8_lossy(&out.stdout);
         if !out.status.success() || text.contains(INCOMPATIBLE) {
-            return self.read_iptables(mode, None).map(Some); // its error names the failure
+            // Its error names the failure.
+            return Ok((Some(self.read_iptables(mode, None)?), None));
         }
-        let hash = Some(save_hash(&text));
-        if std::mem::replace(&mut self.seen, hash) == hash {
-            return Ok(None);
+        let token = Some(save_hash(&text));
+        if self.seen == token {
+            return Ok((None, token));
         }
-        Ok(Some(read_tables(&text)))
+        Ok((Some(read_tables(&text)), token))
     }
 
     /// The nft ruleset generation, when this backend has one and the applier's programs run in
@@ -433,6 +437,7 @@ impl<R: Runner> Applier<R> {
             kernel_reads: primed_reads,
             ..ApplyReport::default()
         };
+        let before = self.nft_generation(mode);
         let mut result = Ok(());
         if self.view.is_none() || (self.config.reread_every_apply && primed_reads == 0) {
             match self.load_view(mode) {
@@ -449,9 +454,16 @@ impl<R: Runner> Applier<R> {
         report.saves = self.saves.load(Ordering::Relaxed);
         if result.is_err() {
             self.invalidate();
-        } else if !report.iptables.is_empty() {
-            // Our own write moved the generation: only later changes are someone else's.
-            self.seen = self.nft_generation(mode);
+        } else if !report.iptables.is_empty() && before.is_some() && before == self.seen {
+            // Our restores moved the generation, one each: when nothing else did meanwhile,
+            // the kernel is what the view holds, and only later changes are someone else's.
+            let ours = report.iptables.len() as u64;
+            if let Some(after) = self
+                .nft_generation(mode)
+                .filter(|a| *a == before.unwrap() + ours)
+            {
+                self.seen = Some(after);
+            }
         }
         result.map(|()| report)
     }
