@@ -167,27 +167,27 @@ fn drift(backend: Backend, ipt: &'static str, in_namespace: bool) {
         let before = ours(ipt);
         let sets = ok("ipset", &["save"]);
         // Nothing changed: no table is re-read (the first check learns the signal's value).
-        applier.check_drift(&desired).unwrap();
+        applier.check_drift(&desired, None).unwrap();
         for _ in 0..2 {
-            let (d, report) = applier.check_drift(&desired).unwrap();
+            let (d, report) = applier.check_drift(&desired, None).unwrap();
             assert!(d.drifted.is_empty() && report.is_none(), "{d:?}");
             assert_eq!(d.listings, 0, "{d:?}");
         }
 
         // A foreign rule appended below our (top) hook in INPUT: nothing of ours to repair.
         ok(ipt, &["-A", "INPUT", "-s", "192.0.2.9/32", "-j", "ACCEPT"]);
-        let (d, report) = applier.check_drift(&desired).unwrap();
+        let (d, report) = applier.check_drift(&desired, None).unwrap();
         assert!(d.drifted.is_empty() && report.is_none(), "{d:?}");
         assert_eq!(d.listings, 1, "the change was seen");
         ok(ipt, &["-D", "INPUT", "-s", "192.0.2.9/32", "-j", "ACCEPT"]);
-        applier.check_drift(&desired).unwrap();
+        applier.check_drift(&desired, None).unwrap();
 
         // A foreign rule above our hook: reported, the hook goes back on top, the rule stays.
         ok(
             ipt,
             &["-I", "FORWARD", "1", "-s", "192.0.2.1/32", "-j", "DROP"],
         );
-        let (d, _) = applier.check_drift(&desired).unwrap();
+        let (d, _) = applier.check_drift(&desired, None).unwrap();
         assert_eq!(d.drifted, vec!["filter/FORWARD".to_string()]);
         let forward = ok(ipt, &["-S", "FORWARD"]);
         let rules: Vec<_> = forward.lines().filter(|l| l.starts_with("-A")).collect();
@@ -196,7 +196,7 @@ fn drift(backend: Backend, ipt: &'static str, in_namespace: bool) {
             "{forward}"
         );
         ok(ipt, &["-D", "FORWARD", "-s", "192.0.2.1/32", "-j", "DROP"]);
-        let (d, _) = applier.check_drift(&desired).unwrap();
+        let (d, _) = applier.check_drift(&desired, None).unwrap();
         assert!(d.drifted.is_empty(), "{d:?}");
         assert_eq!(ours(ipt), before);
 
@@ -205,7 +205,7 @@ fn drift(backend: Backend, ipt: &'static str, in_namespace: bool) {
                 let program = if step[0] == "ipt" { ipt } else { step[0] };
                 ok(program, &step[1..]);
             }
-            let (d, report) = applier.check_drift(&desired).unwrap();
+            let (d, report) = applier.check_drift(&desired, None).unwrap();
             let mut found = d.drifted.clone();
             found.sort();
             let mut want = objects.clone();
@@ -240,7 +240,7 @@ fn drift(backend: Backend, ipt: &'static str, in_namespace: bool) {
             then.sort();
             assert_eq!(now, then, "{what}");
             // Our own repair is not drift: the next check finds nothing.
-            let (d, report) = applier.check_drift(&desired).unwrap();
+            let (d, report) = applier.check_drift(&desired, None).unwrap();
             assert!(
                 d.drifted.is_empty() && report.is_none(),
                 "{what}: after repair {d:?}"

@@ -545,8 +545,13 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
         self.settle();
         let mut drift = Drift::default();
         let mut errors = Vec::new();
+        // One `ipset save` for both families' set checks (a large node's is most of a check).
+        let sets = (self.v4.runner().run("ipset", &["save"], None))
+            .ok()
+            .filter(|out| out.status.success())
+            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned());
         for (v, applier) in [(IpVersion::V4, &mut self.v4), (IpVersion::V6, &mut self.v6)] {
-            match applier.check_drift(self.renderer.desired_ref(v)) {
+            match applier.check_drift(self.renderer.desired_ref(v), sets.as_deref()) {
                 Ok((d, _)) => {
                     drift.full_refresh |= d.full_refresh;
                     drift.repaired.extend(

@@ -278,11 +278,13 @@ impl<R: Runner> Applier<R> {
 
     /// The fast drift check ([`super::drift`]): when the tables' change signal moved since we
     /// last looked, re-reads them and repairs what of ours differs from `desired` (only those
-    /// chains, one transaction per table); compares our sets' members every time. Does nothing
-    /// before the first apply.
+    /// chains, one transaction per table); compares our sets' members every time, from
+    /// `ipset_save` when the caller read it for both families (one read instead of two), else
+    /// read here. Does nothing before the first apply.
     pub fn check_drift(
         &mut self,
         desired: &DesiredState,
+        ipset_save: Option<&str>,
     ) -> Result<(DriftReport, Option<ApplyReport>), ApplyError> {
         let mut drift = DriftReport::default();
         let (Some(mode), Some(_)) = (self.mode, self.view.as_ref()) else {
@@ -306,7 +308,10 @@ impl<R: Runner> Applier<R> {
         }
         // Our sets, by members. A domain set's members come and go without us (learner, kernel
         // timeouts): only its absence is drift.
-        let sets = self.read_sets()?;
+        let sets = match ipset_save {
+            Some(text) => parse_ipset_save(self.config.family, text),
+            None => self.read_sets()?,
+        };
         drift.sets = (self.view().sets.iter())
             .filter(|(name, set)| match sets.get(*name) {
                 None => true,
