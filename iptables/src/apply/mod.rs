@@ -1,7 +1,9 @@
 //! Applier: desired state to the kernel, transactionally.
 //!
 //! This is the only part of the crate that does I/O, and all of it goes through [`Runner`]
-//! ([`ExecRunner`]: std::process, optionally inside `ip netns exec <ns>`).
+//! ([`ExecRunner`]: std::process, optionally inside `ip netns exec <ns>`), but for the drift
+//! check's netfilter netlink socket ([`signal`]: the nft generation id, asked in the caller's
+//! own namespace only).
 //!
 //! # Use
 //! ```no_run
