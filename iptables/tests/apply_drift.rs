@@ -10,7 +10,8 @@ use std::process::Command;
 
 use felixrs_test_support::netns::in_netns;
 use iptables::apply::{Applier, ApplierConfig, Backend, ExecRunner};
-use support::desired::{SET_DB, SET_WEB, mk_state};
+use iptables::desired::{DesiredState, DesiredTable, IpVersion, TableName};
+use support::desired::{SET_DB, SET_WEB, mk_rules, mk_state};
 use support::kernel_netns;
 
 const TW: &str = "cali-tw-calia1b2c3d4e5f";
@@ -162,7 +163,7 @@ fn drift(backend: Backend, ipt: &'static str, in_namespace: bool) {
             backend,
             ..ApplierConfig::default()
         };
-        let mut applier = Applier::new(runner, config);
+        let mut applier = Applier::new(runner, config.clone());
         applier.apply(&desired).unwrap();
         let before = ours(ipt);
         let sets = ok("ipset", &["save"]);
@@ -171,6 +172,22 @@ fn drift(backend: Backend, ipt: &'static str, in_namespace: bool) {
         for _ in 0..2 {
             let (d, report) = applier.check_drift(&desired, None).unwrap();
             assert!(d.drifted.is_empty() && report.is_none(), "{d:?}");
+            assert_eq!(d.listings, 0, "{d:?}");
+        }
+
+        // The other family's applier, sharing the count of our restores: its writes move the
+        // generation, and are not taken for someone else's.
+        if in_namespace {
+            let mut v6 = DesiredState::new(IpVersion::V6);
+            let mut filter = DesiredTable::default();
+            let rules = mk_rules("cali-x", &["-j ACCEPT"]);
+            filter.chains.insert("cali-x".to_string(), rules);
+            v6.tables.insert(TableName::Filter, filter);
+            let family = IpVersion::V6;
+            let mut other = Applier::new(ExecRunner::new(), ApplierConfig { family, ..config });
+            other.share_restore_count(&applier);
+            assert!(!other.apply(&v6).unwrap().iptables.is_empty());
+            let (d, _) = applier.check_drift(&desired, None).unwrap();
             assert_eq!(d.listings, 0, "{d:?}");
         }
 

@@ -17,7 +17,8 @@
 //! next apply only, and dropped after it whatever happens.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::backend::{self, Backend, Detection, Mode};
@@ -151,6 +152,9 @@ pub struct Applier<R: Runner> {
     other_read: Option<Result<BTreeMap<TableName, ActualTable>, ApplyError>>,
     /// The drift check's netlink socket (nft backend), opened on first use.
     nft_gen: Option<NftGeneration>,
+    /// Restores written by this applier and those sharing the count
+    /// ([`Self::share_restore_count`]): each moved the nft generation by one.
+    own_restores: Arc<AtomicU64>,
     /// The change signal's value when the tables last matched our view (generation or hash).
     seen: Option<u64>,
 }
@@ -173,6 +177,7 @@ impl<R: Runner> Applier<R> {
             primed: None,
             other_read: None,
             nft_gen: None,
+            own_restores: Arc::default(),
             seen: None,
         }
     }
@@ -208,6 +213,12 @@ impl<R: Runner> Applier<R> {
                 .save(detection.mode.other(), family)
                 .map(str::to_string),
         });
+    }
+
+    /// Counts `other`'s restores and this applier's together, so that neither takes the other's
+    /// writes for someone else's (the agent's two families, one process, one nft generation).
+    pub fn share_restore_count<Q: Runner>(&mut self, other: &Applier<Q>) {
+        self.own_restores = other.own_restores.clone();
     }
 
     /// Forgets the kernel view; the next apply reads the kernel again.
@@ -361,8 +372,9 @@ impl<R: Runner> Applier<R> {
         Ok((Some(read_tables(&text)), token))
     }
 
-    /// The nft ruleset generation, when this backend has one and the applier's programs run in
-    /// our own network namespace; `None` otherwise (the tables are then hashed).
+    /// The nft ruleset generation less our own restores (each one transaction), when this
+    /// backend has one and the applier's programs run in our own network namespace; `None`
+    /// otherwise (the tables are then hashed). Read on the thread that writes, between writes.
     fn nft_generation(&mut self, mode: Mode) -> Option<u64> {
         if mode != Mode::Nft || self.runner.netns().is_some() {
             return None;
@@ -378,7 +390,11 @@ impl<R: Runner> Applier<R> {
             },
         };
         match socket.get() {
-            Ok(g) => Some(g.into()),
+            // Our own transactions taken out: only someone else's move the value.
+            Ok(g) => Some(
+                g.wrapping_sub(self.own_restores.load(Ordering::Relaxed) as u32)
+                    .into(),
+            ),
             Err(error) => {
                 tracing::warn!(%error, "nftables generation");
                 self.nft_gen = None;
@@ -442,7 +458,6 @@ impl<R: Runner> Applier<R> {
             kernel_reads: primed_reads,
             ..ApplyReport::default()
         };
-        let before = self.nft_generation(mode);
         let mut result = Ok(());
         if self.view.is_none() || (self.config.reread_every_apply && primed_reads == 0) {
             match self.load_view(mode) {
@@ -459,16 +474,6 @@ impl<R: Runner> Applier<R> {
         report.saves = self.saves.load(Ordering::Relaxed);
         if result.is_err() {
             self.invalidate();
-        } else if !report.iptables.is_empty() && before.is_some() && before == self.seen {
-            // Our restores moved the generation, one each: when nothing else did meanwhile,
-            // the kernel is what the view holds, and only later changes are someone else's.
-            let ours = report.iptables.len() as u64;
-            if let Some(after) = self
-                .nft_generation(mode)
-                .filter(|a| *a == before.unwrap() + ours)
-            {
-                self.seen = Some(after);
-            }
         }
         result.map(|()| report)
     }
