@@ -2,10 +2,13 @@
 //! question, one answer per backend:
 //! * nft: the ruleset generation id (`NFT_MSG_GETGEN` on a netfilter netlink socket, what `nft
 //!   monitor` and iptables-nft use): the kernel bumps it on every committed transaction, ours
-//!   included, of any table and family. One request, one small reply; no table is read.
+//!   included, of any table and family; each restore of ours is one, so the applier subtracts
+//!   the count of its own. One request, one small reply; no table is read.
 //! * legacy: no generation and no notifications. The save of the family's tables is read and
 //!   hashed without its comments and chain counters (what moves when nothing changed); the same
-//!   text is parsed only when the hash differs.
+//!   text is parsed only when the hash differs. It costs what the save costs (about 0.2 s of
+//!   CPU per family at 2,000 policies): `IPT_SO_GET_INFO` (entry count and blob size per table,
+//!   microseconds) would be the cheap signal, but needs a raw-socket `getsockopt` (unsafe code).
 
 use std::hash::{Hash, Hasher};
 
