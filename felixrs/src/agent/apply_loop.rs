@@ -110,7 +110,7 @@ pub const DRIFT_BUDGET_FACTOR: u32 = 50;
 pub struct Drift {
     /// `ipv4 filter/cali-FORWARD`, `ipv6 ipset/cali60s:…` (each repaired).
     pub repaired: Vec<String>,
-    /// A root chain of ours was flushed or deleted: everything was re-read and repaired.
+    /// A root chain of ours was flushed or deleted (the table was likely flushed wholesale).
     pub full_refresh: bool,
 }
 
