@@ -79,7 +79,7 @@ fn bench(backend: Backend, rounds: usize, renderer: &Renderer) {
     for _ in 0..rounds {
         let t = Instant::now();
         let (d, repaired) = applier
-            .check_drift(renderer.desired_ref(IpVersion::V4))
+            .check_drift(renderer.desired_ref(IpVersion::V4), None)
             .unwrap();
         checks.push(t.elapsed());
         assert!(d.drifted.is_empty() && repaired.is_none(), "{d:?}");

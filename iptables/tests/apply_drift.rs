@@ -1,102 +1,284 @@
 //! The applier's fast drift check on the real kernel (legacy and nft, in a namespace this test
-//! creates): nothing drifted means nothing written; a flushed root chain is a full refresh; a
-//! foreign rule pushed above our hook moves the hook back to the top and keeps the foreign rule;
-//! an edited rule of ours is rewritten; a foreign rule appended below our top hook is not drift;
-//! a flushed IP set of ours is found by its member count and only it is rewritten.
+//! creates), for every tamper of issue 23: each is found on the next check, named, and repaired
+//! alone; a foreign rule is kept; when nothing changed the check re-reads no table. nft is run
+//! twice: with the generation id (the applier in the namespace, as the agent is) and with the
+//! save hash (its programs run through `ip netns exec`), which legacy always uses.
 
 mod support;
 
-use iptables::apply::{Applier, ApplierConfig, Backend};
-use iptables::desired::TableName;
-use support::desired::{SET_DB, SET_WEB, mk_state};
-use support::{kernel_netns, runner};
+use std::process::Command;
 
-fn drift(backend: Backend, ipt: &str) {
+use felixrs_test_support::netns::in_netns;
+use iptables::apply::{Applier, ApplierConfig, Backend, ExecRunner};
+use iptables::desired::{DesiredState, DesiredTable, IpVersion, TableName};
+use support::desired::{SET_DB, SET_WEB, mk_rules, mk_state};
+use support::kernel_netns;
+
+const TW: &str = "cali-tw-calia1b2c3d4e5f";
+
+/// Runs a tool in the calling thread's namespace and returns its stdout.
+fn ok(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program).args(args).output().unwrap();
+    assert!(out.status.success(), "{program} {args:?}: {out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Our tables as the kernel has them, without what moves by itself.
+fn ours(ipt: &str) -> String {
+    ok(&format!("{ipt}-save"), &[])
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.starts_with(':'))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A tamper: its name, what is done (`ipt`, `nft` or `ipset` invocations), the objects the check
+/// must name.
+type Tamper = (&'static str, Vec<Vec<&'static str>>, Vec<String>);
+
+/// Each tamper of the issue's table.
+fn tampers(nft: bool) -> Vec<Tamper> {
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let mut t = vec![
+        (
+            "hook deleted",
+            vec![vec!["ipt", "-D", "FORWARD", "1"]],
+            s(&["filter/FORWARD"]),
+        ),
+        (
+            "root chain flushed",
+            vec![vec!["ipt", "-F", "cali-FORWARD"]],
+            s(&["filter/cali-FORWARD"]),
+        ),
+        (
+            "accept at the top of cali-FORWARD",
+            vec![vec!["ipt", "-I", "cali-FORWARD", "1", "-j", "ACCEPT"]],
+            s(&["filter/cali-FORWARD"]),
+        ),
+        (
+            "workload chain flushed",
+            vec![vec!["ipt", "-F", TW]],
+            vec![format!("filter/{TW}")],
+        ),
+        (
+            "accept at the top of the workload chain",
+            vec![vec!["ipt", "-I", TW, "1", "-j", "ACCEPT"]],
+            vec![format!("filter/{TW}")],
+        ),
+        (
+            "accept at the top of a policy chain",
+            vec![vec![
+                "ipt",
+                "-I",
+                "cali-pi-_web-allow-db",
+                "1",
+                "-j",
+                "ACCEPT",
+            ]],
+            s(&["filter/cali-pi-_web-allow-db"]),
+        ),
+        (
+            "dispatch rule deleted",
+            vec![vec!["ipt", "-D", "cali-to-wl-dispatch", "1"]],
+            s(&["filter/cali-to-wl-dispatch"]),
+        ),
+        (
+            "dispatch rule and workload chain deleted",
+            vec![
+                vec!["ipt", "-D", "cali-to-wl-dispatch", "1"],
+                vec!["ipt", "-F", TW],
+                vec!["ipt", "-X", TW],
+            ],
+            vec![
+                "filter/cali-to-wl-dispatch".to_string(),
+                format!("filter/{TW}"),
+            ],
+        ),
+        (
+            "nat chain flushed",
+            vec![vec!["ipt", "-t", "nat", "-F", "cali-nat-outgoing"]],
+            s(&["nat/cali-nat-outgoing"]),
+        ),
+        (
+            "raw chain edited",
+            vec![vec![
+                "ipt",
+                "-t",
+                "raw",
+                "-I",
+                "cali-PREROUTING",
+                "1",
+                "-j",
+                "ACCEPT",
+            ]],
+            s(&["raw/cali-PREROUTING"]),
+        ),
+        (
+            "set flushed",
+            vec![vec!["ipset", "flush", SET_WEB]],
+            vec![format!("ipset/{SET_WEB}")],
+        ),
+        (
+            "set members swapped, same count",
+            vec![
+                vec!["ipset", "del", SET_WEB, "10.65.0.1"],
+                vec!["ipset", "add", SET_WEB, "10.65.0.9"],
+            ],
+            vec![format!("ipset/{SET_WEB}")],
+        ),
+    ];
+    if nft {
+        t.push((
+            "accept inserted in cali-FORWARD through nft",
+            vec![vec![
+                "nft",
+                "insert",
+                "rule",
+                "ip",
+                "filter",
+                "cali-FORWARD",
+                "accept",
+            ]],
+            s(&["filter/cali-FORWARD"]),
+        ));
+        t.push((
+            "workload chain flushed through nft",
+            vec![vec!["nft", "flush", "chain", "ip", "filter", TW]],
+            vec![format!("filter/{TW}")],
+        ));
+    }
+    t
+}
+
+fn drift(backend: Backend, ipt: &'static str, in_namespace: bool) {
     let ns = kernel_netns();
-    let desired = mk_state();
-    let mut applier = Applier::new(
-        runner(&ns),
-        ApplierConfig {
+    let name = ns.name().to_string();
+    in_netns(ns.name(), move || {
+        let runner = match in_namespace {
+            true => ExecRunner::new(),
+            false => ExecRunner::in_netns(&name).unwrap(),
+        };
+        let desired = mk_state();
+        let config = ApplierConfig {
             backend,
             ..ApplierConfig::default()
-        },
-    );
-    applier.apply(&desired).unwrap();
-    let list = |chain: &str| ns.ok(ipt, &["-S", chain]);
-    let forward = list("cali-FORWARD");
+        };
+        let mut applier = Applier::new(runner, config.clone());
+        applier.apply(&desired).unwrap();
+        let before = ours(ipt);
+        let sets = ok("ipset", &["save"]);
+        // Nothing changed: no table is re-read (the first check learns the signal's value).
+        applier.check_drift(&desired, None).unwrap();
+        for _ in 0..2 {
+            let (d, report) = applier.check_drift(&desired, None).unwrap();
+            assert!(d.drifted.is_empty() && report.is_none(), "{d:?}");
+            assert_eq!(d.listings, 0, "{d:?}");
+        }
 
-    for _ in 0..2 {
-        let (d, report) = applier.check_drift(&desired).unwrap();
+        // The other family's applier, sharing the count of our restores: its writes move the
+        // generation, and are not taken for someone else's.
+        if in_namespace {
+            let mut v6 = DesiredState::new(IpVersion::V6);
+            let mut filter = DesiredTable::default();
+            let rules = mk_rules("cali-x", &["-j ACCEPT"]);
+            filter.chains.insert("cali-x".to_string(), rules);
+            v6.tables.insert(TableName::Filter, filter);
+            let family = IpVersion::V6;
+            let mut other = Applier::new(ExecRunner::new(), ApplierConfig { family, ..config });
+            other.share_restore_count(&applier);
+            assert!(!other.apply(&v6).unwrap().iptables.is_empty());
+            let (d, _) = applier.check_drift(&desired, None).unwrap();
+            assert_eq!(d.listings, 0, "{d:?}");
+        }
+
+        // A foreign rule appended below our (top) hook in INPUT: nothing of ours to repair.
+        ok(ipt, &["-A", "INPUT", "-s", "192.0.2.9/32", "-j", "ACCEPT"]);
+        let (d, report) = applier.check_drift(&desired, None).unwrap();
         assert!(d.drifted.is_empty() && report.is_none(), "{d:?}");
-        assert_eq!(d.listings, 6);
-    }
+        assert_eq!(d.listings, 1, "the change was seen");
+        ok(ipt, &["-D", "INPUT", "-s", "192.0.2.9/32", "-j", "ACCEPT"]);
+        applier.check_drift(&desired, None).unwrap();
 
-    // A foreign rule appended below our (top) hook in INPUT: nothing of ours to repair. (In
-    // FORWARD it would land below our appended rules, which go back to the bottom: drift, as
-    // the full refresh sees it too.)
-    ns.ok(ipt, &["-A", "INPUT", "-s", "192.0.2.9/32", "-j", "ACCEPT"]);
-    let (d, report) = applier.check_drift(&desired).unwrap();
-    assert!(d.drifted.is_empty() && report.is_none(), "{d:?}");
+        // A foreign rule above our hook: reported, the hook goes back on top, the rule stays.
+        ok(
+            ipt,
+            &["-I", "FORWARD", "1", "-s", "192.0.2.1/32", "-j", "DROP"],
+        );
+        let (d, _) = applier.check_drift(&desired, None).unwrap();
+        assert_eq!(d.drifted, vec!["filter/FORWARD".to_string()]);
+        let forward = ok(ipt, &["-S", "FORWARD"]);
+        let rules: Vec<_> = forward.lines().filter(|l| l.starts_with("-A")).collect();
+        assert!(
+            rules[0].contains("cali-FORWARD") && rules[1].contains("192.0.2.1"),
+            "{forward}"
+        );
+        ok(ipt, &["-D", "FORWARD", "-s", "192.0.2.1/32", "-j", "DROP"]);
+        let (d, _) = applier.check_drift(&desired, None).unwrap();
+        assert!(d.drifted.is_empty(), "{d:?}");
+        assert_eq!(ours(ipt), before);
 
-    ns.ok(ipt, &["-F", "cali-FORWARD"]);
-    let (d, report) = applier.check_drift(&desired).unwrap();
-    assert_eq!(d.drifted, vec!["filter/cali-FORWARD".to_string()]);
-    assert!(d.full_refresh);
-    assert!(report.unwrap().kernel_reads > 0);
-    assert_eq!(list("cali-FORWARD"), forward);
-
-    ns.ok(
-        ipt,
-        &["-I", "FORWARD", "1", "-s", "192.0.2.1/32", "-j", "DROP"],
-    );
-    let (d, report) = applier.check_drift(&desired).unwrap();
-    assert_eq!(d.drifted, vec!["filter/FORWARD".to_string()]);
-    assert!(!d.full_refresh);
-    let written = report.unwrap();
-    assert_eq!(
-        written.kernel_reads, 0,
-        "only the drifted chain is repaired"
-    );
-    assert_eq!(written.iptables.len(), 1);
-    assert!(written.iptables.contains_key(&TableName::Filter));
-    let now = list("FORWARD");
-    let first_rule = now.lines().find(|l| l.starts_with("-A")).unwrap();
-    assert!(first_rule.contains("cali-FORWARD"), "{now}");
-    assert!(now.contains("192.0.2.1"), "{now}");
-    assert!(list("INPUT").contains("192.0.2.9"));
-
-    ns.ok(ipt, &["-R", "cali-FORWARD", "2", "-j", "ACCEPT"]);
-    let (d, _) = applier.check_drift(&desired).unwrap();
-    assert_eq!(d.drifted, vec!["filter/cali-FORWARD".to_string()]);
-    assert!(!d.full_refresh);
-    assert_eq!(list("cali-FORWARD"), forward);
-    let (d, report) = applier.check_drift(&desired).unwrap();
-    assert!(d.drifted.is_empty() && report.is_none(), "{d:?}");
-
-    // One of our sets flushed: only that set is rewritten.
-    ns.ok("ipset", &["flush", SET_WEB]);
-    let (d, report) = applier.check_drift(&desired).unwrap();
-    assert_eq!(d.sets, vec![SET_WEB.to_string()], "{d:?}");
-    assert_eq!(d.drifted, vec![format!("ipset/{SET_WEB}")]);
-    let written = report.unwrap();
-    assert!(written.iptables.is_empty(), "{written:?}");
-    assert!(written.ipset_updates.contains(SET_WEB), "{written:?}");
-    assert!(!written.ipset_updates.contains(SET_DB), "{written:?}");
-    let members = ns.ok("ipset", &["list", SET_WEB]);
-    assert!(
-        members.contains("10.65.0.1") && members.contains("10.65.0.2"),
-        "{members}"
-    );
-    let (d, report) = applier.check_drift(&desired).unwrap();
-    assert!(d.drifted.is_empty() && report.is_none(), "{d:?}");
+        for (what, steps, objects) in tampers(ipt.contains("nft")) {
+            for step in &steps {
+                let program = if step[0] == "ipt" { ipt } else { step[0] };
+                ok(program, &step[1..]);
+            }
+            let (d, report) = applier.check_drift(&desired, None).unwrap();
+            let mut found = d.drifted.clone();
+            found.sort();
+            let mut want = objects.clone();
+            want.sort();
+            assert_eq!(found, want, "{what}: {d:?}");
+            assert_eq!(d.full_refresh, what == "root chain flushed", "{what}");
+            let written = report.unwrap_or_else(|| panic!("{what}: nothing written"));
+            assert_eq!(
+                written.kernel_reads, 0,
+                "{what}: repaired without a full re-read"
+            );
+            if objects[0].starts_with("ipset/") {
+                assert!(written.iptables.is_empty(), "{what}: {written:?}");
+                assert!(
+                    !written.ipset_updates.contains(SET_DB),
+                    "{what}: {written:?}"
+                );
+            } else {
+                assert_eq!(
+                    written.iptables.len(),
+                    1,
+                    "{what}: one transaction: {written:?}"
+                );
+            }
+            assert_eq!(ours(ipt), before, "{what}");
+            let mut now = ok("ipset", &["save"])
+                .lines()
+                .map(str::to_string)
+                .collect::<Vec<_>>();
+            let mut then = sets.lines().map(str::to_string).collect::<Vec<_>>();
+            now.sort();
+            then.sort();
+            assert_eq!(now, then, "{what}");
+            // Our own repair is not drift: the next check finds nothing.
+            let (d, report) = applier.check_drift(&desired, None).unwrap();
+            assert!(
+                d.drifted.is_empty() && report.is_none(),
+                "{what}: after repair {d:?}"
+            );
+            // With the generation our own restores are accounted for: nothing is re-read.
+            assert!(!in_namespace || d.listings == 0, "{what}: {d:?}");
+        }
+    });
 }
 
 #[test]
-fn drift_is_found_and_repaired_narrowly_legacy() {
-    drift(Backend::Legacy, "iptables-legacy");
+fn every_tamper_is_found_and_repaired_alone_legacy() {
+    drift(Backend::Legacy, "iptables-legacy", false);
 }
 
 #[test]
-fn drift_is_found_and_repaired_narrowly_nft() {
-    drift(Backend::Nft, "iptables-nft");
+fn every_tamper_is_found_and_repaired_alone_nft_generation() {
+    drift(Backend::Nft, "iptables-nft", true);
+}
+
+#[test]
+fn every_tamper_is_found_and_repaired_alone_nft_save_hash() {
+    drift(Backend::Nft, "iptables-nft", false);
 }

@@ -243,7 +243,7 @@ fn domain_sets_on_the_kernel(backend: Backend) {
     let report = a.apply(&r.desired(*v)).unwrap();
     assert!(report.iptables.contains_key(&TableName::Filter));
     assert!(report.ipset_updates.is_empty(), "{report:?}");
-    let (drift, repaired) = a.check_drift(&r.desired(*v)).unwrap();
+    let (drift, repaired) = a.check_drift(&r.desired(*v), None).unwrap();
     assert!(drift.sets.is_empty(), "{drift:?}");
     assert!(repaired.is_none_or(|rep| rep.ipset_updates.is_empty()));
     a.refresh(&r.desired(*v)).unwrap();
@@ -253,7 +253,7 @@ fn domain_sets_on_the_kernel(backend: Backend) {
     // The DNS hold's hook deleted behind our back is drift, repaired by the fast check.
     let list = mode.list_program(V::V4);
     ns.ok(&list, &["-t", "mangle", "-D", "POSTROUTING", "1"]);
-    let (drift, repaired) = a.check_drift(&r.desired(*v)).unwrap();
+    let (drift, repaired) = a.check_drift(&r.desired(*v), None).unwrap();
     assert!(
         drift.drifted.iter().any(|d| d.contains("POSTROUTING")),
         "{drift:?}"

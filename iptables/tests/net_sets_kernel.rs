@@ -219,7 +219,7 @@ fn net_sets_enforce_the_lists_and_leave_after_their_rules() {
     }
     assert_verdicts(&client, &[1, 3]);
     // The fast drift check (chains and set member counts) finds nothing to repair.
-    let (drift, repaired) = a.check_drift(&desired).unwrap();
+    let (drift, repaired) = a.check_drift(&desired, None).unwrap();
     assert!(
         drift.drifted.is_empty() && drift.sets.is_empty(),
         "{drift:?}"

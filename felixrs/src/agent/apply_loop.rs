@@ -95,8 +95,8 @@ pub trait Dataplane: Send + 'static {
     /// the datastore is still being read): may read the kernel ahead, never writes. The default
     /// does nothing.
     fn prepare(&mut self) {}
-    /// The fast drift check between refreshes: lists a few chains and repairs those that
-    /// drifted. The default finds nothing.
+    /// The fast drift check between refreshes: asks whether the kernel changed, and if so
+    /// repairs what of ours drifted. The default finds nothing.
     fn check_drift(&mut self) -> Result<Drift, DataplaneError> {
         Ok(Drift::default())
     }
@@ -108,9 +108,9 @@ pub const DRIFT_BUDGET_FACTOR: u32 = 50;
 /// What a fast drift check found and repaired.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Drift {
-    /// `ipv4 filter/cali-FORWARD`, … (each repaired).
+    /// `ipv4 filter/cali-FORWARD`, `ipv6 ipset/cali60s:…` (each repaired).
     pub repaired: Vec<String>,
-    /// A root chain of ours was flushed or deleted: everything was re-read and repaired.
+    /// A root chain of ours was flushed or deleted (the table was likely flushed wholesale).
     pub full_refresh: bool,
 }
 
@@ -226,17 +226,20 @@ fn run<D: Dataplane>(
 }
 
 /// Runs the drift check and returns when the next one is due. Stays within the budget: a check
-/// that took T waits at least T x 50 (2% of one core), so a node whose listings are slow
-/// (iptables-legacy at scale) checks less often instead of spending a core on it.
+/// that repaired nothing and took T waits at least T x 50 (2% of one core), so a node whose
+/// checks are slow (a foreign writer moving the tables all the time) checks less often instead
+/// of spending a core on it. A repair is not the idle cost: the next check comes on time.
 fn timed_drift_check<D: Dataplane>(dp: &mut D, hub: &StatusHub, period: Duration) -> Instant {
     let started = Instant::now();
-    check_drift(dp, hub);
+    if check_drift(dp, hub) {
+        return Instant::now() + period;
+    }
     let budget = started.elapsed() * DRIFT_BUDGET_FACTOR;
     Instant::now() + period.max(budget)
 }
 
-/// Runs the fast drift check; a log line and a metric per repaired chain.
-fn check_drift<D: Dataplane>(dp: &mut D, hub: &StatusHub) {
+/// Runs the fast drift check; a log line and a metric per repaired object. True if it repaired.
+fn check_drift<D: Dataplane>(dp: &mut D, hub: &StatusHub) -> bool {
     let started = Instant::now();
     let m = &hub.metrics;
     m.drift_checks.inc();
@@ -246,12 +249,19 @@ fn check_drift<D: Dataplane>(dp: &mut D, hub: &StatusHub) {
                 .observe(started.elapsed().as_secs_f64());
             for chain in &d.repaired {
                 tracing::warn!(%chain, full_refresh = d.full_refresh, "drift: chain differed from what we wrote; repaired");
+                if let Some((family, object)) = chain.split_once(' ') {
+                    let labels = [("family", family), ("object", object)];
+                    let labels = labels.map(|(k, v)| (k.to_string(), v.to_string()));
+                    m.drift_repaired.get_or_create(&labels.to_vec()).inc();
+                }
             }
             m.drift_repairs.inc_by(d.repaired.len() as u64);
+            !d.repaired.is_empty()
         }
         Err(error) => {
             m.drift_check_errors.inc();
             tracing::warn!(%error, "drift check failed; the full refresh will repair");
+            false
         }
     }
 }

@@ -403,7 +403,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
 
 /// The v4 and v6 appliers of `backend`, without a view of the kernel yet.
 fn fresh_appliers<R: Runner + Clone + 'static>(runner: &R, backend: Backend) -> [Applier<R>; 2] {
-    [IpVersion::V4, IpVersion::V6].map(|family| {
+    let [v4, mut v6] = [IpVersion::V4, IpVersion::V6].map(|family| {
         Applier::new(
             runner.clone(),
             ApplierConfig {
@@ -412,7 +412,10 @@ fn fresh_appliers<R: Runner + Clone + 'static>(runner: &R, backend: Backend) -> 
                 ..ApplierConfig::default()
             },
         )
-    })
+    });
+    // One nft generation for both: neither takes the other's writes for drift.
+    v6.share_restore_count(&v4);
+    [v4, v6]
 }
 
 /// Detects the backend if that is still to do, then reads the kernel into both appliers at once.
@@ -545,8 +548,13 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
         self.settle();
         let mut drift = Drift::default();
         let mut errors = Vec::new();
+        // One `ipset save` for both families' set checks (a large node's is most of a check).
+        let sets = (self.v4.runner().run("ipset", &["save"], None))
+            .ok()
+            .filter(|out| out.status.success())
+            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned());
         for (v, applier) in [(IpVersion::V4, &mut self.v4), (IpVersion::V6, &mut self.v6)] {
-            match applier.check_drift(self.renderer.desired_ref(v)) {
+            match applier.check_drift(self.renderer.desired_ref(v), sets.as_deref()) {
                 Ok((d, _)) => {
                     drift.full_refresh |= d.full_refresh;
                     drift.repaired.extend(

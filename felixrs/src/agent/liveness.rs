@@ -153,6 +153,10 @@ impl<R: Runner> Runner for BeatingRunner<R> {
         self.liveness.beat();
         out
     }
+
+    fn netns(&self) -> Option<&str> {
+        self.inner.netns()
+    }
 }
 
 #[cfg(test)]

@@ -108,11 +108,14 @@ metric_fields! {
             => "policy_counter_rules_missing",
             "Rendered rules of ours the last counter read did not find in the kernel";
         pub drift_checks: Counter = Counter::default()
-            => "drift_checks", "Fast drift checks (our entry chains and hooks listed)";
+            => "drift_checks", "Fast drift checks (change signal asked; our tables and sets compared)";
         pub drift_check_errors: Counter = Counter::default()
             => "drift_check_errors", "Fast drift checks that failed";
         pub drift_repairs: Counter = Counter::default()
             => "drift_repairs", "Chains found changed by someone else and repaired (one per chain)";
+        /// The same repairs by `family` and `object` (`filter/cali-tw-…`, `ipset/cali40s:…`).
+        pub drift_repaired: Family<RemoteLabels, Counter> = Family::default()
+            => "drift_repaired_objects", "Objects of ours (chains, IP sets) found changed by someone else and repaired";
         pub drift_check_seconds: Histogram = seconds()
             => "drift_check_seconds", "Time of one fast drift check, repairs included";
         /// Per federated cluster (label `cluster`): 1 while its etcd answers.

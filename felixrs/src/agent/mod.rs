@@ -144,8 +144,9 @@ pub struct Args {
     /// Seconds between full re-reads of the kernel (drift repair).
     #[arg(long, env = "FELIXRS_REFRESH_INTERVAL", default_value = "90", value_parser = parse_secs)]
     pub refresh_interval: Duration,
-    /// Seconds between fast drift checks (our entry chains and hooks listed, changed ones
-    /// repaired); 0 turns them off (the full refresh still repairs).
+    /// Seconds between fast drift checks (the kernel asked whether anything changed; if so,
+    /// every chain and IP set of ours compared and what drifted repaired); 0 turns them off (the
+    /// full refresh still repairs).
     #[arg(long, env = "FELIXRS_DRIFT_INTERVAL", default_value = "2", value_parser = parse_secs_or_zero)]
     pub drift_interval: Duration,
     /// Seconds between reads of the kernel's rule counters for the per-policy counters of

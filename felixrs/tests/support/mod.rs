@@ -107,7 +107,14 @@ impl Agent {
             .arg("--state-dir")
             .arg(state_dir)
             .args(["--health-listen", &health.to_string()])
-            .args(["--iptables-backend", "nft", "--etcd-timeout", "1"])
+            .args(["--etcd-timeout", "1"])
+            // nft unless the test chose.
+            .args(
+                match extra.iter().any(|a| a.as_ref() == "--iptables-backend") {
+                    true => &[][..],
+                    false => &["--iptables-backend", "nft"][..],
+                },
+            )
             .args(["--log", "info"])
             .args(extra)
             .envs(env.iter().copied())

@@ -1,7 +1,9 @@
 //! Applier: desired state to the kernel, transactionally.
 //!
 //! This is the only part of the crate that does I/O, and all of it goes through [`Runner`]
-//! ([`ExecRunner`]: std::process, optionally inside `ip netns exec <ns>`).
+//! ([`ExecRunner`]: std::process, optionally inside `ip netns exec <ns>`), but for the drift
+//! check's netfilter netlink socket ([`signal`]: the nft generation id, asked in the caller's
+//! own namespace only).
 //!
 //! # Use
 //! ```no_run
@@ -41,7 +43,8 @@
 //! diff, IP set phases, cleanup plans, preview) are in [`crate::desired`]; the kernel view is
 //! read by [`crate::parse::read_tables`]. This module runs the tools and keeps the state between
 //! applies:
-//! * [`drift`]: the fast check of our entry chains between two full refreshes.
+//! * [`drift`]: the fast check of everything of ours between two full refreshes; [`signal`]: its
+//!   cheap "did anything change" per backend.
 //! * [`backend`]: legacy vs nft detection, binaries and lock options.
 //! * [`runner`]: the process runner trait and its std::process implementation.
 //! * [`cleanup`]: removing everything of ours from a node (`felixrs cleanup`).
@@ -57,6 +60,7 @@ pub mod drift;
 mod engine;
 pub mod error;
 pub mod runner;
+pub mod signal;
 
 pub use backend::{
     Backend, Detection, Mode, Reason, detect_masquerade_fully_random, masquerade_fully_random,

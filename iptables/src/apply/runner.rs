@@ -28,6 +28,12 @@ pub enum RunError {
 pub trait Runner: Send + Sync {
     /// Runs `program args…`, feeding `stdin` if given, and waits for it to exit.
     fn run(&self, program: &str, args: &[&str], stdin: Option<&[u8]>) -> Result<Output, RunError>;
+
+    /// The network namespace the programs run in when it is not the caller's own (sockets the
+    /// applier opens itself would not see its tables).
+    fn netns(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// Runs programs with std::process, optionally inside `ip netns exec <netns>`.
@@ -57,13 +63,13 @@ impl ExecRunner {
             netns: Some(netns.to_string()),
         })
     }
-
-    pub fn netns(&self) -> Option<&str> {
-        self.netns.as_deref()
-    }
 }
 
 impl Runner for ExecRunner {
+    fn netns(&self) -> Option<&str> {
+        self.netns.as_deref()
+    }
+
     fn run(&self, program: &str, args: &[&str], stdin: Option<&[u8]>) -> Result<Output, RunError> {
         let mut cmd = match &self.netns {
             Some(ns) => {

@@ -17,20 +17,21 @@
 //! next apply only, and dropped after it whatever happens.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::backend::{self, Backend, Detection, Mode};
-use super::drift::{CHECKED, DriftReport, list_chain, same_rules, set_sizes};
+use super::drift::{DriftReport, ROOTS, touched};
 use super::error::{ApplyError, blame, clean_stderr, failed_line, payload_line};
 use super::runner::Runner;
+use super::signal::{NftGeneration, save_hash};
 use crate::desired::diff::{Op, plan_chains, plan_table, render, simulate};
 use crate::desired::ipset::{
     ActualSet, SetUpdatePlan, after_updates, parse_save as parse_ipset_save, plan_deletions,
     plan_updates, render_deletions,
 };
 use crate::desired::{Changes, DesiredState, IpSetSpec, IpVersion, TableName};
-use crate::model::is_our_chain;
 use crate::parse::{ActualTable, read_tables};
 
 mod read_kernel;
@@ -149,6 +150,13 @@ pub struct Applier<R: Runner> {
     /// The other backend's tables, read with the view when no detection seed holds them, for
     /// the sweep that follows.
     other_read: Option<Result<BTreeMap<TableName, ActualTable>, ApplyError>>,
+    /// The drift check's netlink socket (nft backend), opened on first use.
+    nft_gen: Option<NftGeneration>,
+    /// Restores written by this applier and those sharing the count
+    /// ([`Self::share_restore_count`]): each moved the nft generation by one.
+    own_restores: Arc<AtomicU64>,
+    /// The change signal's value when the tables last matched our view (generation or hash).
+    seen: Option<u64>,
 }
 
 impl<R: Runner> Applier<R> {
@@ -168,6 +176,9 @@ impl<R: Runner> Applier<R> {
             sweep_due: false,
             primed: None,
             other_read: None,
+            nft_gen: None,
+            own_restores: Arc::default(),
+            seen: None,
         }
     }
 
@@ -202,6 +213,12 @@ impl<R: Runner> Applier<R> {
                 .save(detection.mode.other(), family)
                 .map(str::to_string),
         });
+    }
+
+    /// Counts `other`'s restores and this applier's together, so that neither takes the other's
+    /// writes for someone else's (the agent's two families, one process, one nft generation).
+    pub fn share_restore_count<Q: Runner>(&mut self, other: &Applier<Q>) {
+        self.own_restores = other.own_restores.clone();
     }
 
     /// Forgets the kernel view; the next apply reads the kernel again.
@@ -270,95 +287,120 @@ impl<R: Runner> Applier<R> {
         Ok(())
     }
 
-    /// The fast drift check ([`super::drift`]): lists our entry chains and the hook chains,
-    /// and if any differs from the view, repairs it (only those chains; everything when a root
-    /// chain of ours was flushed or deleted). Does nothing before the first apply.
+    /// The fast drift check ([`super::drift`]): when the tables' change signal moved since we
+    /// last looked, re-reads them and repairs what of ours differs from `desired` (only those
+    /// chains, one transaction per table); compares our sets' members every time, from
+    /// `ipset_save` when the caller read it for both families (one read instead of two), else
+    /// read here. Does nothing before the first apply.
     pub fn check_drift(
         &mut self,
         desired: &DesiredState,
+        ipset_save: Option<&str>,
     ) -> Result<(DriftReport, Option<ApplyReport>), ApplyError> {
         let mut drift = DriftReport::default();
         let (Some(mode), Some(_)) = (self.mode, self.view.as_ref()) else {
             return Ok((drift, None));
         };
-        let mut changed = Vec::new();
-        for (table, chain) in CHECKED {
-            let Some(d) = desired.tables.get(&table) else {
-                continue;
-            };
-            if !d.chains.contains_key(chain) && !d.hooks.iter().any(|h| h.kernel_chain == chain) {
-                continue;
-            }
-            drift.listings += 1;
-            let now = list_chain(&self.runner, mode, self.config.family, table, chain)?;
-            let view = self.view().tables.entry(table).or_default();
-            let known = view.chains.get(chain);
-            if let (Some(n), Some(k)) = (&now, known)
-                && same_rules(n, k)
-            {
-                continue;
-            }
-            if is_our_chain(chain) && now.as_ref().is_none_or(Vec::is_empty) {
-                drift.full_refresh = true;
-            }
-            changed.push((table, chain));
-            match now {
-                Some(rules) => {
-                    view.chains.insert(chain.to_string(), rules);
-                }
-                None => {
-                    view.chains.remove(chain);
+        if let (Some(tables), token) = self.tables_if_changed(mode)? {
+            drift.listings = 1;
+            for table in TableName::ALL {
+                let actual = tables.get(&table).unwrap_or(&EMPTY_TABLE);
+                let d = desired.tables.get(&table);
+                for chain in touched(&plan_table(table, d, actual)?) {
+                    // A root chain flushed or gone: likely the whole table was.
+                    drift.full_refresh |= ROOTS.contains(&chain)
+                        && actual.chains.get(chain).is_none_or(Vec::is_empty);
+                    drift.drifted.push(format!("{table}/{chain}"));
                 }
             }
+            self.view().tables = tables;
+            // Planned whole: the next check re-reads only after a later change.
+            self.seen = token;
         }
-        // Our sets, by member count.
-        let sizes = set_sizes(&self.runner, self.config.family)?;
-        let view_sets = &self.view().sets;
-        drift.sets = view_sets
-            .iter()
-            // A domain set's members come and go without us (learner, kernel timeouts): only
-            // its absence is drift.
-            .filter(|(name, set)| match sizes.get(*name) {
+        // Our sets, by members. A domain set's members come and go without us (learner, kernel
+        // timeouts): only its absence is drift.
+        let sets = match ipset_save {
+            Some(text) => parse_ipset_save(self.config.family, text),
+            None => self.read_sets()?,
+        };
+        drift.sets = (self.view().sets.iter())
+            .filter(|(name, set)| match sets.get(*name) {
                 None => true,
-                Some(n) => !set.is_timed() && *n != set.members.len(),
+                Some(now) => !set.is_timed() && now.members != set.members,
             })
             .map(|(name, _)| name.clone())
             .collect();
         if !drift.sets.is_empty() {
-            self.view().sets = self.read_sets()?;
+            self.view().sets = sets;
         }
-        if changed.is_empty() && drift.sets.is_empty() {
-            return Ok((drift, None));
-        }
-        // A listing that differs only where we have nothing to write (a foreign rule appended, a
-        // kernel chain the view had not seen yet) is not drift of ours.
-        let mut touched = Vec::new();
-        for (table, chain) in &changed {
-            let view = self.view();
-            let actual = view.tables.get(table).unwrap_or(&EMPTY_TABLE);
-            let ops = plan_table(*table, desired.tables.get(table), actual)?;
-            let hits = ops.iter().any(|op| match op {
-                Op::Declare(c) | Op::DeleteChain(c) => c == chain,
-                Op::Replace { chain: c, .. }
-                | Op::Append { chain: c, .. }
-                | Op::Insert { chain: c, .. }
-                | Op::DeleteIndex { chain: c, .. }
-                | Op::DeleteSpec { chain: c, .. } => c == chain,
-            });
-            if hits || drift.full_refresh {
-                touched.push(format!("{table}/{chain}"));
-            }
-        }
-        touched.extend(drift.sets.iter().map(|s| format!("ipset/{s}")));
-        drift.drifted = touched;
+        drift
+            .drifted
+            .extend(drift.sets.iter().map(|s| format!("ipset/{s}")));
         if drift.drifted.is_empty() {
             return Ok((drift, None));
         }
-        if drift.full_refresh {
-            self.invalidate();
-        }
         let report = self.apply(desired)?;
         Ok((drift, Some(report)))
+    }
+
+    /// This backend's tables as the kernel has them now, or `None` when the change signal says
+    /// nothing changed since the last look or our last write ([`super::signal`]); and the
+    /// signal's value, taken before the tables were read (a change in between is seen again).
+    #[allow(clippy::type_complexity)]
+    fn tables_if_changed(
+        &mut self,
+        mode: Mode,
+    ) -> Result<(Option<BTreeMap<TableName, ActualTable>>, Option<u64>), ApplyError> {
+        if let Some(generation) = self.nft_generation(mode) {
+            let token = Some(generation);
+            if self.seen == token {
+                return Ok((None, token));
+            }
+            return Ok((Some(self.read_iptables(mode, None)?), token));
+        }
+        let program = mode.save_program(self.config.family);
+        let out = self.run_save(&program, &[])?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() || text.contains(INCOMPATIBLE) {
+            // Its error names the failure.
+            return Ok((Some(self.read_iptables(mode, None)?), None));
+        }
+        let token = Some(save_hash(&text));
+        if self.seen == token {
+            return Ok((None, token));
+        }
+        Ok((Some(read_tables(&text)), token))
+    }
+
+    /// The nft ruleset generation less our own restores (each one transaction), when this
+    /// backend has one and the applier's programs run in our own network namespace; `None`
+    /// otherwise (the tables are then hashed). Read on the thread that writes, between writes.
+    fn nft_generation(&mut self, mode: Mode) -> Option<u64> {
+        if mode != Mode::Nft || self.runner.netns().is_some() {
+            return None;
+        }
+        let socket = match &mut self.nft_gen {
+            Some(s) => s,
+            None => match NftGeneration::open() {
+                Ok(s) => self.nft_gen.insert(s),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot ask nftables for its generation; the drift check reads the tables");
+                    return None;
+                }
+            },
+        };
+        match socket.get() {
+            // Our own transactions taken out: only someone else's move the value.
+            Ok(g) => Some(
+                g.wrapping_sub(self.own_restores.load(Ordering::Relaxed) as u32)
+                    .into(),
+            ),
+            Err(error) => {
+                tracing::warn!(%error, "nftables generation");
+                self.nft_gen = None;
+                None
+            }
+        }
     }
 
     /// Re-reads the kernel and applies `desired`, repairing any drift.

@@ -106,6 +106,8 @@ impl<R: Runner> Applier<R> {
                 .runner
                 .run(&program, mode.restore_args(), Some(payload.as_bytes()))?;
             if out.status.success() {
+                // One nft transaction: the generation moved by one, ours.
+                self.own_restores.fetch_add(1, Ordering::Relaxed);
                 let actual = self.view().tables.entry(table).or_default();
                 if let Err(e) = simulate(table, actual, &ops) {
                     // The kernel took it, so our model is what is wrong: read again next time.

@@ -1,0 +1,115 @@
+//! Did anything change in the kernel's tables since we last looked? The drift check's cheap first
+//! question, one answer per backend:
+//! * nft: the ruleset generation id (`NFT_MSG_GETGEN` on a netfilter netlink socket, what `nft
+//!   monitor` and iptables-nft use): the kernel bumps it on every committed transaction, ours
+//!   included, of any table and family; each restore of ours is one, so the applier subtracts
+//!   the count of its own. One request, one small reply; no table is read.
+//! * legacy: no generation and no notifications. The save of the family's tables is read and
+//!   hashed without its comments and chain counters (what moves when nothing changed); the same
+//!   text is parsed only when the hash differs. It costs what the save costs (about 0.2 s of
+//!   CPU per family at 2,000 policies): `IPT_SO_GET_INFO` (entry count and blob size per table,
+//!   microseconds) would be the cheap signal, but needs a raw-socket `getsockopt` (unsafe code).
+
+use std::hash::{Hash, Hasher};
+
+use netlink_sys::{Socket, SocketAddr, constants::NETLINK_NETFILTER};
+
+/// `NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_GETGEN`.
+const GETGEN: u16 = (10 << 8) | 16;
+const NLMSG_ERROR: u16 = 2;
+const NFTA_GEN_ID: u16 = 1;
+
+/// A netfilter netlink socket in the caller's network namespace, asking for the generation id.
+pub struct NftGeneration {
+    socket: Socket,
+    seq: u32,
+}
+
+impl NftGeneration {
+    pub fn open() -> std::io::Result<Self> {
+        let mut socket = Socket::new(NETLINK_NETFILTER)?;
+        socket.bind_auto()?;
+        socket.connect(&SocketAddr::new(0, 0))?;
+        Ok(NftGeneration { socket, seq: 0 })
+    }
+
+    /// The ruleset's generation id now.
+    pub fn get(&mut self) -> std::io::Result<u32> {
+        self.seq = self.seq.wrapping_add(1);
+        // nlmsghdr (len, type, flags = NLM_F_REQUEST, seq, port) + nfgenmsg (AF_UNSPEC, v0, 0).
+        let mut req = Vec::with_capacity(20);
+        req.extend_from_slice(&20u32.to_ne_bytes());
+        req.extend_from_slice(&GETGEN.to_ne_bytes());
+        req.extend_from_slice(&1u16.to_ne_bytes());
+        req.extend_from_slice(&self.seq.to_ne_bytes());
+        req.extend_from_slice(&[0; 8]);
+        self.socket.send(&req, 0)?;
+        let bad = |what: &str| std::io::Error::other(format!("nft generation reply: {what}"));
+        loop {
+            let mut buf = Vec::with_capacity(256);
+            self.socket.recv(&mut buf, 0)?;
+            let msg = &buf[..];
+            let u16_at = |i: usize| msg.get(i..i + 2).map(|b| u16::from_ne_bytes([b[0], b[1]]));
+            let u32_at = |i: usize| {
+                msg.get(i..i + 4)
+                    .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+            };
+            if u32_at(8) != Some(self.seq) {
+                continue; // a late reply to an earlier request
+            }
+            match u16_at(4) {
+                Some(NLMSG_ERROR) => {
+                    let code = u32_at(16).ok_or_else(|| bad("short error"))? as i32;
+                    return Err(std::io::Error::from_raw_os_error(-code));
+                }
+                Some(_) => {}
+                None => return Err(bad("short message")),
+            }
+            // Attributes after the 16-byte header and the 4-byte nfgenmsg, 4-byte aligned.
+            let mut at = 20;
+            while let (Some(len), Some(kind)) = (u16_at(at), u16_at(at + 2)) {
+                if kind & 0x3fff == NFTA_GEN_ID {
+                    // Network byte order, as every nftables attribute.
+                    return u32_at(at + 4)
+                        .map(u32::from_be)
+                        .ok_or_else(|| bad("short id"));
+                }
+                if len < 4 {
+                    break;
+                }
+                at += (usize::from(len) + 3) & !3;
+            }
+            return Err(bad("no generation id"));
+        }
+    }
+}
+
+/// The hash of a save's text without what changes by itself: its `#` comments (timestamps) and
+/// the built-in chains' packet counters (`:INPUT ACCEPT [12:3456]`).
+pub fn save_hash(text: &str) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let line = match line.strip_prefix(':').and_then(|l| l.rsplit_once(" [")) {
+            Some((chain, _)) => chain,
+            None => line,
+        };
+        line.hash(&mut h);
+    }
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::save_hash;
+
+    #[test]
+    fn a_save_hash_ignores_timestamps_and_chain_counters_only() {
+        let a =
+            "# Generated on Mon\n*filter\n:INPUT ACCEPT [1:2]\n-A INPUT -j cali-INPUT\nCOMMIT\n";
+        let b =
+            "# Generated on Tue\n*filter\n:INPUT ACCEPT [9:99]\n-A INPUT -j cali-INPUT\nCOMMIT\n";
+        assert_eq!(save_hash(a), save_hash(b));
+        assert_ne!(save_hash(a), save_hash(&a.replace("cali-INPUT", "ACCEPT")));
+        assert_ne!(save_hash(a), save_hash(&a.replace("ACCEPT [1", "DROP [1")));
+    }
+}
