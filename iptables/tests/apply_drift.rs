@@ -1,14 +1,18 @@
 //! The applier's fast drift check on the real kernel (legacy and nft, in a namespace this test
 //! creates), for every tamper of issue 23: each is found on the next check, named, and repaired
-//! alone; a foreign rule is kept; when nothing changed the check re-reads no table. nft is run
-//! twice: with the generation id (the applier in the namespace, as the agent is) and with the
-//! save hash (its programs run through `ip netns exec`), which legacy always uses.
+//! alone; a foreign rule is kept; when nothing changed the check re-reads no table. Each backend
+//! is run twice: with its fast signal (the applier in the namespace, as the agent is: nft's
+//! generation id, legacy's table summaries) and with the save hash (its programs run through
+//! `ip netns exec`). Legacy's summaries themselves are checked v4 and v6, and its slow signal
+//! (the save hash) on an edit in place the summaries cannot see.
 
 mod support;
 
 use std::process::Command;
 
 use felixrs_test_support::netns::in_netns;
+use iptables::apply::signal::legacy_info;
+use iptables::apply::xt_info::XtInfo;
 use iptables::apply::{Applier, ApplierConfig, Backend, ExecRunner};
 use iptables::desired::{DesiredState, DesiredTable, IpVersion, TableName};
 use support::desired::{SET_DB, SET_WEB, mk_rules, mk_state};
@@ -161,6 +165,8 @@ fn drift(backend: Backend, ipt: &'static str, in_namespace: bool) {
         let desired = mk_state();
         let config = ApplierConfig {
             backend,
+            // The fast signals alone: legacy's save hash, taken once, never again.
+            save_hash_factor: u32::MAX,
             ..ApplierConfig::default()
         };
         let mut applier = Applier::new(runner, config.clone());
@@ -262,7 +268,7 @@ fn drift(backend: Backend, ipt: &'static str, in_namespace: bool) {
                 d.drifted.is_empty() && report.is_none(),
                 "{what}: after repair {d:?}"
             );
-            // With the generation our own restores are accounted for: nothing is re-read.
+            // With the fast signals our own restores are accounted for: nothing is re-read.
             assert!(!in_namespace || d.listings == 0, "{what}: {d:?}");
         }
     });
@@ -274,6 +280,11 @@ fn every_tamper_is_found_and_repaired_alone_legacy() {
 }
 
 #[test]
+fn every_tamper_is_found_and_repaired_alone_legacy_summaries() {
+    drift(Backend::Legacy, "iptables-legacy", true);
+}
+
+#[test]
 fn every_tamper_is_found_and_repaired_alone_nft_generation() {
     drift(Backend::Nft, "iptables-nft", true);
 }
@@ -281,4 +292,128 @@ fn every_tamper_is_found_and_repaired_alone_nft_generation() {
 #[test]
 fn every_tamper_is_found_and_repaired_alone_nft_save_hash() {
     drift(Backend::Nft, "iptables-nft", false);
+}
+
+/// Legacy's fast signal, v4 and v6, on a namespace's own tables: still while nothing changes;
+/// moved by a flush, an insert, a delete, a chain created or deleted, in filter and in nat;
+/// blind to an edit in place of the same size (the save hash's job); and never creating a table
+/// the kernel did not have.
+#[test]
+fn the_legacy_summaries_move_on_every_structural_change() {
+    let ns = kernel_netns();
+    in_netns(ns.name(), || {
+        for (family, ipt, names) in [
+            (
+                IpVersion::V4,
+                "iptables-legacy",
+                "/proc/thread-self/net/ip_tables_names",
+            ),
+            (
+                IpVersion::V6,
+                "ip6tables-legacy",
+                "/proc/thread-self/net/ip6_tables_names",
+            ),
+        ] {
+            ok(ipt, &["-N", "cali-x"]);
+            ok(ipt, &["-A", "cali-x", "-j", "ACCEPT"]);
+            ok(ipt, &["-I", "FORWARD", "1", "-j", "cali-x"]);
+            ok(ipt, &["-t", "nat", "-N", "cali-n"]);
+            let xt = XtInfo::open(family).unwrap();
+            let tables = std::fs::read_to_string(names).unwrap();
+            assert!(!tables.contains("raw"), "{tables}");
+            let mut last = legacy_info(&xt).unwrap();
+            assert_eq!(
+                legacy_info(&xt).unwrap(),
+                last,
+                "{family:?}: nothing changed"
+            );
+            assert!(xt.get("nat").unwrap().num_entries > 0);
+            for step in [
+                &["-I", "cali-x", "1", "-j", "DROP"][..],
+                &["-D", "cali-x", "1"],
+                &["-F", "cali-x"],
+                &["-A", "cali-x", "-j", "RETURN"],
+                &["-N", "cali-y"],
+                &["-X", "cali-y"],
+                &["-t", "nat", "-A", "cali-n", "-j", "RETURN"],
+                &["-t", "nat", "-F", "cali-n"],
+                &["-t", "nat", "-X", "cali-n"],
+            ] {
+                ok(ipt, step);
+                let now = legacy_info(&xt).unwrap();
+                assert_ne!(now, last, "{family:?}: {step:?} did not move the signal");
+                last = now;
+            }
+            // The same size: unseen here.
+            ok(ipt, &["-R", "cali-x", "1", "-j", "ACCEPT"]);
+            assert_eq!(legacy_info(&xt).unwrap(), last, "{family:?}");
+            assert_eq!(std::fs::read_to_string(names).unwrap(), tables);
+            assert_eq!(
+                xt.get("no-such-table").unwrap_err().kind(),
+                std::io::ErrorKind::NotFound
+            );
+        }
+    });
+}
+
+/// An edit in place that keeps the blob's size (a policy rule's target flipped, under another
+/// comment) escapes the summaries; the save hash, on its cadence, finds and repairs it.
+#[test]
+fn an_edit_in_place_is_found_by_the_legacy_save_hash() {
+    let ns = kernel_netns();
+    in_netns(ns.name(), || {
+        let desired = mk_state();
+        let config = ApplierConfig {
+            backend: Backend::Legacy,
+            // The save hash is due again once as long as it took has passed.
+            save_hash_factor: 1,
+            ..ApplierConfig::default()
+        };
+        let mut applier = Applier::new(ExecRunner::new(), config);
+        applier.apply(&desired).unwrap();
+        applier.check_drift(&desired, None).unwrap();
+        let before = ours("iptables-legacy");
+        let xt = XtInfo::open(IpVersion::V4).unwrap();
+        let info = legacy_info(&xt).unwrap();
+        // The first rule of the policy chain with a standard target, flipped: same size.
+        let chain = "cali-pi-_web-allow-db";
+        let rules = ok("iptables-legacy", &["-S", chain]);
+        let (n, rule) = (rules.lines().filter(|l| l.starts_with("-A ")).enumerate())
+            .find(|(_, l)| {
+                l.ends_with("-j ACCEPT") || l.ends_with("-j DROP") || l.ends_with("-j RETURN")
+            })
+            .unwrap_or_else(|| panic!("no standard target in {rules}"));
+        let flipped = if rule.ends_with("-j DROP") {
+            "ACCEPT"
+        } else {
+            "DROP"
+        };
+        // Our comments hold no space: their quotes go.
+        let mut args: Vec<String> = rule
+            .replace('"', "")
+            .split(' ')
+            .map(str::to_string)
+            .collect();
+        args[0] = "-R".to_string();
+        args.insert(2, (n + 1).to_string());
+        *args.last_mut().unwrap() = flipped.to_string();
+        // Under another comment (a rule keeping our hash is ours as far as any plan can tell:
+        // rules are compared by hash). The comment match has a fixed size.
+        let at = 1 + args.iter().position(|a| a == "--comment").unwrap();
+        args[at] = "tampered".to_string();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        ok("iptables-legacy", &args);
+        assert_ne!(ours("iptables-legacy"), before);
+        assert_eq!(
+            legacy_info(&xt).unwrap(),
+            info,
+            "the summaries cannot see it"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let (d, report) = applier.check_drift(&desired, None).unwrap();
+        assert_eq!(d.drifted, vec![format!("filter/{chain}")], "{d:?}");
+        assert_eq!(d.listings, 1);
+        assert!(report.is_some());
+        assert_eq!(ours("iptables-legacy"), before);
+    });
 }

@@ -2,8 +2,9 @@
 //!
 //! This is the only part of the crate that does I/O, and all of it goes through [`Runner`]
 //! ([`ExecRunner`]: std::process, optionally inside `ip netns exec <ns>`), but for the drift
-//! check's netfilter netlink socket ([`signal`]: the nft generation id, asked in the caller's
-//! own namespace only).
+//! check's change signals ([`signal`], asked in the caller's own namespace only): the nft
+//! generation id over a netfilter netlink socket, and the legacy tables' summaries over a raw
+//! socket ([`xt_info`], the crate's only unsafe code).
 //!
 //! # Use
 //! ```no_run
@@ -44,7 +45,7 @@
 //! read by [`crate::parse::read_tables`]. This module runs the tools and keeps the state between
 //! applies:
 //! * [`drift`]: the fast check of everything of ours between two full refreshes; [`signal`]: its
-//!   cheap "did anything change" per backend.
+//!   cheap "did anything change" per backend; [`xt_info`]: `IPT_SO_GET_INFO`, legacy's.
 //! * [`backend`]: legacy vs nft detection, binaries and lock options.
 //! * [`runner`]: the process runner trait and its std::process implementation.
 //! * [`cleanup`]: removing everything of ours from a node (`felixrs cleanup`).
@@ -61,6 +62,7 @@ mod engine;
 pub mod error;
 pub mod runner;
 pub mod signal;
+pub mod xt_info;
 
 pub use backend::{
     Backend, Detection, Mode, Reason, detect_masquerade_fully_random, masquerade_fully_random,

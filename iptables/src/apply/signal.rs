@@ -4,15 +4,25 @@
 //!   monitor` and iptables-nft use): the kernel bumps it on every committed transaction, ours
 //!   included, of any table and family; each restore of ours is one, so the applier subtracts
 //!   the count of its own. One request, one small reply; no table is read.
-//! * legacy: no generation and no notifications. The save of the family's tables is read and
-//!   hashed without its comments and chain counters (what moves when nothing changed); the same
-//!   text is parsed only when the hash differs. It costs what the save costs (about 0.2 s of
-//!   CPU per family at 2,000 policies): `IPT_SO_GET_INFO` (entry count and blob size per table,
-//!   microseconds) would be the cheap signal, but needs a raw-socket `getsockopt` (unsafe code).
+//! * legacy: no generation and no notifications. Two signals, both read in the caller's own
+//!   namespace:
+//!   - fast, every check: each of our tables' entry count, blob size and hook offsets
+//!     ([`XtInfo`], `IPT_SO_GET_INFO`: microseconds), hashed ([`legacy_info`]). Every rule or
+//!     chain added or deleted (flush, insert, delete, chain create/delete) moves it; an edit in
+//!     place that keeps the blob's size (one rule's `DROP` -> `ACCEPT`) does not.
+//!   - slow, on a budgeted cadence: the save of the family's tables hashed without its comments
+//!     and chain counters ([`save_hash`]; about 0.2 s of CPU per family at 2,000 policies),
+//!     which catches those edits too. Where the applier's programs run in another namespace
+//!     the save is hashed on every check (the only signal there).
+//!
+//!   The same save text is parsed only when a signal moved.
 
 use std::hash::{Hash, Hasher};
 
 use netlink_sys::{Socket, SocketAddr, constants::NETLINK_NETFILTER};
+
+use super::xt_info::XtInfo;
+use crate::desired::TableName;
 
 /// `NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_GETGEN`.
 const GETGEN: u16 = (10 << 8) | 16;
@@ -82,6 +92,27 @@ impl NftGeneration {
             return Err(bad("no generation id"));
         }
     }
+}
+
+/// The legacy tables' fast signal: for each table the kernel has of those we plan
+/// ([`TableName::ALL`], found in [`XtInfo::names_file`]: asking for another would create it),
+/// its name and summary, hashed. Microseconds.
+pub fn legacy_info(xt: &XtInfo) -> std::io::Result<u64> {
+    let names = std::fs::read_to_string(xt.names_file())?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for table in TableName::ALL {
+        if !names.lines().any(|n| n == table.as_str()) {
+            continue;
+        }
+        table.hash(&mut h);
+        match xt.get(table.as_str()) {
+            Ok(info) => Some(info).hash(&mut h),
+            // Gone since the list was read: a value too.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None::<()>.hash(&mut h),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(h.finish())
 }
 
 /// The hash of a save's text without what changes by itself: its `#` comments (timestamps) and

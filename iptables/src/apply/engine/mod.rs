@@ -19,13 +19,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::backend::{self, Backend, Detection, Mode};
 use super::drift::{DriftReport, ROOTS, touched};
 use super::error::{ApplyError, blame, clean_stderr, failed_line, payload_line};
 use super::runner::Runner;
-use super::signal::{NftGeneration, save_hash};
+use super::signal::{NftGeneration, legacy_info, save_hash};
+use super::xt_info::XtInfo;
 use crate::desired::diff::{Op, plan_chains, plan_table, render, simulate};
 use crate::desired::ipset::{
     ActualSet, SetUpdatePlan, after_updates, parse_save as parse_ipset_save, plan_deletions,
@@ -49,6 +50,12 @@ pub struct ApplierConfig {
     /// Re-read the kernel before every apply (Felix's defensive default) instead of only on
     /// [`Applier::refresh`], on the first apply and after failures.
     pub reread_every_apply: bool,
+    /// Legacy's slow drift signal, the save's hash ([`super::signal`]), is taken again only
+    /// once this many times its last duration has passed: 300 = at most 1/3% of one core per
+    /// family, so both families' stay within what the agent's 2% drift budget leaves after
+    /// the fast checks (about 1.2% at 2,000 policies, mostly the one `ipset save`); about every
+    /// 65 s there. 0: on every check.
+    pub save_hash_factor: u32,
 }
 
 impl Default for ApplierConfig {
@@ -59,6 +66,7 @@ impl Default for ApplierConfig {
             max_attempts: 5,
             initial_backoff: Duration::from_millis(10),
             reread_every_apply: false,
+            save_hash_factor: 300,
         }
     }
 }
@@ -155,8 +163,22 @@ pub struct Applier<R: Runner> {
     /// Restores written by this applier and those sharing the count
     /// ([`Self::share_restore_count`]): each moved the nft generation by one.
     own_restores: Arc<AtomicU64>,
-    /// The change signal's value when the tables last matched our view (generation or hash).
-    seen: Option<u64>,
+    /// The drift check's raw socket (legacy backend), opened on first use.
+    xt_info: Option<XtInfo>,
+    /// The change signals' values when the tables last matched our view.
+    seen: Seen,
+    /// When the last save was hashed, and how long that took.
+    last_save: Option<(Instant, Duration)>,
+}
+
+/// The change signals' values ([`super::signal`]) when the tables last matched our view.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Seen {
+    /// nft: the generation; legacy: the tables' summaries, or the save's hash where those
+    /// cannot be asked.
+    fast: Option<u64>,
+    /// legacy, beside the summaries: the save's hash, taken on a slower cadence.
+    save: Option<u64>,
 }
 
 impl<R: Runner> Applier<R> {
@@ -178,7 +200,9 @@ impl<R: Runner> Applier<R> {
             other_read: None,
             nft_gen: None,
             own_restores: Arc::default(),
-            seen: None,
+            xt_info: None,
+            seen: Seen::default(),
+            last_save: None,
         }
     }
 
@@ -301,7 +325,7 @@ impl<R: Runner> Applier<R> {
         let (Some(mode), Some(_)) = (self.mode, self.view.as_ref()) else {
             return Ok((drift, None));
         };
-        if let (Some(tables), token) = self.tables_if_changed(mode)? {
+        if let (Some(tables), seen) = self.tables_if_changed(mode)? {
             drift.listings = 1;
             for table in TableName::ALL {
                 let actual = tables.get(&table).unwrap_or(&EMPTY_TABLE);
@@ -315,7 +339,7 @@ impl<R: Runner> Applier<R> {
             }
             self.view().tables = tables;
             // Planned whole: the next check re-reads only after a later change.
-            self.seen = token;
+            self.seen = seen;
         }
         // Our sets, by members. A domain set's members come and go without us (learner, kernel
         // timeouts): only its absence is drift.
@@ -343,37 +367,84 @@ impl<R: Runner> Applier<R> {
         Ok((drift, Some(report)))
     }
 
-    /// This backend's tables as the kernel has them now, or `None` when the change signal says
+    /// This backend's tables as the kernel has them now, or `None` when the change signals say
     /// nothing changed since the last look or our last write ([`super::signal`]); and the
-    /// signal's value, taken before the tables were read (a change in between is seen again).
-    #[allow(clippy::type_complexity)]
+    /// signals' values, taken before the tables were read (a change in between is seen again).
     fn tables_if_changed(
         &mut self,
         mode: Mode,
-    ) -> Result<(Option<BTreeMap<TableName, ActualTable>>, Option<u64>), ApplyError> {
-        if let Some(generation) = self.nft_generation(mode) {
-            let token = Some(generation);
-            if self.seen == token {
-                return Ok((None, token));
+    ) -> Result<(Option<BTreeMap<TableName, ActualTable>>, Seen), ApplyError> {
+        let fast = self.nft_generation(mode).or_else(|| self.legacy_info(mode));
+        if let Some(fast) = fast {
+            let seen = Seen {
+                fast: Some(fast),
+                save: self.seen.save,
+            };
+            let save_due = mode == Mode::Legacy
+                && self.last_save.is_none_or(|(at, took)| {
+                    at.elapsed() >= took.saturating_mul(self.config.save_hash_factor)
+                });
+            if self.seen == seen && !save_due {
+                return Ok((None, seen));
             }
-            return Ok((Some(self.read_iptables(mode, None)?), token));
+            if mode == Mode::Nft {
+                return Ok((Some(self.read_iptables(mode, None)?), seen));
+            }
         }
+        // The save, hashed: legacy's slow signal, or the only one where no fast one can be
+        // asked (the programs run in another namespace).
+        let started = Instant::now();
         let program = mode.save_program(self.config.family);
         let out = self.run_save(&program, &[])?;
         let text = String::from_utf8_lossy(&out.stdout);
         if !out.status.success() || text.contains(INCOMPATIBLE) {
             // Its error names the failure.
-            return Ok((Some(self.read_iptables(mode, None)?), None));
+            return Ok((Some(self.read_iptables(mode, None)?), Seen::default()));
         }
-        let token = Some(save_hash(&text));
-        if self.seen == token {
-            return Ok((None, token));
+        let hash = Some(save_hash(&text));
+        self.last_save = Some((started, started.elapsed()));
+        let seen = match fast {
+            Some(_) => Seen { fast, save: hash },
+            None => Seen {
+                fast: hash,
+                save: None,
+            },
+        };
+        if self.seen == seen {
+            return Ok((None, seen));
         }
-        Ok((Some(read_tables(&text)), token))
+        Ok((Some(read_tables(&text)), seen))
+    }
+
+    /// Legacy's fast signal, the tables' summaries ([`legacy_info`]), when this backend is
+    /// legacy and the applier's programs run in our own network namespace; `None` otherwise
+    /// (the save is then hashed on every check). Read on the thread that writes.
+    pub(super) fn legacy_info(&mut self, mode: Mode) -> Option<u64> {
+        if mode != Mode::Legacy || self.runner.netns().is_some() {
+            return None;
+        }
+        let socket = match &mut self.xt_info {
+            Some(s) => s,
+            None => match XtInfo::open(self.config.family) {
+                Ok(s) => self.xt_info.insert(s),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot ask for the legacy tables' summaries; the drift check hashes the save");
+                    return None;
+                }
+            },
+        };
+        match legacy_info(socket) {
+            Ok(v) => Some(v),
+            Err(error) => {
+                tracing::warn!(%error, "legacy tables' summaries");
+                self.xt_info = None;
+                None
+            }
+        }
     }
 
     /// The nft ruleset generation less our own restores (each one transaction), when this
-    /// backend has one and the applier's programs run in our own network namespace; `None`
+    /// backend is nft and the applier's programs run in our own network namespace; `None`
     /// otherwise (the tables are then hashed). Read on the thread that writes, between writes.
     fn nft_generation(&mut self, mode: Mode) -> Option<u64> {
         if mode != Mode::Nft || self.runner.netns().is_some() {
