@@ -42,7 +42,9 @@ macro_rules! resources {
                 }
             }
 
-            /// Decodes `json` as the type of `kind`.
+            /// Decodes `json` as the type of `kind` (inlined: the decoded value is then built in
+            /// place instead of being moved out through a `Result`).
+            #[inline(always)]
             fn decode_kind(
                 kind: Kind,
                 json: &[u8],
@@ -572,26 +574,25 @@ mod tests {
 /// first that differs.
 fn check_key(key: &ResourceKey, resource: &Resource) -> Result<(), ModelError> {
     let meta = resource.metadata();
-    let differs = [
-        ("kind", key.kind.kind_name(), resource.kind().kind_name()),
-        (
-            "metadata.namespace",
-            key.namespace.as_deref().unwrap_or(""),
-            meta.namespace.as_deref().unwrap_or(""),
-        ),
-        ("metadata.name", key.name.as_str(), meta.name.as_str()),
-    ]
-    .into_iter()
-    .find(|(_, k, b)| k != b);
-    match differs {
-        Some((field, k, b)) => Err(ModelError::KeyMismatch {
-            resource: key.to_string(),
-            field,
-            key: k.to_string(),
-            body: b.to_string(),
-        }),
-        None => Ok(()),
-    }
+    let (key_ns, body_ns) = (
+        key.namespace.as_deref().unwrap_or(""),
+        meta.namespace.as_deref().unwrap_or(""),
+    );
+    let (field, k, b) = if key.kind != resource.kind() {
+        ("kind", key.kind.kind_name(), resource.kind().kind_name())
+    } else if key_ns != body_ns {
+        ("metadata.namespace", key_ns, body_ns)
+    } else if key.name != meta.name {
+        ("metadata.name", key.name.as_str(), meta.name.as_str())
+    } else {
+        return Ok(());
+    };
+    Err(ModelError::KeyMismatch {
+        resource: key.to_string(),
+        field,
+        key: k.to_string(),
+        body: b.to_string(),
+    })
 }
 
 /// A resource that decoded under its etcd key, matches that key (kind, namespace, name) and
