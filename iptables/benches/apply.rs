@@ -238,24 +238,9 @@ fn bench_cleanup(
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let rounds = args
-        .iter()
-        .find_map(|a| a.strip_prefix("rounds=").and_then(|n| n.parse().ok()))
-        .unwrap_or(10usize)
-        .max(2)
-        / 2
-        * 2;
-    let mut backends = Vec::new();
-    if args.iter().any(|a| a == "legacy") {
-        backends.push(Backend::Legacy);
-    }
-    if args.iter().any(|a| a == "nft") {
-        backends.push(Backend::Nft);
-    }
-    if backends.is_empty() {
-        backends = vec![Backend::Legacy, Backend::Nft];
-    }
+    let (rounds, backends) = node_fixture::args(10);
+    // An even number of rounds (at least two): they alternate change and revert.
+    let rounds = rounds.max(2) / 2 * 2;
     let t = Instant::now();
     let mut renderer = Renderer::new(RenderConfig::default()).unwrap();
     assert!(renderer.apply_all(outputs()).is_empty());

@@ -200,22 +200,7 @@ fn bench(backend: Backend, rounds: usize, renderer: &Renderer) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let rounds = args
-        .iter()
-        .find_map(|a| a.strip_prefix("rounds=").and_then(|n| n.parse().ok()))
-        .unwrap_or(20usize)
-        .max(1);
-    let mut backends = Vec::new();
-    if args.iter().any(|a| a == "legacy") {
-        backends.push(Backend::Legacy);
-    }
-    if args.iter().any(|a| a == "nft") {
-        backends.push(Backend::Nft);
-    }
-    if backends.is_empty() {
-        backends = vec![Backend::Legacy, Backend::Nft];
-    }
+    let (rounds, backends) = node_fixture::args(20);
     for b in backends {
         let ns = Netns::with_tag("bench");
         ns.in_thread(move || {

@@ -3,11 +3,32 @@
 #![allow(dead_code)]
 
 use calc_graph::proto::*;
+use iptables::apply::Backend;
 
 pub const ENDPOINTS: usize = 250;
 pub const POLICIES: usize = 2000;
 pub const SETS: usize = 200;
 pub const MEMBERS: usize = 50;
+
+/// The benches' arguments: `rounds=N` (at least 1; `default` without it) and the backends named
+/// (`legacy`, `nft`; both when neither is).
+pub fn args(default: usize) -> (usize, Vec<Backend>) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let rounds = args
+        .iter()
+        .find_map(|a| a.strip_prefix("rounds=").and_then(|n| n.parse().ok()))
+        .unwrap_or(default)
+        .max(1);
+    let mut backends: Vec<Backend> = [("legacy", Backend::Legacy), ("nft", Backend::Nft)]
+        .into_iter()
+        .filter(|(name, _)| args.iter().any(|a| a == name))
+        .map(|(_, b)| b)
+        .collect();
+    if backends.is_empty() {
+        backends = vec![Backend::Legacy, Backend::Nft];
+    }
+    (rounds, backends)
+}
 
 pub fn policy_id(p: usize) -> PolicyId {
     PolicyId {

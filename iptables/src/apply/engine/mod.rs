@@ -423,24 +423,13 @@ impl<R: Runner> Applier<R> {
         if mode != Mode::Legacy || self.runner.netns().is_some() {
             return None;
         }
-        let socket = match &mut self.xt_info {
-            Some(s) => s,
-            None => match XtInfo::open(self.config.family) {
-                Ok(s) => self.xt_info.insert(s),
-                Err(error) => {
-                    tracing::warn!(%error, "cannot ask for the legacy tables' summaries; the drift check hashes the save");
-                    return None;
-                }
-            },
-        };
-        match legacy_info(socket) {
-            Ok(v) => Some(v),
-            Err(error) => {
-                tracing::warn!(%error, "legacy tables' summaries");
-                self.xt_info = None;
-                None
-            }
-        }
+        ask_signal(
+            &mut self.xt_info,
+            || XtInfo::open(self.config.family),
+            |s| legacy_info(s),
+            "the legacy tables' summaries",
+            "hashes the save",
+        )
     }
 
     /// The nft ruleset generation less our own restores (each one transaction), when this
@@ -450,28 +439,15 @@ impl<R: Runner> Applier<R> {
         if mode != Mode::Nft || self.runner.netns().is_some() {
             return None;
         }
-        let socket = match &mut self.nft_gen {
-            Some(s) => s,
-            None => match NftGeneration::open() {
-                Ok(s) => self.nft_gen.insert(s),
-                Err(error) => {
-                    tracing::warn!(%error, "cannot ask nftables for its generation; the drift check reads the tables");
-                    return None;
-                }
-            },
-        };
-        match socket.get() {
+        let own = self.own_restores.load(Ordering::Relaxed) as u32;
+        ask_signal(
+            &mut self.nft_gen,
+            NftGeneration::open,
             // Our own transactions taken out: only someone else's move the value.
-            Ok(g) => Some(
-                g.wrapping_sub(self.own_restores.load(Ordering::Relaxed) as u32)
-                    .into(),
-            ),
-            Err(error) => {
-                tracing::warn!(%error, "nftables generation");
-                self.nft_gen = None;
-                None
-            }
-        }
+            |s| s.get().map(|g| g.wrapping_sub(own).into()),
+            "nftables' generation",
+            "reads the tables",
+        )
     }
 
     /// Re-reads the kernel and applies `desired`, repairing any drift.
@@ -664,4 +640,33 @@ fn sets_in<'a>(
 /// A scoped thread's result; its panic goes on in the caller.
 fn join<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> T {
     h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+}
+
+/// Asks a change signal through its socket, opened on first use and again after an error;
+/// `None` (the check falls back as `fallback` says) when it cannot be opened or does not answer.
+fn ask_signal<S>(
+    slot: &mut Option<S>,
+    open: impl FnOnce() -> std::io::Result<S>,
+    ask: impl FnOnce(&mut S) -> std::io::Result<u64>,
+    what: &str,
+    fallback: &str,
+) -> Option<u64> {
+    let socket = match slot {
+        Some(s) => s,
+        None => match open() {
+            Ok(s) => slot.insert(s),
+            Err(error) => {
+                tracing::warn!(%error, "cannot ask for {what}; the drift check {fallback}");
+                return None;
+            }
+        },
+    };
+    match ask(socket) {
+        Ok(v) => Some(v),
+        Err(error) => {
+            tracing::warn!(%error, "{what}");
+            *slot = None;
+            None
+        }
+    }
 }
