@@ -27,6 +27,7 @@ use super::apply_loop::Batch;
 use super::federation::{
     REMOTE_ROOT, RemoteKeyError, is_federated, remote_key, remote_scope, split_remote_key,
 };
+use super::metrics::felix::{RESYNC_IN_SYNC, RESYNC_WAIT};
 use super::metrics::remote_labels;
 use super::snapshot::{KvMap, Snapshot};
 use super::status::{FailedSafeRuleStatus, RemoteStatus, Source, Status, StatusHub};
@@ -151,6 +152,7 @@ impl<P: Pipeline> AgentState<P> {
                     .collect();
                 self.replace(revision, kvs, Source::Etcd);
                 self.hub.update(connected);
+                self.hub.metrics.felix.set_resync_state(RESYNC_IN_SYNC);
             }
             SyncEvent::Changes { revision, changes } => {
                 for c in changes {
@@ -169,6 +171,7 @@ impl<P: Pipeline> AgentState<P> {
             }
             SyncEvent::Disconnected { reason } => {
                 self.hub.metrics.datastore_disconnects.inc();
+                self.hub.metrics.felix.set_resync_state(RESYNC_WAIT);
                 self.hub.update(|s| {
                     s.datastore_connected = false;
                     s.datastore_error = Some(reason);
@@ -426,8 +429,9 @@ impl<P: Pipeline> AgentState<P> {
             self.kvs.insert(key, value);
             return;
         }
-        match self.pipeline.update(&key, Some(&value)) {
+        match self.graph_update(&key, Some(&value)) {
             Ok(()) => {
+                self.hub.metrics.felix.cluster_put(&key, &value);
                 self.kvs.insert(key, value);
                 self.dirty = true;
             }
@@ -441,10 +445,22 @@ impl<P: Pipeline> AgentState<P> {
     }
 
     fn delete(&mut self, key: &str) {
-        if let Err(error) = self.pipeline.update(key, None) {
+        self.hub.metrics.felix.cluster_delete(key);
+        if let Err(error) = self.graph_update(key, None) {
             self.malformed(key, &error);
         }
         self.dirty = true;
+    }
+
+    /// Gives one key to the graph, timed (Felix's `felix_calc_graph_update_time_seconds`).
+    fn graph_update(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), PipelineError> {
+        let started = std::time::Instant::now();
+        let res = self.pipeline.update(key, value);
+        let felix = &self.hub.metrics.felix;
+        felix
+            .calc_graph_update_seconds
+            .observe(started.elapsed().as_secs_f64());
+        res
     }
 
     fn malformed(&self, key: &str, error: &dyn std::fmt::Display) {
