@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use felixrs_test_support::etcd::Etcd;
 use felixrs_test_support::netns::{Netns, in_netns};
-use felixrs_test_support::{require_root, require_tools};
 use felixrs_test_support::{free_port, http};
+use felixrs_test_support::{require_root, require_tools};
 use serde_json::{Value, json};
 use support::{Agent, put_default_tier, put_json, put_web_endpoint};
 
@@ -290,6 +290,8 @@ fn calicos_felix_dashboard_queries_return_series_from_felixrs() {
     assert!(v("felix_calc_graph_update_time_seconds_count") >= 7.0);
     assert!(v(r#"felix_iptables_rules{ip_version="4",table="filter"}"#) > 0.0);
     assert!(v(r#"felix_iptables_chains{ip_version="6",table="filter"}"#) > 0.0);
+    assert!(v(r#"felix_iptables_lines_executed{ip_version="4",table="filter"}"#) > 0.0);
+    assert!(v("felix_ipset_lines_executed") > 0.0);
     assert_eq!(
         v("felix_ipsets_calico"),
         prom.value("felixrs_ip_sets"),

@@ -51,6 +51,10 @@ pub struct ApplyReport {
     pub tables: Vec<TableCount>,
     /// Selectors whose IP sets active rules use (Felix's `felix_active_local_selectors`).
     pub active_selectors: usize,
+    /// iptables-restore payload lines written per family and table during this apply.
+    pub iptables_lines: Vec<(u8, &'static str, u64)>,
+    /// ipset restore payload lines written during this apply.
+    pub ipset_lines: u64,
 }
 
 /// Why an apply, refresh or drift check failed (its text is `/status`'s `last_apply_error`).
@@ -337,8 +341,7 @@ fn record(
             m.ip_sets.set(r.ip_sets as i64);
             m.local_endpoints.set(r.local_endpoints as i64);
             m.active_policies.set(r.active_policies as i64);
-            m.felix
-                .applied(elapsed.as_secs_f64(), r.tables.clone(), r.active_selectors);
+            m.felix.applied(elapsed.as_secs_f64(), &r);
             hub.update(|s| {
                 if let Some(rev) = revision {
                     s.applied_revision = s.applied_revision.max(rev);

@@ -379,6 +379,14 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
                 + r.iptables.len() as u64
                 + u64::from(!r.ipset_deletions.is_empty());
             report.restore_errors += u64::from(r.retries);
+            for (table, payload) in r.iptables.iter().chain(&r.other_backend) {
+                let lines = payload.lines().count() as u64;
+                report
+                    .iptables_lines
+                    .push((v.number(), table.as_str(), lines));
+            }
+            report.ipset_lines +=
+                (r.ipset_updates.lines().count() + r.ipset_deletions.lines().count()) as u64;
         }
         if !errors.is_empty() {
             return Err(DataplaneError::Families(errors));

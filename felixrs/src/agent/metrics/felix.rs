@@ -12,7 +12,7 @@
 //! are declared `unknown` so the series names are exactly Felix's (`rate()` and `increase()` work
 //! the same). Gauges and summaries keep their types.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,6 +22,8 @@ use calc_graph::model::CALICO_PREFIX;
 use iptables::apply::{RunError, Runner};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
+
+use crate::agent::apply_loop::ApplyReport;
 
 /// Felix's summary objectives (libcalico-go `DefObjectives`).
 const QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];
@@ -302,6 +304,9 @@ pub struct FelixMetrics {
     resync_state: AtomicU64,
     active_selectors: AtomicU64,
     tables: Mutex<Vec<TableCount>>,
+    /// Payload lines written per (family, table) since start.
+    iptables_lines: Mutex<BTreeMap<(u8, &'static str), u64>>,
+    ipset_lines: AtomicU64,
     cluster: Mutex<ClusterCounts>,
     start_time: f64,
 }
@@ -316,6 +321,8 @@ impl Default for FelixMetrics {
             resync_state: AtomicU64::new(RESYNC_WAIT),
             active_selectors: AtomicU64::new(0),
             tables: Mutex::new(Vec::new()),
+            iptables_lines: Mutex::default(),
+            ipset_lines: AtomicU64::new(0),
             cluster: Mutex::default(),
             start_time: process_start_time().unwrap_or(0.0),
         }
@@ -343,9 +350,9 @@ impl FelixMetrics {
         self.cluster.lock().expect("felix lock").delete(key);
     }
 
-    /// A successful apply's duration and programmed state: the first is Felix's initial resync
-    /// time, the others go into the apply time summary.
-    pub fn applied(&self, seconds: f64, tables: Vec<TableCount>, active_selectors: usize) {
+    /// A successful apply's duration and report: the first is Felix's initial resync time, the
+    /// others go into the apply time summary.
+    pub fn applied(&self, seconds: f64, r: &ApplyReport) {
         {
             let mut initial = self.initial_resync_seconds.lock().expect("felix lock");
             if initial.is_none() {
@@ -355,8 +362,13 @@ impl FelixMetrics {
             }
         }
         self.active_selectors
-            .store(active_selectors as u64, Ordering::Relaxed);
-        *self.tables.lock().expect("felix lock") = tables;
+            .store(r.active_selectors as u64, Ordering::Relaxed);
+        *self.tables.lock().expect("felix lock") = r.tables.clone();
+        let mut lines = self.iptables_lines.lock().expect("felix lock");
+        for &(v, table, n) in &r.iptables_lines {
+            *lines.entry((v, table)).or_default() += n;
+        }
+        self.ipset_lines.fetch_add(r.ipset_lines, Ordering::Relaxed);
     }
 
     /// A failed apply's duration (it took dataplane time as much as a successful one).
@@ -526,6 +538,30 @@ impl FelixMetrics {
                 }
             }
         }
+        {
+            // A table's series exists from its first program (0 until a line is written there).
+            let mut lines = self.iptables_lines.lock().expect("felix lock");
+            for t in self.tables.lock().expect("felix lock").iter() {
+                lines.entry((t.ip_version, t.table)).or_default();
+            }
+            let name = "felix_iptables_lines_executed";
+            family(
+                out,
+                name,
+                "Number of iptables rule updates executed.",
+                "unknown",
+            );
+            for ((v, table), n) in lines.iter() {
+                let labels = format!("{{ip_version=\"{v}\",table=\"{table}\"}}");
+                sample(out, name, &labels, *n as f64);
+            }
+        }
+        counter(
+            out,
+            "felix_ipset_lines_executed",
+            "Number of ipset operations executed.",
+            self.ipset_lines.load(Ordering::Relaxed),
+        );
         gauge(
             out,
             "felix_ipsets_calico",
@@ -776,6 +812,8 @@ mod exposition_tests {
             "felix_calc_graph_update_time_seconds_sum 0",
             "felix_int_dataplane_initial_resync_time_seconds 0",
             "# TYPE felix_iptables_rules gauge",
+            "# TYPE felix_iptables_lines_executed unknown",
+            "felix_ipset_lines_executed 0",
             "felixrs_local_endpoints 4",
         ] {
             assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
