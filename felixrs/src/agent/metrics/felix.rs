@@ -12,18 +12,24 @@
 //! are declared `unknown` so the series names are exactly Felix's (`rate()` and `increase()` work
 //! the same). Gauges and summaries keep their types.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use calc_graph::model::CALICO_PREFIX;
 use iptables::apply::{RunError, Runner};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 
 use crate::agent::apply_loop::ApplyReport;
+
+mod cluster;
+mod process;
+
+pub use cluster::ClusterCounts;
+use cluster::Counted;
+use process::{ProcessStats, process_start_time};
 
 /// Felix's summary objectives (libcalico-go `DefObjectives`).
 const QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];
@@ -149,125 +155,6 @@ impl<R: Runner> Runner for CountingRunner<R> {
 
     fn netns(&self) -> Option<&str> {
         self.inner.netns()
-    }
-}
-
-/// What a counted key of the datastore view is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Counted {
-    WorkloadEndpoint,
-    HostEndpoint,
-    Node,
-    Policy,
-    Profile,
-    Tier,
-}
-
-/// Felix's cluster-wide counts (its `StatsCollector`), kept from each key the agent's view gains
-/// or loses: hosts are the distinct node names of Node resources and of workload and host
-/// endpoints.
-#[derive(Debug, Default)]
-pub struct ClusterCounts {
-    keys: HashMap<Arc<str>, (Counted, Option<String>)>,
-    keys_by_host: HashMap<String, usize>,
-    by_kind: [usize; 6],
-}
-
-impl ClusterCounts {
-    /// `key` is now in the view with `value` (accepted by the graph).
-    pub fn put(&mut self, key: &Arc<str>, value: &[u8]) {
-        let Some(kind) = counted(key) else {
-            return;
-        };
-        let host = host_of(kind, key, value);
-        if let Some((_, old)) = self.keys.get(key) {
-            if *old == host {
-                return;
-            }
-            self.delete(key);
-        }
-        self.by_kind[kind as usize] += 1;
-        if let Some(h) = &host {
-            *self.keys_by_host.entry(h.clone()).or_default() += 1;
-        }
-        self.keys.insert(key.clone(), (kind, host));
-    }
-
-    /// `key` left the view.
-    pub fn delete(&mut self, key: &str) {
-        let Some((kind, host)) = self.keys.remove(key) else {
-            return;
-        };
-        self.by_kind[kind as usize] -= 1;
-        if let Some(h) = host
-            && let Some(n) = self.keys_by_host.get_mut(&h)
-        {
-            *n -= 1;
-            if *n == 0 {
-                self.keys_by_host.remove(&h);
-            }
-        }
-    }
-
-    pub fn hosts(&self) -> usize {
-        self.keys_by_host.len()
-    }
-
-    fn count(&self, kind: Counted) -> usize {
-        self.by_kind[kind as usize]
-    }
-}
-
-fn counted(key: &str) -> Option<Counted> {
-    let rest = key.strip_prefix(CALICO_PREFIX)?;
-    Some(match rest.split('/').next()? {
-        "workloadendpoints" => Counted::WorkloadEndpoint,
-        "hostendpoints" => Counted::HostEndpoint,
-        "nodes" => Counted::Node,
-        "networkpolicies" | "globalnetworkpolicies" => Counted::Policy,
-        "profiles" => Counted::Profile,
-        "tiers" => Counted::Tier,
-        _ => return None,
-    })
-}
-
-/// The node a key belongs to: a Node's name; a workload endpoint's node from its name (Calico
-/// names them `<node>-<orchestrator>-<workload>-<endpoint>`, each `-` inside a part doubled); a
-/// host endpoint's `spec.node`.
-fn host_of(kind: Counted, key: &str, value: &[u8]) -> Option<String> {
-    let name = key.rsplit('/').next().unwrap_or_default();
-    match kind {
-        Counted::Node => Some(name.to_string()),
-        Counted::WorkloadEndpoint => {
-            let b = name.as_bytes();
-            let mut i = 0;
-            while i < b.len() {
-                if b[i] == b'-' {
-                    if b.get(i + 1) == Some(&b'-') {
-                        i += 2;
-                        continue;
-                    }
-                    return Some(name[..i].replace("--", "-"));
-                }
-                i += 1;
-            }
-            None
-        }
-        Counted::HostEndpoint => {
-            #[derive(serde::Deserialize)]
-            struct Hep {
-                spec: Spec,
-            }
-            #[derive(serde::Deserialize)]
-            struct Spec {
-                node: Option<String>,
-            }
-            serde_json::from_slice::<Hep>(value)
-                .ok()
-                .and_then(|h| h.spec.node)
-                .filter(|n| !n.is_empty())
-        }
-        _ => None,
     }
 }
 
@@ -637,124 +524,9 @@ fn summary(out: &mut String, name: &str, help: &str, s: &Summary) {
     sample(out, &format!("{name}_count"), "", count as f64);
 }
 
-/// What `/proc/self` says about the process (each `None` if it cannot be read).
-#[derive(Debug, Default)]
-struct ProcessStats {
-    cpu_seconds: Option<f64>,
-    open_fds: Option<f64>,
-    max_fds: Option<f64>,
-    resident_bytes: Option<f64>,
-    virtual_bytes: Option<f64>,
-}
-
-/// `/proc/self/stat`'s fields after the command name (field 3 onwards).
-fn proc_stat_fields() -> Option<Vec<String>> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    let after = &stat[stat.rfind(')')? + 2..];
-    Some(after.split_whitespace().map(String::from).collect())
-}
-
-/// `/proc`'s clock ticks (`USER_HZ`, 100 on every architecture Linux runs us on).
-const TICKS_PER_SECOND: f64 = 100.0;
-
-/// A `/proc/self/status` size line (`VmRSS:   1234 kB`) in bytes.
-fn status_bytes(status: &str, field: &str) -> Option<f64> {
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))?
-        .trim()
-        .strip_suffix("kB")?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kb * 1024.0)
-}
-
-impl ProcessStats {
-    fn read() -> Self {
-        let mut p = ProcessStats::default();
-        if let Some(f) = proc_stat_fields() {
-            // utime (14) and stime (15), counted from 1.
-            let num = |i: usize| f.get(i - 3).and_then(|v| v.parse::<f64>().ok());
-            if let (Some(u), Some(s)) = (num(14), num(15)) {
-                p.cpu_seconds = Some((u + s) / TICKS_PER_SECOND);
-            }
-        }
-        if let Ok(status) = std::fs::read_to_string("/proc/self/status") {
-            p.resident_bytes = status_bytes(&status, "VmRSS:");
-            p.virtual_bytes = status_bytes(&status, "VmSize:");
-        }
-        p.open_fds = std::fs::read_dir("/proc/self/fd")
-            .ok()
-            .map(|d| d.count() as f64);
-        p.max_fds = std::fs::read_to_string("/proc/self/limits")
-            .ok()
-            .and_then(|l| {
-                l.lines()
-                    .find(|l| l.starts_with("Max open files"))
-                    .and_then(|l| l.split_whitespace().nth(3)?.parse().ok())
-            });
-        p
-    }
-}
-
-/// Seconds since the epoch when this process started (`/proc/self/stat` starttime + boot time).
-fn process_start_time() -> Option<f64> {
-    let f = proc_stat_fields()?;
-    let start_ticks: f64 = f.get(22 - 3)?.parse().ok()?;
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let btime: f64 = stat
-        .lines()
-        .find_map(|l| l.strip_prefix("btime "))?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(btime + start_ticks / TICKS_PER_SECOND)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn workload_endpoint_names_give_their_node() {
-        let wep = |n: &str| {
-            host_of(
-                Counted::WorkloadEndpoint,
-                &format!("{CALICO_PREFIX}workloadendpoints/ns/{n}"),
-                b"",
-            )
-        };
-        assert_eq!(wep("node--1-k8s-web-eth0").as_deref(), Some("node-1"));
-        assert_eq!(wep("n1-k8s-a--b-eth0").as_deref(), Some("n1"));
-        assert_eq!(wep("nodash"), None);
-    }
-
-    #[test]
-    fn cluster_counts_follow_keys_in_and_out() {
-        let mut c = ClusterCounts::default();
-        let k = |s: &str| -> Arc<str> { Arc::from(format!("{CALICO_PREFIX}{s}").as_str()) };
-        let w1 = k("workloadendpoints/ns/node--1-k8s-a-eth0");
-        let w2 = k("workloadendpoints/ns/node--2-k8s-b-eth0");
-        let hep = k("hostendpoints/h");
-        c.put(&w1, b"{}");
-        c.put(&w1, b"{}");
-        c.put(&w2, b"{}");
-        c.put(&k("nodes/node-1"), b"{}");
-        c.put(&hep, br#"{"spec":{"node":"node-3"}}"#);
-        c.put(&k("globalnetworkpolicies/p"), b"{}");
-        c.put(&k("ipamblocks/x"), b"{}");
-        assert_eq!(c.hosts(), 3);
-        assert_eq!(c.count(Counted::WorkloadEndpoint), 2);
-        assert_eq!(c.count(Counted::HostEndpoint), 1);
-        assert_eq!(c.count(Counted::Policy), 1);
-        // The host endpoint moves to node-1: one host fewer.
-        c.put(&hep, br#"{"spec":{"node":"node-1"}}"#);
-        assert_eq!((c.hosts(), c.count(Counted::HostEndpoint)), (2, 1));
-        c.delete(&w2);
-        c.delete(&w2);
-        assert_eq!((c.hosts(), c.count(Counted::WorkloadEndpoint)), (1, 1));
-    }
 
     #[test]
     fn summary_quantiles_over_the_window_and_nan_when_empty() {
