@@ -297,6 +297,21 @@ fn calicos_felix_dashboard_queries_return_series_from_felixrs() {
         prom.value("felixrs_ip_sets"),
         "the same quantity"
     );
+    // The types Prometheus recorded from the scrape are Felix's (its counters: see the module
+    // docs of `agent/metrics/felix.rs`).
+    for (metric, kind) in [
+        ("felix_int_dataplane_apply_time_seconds", "summary"),
+        ("felix_calc_graph_update_time_seconds", "summary"),
+        ("felix_active_local_endpoints", "gauge"),
+        ("felix_iptables_rules", "gauge"),
+        ("felix_iptables_restore_calls", "unknown"),
+    ] {
+        let (_, body) = prom
+            .get(&format!("/api/v1/metadata?metric={metric}"))
+            .expect("metadata");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["data"][metric][0]["type"], kind, "{metric}: {body}");
+    }
     let elapsed = started.elapsed();
     eprintln!("felix dashboard test: {checked} queries with series, {elapsed:?}");
 }
