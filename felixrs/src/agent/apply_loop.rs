@@ -21,6 +21,7 @@ use calc_graph::proto::{IpVersion, Output};
 use iptables::apply::ApplyError;
 
 use super::liveness::{NotAlive, TICK, panic_message};
+use super::metrics::felix::TableCount;
 use super::status::StatusHub;
 
 /// Graph output up to a datastore revision.
@@ -46,6 +47,14 @@ pub struct ApplyReport {
     pub conntrack_flows_deleted: u64,
     /// Addresses whose flows could not be deleted (logged with the reason).
     pub conntrack_errors: u64,
+    /// Chains and rules per family and table (Felix's `felix_iptables_chains`/`_rules`).
+    pub tables: Vec<TableCount>,
+    /// Selectors whose IP sets active rules use (Felix's `felix_active_local_selectors`).
+    pub active_selectors: usize,
+    /// iptables-restore payload lines written per family and table during this apply.
+    pub iptables_lines: Vec<(u8, &'static str, u64)>,
+    /// ipset restore payload lines written during this apply.
+    pub ipset_lines: u64,
 }
 
 /// Why an apply, refresh or drift check failed (its text is `/status`'s `last_apply_error`).
@@ -332,6 +341,7 @@ fn record(
             m.ip_sets.set(r.ip_sets as i64);
             m.local_endpoints.set(r.local_endpoints as i64);
             m.active_policies.set(r.active_policies as i64);
+            m.felix.applied(elapsed.as_secs_f64(), &r);
             hub.update(|s| {
                 if let Some(rev) = revision {
                     s.applied_revision = s.applied_revision.max(rev);
@@ -350,6 +360,7 @@ fn record(
         Err(error) => {
             tracing::error!(%error, ?revision, "apply failed; will retry");
             m.apply_errors.inc();
+            m.felix.apply_failed(elapsed.as_secs_f64());
             hub.update(|s| {
                 s.last_apply_duration_ms = Some(elapsed.as_secs_f64() * 1000.0);
                 s.last_apply_error = Some(error.to_string());

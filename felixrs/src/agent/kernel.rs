@@ -29,6 +29,7 @@ use std::sync::Arc;
 use super::apply_loop::{ApplyReport, Dataplane, DataplaneError, Drift, FamilyError};
 use super::counters::{CounterHub, Published};
 use super::federation;
+use super::metrics::felix::TableCount;
 use super::state::{Pipeline, PipelineError};
 use super::status::FailedSafeRuleStatus;
 use crate::dns::Learner;
@@ -378,6 +379,14 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
                 + r.iptables.len() as u64
                 + u64::from(!r.ipset_deletions.is_empty());
             report.restore_errors += u64::from(r.retries);
+            for (table, payload) in r.iptables.iter().chain(&r.other_backend) {
+                let lines = payload.lines().count() as u64;
+                report
+                    .iptables_lines
+                    .push((v.number(), table.as_str(), lines));
+            }
+            report.ipset_lines +=
+                (r.ipset_updates.lines().count() + r.ipset_deletions.lines().count()) as u64;
         }
         if !errors.is_empty() {
             return Err(DataplaneError::Families(errors));
@@ -473,10 +482,25 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
 
 fn count(d: &DesiredState, report: &mut ApplyReport) {
     report.ip_sets += d.ip_sets.len();
-    for t in d.tables.values() {
+    for (name, t) in &d.tables {
+        let rules = t.chains.values().map(Vec::len).sum::<usize>() + t.hooks.len();
         report.chains += t.chains.len();
-        report.rules += t.chains.values().map(Vec::len).sum::<usize>() + t.hooks.len();
+        report.rules += rules;
+        report.tables.push(TableCount {
+            ip_version: d.family.number(),
+            table: name.as_str(),
+            chains: t.chains.len(),
+            rules,
+        });
     }
+    // Selector and named-port sets (`cali40s:`, `cali40n:`), one per active selector; both
+    // families hold the same ones.
+    let selectors = d
+        .ip_sets
+        .keys()
+        .filter(|n| n.get(6..8).is_some_and(|k| k == "s:" || k == "n:"))
+        .count();
+    report.active_selectors = report.active_selectors.max(selectors);
 }
 
 impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {

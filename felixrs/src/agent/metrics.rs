@@ -1,12 +1,15 @@
 //! Prometheus metrics of the agent (prometheus-client registry, text exposition).
 //!
 //! Counters are bumped where the event happens (apply loop, syncer consumer, snapshot writer);
-//! gauges are set from each apply's report. Names follow Felix's where one exists.
+//! gauges are set from each apply's report. Names follow Felix's where one exists; Felix's own
+//! names (`felix_*`) are served beside them from the same quantities ([`felix`]).
+
+pub mod felix;
 
 use calc_graph::proto::IpVersion;
 use iptables::stats::Tally;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::counter::Counter;
@@ -128,6 +131,8 @@ metric_fields! {
         pub policy_counters: Arc<PolicyCounters> = Arc::default();
         /// The DNS learner's (`felixrs_dns_*`, FQDN policy).
         pub dns: DnsMetrics = DnsMetrics::default();
+        /// Felix's names (`felix_*`, `process_*`), encoded after the registry's.
+        pub felix: Arc<felix::FelixMetrics> = Arc::default();
     }
 }
 
@@ -159,8 +164,21 @@ impl Metrics {
     /// The text exposition of every metric.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        encode_registry(&mut out, &self.registry).expect("writing to a String cannot fail");
+        self.felix.encode(&self.felix_aliases(), &mut out);
+        encode_eof(&mut out).expect("writing to a String cannot fail");
         out
+    }
+
+    /// The metrics Felix's names read at scrape time.
+    fn felix_aliases(&self) -> felix::Aliases {
+        felix::Aliases {
+            local_endpoints: self.local_endpoints.clone(),
+            active_policies: self.active_policies.clone(),
+            ip_sets: self.ip_sets.clone(),
+            apply_errors: self.apply_errors.clone(),
+            resyncs: self.resyncs.clone(),
+        }
     }
 }
 

@@ -202,7 +202,12 @@ impl Args {
         let stale_after = liveness::STALE_AFTER;
         let hub = StatusHub::with_liveness(Metrics::new(), liveness::Liveness::new(stale_after));
         // The dataplane's commands beat the apply thread's heartbeat (a long apply is not a stuck one).
-        let runner = liveness::BeatingRunner::new(ExecRunner::new(), hub.liveness.clone());
+        // Each iptables-restore/-save and ipset call is counted for Felix's names.
+        let exec_counts = hub.metrics.felix.exec.clone();
+        let runner = liveness::BeatingRunner::new(
+            metrics::felix::CountingRunner::new(ExecRunner::new(), exec_counts.clone()),
+            hub.liveness.clone(),
+        );
         let mut dataplane =
             kernel::KernelDataplane::new(runner, self.iptables_backend.into(), render)?
                 .with_counters(counter_hub.clone());
@@ -238,7 +243,7 @@ impl Args {
             .build()
             .context("tokio runtime")?;
         let counter_thread = counters::spawn(
-            ExecRunner::new(),
+            metrics::felix::CountingRunner::new(ExecRunner::new(), exec_counts),
             counter_hub,
             hub.clone(),
             self.counters_interval,

@@ -27,6 +27,7 @@ use super::apply_loop::Batch;
 use super::federation::{
     REMOTE_ROOT, RemoteKeyError, is_federated, remote_key, remote_scope, split_remote_key,
 };
+use super::metrics::felix::{RESYNC_IN_SYNC, RESYNC_WAIT};
 use super::metrics::remote_labels;
 use super::snapshot::{KvMap, Snapshot};
 use super::status::{FailedSafeRuleStatus, RemoteStatus, Source, Status, StatusHub};
@@ -150,7 +151,7 @@ impl<P: Pipeline> AgentState<P> {
                     .map(|(k, v)| (Arc::from(k.as_str()), Arc::from(v.as_slice())))
                     .collect();
                 self.replace(revision, kvs, Source::Etcd);
-                self.hub.update(connected);
+                self.answered();
             }
             SyncEvent::Changes { revision, changes } => {
                 for c in changes {
@@ -161,19 +162,29 @@ impl<P: Pipeline> AgentState<P> {
                 if self.source == Source::Etcd {
                     self.snapshot_dirty = true;
                 }
-                self.hub.update(connected);
+                self.answered();
             }
             SyncEvent::Progress { revision } => {
                 self.advance(revision);
-                self.hub.update(connected);
+                self.answered();
             }
             SyncEvent::Disconnected { reason } => {
                 self.hub.metrics.datastore_disconnects.inc();
+                self.hub.metrics.felix.set_resync_state(RESYNC_WAIT);
                 self.hub.update(|s| {
                     s.datastore_connected = false;
                     s.datastore_error = Some(reason);
                 });
             }
+        }
+    }
+
+    /// The datastore answered: connected (in `/status`), and in sync once its list is in the view
+    /// (Felix's `felix_resync_state`; a resumed watch keeps the listed view).
+    fn answered(&self) {
+        self.hub.update(connected);
+        if self.source == Source::Etcd {
+            self.hub.metrics.felix.set_resync_state(RESYNC_IN_SYNC);
         }
     }
 
@@ -426,8 +437,9 @@ impl<P: Pipeline> AgentState<P> {
             self.kvs.insert(key, value);
             return;
         }
-        match self.pipeline.update(&key, Some(&value)) {
+        match self.graph_update(&key, Some(&value)) {
             Ok(()) => {
+                self.hub.metrics.felix.cluster_put(&key, &value);
                 self.kvs.insert(key, value);
                 self.dirty = true;
             }
@@ -441,10 +453,22 @@ impl<P: Pipeline> AgentState<P> {
     }
 
     fn delete(&mut self, key: &str) {
-        if let Err(error) = self.pipeline.update(key, None) {
+        self.hub.metrics.felix.cluster_delete(key);
+        if let Err(error) = self.graph_update(key, None) {
             self.malformed(key, &error);
         }
         self.dirty = true;
+    }
+
+    /// Gives one key to the graph, timed (Felix's `felix_calc_graph_update_time_seconds`).
+    fn graph_update(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), PipelineError> {
+        let started = std::time::Instant::now();
+        let res = self.pipeline.update(key, value);
+        let felix = &self.hub.metrics.felix;
+        felix
+            .calc_graph_update_seconds
+            .observe(started.elapsed().as_secs_f64());
+        res
     }
 
     fn malformed(&self, key: &str, error: &dyn std::fmt::Display) {
@@ -607,6 +631,39 @@ mod tests {
         st.on_event(mk_listed(3, &[]));
         let s = hub.snapshot();
         assert_eq!((s.datastore_connected, s.datastore_error), (true, None));
+    }
+
+    #[test]
+    fn felix_resync_state_and_cluster_counts_follow_the_view() {
+        let (mut st, _, _, hub) = mk_state();
+        let value = |name: &str| {
+            let text = hub.metrics.render();
+            let line = text.lines().find(|l| l.starts_with(&format!("{name} ")));
+            line.and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        };
+        assert_eq!(value("felix_resync_state"), Some(1.0), "waiting for etcd");
+        let wep = "/calico/resources/v3/projectcalico.org/workloadendpoints/ns/node--2-k8s-a-eth0";
+        st.on_event(mk_listed(3, &[(wep, "{}")]));
+        assert_eq!(value("felix_resync_state"), Some(3.0));
+        assert_eq!(value("felix_cluster_num_workload_endpoints"), Some(1.0));
+        assert_eq!(value("felix_cluster_num_hosts"), Some(1.0));
+        st.on_event(SyncEvent::Disconnected {
+            reason: "gone".into(),
+        });
+        assert_eq!(value("felix_resync_state"), Some(1.0));
+        // The watch resumes: the listed view stands, in sync again.
+        st.on_event(SyncEvent::Progress { revision: 4 });
+        assert_eq!(value("felix_resync_state"), Some(3.0));
+        st.on_event(mk_change(5, wep, None));
+        let bad = "/calico/resources/v3/projectcalico.org/workloadendpoints/ns/node--3-k8s-b-eth0";
+        st.on_event(mk_change(6, bad, Some("!bad")));
+        assert_eq!(value("felix_cluster_num_workload_endpoints"), Some(0.0));
+        assert_eq!(value("felix_cluster_num_hosts"), Some(0.0));
+        assert_eq!(
+            value("felix_calc_graph_update_time_seconds_count"),
+            Some(3.0),
+            "put, delete and the refused value each went to the graph"
+        );
     }
 
     #[test]
