@@ -366,3 +366,56 @@ async fn snapshot_writer(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::metrics::Metrics;
+
+    /// A state directory that cannot be written (a file sits where it should be; as root,
+    /// permissions would not stop a write): the snapshot is stale, the old file is untouched; once
+    /// the obstacle is gone the writer's retry clears it without a newer snapshot.
+    #[tokio::test]
+    async fn a_failed_write_is_stale_until_a_retry_succeeds() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("state");
+        std::fs::write(&dir, b"not a directory").unwrap();
+        let hub = StatusHub::new(Metrics::new());
+        let (tx, rx) = watch::channel(None);
+        let writer = tokio::spawn(snapshot_writer(SnapshotStore::new(&dir), rx, hub.clone()));
+        let snap = Snapshot {
+            revision: 9,
+            kvs: Default::default(),
+        };
+        tx.send_replace(Some(Pending::new(snap.clone(), &hub)));
+        let until = |f: fn(&super::status::Status) -> bool| {
+            let hub = hub.clone();
+            async move {
+                tokio::time::timeout(Duration::from_secs(10), async {
+                    while !f(&hub.snapshot()) {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                })
+                .await
+                .is_ok()
+            }
+        };
+        assert!(until(|s| s.snapshot_stale).await, "{:?}", hub.snapshot());
+        let s = hub.snapshot();
+        assert_eq!(s.snapshot_revision, None);
+        assert!(
+            s.snapshot_error.as_deref().unwrap().contains("state"),
+            "{s:?}"
+        );
+        assert!(hub.metrics.render().contains("felixrs_snapshot_stale 1"));
+
+        std::fs::remove_file(&dir).unwrap();
+        assert!(until(|s| !s.snapshot_stale).await, "{:?}", hub.snapshot());
+        let s = hub.snapshot();
+        assert_eq!((s.snapshot_revision, s.snapshot_error), (Some(9), None));
+        assert!(hub.metrics.render().contains("felixrs_snapshot_stale 0"));
+        assert_eq!(SnapshotStore::new(&dir).load().unwrap(), Some(snap));
+        drop(tx);
+        writer.await.unwrap();
+    }
+}
