@@ -14,7 +14,8 @@
 //!    converges, no leftover temp sets or chains;
 //! 3. the xtables lock (the test's own `XTABLES_LOCKFILE`) held for 10 s during an apply (legacy):
 //!    the change lands after the release, nothing opens meanwhile;
-//! 4. a kube-proxy-like writer rewriting its `KUBE-` chains 20 times a second during policy churn,
+//! 4. a kube-proxy-like writer rewriting its `KUBE-` chains 20 times a second during policy churn
+//!    (every fifth change a large one),
 //!    on legacy and nft: at the end its last state and ours are both exactly in the kernel.
 //!
 //! The measured figures are printed as a table at the end (RELIABILITY.md quotes them).
@@ -461,11 +462,16 @@ fn foreign_writer(w: &World, state: &Tmpfs, agent: &Agent, b: Backend) -> Row {
     let writer = ForeignWriter::start(w.node(), b, &w.lock_file);
     let mut rev = 0;
     for n in 0..20u16 {
-        rev = w.put_policy(
-            "churn",
-            json!([{"action":"Allow","protocol":"TCP","source":{"selector":"app == 'client'"},
-                    "destination":{"ports":[20000 + n]}}]),
-        );
+        rev = if n % 5 == 4 {
+            // Every fifth change a large one: the set replaced and the 1,500-rule chain rewritten.
+            w.put_bulk(1000 + u32::from(n), MEMBERS, RULES)
+        } else {
+            w.put_policy(
+                "churn",
+                json!([{"action":"Allow","protocol":"TCP","source":{"selector":"app == 'client'"},
+                        "destination":{"ports":[20000 + n]}}]),
+            )
+        };
         std::thread::sleep(Duration::from_millis(250));
     }
     agent.wait_applied(rev);
@@ -484,7 +490,7 @@ fn foreign_writer(w: &World, state: &Tmpfs, agent: &Agent, b: Backend) -> Row {
         delivered: p.delivered,
         converged,
         note: format!(
-            "{writes} foreign rewrites, 20 policy changes; at the end both states exact{}",
+            "{writes} foreign rewrites, 20 policy changes (4 large); at the end both states exact{}",
             diff.map_or(String::new(), |d| format!(" (first look: {d})"))
         ),
     }
