@@ -100,6 +100,8 @@ metric_fields! {
             => "snapshot_write_errors", "Snapshot writes that failed";
         pub snapshot_write_seconds: Histogram = seconds()
             => "snapshot_write_seconds", "Time to encode and durably write the snapshot";
+        pub snapshot_stale: Gauge = Gauge::default()
+            => "snapshot_stale", "1 while the last snapshot write failed (the file is older than the view)";
         pub counter_reads: Counter = Counter::default()
             => "counter_reads",
             "Reads of the kernel's rule counters (iptables-save -c, both families)";

@@ -291,14 +291,32 @@ impl Pending {
     }
 }
 
+/// The first retry of a failed snapshot write comes after this; each further one after twice the
+/// last, up to [`SNAPSHOT_RETRY_MAX`].
+const SNAPSHOT_RETRY_MIN: Duration = Duration::from_secs(1);
+const SNAPSHOT_RETRY_MAX: Duration = Duration::from_secs(30);
+
 /// Writes the newest snapshot handed over, one at a time (the watch channel keeps only the latest,
-/// so a burst costs one write).
+/// so a burst costs one write). A failed write (full or read-only state directory) marks the
+/// snapshot stale (`/status` `snapshot_stale`, `felixrs_snapshot_stale`) and is retried with
+/// backoff, or replaced by a newer one; the next good write clears it. The old file stays whole.
 async fn snapshot_writer(
     store: SnapshotStore,
     mut rx: watch::Receiver<Option<Pending>>,
     hub: Arc<StatusHub>,
 ) {
-    while rx.changed().await.is_ok() {
+    let mut retry: Option<Duration> = None;
+    loop {
+        let next = match retry {
+            None => rx.changed().await.is_ok(),
+            Some(after) => tokio::select! {
+                r = rx.changed() => r.is_ok(),
+                _ = tokio::time::sleep(after) => true,
+            },
+        };
+        if !next {
+            break;
+        }
         let Some(Pending { snapshot, remotes }) = rx.borrow_and_update().clone() else {
             continue;
         };
@@ -309,13 +327,24 @@ async fn snapshot_writer(
         hub.metrics
             .snapshot_write_seconds
             .observe(started.elapsed().as_secs_f64());
+        let failed = |hub: &StatusHub, error: String| {
+            hub.metrics.snapshot_write_errors.inc();
+            hub.metrics.snapshot_stale.set(1);
+            hub.update(|s| {
+                s.snapshot_error = Some(error);
+                s.snapshot_stale = true;
+            });
+        };
         match res {
             Ok(Ok(bytes)) => {
+                retry = None;
                 hub.metrics.snapshot_writes.inc();
+                hub.metrics.snapshot_stale.set(0);
                 tracing::debug!(revision, bytes, "snapshot written");
                 hub.update(|s| {
                     s.snapshot_revision = Some(revision);
                     s.snapshot_error = None;
+                    s.snapshot_stale = false;
                     for (c, rev) in remotes.iter() {
                         if let Some(r) = s.remote_clusters.get_mut(c) {
                             r.snapshot_revision = Some(*rev);
@@ -324,14 +353,69 @@ async fn snapshot_writer(
                 });
             }
             Ok(Err(error)) => {
-                hub.metrics.snapshot_write_errors.inc();
-                tracing::error!(%error, "snapshot write failed");
-                hub.update(|s| s.snapshot_error = Some(error.to_string()));
+                let after = retry.map_or(SNAPSHOT_RETRY_MIN, |d| (d * 2).min(SNAPSHOT_RETRY_MAX));
+                retry = Some(after);
+                tracing::error!(%error, revision, retry_in = ?after, "snapshot write failed; the snapshot is stale, enforcement goes on");
+                failed(&hub, error.to_string());
             }
             Err(error) => {
-                hub.metrics.snapshot_write_errors.inc();
+                retry = Some(retry.map_or(SNAPSHOT_RETRY_MIN, |d| (d * 2).min(SNAPSHOT_RETRY_MAX)));
                 tracing::error!(%error, "snapshot writer panicked");
+                failed(&hub, format!("snapshot writer panicked: {error}"));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::metrics::Metrics;
+
+    /// A state directory that cannot be written (a file sits where it should be; as root,
+    /// permissions would not stop a write): the snapshot is stale, the old file is untouched; once
+    /// the obstacle is gone the writer's retry clears it without a newer snapshot.
+    #[tokio::test]
+    async fn a_failed_write_is_stale_until_a_retry_succeeds() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("state");
+        std::fs::write(&dir, b"not a directory").unwrap();
+        let hub = StatusHub::new(Metrics::new());
+        let (tx, rx) = watch::channel(None);
+        let writer = tokio::spawn(snapshot_writer(SnapshotStore::new(&dir), rx, hub.clone()));
+        let snap = Snapshot {
+            revision: 9,
+            kvs: Default::default(),
+        };
+        tx.send_replace(Some(Pending::new(snap.clone(), &hub)));
+        let until = |f: fn(&super::status::Status) -> bool| {
+            let hub = hub.clone();
+            async move {
+                tokio::time::timeout(Duration::from_secs(10), async {
+                    while !f(&hub.snapshot()) {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                })
+                .await
+                .is_ok()
+            }
+        };
+        assert!(until(|s| s.snapshot_stale).await, "{:?}", hub.snapshot());
+        let s = hub.snapshot();
+        assert_eq!(s.snapshot_revision, None);
+        assert!(
+            s.snapshot_error.as_deref().unwrap().contains("state"),
+            "{s:?}"
+        );
+        assert!(hub.metrics.render().contains("felixrs_snapshot_stale 1"));
+
+        std::fs::remove_file(&dir).unwrap();
+        assert!(until(|s| !s.snapshot_stale).await, "{:?}", hub.snapshot());
+        let s = hub.snapshot();
+        assert_eq!((s.snapshot_revision, s.snapshot_error), (Some(9), None));
+        assert!(hub.metrics.render().contains("felixrs_snapshot_stale 0"));
+        assert_eq!(SnapshotStore::new(&dir).load().unwrap(), Some(snap));
+        drop(tx);
+        writer.await.unwrap();
     }
 }

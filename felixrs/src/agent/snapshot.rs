@@ -166,7 +166,8 @@ impl SnapshotStore {
 
 /// Replaces `path` with `bytes` so that a crash leaves either the old or the new file, never a
 /// torn one: write `tmp` (in the same directory), fsync it, rename it over `path`, fsync the
-/// directory (creating it first). An error names the file or directory it concerns.
+/// directory (creating it first). A failed write of `tmp` removes it. An error names the file or
+/// directory it concerns.
 pub(crate) fn write_atomically(
     path: &Path,
     tmp: &Path,
@@ -178,10 +179,14 @@ pub(crate) fn write_atomically(
     };
     let dir = path.parent().unwrap_or(Path::new("."));
     fs::create_dir_all(dir).map_err(at(dir))?;
-    {
-        let mut f = File::create(tmp).map_err(at(tmp))?;
-        f.write_all(bytes).map_err(at(tmp))?;
-        f.sync_all().map_err(at(tmp))?;
+    let written = File::create(tmp).and_then(|mut f| {
+        f.write_all(bytes)?;
+        f.sync_all()
+    });
+    if let Err(e) = written {
+        // A full disk: do not keep its space taken by a partial file (the old file stays).
+        let _ = fs::remove_file(tmp);
+        return Err((tmp.to_path_buf(), e));
     }
     fs::rename(tmp, path).map_err(at(path))?;
     File::open(dir).and_then(|d| d.sync_all()).map_err(at(dir))

@@ -64,6 +64,12 @@ pub struct Status {
     pub failed_safe_rules: Vec<FailedSafeRuleStatus>,
     pub snapshot_revision: Option<i64>,
     pub snapshot_error: Option<String>,
+    /// The last snapshot write failed (full or read-only state directory): the file on disk is
+    /// older than the view the kernel is programmed from (a restart would start from
+    /// `snapshot_revision`). Enforcement goes on; the writer retries, and the next good write
+    /// clears it.
+    #[serde(default)]
+    pub snapshot_stale: bool,
     /// Each federated cluster (RemoteClusterConfiguration) by name.
     #[serde(default)]
     pub remote_clusters: BTreeMap<String, RemoteStatus>,
