@@ -65,7 +65,10 @@ impl SyncerConfig {
             prefix,
             progress_interval: Duration::from_secs(1),
             min_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_secs(2),
+            // After a long outage the agent retries every second at most, so it is back in sync
+            // within about a second of etcd answering again (issue 23); each attempt is one
+            // connection (no cost to etcd worth the wait of a longer pause).
+            max_backoff: Duration::from_secs(1),
         }
     }
 }

@@ -203,6 +203,11 @@ impl Agent {
         }
     }
 
+    /// The agent's process id while it runs (`ip netns exec` execs the agent in its place).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Waits for exit; returns the exit status.
     pub fn wait(&mut self) -> std::process::ExitStatus {
         self.child.take().expect("agent running").wait().unwrap()

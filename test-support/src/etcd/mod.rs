@@ -13,6 +13,7 @@
 //! etcd log tail.
 
 pub mod cluster;
+mod cluster_status;
 pub mod pki;
 
 use std::io::Write;
