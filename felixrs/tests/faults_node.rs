@@ -42,8 +42,8 @@ const RULES: u32 = 1500;
 /// One line of the results table.
 struct Row {
     scenario: String,
-    attempts: u32,
-    delivered: u32,
+    attempts: u64,
+    delivered: u64,
     converged: Duration,
     note: String,
 }

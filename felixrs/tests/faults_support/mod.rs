@@ -9,7 +9,7 @@
 #![allow(dead_code)]
 
 use std::fs::File;
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -24,6 +24,7 @@ use felixrs::cmd::shared::dataplane_args::DataplaneArgs;
 use felixrs::cmd::shared::node_view::{SourceArgs, render_node};
 use felixrs_test_support::etcd::Etcd;
 use felixrs_test_support::netns::{self, Netns};
+use felixrs_test_support::prober;
 use felixrs_test_support::node::{self, ALLOWED_PORT, Pod};
 use iptables::apply::{Applier, ApplierConfig, Backend, ExecRunner};
 use serde_json::json;
@@ -179,72 +180,33 @@ impl World {
     }
 }
 
-/// Connects from the intruder to the server (v4 and v6 in turn, TCP, 150 ms timeout) on four
-/// threads back to back until stopped.
-pub struct Prober {
-    stop: Arc<AtomicBool>,
-    attempts: Arc<AtomicU32>,
-    delivered: Arc<AtomicU32>,
-    threads: Vec<JoinHandle<()>>,
-}
+/// Connects from the intruder to the server (v4 and v6, TCP, 150 ms timeout, two threads each)
+/// back to back until stopped: test-support's prober, one per family.
+pub struct Prober([prober::Prober; 2]);
 
 /// What a prober saw.
 #[derive(Debug, Clone, Copy)]
 pub struct Probed {
-    pub attempts: u32,
+    pub attempts: u64,
     /// Denied connections that were delivered (the worst window, in connections).
-    pub delivered: u32,
+    pub delivered: u64,
 }
 
 impl Prober {
     pub fn start(w: &World) -> Prober {
-        let stop = Arc::new(AtomicBool::new(false));
-        let attempts = Arc::new(AtomicU32::new(0));
-        let delivered = Arc::new(AtomicU32::new(0));
-        let targets = [w.pods.server.v4, w.pods.server.v6];
-        let threads = (0..4)
-            .map(|t| {
-                let (stop, attempts, delivered) =
-                    (stop.clone(), attempts.clone(), delivered.clone());
-                let from = w.intruder.ns.name().to_string();
-                std::thread::spawn(move || {
-                    netns::enter(&from).expect("enter the intruder's namespace");
-                    let mut n = t;
-                    while !stop.load(Ordering::Relaxed) {
-                        let to = SocketAddr::new(targets[n % 2], ALLOWED_PORT);
-                        n += 1;
-                        attempts.fetch_add(1, Ordering::Relaxed);
-                        if TcpStream::connect_timeout(&to, Duration::from_millis(150)).is_ok() {
-                            delivered.fetch_add(1, Ordering::Relaxed);
-                            eprintln!("DENIED CONNECTION DELIVERED: intruder -> {to}");
-                        }
-                    }
-                })
-            })
-            .collect();
-        Prober {
-            stop,
-            attempts,
-            delivered,
-            threads,
-        }
+        let from = w.intruder.ns.name();
+        Prober([w.pods.server.v4, w.pods.server.v6].map(|a| {
+            let to = SocketAddr::new(a, ALLOWED_PORT);
+            prober::Prober::start(from, to, 2, Duration::from_millis(150))
+        }))
     }
 
-    pub fn stop(mut self) -> Probed {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            t.join().expect("prober thread");
-        }
+    pub fn stop(self) -> Probed {
+        let [a, b] = self.0.map(|p| p.counts());
         Probed {
-            attempts: self.attempts.load(Ordering::Relaxed),
-            delivered: self.delivered.load(Ordering::Relaxed),
+            attempts: a.attempts + b.attempts,
+            delivered: a.delivered + b.delivered,
         }
-    }
-}
-
-impl Drop for Prober {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
     }
 }
 
