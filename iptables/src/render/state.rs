@@ -274,6 +274,8 @@ impl Renderer {
             Output::IpPoolRemoved(name) => {
                 self.pools_dirty |= self.pools.remove(&name).is_some();
             }
+            // Host endpoints are not programmed yet (next commit).
+            Output::HostEndpointUpdated(_) | Output::HostEndpointRemoved(_) => {}
             Output::InSync => self.in_sync = true,
         }
         Ok(())
