@@ -111,6 +111,7 @@ pub mod domains;
 pub mod endpoint;
 mod family;
 pub mod hash;
+pub mod host;
 pub mod marks;
 pub mod names;
 pub mod nat;
@@ -189,6 +190,11 @@ pub struct RenderConfig {
     pub dns_trusted_servers: Vec<SocketAddr>,
     /// The NFQUEUE number the learner binds (`--dns-queue-num`, default 100).
     pub dns_queue_num: u16,
+    /// Felix `FailsafeInboundHostPorts`: accepted into the host on every host endpoint before
+    /// any host policy (`cali-failsafe-in`); empty: none. Default Felix's ([`host::default_inbound`]).
+    pub failsafe_inbound: Vec<host::FailsafePort>,
+    /// Felix `FailsafeOutboundHostPorts` (`cali-failsafe-out`); default Felix's.
+    pub failsafe_outbound: Vec<host::FailsafePort>,
 }
 
 impl Default for RenderConfig {
@@ -206,6 +212,8 @@ impl Default for RenderConfig {
             share_chains: true,
             dns_trusted_servers: Vec::new(),
             dns_queue_num: DEFAULT_DNS_QUEUE_NUM,
+            failsafe_inbound: host::default_inbound(),
+            failsafe_outbound: host::default_outbound(),
         }
     }
 }
@@ -228,6 +236,10 @@ pub enum RenderError {
         endpoint: Box<EndpointId>,
         iface: String,
     },
+    #[error(
+        "host endpoint {endpoint}: invalid interfaceName {iface:?}: must be \"*\" or 1-15 characters of [A-Za-z0-9._-]"
+    )]
+    InvalidHostInterface { endpoint: String, iface: String },
     #[error("endpoint {endpoint}: interfaceName {iface:?} is already used by endpoint {other}")]
     DuplicateInterface {
         endpoint: Box<EndpointId>,
