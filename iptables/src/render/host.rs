@@ -20,6 +20,11 @@
 //! specific endpoint (and, as in Felix, its forward chains to forwarded traffic, which they allow
 //! unless an `applyOnForward` policy selects it).
 //!
+//! Workload traffic to the host never reaches host endpoint policy: `cali-INPUT` sends `cali+`
+//! traffic to `cali-wl-to-host` (a goto, before the host endpoint dispatch), whose
+//! `DefaultEndpointToHostAction` decides after the workload's egress policy, as in Felix; and
+//! `cali-OUTPUT` returns for traffic to workloads before its host endpoint dispatch.
+//!
 //! Invariant (never lock out): every `cali-fh-`/`cali-th-` chain jumps to the failsafe chain
 //! before its first policy jump, and the failsafe chains are written in the same change (one
 //! restore) as the first host endpoint chain that jumps to them.
