@@ -6,8 +6,8 @@
 //!
 //! Ordering guarantee of a flushed batch (see `graph`): `IpSetCreated` / `DomainSetCreated` /
 //! member deltas, then
-//! `PolicyUpdated`, then `ProfileUpdated`, then `EndpointUpdated`; then removals in reverse:
-//! `EndpointRemoved`, `ProfileRemoved`, `PolicyRemoved`, `IpSetRemoved`; then `IpPoolUpdated` /
+//! `PolicyUpdated`, then `ProfileUpdated`, then `EndpointUpdated` / `HostEndpointUpdated`; then
+//! removals in reverse: `EndpointRemoved` / `HostEndpointRemoved`, `ProfileRemoved`, `PolicyRemoved`, `IpSetRemoved`; then `IpPoolUpdated` /
 //! `IpPoolRemoved` (as Felix sends IP-pool updates after the policy state); `InSync` last (once).
 //! Nothing references an IP set, policy or profile that an earlier output has not created; pools
 //! reference nothing (the dataplane derives its all-pools / masquerade-pools sets from them).
@@ -235,6 +235,55 @@ pub struct LocalEndpoint {
     pub allow_spoofed_source_prefixes: Vec<IpNet>,
 }
 
+/// The interface name of a host endpoint that applies to all of the host's interfaces
+/// (`interfaceName: "*"`).
+pub const ALL_INTERFACES: &str = "*";
+
+/// A host endpoint of this node (Felix's `proto.HostEndpoint`): a named host interface, or
+/// [`ALL_INTERFACES`], with its policies split as Felix splits them. Keyed by the HostEndpoint
+/// resource's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalHostEndpoint {
+    /// The HostEndpoint resource's name.
+    pub name: String,
+    /// The host interface (`eth0`), or [`ALL_INTERFACES`].
+    pub interface_name: String,
+    /// `expectedIPs` of the family (informational: the filter table matches on the interface).
+    pub ipv4_addrs: Vec<IpAddr>,
+    pub ipv6_addrs: Vec<IpAddr>,
+    /// Normal (tracked, post-DNAT) policies: host traffic in (`cali-fh-`) and out (`cali-th-`).
+    pub tiers: Vec<TierInfo>,
+    /// The normal policies with `applyOnForward`: forwarded traffic through the interface
+    /// (`cali-fhfw-`/`cali-thfw-`).
+    pub forward_tiers: Vec<TierInfo>,
+    /// `doNotTrack` policies (raw table; not rendered yet).
+    pub untracked_tiers: Vec<TierInfo>,
+    /// `preDNAT` policies, ingress only (mangle table; not rendered yet).
+    pub pre_dnat_tiers: Vec<TierInfo>,
+    /// Profile ids in the endpoint's order (a missing one is a deny-all `ActiveProfile`).
+    pub profile_ids: Vec<String>,
+}
+
+impl LocalHostEndpoint {
+    /// Whether this endpoint applies to all interfaces (`interfaceName: "*"`).
+    pub fn is_all_interfaces(&self) -> bool {
+        self.interface_name == ALL_INTERFACES
+    }
+
+    /// Every policy any of its tier lists names.
+    pub fn policy_ids(&self) -> impl Iterator<Item = &PolicyId> {
+        [
+            &self.tiers,
+            &self.forward_tiers,
+            &self.untracked_tiers,
+            &self.pre_dnat_tiers,
+        ]
+        .into_iter()
+        .flatten()
+        .flat_map(|t| t.ingress_policies.iter().chain(&t.egress_policies))
+    }
+}
+
 /// An IP pool as the dataplane needs it (Felix's `proto.IPAMPool`): the nat table masquerades
 /// traffic from a `masquerade` pool to destinations outside every pool. Disabled pools are
 /// included (disabling only stops new allocations); `load_balancer_only` pools hold no pod
@@ -279,7 +328,12 @@ pub enum Output {
     PolicyUpdated(ActivePolicy),
     ProfileUpdated(ActiveProfile),
     EndpointUpdated(LocalEndpoint),
+    /// A host endpoint of this node was created or changed (same group as `EndpointUpdated`,
+    /// after the workload endpoints).
+    HostEndpointUpdated(LocalHostEndpoint),
     EndpointRemoved(EndpointId),
+    /// A host endpoint (by name) went away (same group as `EndpointRemoved`, after them).
+    HostEndpointRemoved(String),
     ProfileRemoved(String),
     PolicyRemoved(PolicyId),
     IpSetRemoved(IpSetId),

@@ -63,6 +63,21 @@ enum Op {
         sec: bool,
         rules: Vec<(bool, Option<u8>, u8, u8)>,
         egress: bool,
+        /// A global policy's host-endpoint flags: 1 applyOnForward, 2 doNotTrack, 3 preDNAT
+        /// (ingress policies only; else applyOnForward).
+        flags: u8,
+    },
+    /// A host endpoint: of this node or another, on `eth0`, `eth1`, all interfaces (`*`) or
+    /// none (addresses only); its labels and expected addresses change with `app`.
+    Hep {
+        idx: u8,
+        local: bool,
+        app: u8,
+        iface: u8,
+        profile: bool,
+    },
+    DelHep {
+        idx: u8,
     },
     DelPolicy {
         idx: u8,
@@ -110,8 +125,11 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0u8..2, 0u8..2).prop_map(|(ns, team)| Op::Ns { ns, team }),
         1 => (0u8..2).prop_map(|ns| Op::DelNs { ns }),
         4 => (0u8..4, proptest::option::of(0u8..2), 0..SELECTORS.len() as u8, 0u8..3, any::<bool>(),
-              proptest::collection::vec(rule, 0..3), any::<bool>())
-            .prop_map(|(idx, ns, sel, order, sec, rules, egress)| Op::Policy { idx, ns, sel, order, sec, rules, egress }),
+              proptest::collection::vec(rule, 0..3), any::<bool>(), 0u8..4)
+            .prop_map(|(idx, ns, sel, order, sec, rules, egress, flags)| Op::Policy { idx, ns, sel, order, sec, rules, egress, flags }),
+        3 => (0u8..3, any::<bool>(), 0u8..3, 0u8..4, any::<bool>())
+            .prop_map(|(idx, local, app, iface, profile)| Op::Hep { idx, local, app, iface, profile }),
+        1 => (0u8..3).prop_map(|idx| Op::DelHep { idx }),
         2 => (0u8..4, proptest::option::of(0u8..2), any::<bool>()).prop_map(|(idx, ns, sec)| Op::DelPolicy { idx, ns, sec }),
         2 => (0u8..2, proptest::option::of(0u8..2), 0u8..3, 0u8..3)
             .prop_map(|(idx, ns, app, net)| Op::NetSet { idx, ns, app, net }),
@@ -216,6 +234,7 @@ fn to_update(op: &Op) -> Option<Update> {
             sec,
             rules,
             egress,
+            flags,
         } => {
             let rules: Vec<Rule> = rules
                 .iter()
@@ -276,6 +295,12 @@ fn to_update(op: &Op) -> Option<Update> {
                     let mut p =
                         mk_gnp_res(&name, SELECTORS[sel as usize], order, ingress, egress_rules);
                     p.spec.tier = sec.then(|| "sec".to_string());
+                    p.spec.apply_on_forward = flags > 0;
+                    p.spec.do_not_track = flags == 2;
+                    p.spec.pre_dnat = flags == 3 && !egress;
+                    if p.spec.pre_dnat {
+                        p.spec.types = vec![calc_graph::model::PolicyType::Ingress];
+                    }
                     upd(p)
                 }
             }
@@ -312,6 +337,38 @@ fn to_update(op: &Op) -> Option<Update> {
             ),
             None => del(Kind::GlobalNetworkSet, None, &format!("gset{idx}")),
         },
+        Op::Hep {
+            idx,
+            local,
+            app,
+            iface,
+            profile,
+        } => {
+            let mut l = labels(&[("host", "yes")]);
+            if app > 0 {
+                l.insert("app".into(), ["", "a", "b"][app as usize].into());
+            }
+            let h = calc_graph::model::HostEndpoint {
+                metadata: calc_graph::model::Metadata {
+                    labels: l,
+                    ..calc_graph::model::Metadata::named(format!("hep{idx}"))
+                },
+                spec: calc_graph::model::HostEndpointSpec {
+                    node: Some(if local { NODE } else { "node2" }.into()),
+                    interface_name: [Some("eth0"), Some("eth1"), Some("*"), None][iface as usize]
+                        .map(str::to_string),
+                    expected_ips: vec![format!("192.168.0.{}", app + 1).parse().unwrap()],
+                    profiles: if profile {
+                        vec![format!("kns.{}", NAMESPACES[0])]
+                    } else {
+                        vec![]
+                    },
+                    ..Default::default()
+                },
+            };
+            upd(h)
+        }
+        Op::DelHep { idx } => del(Kind::HostEndpoint, None, &format!("hep{idx}")),
         Op::SecTier { present, pass } => {
             if present {
                 upd(Tier {
@@ -394,6 +451,7 @@ fn run_ops(ops: &[Op], linger: (usize, usize), reoptimize: u64) -> Result<(), Te
     prop_assert_eq!(&dp.policies, &want.policies);
     prop_assert_eq!(&dp.profiles, &want.profiles);
     prop_assert_eq!(&dp.endpoints, &want.endpoints);
+    prop_assert_eq!(&dp.hosts, &want.hosts);
     // Every pool in the datastore, disabled or not, reaches the dataplane as it is now.
     let want_pools: BTreeMap<String, calc_graph::proto::IpPool> = state
         .values()
@@ -419,6 +477,7 @@ fn run_ops(ops: &[Op], linger: (usize, usize), reoptimize: u64) -> Result<(), Te
     );
     prop_assert_eq!(s.active_policies, want.policies.len());
     prop_assert_eq!(s.local_endpoints, want.endpoints.len());
+    prop_assert_eq!(s.local_host_endpoints, want.hosts.len());
     Ok(())
 }
 
@@ -462,6 +521,7 @@ fn tearing_down_everything_empties_the_dataplane() {
             sec: false,
             rules: vec![(true, Some(1), 1, 3)],
             egress: false,
+            flags: 0,
         });
     }
     ops.push(Op::InSync);

@@ -256,3 +256,52 @@ spec:
     );
     assert!(text.contains("verdict: DROP"), "{text}");
 }
+
+#[test]
+fn renders_the_node_s_host_endpoints_with_failsafes() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("hep.yaml"),
+        r#"
+apiVersion: projectcalico.org/v3
+kind: HostEndpoint
+metadata: {name: node-1-eth0, labels: {role: host}}
+spec: {node: node-1, interfaceName: eth0, expectedIPs: [10.0.0.1]}
+---
+apiVersion: projectcalico.org/v3
+kind: HostEndpoint
+metadata: {name: node-2-eth0, labels: {role: host}}
+spec: {node: node-2, interfaceName: eth9, expectedIPs: [10.0.0.2]}
+---
+apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: default.host-ssh}
+spec: {tier: default, selector: role == 'host', types: [Ingress],
+       ingress: [{action: Allow, protocol: TCP, destination: {ports: [2222]}}]}
+"#,
+    )
+    .unwrap();
+    let (text, stderr) = render(
+        &["--failsafe-inbound-host-ports", "tcp:22,udp:68"],
+        &[dir.path()],
+    );
+    assert!(stderr.is_empty(), "{stderr}");
+    for want in [
+        "-A cali-INPUT -m comment --comment \"cali:",
+        "-j cali-from-host-endpoint",
+        "-i eth0 -g cali-fh-eth0",
+        "-A cali-fh-eth0 ",
+        "-j cali-failsafe-in",
+        "-A cali-failsafe-in ",
+        "--dports 2222 ",
+    ] {
+        assert!(text.contains(want), "missing {want:?}:\n{text}");
+    }
+    // Only this node's endpoint; the failsafe flag decides the list.
+    assert!(!text.contains("eth9"), "{text}");
+    let failsafes = text
+        .lines()
+        .filter(|l| l.starts_with("-A cali-failsafe-in "))
+        .count();
+    assert_eq!(failsafes, 4, "two entries in each family:\n{text}");
+}

@@ -114,6 +114,21 @@ fn endpoint(e: usize, c: usize) -> LocalEndpoint {
     )
 }
 
+/// Host endpoint `h` on one of a few interfaces (`*` among them; several endpoints may name the
+/// same one), with combination `c`'s tiers and profiles; odd combinations also as forward tiers.
+fn host_endpoint(h: usize, iface: usize, c: usize) -> LocalHostEndpoint {
+    let (tiers, profiles) = combo(c);
+    let refs: Vec<&str> = profiles.iter().map(String::as_str).collect();
+    let forward = if c % 2 == 1 { tiers.clone() } else { vec![] };
+    mk_host_endpoint(
+        &format!("hep{h}"),
+        ["eth0", "eth1", "*"][iface],
+        tiers,
+        forward,
+        &refs,
+    )
+}
+
 fn ep_id(e: usize) -> EndpointId {
     EndpointId {
         namespace: "ns".into(),
@@ -370,9 +385,25 @@ fn verdict(r: &Renderer, e: usize, src: IpAddr, dport: u16) -> (trace::Outcome, 
 
 #[derive(Debug, Clone)]
 enum Op {
-    Upsert { ep: usize, combo: usize },
-    Remove { ep: usize },
-    Policy { p: usize, variant: u16 },
+    Upsert {
+        ep: usize,
+        combo: usize,
+    },
+    Remove {
+        ep: usize,
+    },
+    Host {
+        h: usize,
+        iface: usize,
+        combo: usize,
+    },
+    RemoveHost {
+        h: usize,
+    },
+    Policy {
+        p: usize,
+        variant: u16,
+    },
     Flush,
 }
 
@@ -380,6 +411,8 @@ fn arb_op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0..8usize, 0..COMBOS).prop_map(|(ep, combo)| Op::Upsert { ep, combo }),
         1 => (0..8usize).prop_map(|ep| Op::Remove { ep }),
+        1 => (0..3usize, 0..3usize, 0..COMBOS).prop_map(|(h, iface, combo)| Op::Host { h, iface, combo }),
+        1 => (0..3usize).prop_map(|h| Op::RemoveHost { h }),
         1 => (0..POLICIES, 0..3u16).prop_map(|(p, variant)| Op::Policy { p, variant }),
         2 => Just(Op::Flush),
     ]
@@ -407,7 +440,8 @@ fn replay(model: &mut (Chains, Sets), r: &mut Renderer, v: IpVersion) {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
-    /// Any sequence of endpoint moves, removals and policy changes, flushed at any points:
+    /// Any sequence of endpoint moves, removals, host endpoint changes and policy changes,
+    /// flushed at any points:
     /// shared chains are created before and deleted after their users at every flush; the
     /// incremental state equals a from-scratch render of the final inputs, and so does the sum
     /// of the deltas; and every endpoint gets the same verdicts as with Felix's inlined chains.
@@ -418,6 +452,7 @@ proptest! {
     ) {
         let mut variants = [0u16; POLICIES];
         let mut eps: BTreeMap<usize, usize> = BTreeMap::new();
+        let mut hosts: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
         let mut r = renderer(true);
         let mut models: [(Chains, Sets); 2] = Default::default();
         prop_assert!(r.apply_all(base_outputs(&variants)).is_empty());
@@ -430,6 +465,14 @@ proptest! {
                 Op::Remove { ep } => {
                     eps.remove(&ep);
                     r.apply(Output::EndpointRemoved(ep_id(ep))).unwrap();
+                }
+                Op::Host { h, iface, combo } => {
+                    hosts.insert(h, (iface, combo));
+                    r.apply(Output::HostEndpointUpdated(host_endpoint(h, iface, combo))).unwrap();
+                }
+                Op::RemoveHost { h } => {
+                    hosts.remove(&h);
+                    r.apply(Output::HostEndpointRemoved(format!("hep{h}"))).unwrap();
                 }
                 Op::Policy { p, variant } => {
                     variants[p] = variant;
@@ -447,6 +490,11 @@ proptest! {
         let state: Vec<Output> = base_outputs(&variants)
             .into_iter()
             .chain(eps.iter().map(|(&e, &c)| Output::EndpointUpdated(endpoint(e, c))))
+            .chain(
+                hosts
+                    .iter()
+                    .map(|(&h, &(i, c))| Output::HostEndpointUpdated(host_endpoint(h, i, c))),
+            )
             .collect();
         let mut scratch = renderer(true);
         let mut inlined = renderer(false);

@@ -21,9 +21,17 @@ use super::rules::{
     SA_PREFIX, ScannedRules,
 };
 
-/// A workload endpoint on this node.
+/// Identity of a local endpoint: a workload endpoint, or a host endpoint (by resource name).
+/// Workload endpoints sort first, so their outputs precede the host endpoints' in a batch.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum LocalId {
+    Workload(EndpointId),
+    Host(String),
+}
+
+/// An endpoint on this node: a workload endpoint, or a host endpoint with an `interfaceName`.
 pub(crate) struct LocalEp {
-    pub id: EndpointId,
+    pub id: LocalId,
     pub interface_name: String,
     pub ipv4_nets: Vec<IpNet>,
     pub ipv6_nets: Vec<IpNet>,
@@ -102,7 +110,6 @@ pub(crate) fn build_policy(
     Ok((draft, warnings))
 }
 
-pub(crate) type ItemParts = (Vec<String>, ItemData);
 /// An item's labels, borrowed from its resource.
 pub(crate) type LabelPairs<'a> = Vec<(&'a str, &'a str)>;
 
@@ -151,10 +158,10 @@ pub(crate) fn wep_item(
     let ports = endpoint_ports(&w.spec.ports);
     let parents = std::mem::take(&mut w.spec.profiles);
     let local = (w.spec.node.as_deref() == Some(node)).then(|| LocalEp {
-        id: EndpointId {
+        id: LocalId::Workload(EndpointId {
             namespace: ns,
             name: key.name.clone(),
-        },
+        }),
         interface_name: w.spec.interface_name.clone().unwrap_or_default(),
         ipv4_nets: nets
             .iter()
@@ -177,19 +184,46 @@ pub(crate) fn wep_item(
     (parents, ItemData { nets, ports }, local)
 }
 
-pub(crate) fn hep_item(h: &HostEndpoint) -> ItemParts {
-    let nets = h
+/// Parents, IP set data and (if on this node with an `interfaceName`, named or `*`) local-endpoint
+/// data of a host endpoint. A host endpoint without `interfaceName` (Felix matches it to
+/// interfaces by `expectedIPs`) only contributes its addresses to IP sets.
+pub(crate) fn hep_item(
+    key: &ResourceKey,
+    h: &HostEndpoint,
+    node: &str,
+) -> (Vec<String>, ItemData, Option<LocalEp>) {
+    let nets: Vec<IpNet> = h
         .spec
         .expected_ips
         .iter()
         .map(|ip| IpNet::from(*ip))
         .collect();
+    let local = match (&h.spec.node, &h.spec.interface_name) {
+        (Some(n), Some(iface)) if n == node => Some(LocalEp {
+            id: LocalId::Host(key.name.clone()),
+            interface_name: iface.clone(),
+            ipv4_nets: nets
+                .iter()
+                .filter(|n| matches!(n, IpNet::V4(_)))
+                .copied()
+                .collect(),
+            ipv6_nets: nets
+                .iter()
+                .filter(|n| matches!(n, IpNet::V6(_)))
+                .copied()
+                .collect(),
+            profiles: h.spec.profiles.clone(),
+            allow_spoofed_source_prefixes: Vec::new(),
+        }),
+        _ => None,
+    };
     (
         h.spec.profiles.clone(),
         ItemData {
             nets,
             ports: endpoint_ports(&h.spec.ports),
         },
+        local,
     )
 }
 

@@ -1,6 +1,8 @@
 //! The graph's current desired state, as the sequencer asks for it on flush.
 
-use crate::proto::DomainPattern;
+use crate::proto::{DomainPattern, LocalHostEndpoint};
+
+use super::sequencer::EpState;
 
 use super::*;
 
@@ -51,32 +53,74 @@ impl Desired for CalcGraph {
         })
     }
 
-    fn endpoint(&self, id: &EndpointId) -> Option<LocalEndpoint> {
+    fn endpoint(&self, id: &LocalId) -> Option<EpState> {
         let item = *self.ep_items.get(id)?;
         let ep = self.local_eps.get(&item)?;
-        let mut refs = Vec::new();
-        for sel in self.local.item_matches(item) {
-            for key in self.policies_by_sel.get(sel).into_iter().flatten() {
-                let p = &self.policies[key];
-                if p.untracked || p.pre_dnat {
-                    continue;
-                }
-                refs.push(PolicyRef {
-                    id: &p.id,
-                    order: p.order,
-                    ingress: p.ingress,
-                    egress: p.egress,
-                });
+        let policies = self.local.item_matches(item).iter().flat_map(|sel| {
+            self.policies_by_sel
+                .get(sel)
+                .into_iter()
+                .flatten()
+                .map(|key| &self.policies[key])
+        });
+        fn r(p: &PolicyState) -> PolicyRef<'_> {
+            PolicyRef {
+                id: &p.id,
+                order: p.order,
+                ingress: p.ingress,
+                egress: p.egress,
             }
         }
-        Some(LocalEndpoint {
-            id: ep.id.clone(),
-            interface_name: ep.interface_name.clone(),
-            ipv4_nets: ep.ipv4_nets.clone(),
-            ipv6_nets: ep.ipv6_nets.clone(),
-            tiers: resolver::resolve_tiers(refs, &self.tiers),
-            profile_ids: ep.profiles.clone(),
-            allow_spoofed_source_prefixes: ep.allow_spoofed_source_prefixes.clone(),
-        })
+        match &ep.id {
+            LocalId::Workload(wid) => {
+                let refs = policies
+                    .filter(|p| !p.untracked && !p.pre_dnat)
+                    .map(r)
+                    .collect();
+                Some(EpState::Workload(LocalEndpoint {
+                    id: wid.clone(),
+                    interface_name: ep.interface_name.clone(),
+                    ipv4_nets: ep.ipv4_nets.clone(),
+                    ipv6_nets: ep.ipv6_nets.clone(),
+                    tiers: resolver::resolve_tiers(refs, &self.tiers),
+                    profile_ids: ep.profiles.clone(),
+                    allow_spoofed_source_prefixes: ep.allow_spoofed_source_prefixes.clone(),
+                }))
+            }
+            LocalId::Host(name) => {
+                // Felix's split (`tierInfoToProtoTierInfo`): untracked, pre-DNAT, and normal
+                // policies, the normal ones with applyOnForward also in the forward tiers.
+                // Pre-DNAT policies are ingress only.
+                let (mut normal, mut forward, mut untracked, mut pre_dnat) =
+                    (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                for p in policies {
+                    if p.untracked {
+                        untracked.push(r(p));
+                    } else if p.pre_dnat {
+                        pre_dnat.push(PolicyRef {
+                            egress: false,
+                            ..r(p)
+                        });
+                    } else {
+                        if p.apply_on_forward {
+                            forward.push(r(p));
+                        }
+                        normal.push(r(p));
+                    }
+                }
+                let addrs = |nets: &[ipnet::IpNet]| nets.iter().map(|n| n.addr()).collect();
+                Some(EpState::Host(LocalHostEndpoint {
+                    name: name.clone(),
+                    interface_name: ep.interface_name.clone(),
+                    ipv4_addrs: addrs(&ep.ipv4_nets),
+                    ipv6_addrs: addrs(&ep.ipv6_nets),
+                    tiers: resolver::resolve_tiers(normal, &self.tiers),
+                    forward_tiers: resolver::resolve_tiers(forward, &self.tiers),
+                    untracked_tiers: resolver::resolve_tiers(untracked, &self.tiers),
+                    pre_dnat_tiers: resolver::resolve_tiers(pre_dnat, &self.tiers),
+                    profile_ids: ep.profiles.clone(),
+                }))
+            }
+        }
     }
 }

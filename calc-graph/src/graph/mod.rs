@@ -15,7 +15,8 @@
 //!   `pcns.`/`pcsa.` labels of their own and get `projectcalico.org/namespace`,
 //!   `projectcalico.org/orchestrator` and `projectcalico.org/serviceaccount` from their spec;
 //! * active rules: a policy is active iff its (namespace-scoped) selector matches a local
-//!   endpoint (`spec.node` == this node); a profile is active iff a local endpoint names it; a
+//!   endpoint (`spec.node` == this node; workload or host endpoint); a profile is active iff a
+//!   local endpoint names it; a
 //!   missing profile is active as deny-all (fail closed);
 //! * rule scanning ([`rules`]) of active policies and profiles into IP set ids;
 //! * IP sets ([`ipsets`]): one per selector / named port used by an active rule, with members
@@ -44,9 +45,16 @@
 //!
 //! Scope decisions:
 //! * Workload endpoints without addresses are ignored (Felix's update processor filters them).
-//! * Host endpoints contribute their `expectedIPs` to IP sets matched by their labels, but are
-//!   never local endpoints: this dataplane does not program host interfaces. `doNotTrack` and
-//!   `preDNAT` policies (host-endpoint only) may be active and emitted but never appear in a
+//! * Host endpoints contribute their `expectedIPs` to IP sets matched by their labels. Those of
+//!   this node (`spec.node`) with an `interfaceName` (a name, or `*` for all interfaces) are also
+//!   local endpoints ([`crate::proto::LocalHostEndpoint`], emitted in the endpoint group of a
+//!   batch): the policies selecting them are active, and their tiers are split as Felix splits
+//!   them: normal policies (`tiers`), the normal ones with `applyOnForward` again
+//!   (`forward_tiers`), `doNotTrack` ones (`untracked_tiers`) and `preDNAT` ones, ingress only
+//!   (`pre_dnat_tiers`). The iptables renderer programs the filter table from the first two;
+//!   the untracked and pre-DNAT lists are recorded for the raw/mangle step and not rendered yet.
+//!   A host endpoint without `interfaceName` (Felix resolves it by `expectedIPs` against the
+//!   host's interfaces) is not local. `doNotTrack` and `preDNAT` policies never appear in a
 //!   workload endpoint's tiers.
 //! * Staged policies are ignored; other kinds are ignored.
 //! * A field the agent does not enforce never widens a rule: a rule with a field of
@@ -77,12 +85,11 @@ use std::sync::Arc;
 
 use crate::model::{Kind, Profile, Resource, ResourceKey, Validated};
 use crate::proto::{
-    ActivePolicy, ActiveProfile, EndpointId, IpPool, IpSetKind, IpSetMember, LocalEndpoint, Output,
-    PolicyId,
+    ActivePolicy, ActiveProfile, IpPool, IpSetKind, IpSetMember, LocalEndpoint, Output, PolicyId,
 };
 
 use convert::{
-    LocalEp, build_policy, check, hep_item, net_set_item, str_pairs, wep_item, wep_labels,
+    LocalEp, LocalId, build_policy, check, hep_item, net_set_item, str_pairs, wep_item, wep_labels,
 };
 use index::{MatchEvent, SelId, SelectorIndex};
 use intern::{FxMap, FxSet, Interner};
@@ -128,6 +135,8 @@ pub enum Update {
 pub struct GraphStats {
     /// Workload endpoints on this node.
     pub local_endpoints: usize,
+    /// Host endpoints of this node with an interface (named or `*`).
+    pub local_host_endpoints: usize,
     /// Policies matching at least one local endpoint.
     pub active_policies: usize,
     /// Profiles named by at least one local endpoint (including missing ones).
@@ -173,7 +182,7 @@ pub struct CalcGraph {
     /// Policy selectors against local endpoints.
     local: SelectorIndex,
     local_eps: FxMap<ItemId, LocalEp>,
-    ep_items: FxMap<EndpointId, ItemId>,
+    ep_items: FxMap<LocalId, ItemId>,
     policies: FxMap<ResourceKey, PolicyState>,
     policies_by_sel: FxMap<SelId, Vec<ResourceKey>>,
     policy_keys: FxMap<PolicyId, ResourceKey>,
@@ -344,7 +353,8 @@ impl CalcGraph {
 
     pub fn stats(&self) -> GraphStats {
         GraphStats {
-            local_endpoints: self.local_eps.len(),
+            local_endpoints: self.local_eps.len() - self.local_host_endpoints(),
+            local_host_endpoints: self.local_host_endpoints(),
             active_policies: self.active_policies.len(),
             active_profiles: self.active_profiles.len(),
             ip_sets: self.ipsets.len(),
@@ -356,6 +366,13 @@ impl CalcGraph {
             selector_evaluations: self.local.evaluations + self.global.evaluations,
             index_reoptimizations: self.reoptimizations,
         }
+    }
+
+    fn local_host_endpoints(&self) -> usize {
+        self.local_eps
+            .values()
+            .filter(|e| matches!(e.id, LocalId::Host(_)))
+            .count()
     }
 
     fn apply_resource(&mut self, key: &ResourceKey, value: Option<Resource>) {
@@ -377,8 +394,8 @@ impl CalcGraph {
             }
             Kind::HostEndpoint => match value {
                 Some(Resource::HostEndpoint(h)) => {
-                    let (parents, data) = hep_item(&h);
-                    self.upsert_item(key, &str_pairs(&h.metadata.labels), parents, data, None);
+                    let (parents, data, local) = hep_item(key, &h, &self.node);
+                    self.upsert_item(key, &str_pairs(&h.metadata.labels), parents, data, local);
                 }
                 _ => self.remove_item(key),
             },
@@ -419,7 +436,7 @@ impl CalcGraph {
                     _ => None,
                 };
                 self.tiers.set(&key.name, spec);
-                let ids: Vec<EndpointId> = self.local_eps.values().map(|e| e.id.clone()).collect();
+                let ids: Vec<LocalId> = self.local_eps.values().map(|e| e.id.clone()).collect();
                 for id in ids {
                     self.seq.endpoint_dirty(&id);
                 }

@@ -9,7 +9,8 @@
 //! pending remove of the same member and vice versa.
 //!
 //! Order of a flushed batch (see `proto`): `IpSetCreated` and `DomainSetCreated`, member deltas, `PolicyUpdated`,
-//! `ProfileUpdated`, `EndpointUpdated`, then `EndpointRemoved`, `ProfileRemoved`, `PolicyRemoved`,
+//! `ProfileUpdated`, `EndpointUpdated` / `HostEndpointUpdated` (workloads first), then
+//! `EndpointRemoved` / `HostEndpointRemoved`, `ProfileRemoved`, `PolicyRemoved`,
 //! `IpSetRemoved`, then `IpPoolUpdated`, `IpPoolRemoved`, and `InSync` once. Within a group, outputs are sorted by id. Because the graph's
 //! desired state is closed (every active policy's sets are active, every local endpoint's policies
 //! and profiles are active), creations-before-updates-before-removals means no output references
@@ -23,10 +24,18 @@ use std::sync::Arc;
 
 use super::intern::{FxMap, FxSet};
 
+use super::convert::LocalId;
 use crate::proto::{
-    ActivePolicy, ActiveProfile, DomainPattern, EndpointId, IpPool, IpSetId, IpSetKind,
-    IpSetMember, LocalEndpoint, Output, PolicyId,
+    ActivePolicy, ActiveProfile, DomainPattern, IpPool, IpSetId, IpSetKind, IpSetMember,
+    LocalEndpoint, LocalHostEndpoint, Output, PolicyId,
 };
+
+/// The desired (or emitted) state of a local endpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum EpState {
+    Workload(LocalEndpoint),
+    Host(LocalHostEndpoint),
+}
 
 /// The graph's current desired state, queried on flush.
 pub(crate) trait Desired {
@@ -37,7 +46,7 @@ pub(crate) trait Desired {
     fn domain_patterns(&self, id: &str) -> Option<Arc<[DomainPattern]>>;
     fn policy(&self, id: &PolicyId) -> Option<ActivePolicy>;
     fn profile(&self, id: &str) -> Option<ActiveProfile>;
-    fn endpoint(&self, id: &EndpointId) -> Option<LocalEndpoint>;
+    fn endpoint(&self, id: &LocalId) -> Option<EpState>;
     fn ip_pool(&self, name: &str) -> Option<IpPool>;
 }
 
@@ -74,8 +83,8 @@ pub(crate) struct Sequencer {
     dirty_policies: FxSet<PolicyId>,
     emitted_profiles: FxMap<String, ActiveProfile>,
     dirty_profiles: FxSet<String>,
-    emitted_endpoints: FxMap<EndpointId, LocalEndpoint>,
-    dirty_endpoints: FxSet<EndpointId>,
+    emitted_endpoints: FxMap<LocalId, EpState>,
+    dirty_endpoints: FxSet<LocalId>,
     emitted_pools: FxMap<String, IpPool>,
     dirty_pools: FxSet<String>,
 }
@@ -158,7 +167,7 @@ impl Sequencer {
         }
     }
 
-    pub(crate) fn endpoint_dirty(&mut self, id: &EndpointId) {
+    pub(crate) fn endpoint_dirty(&mut self, id: &LocalId) {
         if !self.dirty_endpoints.contains(id) {
             self.dirty_endpoints.insert(id.clone());
         }
@@ -252,8 +261,14 @@ impl Sequencer {
             &mut self.dirty_endpoints,
             &mut self.emitted_endpoints,
             |id| d.endpoint(id),
-            Output::EndpointUpdated,
-            Output::EndpointRemoved,
+            |ep| match ep {
+                EpState::Workload(e) => Output::EndpointUpdated(e),
+                EpState::Host(h) => Output::HostEndpointUpdated(h),
+            },
+            |id| match id {
+                LocalId::Workload(e) => Output::EndpointRemoved(e),
+                LocalId::Host(h) => Output::HostEndpointRemoved(h),
+            },
         );
         let (pool_updates, pool_removals) = diff(
             &mut self.dirty_pools,

@@ -282,6 +282,8 @@ pub struct Dataplane {
     pub policies: BTreeMap<PolicyId, ActivePolicy>,
     pub profiles: BTreeMap<String, ActiveProfile>,
     pub endpoints: BTreeMap<EndpointId, LocalEndpoint>,
+    /// Host endpoints of the node, by name.
+    pub hosts: BTreeMap<String, calc_graph::proto::LocalHostEndpoint>,
     pub pools: BTreeMap<String, calc_graph::proto::IpPool>,
     pub in_sync: bool,
 }
@@ -305,8 +307,8 @@ fn rank(o: &Output) -> u8 {
         Output::IpSetMembersAdded { .. } | Output::IpSetMembersRemoved { .. } => 1,
         Output::PolicyUpdated(_) => 2,
         Output::ProfileUpdated(_) => 3,
-        Output::EndpointUpdated(_) => 4,
-        Output::EndpointRemoved(_) => 5,
+        Output::EndpointUpdated(_) | Output::HostEndpointUpdated(_) => 4,
+        Output::EndpointRemoved(_) | Output::HostEndpointRemoved(_) => 5,
         Output::ProfileRemoved(_) => 6,
         Output::PolicyRemoved(_) => 7,
         Output::IpSetRemoved(_) => 8,
@@ -329,6 +331,8 @@ fn object(o: &Output) -> String {
         Output::ProfileRemoved(id) => format!("profile {id}"),
         Output::EndpointUpdated(e) => format!("endpoint {}", e.id),
         Output::EndpointRemoved(id) => format!("endpoint {id}"),
+        Output::HostEndpointUpdated(h) => format!("host endpoint {}", h.name),
+        Output::HostEndpointRemoved(name) => format!("host endpoint {name}"),
         Output::IpPoolUpdated(p) => format!("pool {}", p.name),
         Output::IpPoolRemoved(name) => format!("pool {name}"),
         Output::InSync => "in-sync".into(),
@@ -475,6 +479,15 @@ impl Dataplane {
                     return Err(format!("removed unknown endpoint {id}"));
                 }
             }
+            Output::HostEndpointUpdated(h) => {
+                self.check_host(h)?;
+                self.hosts.insert(h.name.clone(), h.clone());
+            }
+            Output::HostEndpointRemoved(name) => {
+                if self.hosts.remove(name).is_none() {
+                    return Err(format!("removed unknown host endpoint {name}"));
+                }
+            }
             Output::IpPoolUpdated(p) => {
                 self.pools.insert(p.name.clone(), p.clone());
             }
@@ -493,8 +506,29 @@ impl Dataplane {
         Ok(())
     }
 
+    /// A host endpoint's policies and profiles exist.
+    fn check_host(&self, h: &calc_graph::proto::LocalHostEndpoint) -> Result<(), String> {
+        for p in h.policy_ids() {
+            if !self.policies.contains_key(p) {
+                return Err(format!("host endpoint {} references missing {p}", h.name));
+            }
+        }
+        for p in &h.profile_ids {
+            if !self.profiles.contains_key(p) {
+                return Err(format!(
+                    "host endpoint {} references missing profile {p}",
+                    h.name
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Whole-state integrity: every reference resolves.
     pub fn check_integrity(&self) -> Result<(), String> {
+        for h in self.hosts.values() {
+            self.check_host(h)?;
+        }
         for e in self.endpoints.values() {
             for t in &e.tiers {
                 for p in t.ingress_policies.iter().chain(&t.egress_policies) {

@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use calc_graph::graph::named_port_set_id;
 use calc_graph::model::{Action, Kind, PolicyType, Port, Protocol, Resource, ResourceKey, Rule};
 use calc_graph::proto::{
-    ActivePolicy, ActiveProfile, EndpointId, IpSetKind, IpSetMember, LocalEndpoint, ParsedRule,
-    PolicyId, PolicyKind, PortRange, TierInfo,
+    ActivePolicy, ActiveProfile, EndpointId, IpSetKind, IpSetMember, LocalEndpoint,
+    LocalHostEndpoint, ParsedRule, PolicyId, PolicyKind, PortRange, TierInfo,
 };
 use calc_graph::selector::{Selector, parse};
 use ipnet::IpNet;
@@ -96,6 +96,22 @@ pub fn items(res: &BTreeMap<ResourceKey, Resource>) -> Vec<NaiveItem> {
                     ports: Vec::new(),
                 });
             }
+            Resource::HostEndpoint(h) => out.push(NaiveItem {
+                labels: inherit(h.metadata.labels.clone(), &h.spec.profiles, res),
+                nets: h
+                    .spec
+                    .expected_ips
+                    .iter()
+                    .map(|ip| IpNet::from(*ip))
+                    .collect(),
+                ports: h
+                    .spec
+                    .ports
+                    .iter()
+                    .filter(|p| !p.name.is_empty())
+                    .map(|p| (p.name.clone(), p.protocol, p.port))
+                    .collect(),
+            }),
             Resource::GlobalNetworkSet(s) => out.push(NaiveItem {
                 labels: s.metadata.labels.clone(),
                 nets: s.spec.nets.iter().flat_map(|n| split(*n)).collect(),
@@ -113,6 +129,8 @@ struct NaivePolicy {
     order: Option<f64>,
     types: Vec<PolicyType>,
     apply_on_forward: bool,
+    untracked: bool,
+    pre_dnat: bool,
     ns: Option<String>,
     ingress: Vec<Rule>,
     egress: Vec<Rule>,
@@ -137,6 +155,8 @@ fn policies(res: &BTreeMap<ResourceKey, Resource>) -> Vec<NaivePolicy> {
                     order: p.spec.order,
                     types: p.spec.effective_types(),
                     apply_on_forward: true,
+                    untracked: false,
+                    pre_dnat: false,
                     ns: Some(ns),
                     ingress: p.spec.ingress.clone(),
                     egress: p.spec.egress.clone(),
@@ -153,6 +173,8 @@ fn policies(res: &BTreeMap<ResourceKey, Resource>) -> Vec<NaivePolicy> {
                 order: p.spec.order,
                 types: p.spec.effective_types(),
                 apply_on_forward: p.spec.apply_on_forward,
+                untracked: p.spec.do_not_track,
+                pre_dnat: p.spec.pre_dnat,
                 ns: None,
                 ingress: p.spec.ingress.clone(),
                 egress: p.spec.egress.clone(),
@@ -281,7 +303,25 @@ pub fn expected(res: &BTreeMap<ResourceKey, Resource>, node: &str) -> Dataplane 
 
     // Local endpoints and the policies matching each.
     let mut locals = Vec::new();
+    let mut host_locals = Vec::new();
     for (key, r) in res {
+        let is_local_hep = matches!(r, Resource::HostEndpoint(h)
+            if h.spec.node.as_deref() == Some(node) && h.spec.interface_name.is_some());
+        if is_local_hep {
+            let item = items(
+                &std::iter::once((key.clone(), r.clone()))
+                    .chain(
+                        res.iter()
+                            .filter(|(k, _)| k.kind == Kind::Profile)
+                            .map(|(k, v)| (k.clone(), v.clone())),
+                    )
+                    .collect(),
+            );
+            let Resource::HostEndpoint(h) = r else {
+                unreachable!()
+            };
+            host_locals.push((key.clone(), h.clone(), item.into_iter().next().unwrap()));
+        }
         if let Resource::WorkloadEndpoint(w) = r
             && !w.spec.ip_networks.is_empty()
             && w.spec.node.as_deref() == Some(node)
@@ -302,7 +342,9 @@ pub fn expected(res: &BTreeMap<ResourceKey, Resource>, node: &str) -> Dataplane 
     for (i, p) in pols.iter().enumerate() {
         if locals
             .iter()
-            .any(|(_, _, it)| p.selector.matches(&it.labels))
+            .map(|(_, _, it)| it)
+            .chain(host_locals.iter().map(|(_, _, it)| it))
+            .any(|it| p.selector.matches(&it.labels))
         {
             active.insert(i);
             let ns = p.ns.as_deref();
@@ -319,15 +361,20 @@ pub fn expected(res: &BTreeMap<ResourceKey, Resource>, node: &str) -> Dataplane 
                     .iter()
                     .filter_map(|r| parse_rule(r, ns, true, &mut defs, &mut domains))
                     .collect(),
-                untracked: false,
-                pre_dnat: false,
+                untracked: p.untracked,
+                pre_dnat: p.pre_dnat,
                 apply_on_forward: p.apply_on_forward,
             };
             dp.policies.insert(p.id.clone(), pol);
         }
     }
-    for (key, w, it) in &locals {
-        for prof in &w.spec.profiles {
+    let all_profiles: Vec<&String> = locals
+        .iter()
+        .flat_map(|(_, w, _)| &w.spec.profiles)
+        .chain(host_locals.iter().flat_map(|(_, h, _)| &h.spec.profiles))
+        .collect();
+    for prof in all_profiles {
+        {
             let rules = match res.get(&ResourceKey::global(Kind::Profile, prof.clone())) {
                 Some(Resource::Profile(p)) => (
                     p.spec
@@ -358,47 +405,15 @@ pub fn expected(res: &BTreeMap<ResourceKey, Resource>, node: &str) -> Dataplane 
                 },
             );
         }
-        let mut matching: Vec<&NaivePolicy> = pols
-            .iter()
-            .filter(|p| p.selector.matches(&it.labels))
-            .collect();
-        matching.sort_by(|a, b| {
-            order_key(a.order)
-                .partial_cmp(&order_key(b.order))
-                .unwrap()
-                .then_with(|| a.id.name.cmp(&b.id.name))
-                .then_with(|| a.id.namespace.cmp(&b.id.namespace))
-                .then_with(|| a.id.kind.cmp(&b.id.kind))
-        });
-        let mut tiers: Vec<TierInfo> = Vec::new();
-        for p in matching {
-            let ing = p.types.contains(&PolicyType::Ingress);
-            let eg = p.types.contains(&PolicyType::Egress);
-            let t = match tiers.iter_mut().position(|t| t.name == p.id.tier) {
-                Some(i) => &mut tiers[i],
-                None => {
-                    tiers.push(TierInfo {
-                        name: p.id.tier.clone(),
-                        default_action: tier_of(res, &p.id.tier).1,
-                        ingress_policies: Vec::new(),
-                        egress_policies: Vec::new(),
-                    });
-                    tiers.last_mut().unwrap()
-                }
-            };
-            if ing {
-                t.ingress_policies.push(p.id.clone());
-            }
-            if eg {
-                t.egress_policies.push(p.id.clone());
-            }
-        }
-        tiers.sort_by(|a, b| {
-            order_key(tier_of(res, &a.name).0)
-                .partial_cmp(&order_key(tier_of(res, &b.name).0))
-                .unwrap()
-                .then_with(|| a.name.cmp(&b.name))
-        });
+    }
+    for (key, w, it) in &locals {
+        let tiers = naive_tiers(
+            res,
+            &pols,
+            &it.labels,
+            |p| !p.untracked && !p.pre_dnat,
+            false,
+        );
         let nets: Vec<IpNet> = w.spec.ip_networks.iter().map(|n| n.trunc()).collect();
         let id = EndpointId {
             namespace: key.namespace.clone().unwrap(),
@@ -427,6 +442,38 @@ pub fn expected(res: &BTreeMap<ResourceKey, Resource>, node: &str) -> Dataplane 
                     .iter()
                     .map(|n| n.trunc())
                     .collect(),
+            },
+        );
+    }
+
+    for (key, h, it) in &host_locals {
+        let l = &it.labels;
+        let addrs = |v6: bool| {
+            h.spec
+                .expected_ips
+                .iter()
+                .filter(|a| a.is_ipv6() == v6)
+                .copied()
+                .collect()
+        };
+        dp.hosts.insert(
+            key.name.clone(),
+            LocalHostEndpoint {
+                name: key.name.clone(),
+                interface_name: h.spec.interface_name.clone().unwrap(),
+                ipv4_addrs: addrs(false),
+                ipv6_addrs: addrs(true),
+                tiers: naive_tiers(res, &pols, l, |p| !p.untracked && !p.pre_dnat, false),
+                forward_tiers: naive_tiers(
+                    res,
+                    &pols,
+                    l,
+                    |p| !p.untracked && !p.pre_dnat && p.apply_on_forward,
+                    false,
+                ),
+                untracked_tiers: naive_tiers(res, &pols, l, |p| p.untracked, false),
+                pre_dnat_tiers: naive_tiers(res, &pols, l, |p| p.pre_dnat, true),
+                profile_ids: h.spec.profiles.clone(),
             },
         );
     }
@@ -483,4 +530,60 @@ pub fn brute_force_members(sel: &Selector, items: &[NaiveItem]) -> BTreeSet<IpNe
         .filter(|it| sel.matches(&it.labels))
         .flat_map(|it| it.nets.iter().copied())
         .collect()
+}
+
+/// The ordered tiers of the policies `keep` selects among those matching `labels`
+/// (`ingress_only`: pre-DNAT lists, which hold ingress only).
+fn naive_tiers(
+    res: &BTreeMap<ResourceKey, Resource>,
+    pols: &[NaivePolicy],
+    labels: &BTreeMap<String, String>,
+    keep: impl Fn(&NaivePolicy) -> bool,
+    ingress_only: bool,
+) -> Vec<TierInfo> {
+    let mut matching: Vec<&NaivePolicy> = pols
+        .iter()
+        .filter(|p| keep(p) && p.selector.matches(labels))
+        .collect();
+    matching.sort_by(|a, b| {
+        order_key(a.order)
+            .partial_cmp(&order_key(b.order))
+            .unwrap()
+            .then_with(|| a.id.name.cmp(&b.id.name))
+            .then_with(|| a.id.namespace.cmp(&b.id.namespace))
+            .then_with(|| a.id.kind.cmp(&b.id.kind))
+    });
+    let mut tiers: Vec<TierInfo> = Vec::new();
+    for p in matching {
+        let ing = p.types.contains(&PolicyType::Ingress);
+        let eg = p.types.contains(&PolicyType::Egress) && !ingress_only;
+        if !ing && !eg {
+            continue;
+        }
+        let t = match tiers.iter_mut().position(|t| t.name == p.id.tier) {
+            Some(i) => &mut tiers[i],
+            None => {
+                tiers.push(TierInfo {
+                    name: p.id.tier.clone(),
+                    default_action: tier_of(res, &p.id.tier).1,
+                    ingress_policies: Vec::new(),
+                    egress_policies: Vec::new(),
+                });
+                tiers.last_mut().unwrap()
+            }
+        };
+        if ing {
+            t.ingress_policies.push(p.id.clone());
+        }
+        if eg {
+            t.egress_policies.push(p.id.clone());
+        }
+    }
+    tiers.sort_by(|a, b| {
+        order_key(tier_of(res, &a.name).0)
+            .partial_cmp(&order_key(tier_of(res, &b.name).0))
+            .unwrap()
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    tiers
 }

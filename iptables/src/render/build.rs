@@ -50,6 +50,8 @@ pub enum SetFlags {
 pub enum CtStates {
     RelatedEstablished,
     Invalid,
+    /// `DNAT` (`cali-OUTPUT`'s `! --ctstate DNAT` before the host endpoint dispatch).
+    Dnat,
 }
 
 /// One match fragment.
@@ -402,13 +404,14 @@ impl Rule {
                 }
             }
             Match::Conntrack { states, negated } => {
-                use model::CtState::{Established, Invalid, Related};
+                use model::CtState::{Dnat, Established, Invalid, Related};
                 let (text, states) = match states {
                     CtStates::RelatedEstablished => (
                         "RELATED,ESTABLISHED",
                         model::CtStates::of(&[Related, Established]),
                     ),
                     CtStates::Invalid => ("INVALID", model::CtStates::of(&[Invalid])),
+                    CtStates::Dnat => ("DNAT", model::CtStates::of(&[Dnat])),
                 };
                 let _ = write!(f, "-m conntrack {}--ctstate {text}", not(*negated));
                 model::Match::Conntrack {

@@ -144,6 +144,42 @@ fn bin_rule(
     )
 }
 
+/// Felix's one-level prefix tree (`buildSingleDispatchChainTree`) rooted at `root` over `names`
+/// (sorted, unique): the names are binned by the character after their common prefix; a bin of
+/// one name is a rule in the root, a bin of several a `<key>+` goto to the child `<root>-<char>`,
+/// which holds one rule per name and a copy of `end`; the root ends with `end` too. `matches`
+/// builds the interface match of a name (or `<key>+` wildcard), `target` the action for a name.
+/// The host endpoint dispatch chains use it (few names: no further splitting).
+pub fn felix_tree(
+    root: &str,
+    names: &[&str],
+    matches: impl Fn(String) -> Match,
+    target: impl Fn(&str) -> Target,
+    end: &[Rule],
+) -> Vec<(String, Vec<Rule>)> {
+    let base = common_prefix(names).len();
+    let rule = |name: &str| Rule::new(vec![matches(name.to_string())], target(name));
+    let mut chains = Vec::new();
+    let mut root_rules = Vec::new();
+    for (key, members) in bins(names, base) {
+        if let [only] = members.as_slice() {
+            root_rules.push(rule(only));
+            continue;
+        }
+        let child = format!("{root}-{}", &key[base..]);
+        let mut rules: Vec<Rule> = members.iter().map(|m| rule(m)).collect();
+        rules.extend_from_slice(end);
+        root_rules.push(Rule::new(
+            vec![matches(format!("{key}+"))],
+            Target::Goto(child.clone()),
+        ));
+        chains.push((child, rules));
+    }
+    root_rules.extend_from_slice(end);
+    chains.insert(0, (root.to_string(), root_rules));
+    chains
+}
+
 /// One direction's dispatch tree kept between renders. The root's bins (the names sharing the
 /// character after the tree's common prefix) are re-rendered only when their names change, so
 /// adding or removing a pod re-renders the root (one rule per bin) and that pod's bin, not the

@@ -16,7 +16,7 @@
 //! ACCEPT, RETURN (accept bit set) or DROP, exactly as the inlined chain's, so the verdicts and
 //! the order of evaluation are those of Felix's layout.
 
-use calc_graph::proto::{Action, LocalEndpoint, Protocol};
+use calc_graph::proto::{Action, LocalEndpoint, Protocol, TierInfo};
 
 use super::build::{CtStates, Match, Rule, Side, Target};
 use super::marks::MarkBits;
@@ -67,10 +67,10 @@ pub fn goto_shared_chain(ep: &LocalEndpoint, ingress: bool, shared: &str) -> (St
     )
 }
 
-/// What every endpoint chain starts with: conntrack, clearing the verdict bits, and (egress)
-/// the encap drops. Nothing in it depends on the endpoint.
-fn preamble(ingress: bool, marks: &MarkBits, allow_encap: bool) -> Vec<Rule> {
-    let mut rules = vec![
+/// Felix's `appendConntrackRules` (filter allow action ACCEPT): established traffic is accepted,
+/// invalid traffic dropped. Every workload and host endpoint chain starts with them.
+pub fn conntrack_rules() -> Vec<Rule> {
+    vec![
         Rule::new(
             vec![Match::Conntrack {
                 states: CtStates::RelatedEstablished,
@@ -85,8 +85,17 @@ fn preamble(ingress: bool, marks: &MarkBits, allow_encap: bool) -> Vec<Rule> {
             }],
             Target::Drop,
         ),
-        Rule::new(vec![], Target::ClearMark(marks.accept | marks.pass)),
-    ];
+    ]
+}
+
+/// What every endpoint chain starts with: conntrack, clearing the verdict bits, and (egress)
+/// the encap drops. Nothing in it depends on the endpoint.
+fn preamble(ingress: bool, marks: &MarkBits, allow_encap: bool) -> Vec<Rule> {
+    let mut rules = conntrack_rules();
+    rules.push(Rule::new(
+        vec![],
+        Target::ClearMark(marks.accept | marks.pass),
+    ));
     if !ingress && !allow_encap {
         let vxlan = vec![
             Match::Protocol {
@@ -134,6 +143,25 @@ fn policy_rules(
     annotate: bool,
     deny_log: Option<DenyLog>,
 ) -> Vec<Rule> {
+    let mut rules = tier_rules(&ep.tiers, ingress, marks, annotate, deny_log);
+    rules.extend(profile_rules(
+        &ep.profile_ids,
+        ingress,
+        marks,
+        annotate,
+        deny_log,
+    ));
+    rules
+}
+
+/// The tiers part of [`policy_rules`] (also a host endpoint's, whose egress is `!ingress`).
+pub fn tier_rules(
+    tiers: &[TierInfo],
+    ingress: bool,
+    marks: &MarkBits,
+    annotate: bool,
+    deny_log: Option<DenyLog>,
+) -> Vec<Rule> {
     let dir = if ingress { 'I' } else { 'E' };
     let mut rules = Vec::new();
     let pass_clear = Match::Mark {
@@ -146,17 +174,12 @@ fn policy_rules(
         mask: marks.accept,
         negated: false,
     };
-    let not_accepted = Match::Mark {
-        value: 0,
-        mask: marks.accept,
-        negated: false,
-    };
     let neither = Match::Mark {
         value: 0,
         mask: marks.accept | marks.pass,
         negated: false,
     };
-    for tier in &ep.tiers {
+    for tier in tiers {
         let policies = if ingress {
             &tier.ingress_policies
         } else {
@@ -207,7 +230,29 @@ fn policy_rules(
             rules.push(Rule::new(vec![pass_clear.clone()], Target::Drop).with_comment(&comment));
         }
     }
-    let profiles = &ep.profile_ids;
+    rules
+}
+
+/// The profiles part of [`policy_rules`], ending in "Drop if no profiles matched".
+pub fn profile_rules(
+    profiles: &[String],
+    ingress: bool,
+    marks: &MarkBits,
+    annotate: bool,
+    deny_log: Option<DenyLog>,
+) -> Vec<Rule> {
+    let dir = if ingress { 'I' } else { 'E' };
+    let mut rules = Vec::new();
+    let accepted = Match::Mark {
+        value: marks.accept,
+        mask: marks.accept,
+        negated: false,
+    };
+    let not_accepted = Match::Mark {
+        value: 0,
+        mask: marks.accept,
+        negated: false,
+    };
     for (i, profile) in profiles.iter().enumerate() {
         // Shared: as for policies, a later profile is skipped once one accepted.
         let guard = if annotate && i > 0 {

@@ -5,7 +5,8 @@
 //! rules, IP sets), and on request only what changed since the last call ([`Delta`]).
 //!
 //! # Layout (as Felix, felix-reference §2)
-//! * hooks: `INPUT`/`FORWARD`/`OUTPUT` -> `cali-INPUT`/`cali-FORWARD`/`cali-OUTPUT` at the top;
+//! * hooks: `INPUT`/`FORWARD`/`OUTPUT` -> `cali-INPUT`/`cali-FORWARD`/`cali-OUTPUT` at the top
+//!   (with host endpoints, these also dispatch to the host endpoint chains, [`host`]);
 //!   `FORWARD` ends with "Policy explicitly accepted packet." ACCEPT + set-accept-mark (appended);
 //!   nat `PREROUTING`/`OUTPUT` (top) and `POSTROUTING` (appended) -> `cali-PREROUTING`/...
 //! * `cali-FORWARD` -> `cali-from-wl-dispatch` / `cali-to-wl-dispatch` (prefix tree, felix-reference §2.3, split
@@ -36,14 +37,24 @@
 //!
 //! # Tests
 //! `iptables/tests/render_golden.rs` (ids from a live Felix dump, felix-reference §2.4/§4.4 examples),
-//! `render_felix_policy.rs` (Felix's `policy_test.go` tables), `render_eval.rs` (packet evaluator
+//! `render_felix_policy.rs` (Felix's `policy_test.go` tables), `render_host.rs` (host endpoints,
+//! failsafes; Felix's ids for the static host endpoint rules), `host_endpoint_kernel.rs` (host
+//! policy and failsafes on the real kernel), `render_eval.rs` (packet evaluator
 //! property tests), `render_hostile.rs`, `render_state.rs`, `render_kernel.rs` (real kernel round
 //! trip in a throwaway netns). Benchmark: `iptables/benches/render.rs`.
 //!
 //! # Simplifications against Felix (deliberate; features out of scope)
-//! * No host endpoints: `cali-FORWARD` has no `cali-from-hep-forward`/`cali-to-hep-forward` jumps,
-//!   `cali-INPUT`/`cali-OUTPUT` do not jump to `cali-from-host-endpoint`/`cali-to-host-endpoint`
-//!   (nor their "Host endpoint policy accepted packet." rules); no failsafe chains.
+//! * Host endpoints ([`host`]) are rendered in the filter table only, as Felix renders them there:
+//!   `cali-fh-`/`cali-th-`/`cali-fhfw-`/`cali-thfw-<iface>`, the host endpoint dispatch from
+//!   `cali-INPUT`/`cali-OUTPUT`/`cali-FORWARD` (with their "Host endpoint policy accepted packet."
+//!   rules), the `*` endpoint as the dispatch default, and `cali-failsafe-in`/`-out` (Felix's
+//!   default ports, [`RenderConfig::failsafe_inbound`]) jumped to before any host policy. With no
+//!   host endpoint none of these rules or chains exist (the static chains are as without host
+//!   endpoint support). Not rendered yet: the endpoints' `preDNAT` (mangle) and `doNotTrack` (raw)
+//!   policies (the graph records them in `pre_dnat_tiers`/`untracked_tiers`; they are never in the
+//!   filter chains), mangle `cali-POSTROUTING`'s policing of DNAT'd host egress, and the raw/mangle
+//!   failsafe copies. A host endpoint is programmed by its interface name whether or not the
+//!   interface exists (Felix waits for the interface); the lowest-named endpoint wins an interface.
 //! * No IPIP/VXLAN/WireGuard/IPVS/BPF rules in `cali-INPUT`/`cali-OUTPUT`; no `cali-cidr-block`.
 //!   The per-workload "Drop VXLAN/IPinIP encapped packets originating in workloads" rules are kept
 //!   (Felix's default) unless `allow_encap_from_workloads`.
@@ -52,9 +63,7 @@
 //!   HEP policy). raw `cali-PREROUTING` is `-i cali+ -m rpfilter --invert -j DROP`: Felix's strict
 //!   RPF check without its mark bookkeeping. With [`SourceSpoofing::Any`] a `-i cali+ -j
 //!   cali-rpf-skip` comes first, and `cali-rpf-skip` ACCEPTs (ends raw for) `-i <iface> -s <prefix>`
-//!   for each endpoint's `allowSpoofedSourcePrefixes`, as Felix does. Policies with
-//!   `untracked`/`pre_dnat` are rendered as normal filter policies only if an endpoint's tiers
-//!   list them.
+//!   for each endpoint's `allowSpoofedSourcePrefixes`, as Felix does.
 //! * nat: the hook chains, `cali-nat-outgoing` from the IP pools ([`nat`]: masquerade from
 //!   natOutgoing pools to destinations outside every pool), and the empty `cali-fip-dnat`/
 //!   `cali-fip-snat` (no floating IPs); no tunnel-device MASQUERADE rules (no IPIP/VXLAN/WireGuard).
@@ -111,6 +120,7 @@ pub mod domains;
 pub mod endpoint;
 mod family;
 pub mod hash;
+pub mod host;
 pub mod marks;
 pub mod names;
 pub mod nat;
@@ -189,6 +199,11 @@ pub struct RenderConfig {
     pub dns_trusted_servers: Vec<SocketAddr>,
     /// The NFQUEUE number the learner binds (`--dns-queue-num`, default 100).
     pub dns_queue_num: u16,
+    /// Felix `FailsafeInboundHostPorts`: accepted into the host on every host endpoint before
+    /// any host policy (`cali-failsafe-in`); empty: none. Default Felix's ([`host::default_inbound`]).
+    pub failsafe_inbound: Vec<host::FailsafePort>,
+    /// Felix `FailsafeOutboundHostPorts` (`cali-failsafe-out`); default Felix's.
+    pub failsafe_outbound: Vec<host::FailsafePort>,
 }
 
 impl Default for RenderConfig {
@@ -206,6 +221,8 @@ impl Default for RenderConfig {
             share_chains: true,
             dns_trusted_servers: Vec::new(),
             dns_queue_num: DEFAULT_DNS_QUEUE_NUM,
+            failsafe_inbound: host::default_inbound(),
+            failsafe_outbound: host::default_outbound(),
         }
     }
 }
@@ -228,6 +245,10 @@ pub enum RenderError {
         endpoint: Box<EndpointId>,
         iface: String,
     },
+    #[error(
+        "host endpoint {endpoint}: invalid interfaceName {iface:?}: must be \"*\" or 1-15 characters of [A-Za-z0-9._-]"
+    )]
+    InvalidHostInterface { endpoint: String, iface: String },
     #[error("endpoint {endpoint}: interfaceName {iface:?} is already used by endpoint {other}")]
     DuplicateInterface {
         endpoint: Box<EndpointId>,

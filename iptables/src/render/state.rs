@@ -16,8 +16,10 @@ use calc_graph::proto::{
 };
 
 use super::domains::{DomainMembers, NothingLearned};
+mod hosts;
 mod sets;
 
+use hosts::HostState;
 use sets::{check_set, families_of};
 
 use super::build::{Rule, Target};
@@ -71,6 +73,8 @@ pub struct Renderer {
     pools_dirty: bool,
     families: [Family; 2],
     in_sync: bool,
+    /// The node's host endpoints and what their chains reference.
+    hosts: HostState,
     /// What the DNS learner knows: fills a domain set when it is first created.
     domain_members: Arc<dyn DomainMembers>,
     /// The patterns of each domain set (also in `ip_sets`, as an empty [`IpSetKind::Domain`]).
@@ -133,11 +137,13 @@ impl Renderer {
             pools_dirty: false,
             families: [Family::new(IpVersion::V4), Family::new(IpVersion::V6)],
             in_sync: false,
+            hosts: HostState::default(),
             domain_members: Arc::new(NothingLearned),
             domain_patterns: HashMap::new(),
         };
         for fam in &mut r.families {
-            for (name, rules) in static_chains::filter_chains(&r.cfg, &r.marks, fam.version) {
+            for (name, rules) in static_chains::filter_chains(&r.cfg, &r.marks, fam.version, false)
+            {
                 fam.set_chain(TableName::Filter, name, rules);
             }
             for (name, rules) in static_chains::nat_chains() {
@@ -274,6 +280,8 @@ impl Renderer {
             Output::IpPoolRemoved(name) => {
                 self.pools_dirty |= self.pools.remove(&name).is_some();
             }
+            Output::HostEndpointUpdated(h) => return self.update_host_endpoint(h),
+            Output::HostEndpointRemoved(name) => self.remove_host_endpoint(&name),
             Output::InSync => self.in_sync = true,
         }
         Ok(())
@@ -452,6 +460,8 @@ impl Renderer {
                 self.ep_refs.insert(id, new);
             }
         }
+
+        self.flush_hosts(&mut touched_policies, &mut touched_profiles);
 
         if std::mem::take(&mut self.dispatch_dirty) {
             let ifaces: Vec<&str> = self.iface_owner.keys().map(String::as_str).collect();

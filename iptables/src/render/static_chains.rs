@@ -7,8 +7,9 @@
 use calc_graph::proto::{Action, IpVersion, LocalEndpoint, Protocol};
 use ipnet::IpNet;
 
-use super::build::{Match, Rule, Side, Target};
+use super::build::{CtStates, Match, Rule, Side, Target};
 use super::dispatch::{FROM_WL_DISPATCH, TO_WL_DISPATCH};
+use super::host;
 use super::marks::MarkBits;
 use super::{EndpointToHostAction, RenderConfig, SourceSpoofing};
 use crate::desired::HookPosition;
@@ -45,16 +46,30 @@ pub(super) fn wildcard(prefix: &str) -> String {
     format!("{prefix}+")
 }
 
-/// The filter table's static chains for `version`.
+/// The filter table's static chains for `version`. `hosts`: the node has host endpoints, so
+/// `cali-FORWARD`, `cali-INPUT` and `cali-OUTPUT` also dispatch to the host endpoint chains in
+/// Felix's places (felix-reference §2.2; [`super::host`]); without, they have none of those rules.
 pub fn filter_chains(
     cfg: &RenderConfig,
     m: &MarkBits,
     version: IpVersion,
+    hosts: bool,
 ) -> Vec<(String, Vec<Rule>)> {
     let mut forward = vec![Rule::new(
         vec![],
         Target::ClearMark(m.pass | m.scratch0 | m.scratch1),
     )];
+    if hosts {
+        // Forward policy of the incoming host endpoint, unless raw or pre-DNAT policy accepted.
+        forward.push(Rule::new(
+            vec![Match::Mark {
+                value: 0,
+                mask: m.accept,
+                negated: false,
+            }],
+            Target::Jump(host::FROM_HEP_FORWARD.into()),
+        ));
+    }
     for p in &cfg.interface_prefixes {
         forward.push(Rule::new(
             vec![Match::InIface(wildcard(p))],
@@ -66,6 +81,10 @@ pub fn filter_chains(
         ));
     }
 
+    if hosts {
+        forward.push(Rule::new(vec![], Target::Jump(host::TO_HEP_FORWARD.into())));
+    }
+
     let mut input = Vec::new();
     for p in &cfg.interface_prefixes {
         input.push(Rule::new(
@@ -75,6 +94,16 @@ pub fn filter_chains(
     }
     input.push(Rule::new(vec![accepted(m)], Target::Accept));
     input.push(Rule::new(vec![], Target::ClearMark(m.all_calico())));
+    if hosts {
+        input.push(Rule::new(
+            vec![],
+            Target::Jump(host::FROM_HOST_DISPATCH.into()),
+        ));
+        input.push(
+            Rule::new(vec![accepted(m)], Target::Accept)
+                .with_comment("Host endpoint policy accepted packet."),
+        );
+    }
 
     let mut wl_to_host = Vec::new();
     if version == IpVersion::V6 {
@@ -111,6 +140,20 @@ pub fn filter_chains(
         ));
     }
     output.push(Rule::new(vec![], Target::ClearMark(m.all_calico())));
+    if hosts {
+        // DNAT'd host traffic is policed in mangle POSTROUTING by Felix (not rendered yet).
+        output.push(Rule::new(
+            vec![Match::Conntrack {
+                states: CtStates::Dnat,
+                negated: true,
+            }],
+            Target::Jump(host::TO_HOST_DISPATCH.into()),
+        ));
+        output.push(
+            Rule::new(vec![accepted(m)], Target::Accept)
+                .with_comment("Host endpoint policy accepted packet."),
+        );
+    }
 
     let mut chains = vec![
         (FORWARD.into(), forward),

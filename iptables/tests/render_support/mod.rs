@@ -83,6 +83,28 @@ pub fn mk_endpoint(
     }
 }
 
+/// A host endpoint of the node on `iface` (`*`: all interfaces) with normal `tiers`,
+/// `applyOnForward` tiers and profiles.
+pub fn mk_host_endpoint(
+    name: &str,
+    iface: &str,
+    tiers: Vec<TierInfo>,
+    forward_tiers: Vec<TierInfo>,
+    profiles: &[&str],
+) -> LocalHostEndpoint {
+    LocalHostEndpoint {
+        name: name.into(),
+        interface_name: iface.into(),
+        ipv4_addrs: vec![],
+        ipv6_addrs: vec![],
+        tiers,
+        forward_tiers,
+        untracked_tiers: vec![],
+        pre_dnat_tiers: vec![],
+        profile_ids: profiles.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
 pub fn net(s: &str) -> ipnet::IpNet {
     s.parse().unwrap()
 }

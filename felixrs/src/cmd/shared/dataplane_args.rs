@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 
+use iptables::render::host::{self, FailsafePort};
 use iptables::render::{DenyLog, EndpointToHostAction, LogAction, RenderConfig, SourceSpoofing};
 
 use crate::dns::config::{DEFAULT_QUEUE_NUM, parse_trusted_server};
@@ -100,6 +101,33 @@ pub struct DataplaneArgs {
     /// The NFQUEUE number DNS responses are held on.
     #[arg(long, env = "FELIXRS_DNS_QUEUE_NUM", default_value_t = DEFAULT_QUEUE_NUM)]
     pub dns_queue_num: u16,
+    /// Traffic into this host that host endpoint policy never blocks (Felix
+    /// `FailsafeInboundHostPorts`): `proto:port` or `proto:net:port` (IPv6 nets in brackets),
+    /// comma separated; empty or `none` turns them off.
+    #[arg(
+        long,
+        env = "FELIXRS_FAILSAFE_INBOUND_HOST_PORTS",
+        default_value = host::DEFAULT_INBOUND,
+        value_parser = parse_failsafe
+    )]
+    pub failsafe_inbound_host_ports: FailsafePorts,
+    /// Traffic out of this host that host endpoint policy never blocks (Felix
+    /// `FailsafeOutboundHostPorts`), in the same syntax.
+    #[arg(
+        long,
+        env = "FELIXRS_FAILSAFE_OUTBOUND_HOST_PORTS",
+        default_value = host::DEFAULT_OUTBOUND,
+        value_parser = parse_failsafe
+    )]
+    pub failsafe_outbound_host_ports: FailsafePorts,
+}
+
+/// A failsafe port list flag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailsafePorts(pub Vec<FailsafePort>);
+
+fn parse_failsafe(s: &str) -> Result<FailsafePorts, host::FailsafePortError> {
+    host::parse_failsafe_ports(s).map(FailsafePorts)
 }
 
 /// Where the Log action's packets go.
@@ -125,6 +153,8 @@ impl Default for DataplaneArgs {
             share_chains: true,
             dns_trusted_servers: Vec::new(),
             dns_queue_num: DEFAULT_QUEUE_NUM,
+            failsafe_inbound_host_ports: FailsafePorts(host::default_inbound()),
+            failsafe_outbound_host_ports: FailsafePorts(host::default_outbound()),
         }
     }
 }
@@ -154,6 +184,8 @@ impl DataplaneArgs {
             share_chains: self.share_chains,
             dns_trusted_servers: self.dns_trusted_servers.clone(),
             dns_queue_num: self.dns_queue_num,
+            failsafe_inbound: self.failsafe_inbound_host_ports.0.clone(),
+            failsafe_outbound: self.failsafe_outbound_host_ports.0.clone(),
             ..RenderConfig::default()
         }
     }
@@ -238,5 +270,25 @@ mod tests {
             .to_string();
         assert!(e.contains("dns.local"), "{e}");
         assert!(Cli::try_parse_from(["x", "--mark-mask", "zz"]).is_err());
+    }
+
+    #[test]
+    fn failsafe_ports_parse_felix_syntax_empty_turns_them_off_and_bad_ones_are_named() {
+        let c = Cli::parse_from([
+            "x",
+            "--failsafe-inbound-host-ports",
+            "tcp:22,tcp:10.0.0.0/8:6443",
+            "--failsafe-outbound-host-ports",
+            "",
+        ]);
+        let cfg = c.dp.render_config();
+        assert_eq!(cfg.failsafe_inbound.len(), 2);
+        assert_eq!(cfg.failsafe_inbound[1].to_string(), "tcp:10.0.0.0/8:6443");
+        assert!(cfg.failsafe_outbound.is_empty());
+        let e = Cli::try_parse_from(["x", "--failsafe-inbound-host-ports", "tcp:22,ssh"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("invalid failsafe port \"ssh\""), "{e}");
     }
 }

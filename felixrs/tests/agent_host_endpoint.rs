@@ -1,0 +1,147 @@
+//! The agent protects its host without locking the operator out: real etcd and the real kernel
+//! in a namespace the test creates (the "host"), a veth to a peer namespace playing "outside".
+//! A HostEndpoint of the node and a deny-all GlobalNetworkPolicy in etcd: TCP to a port on the
+//! host's interface is dropped while TCP 22 (a failsafe port; a listener the test starts) still
+//! connects; so after a restart from the snapshot onto an empty kernel (etcd gone); and
+//! `--failsafe-inbound-host-ports` replaces the failsafe list.
+
+mod support;
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use felixrs_test_support::etcd::Etcd;
+use felixrs_test_support::netns::{Netns, in_netns, veth};
+use serde_json::json;
+use support::{Agent, put_default_tier, put_json};
+
+const HOST: &str = "10.97.0.2";
+const OUTSIDE: &str = "10.97.0.1";
+
+/// A host namespace with `fxh-out` (HOST/24) joined to a fresh outside namespace, and
+/// listeners on the host on ports 22 and 8080.
+fn host_and_outside(host: &Netns) -> Netns {
+    let out = Netns::new();
+    veth(host, "fxh-out", &out, "fxo-h");
+    host.ok(
+        "ip",
+        &["addr", "add", &format!("{HOST}/24"), "dev", "fxh-out"],
+    );
+    out.ok(
+        "ip",
+        &["addr", "add", &format!("{OUTSIDE}/24"), "dev", "fxo-h"],
+    );
+    for port in [22u16, 8080] {
+        let addr: SocketAddr = format!("{HOST}:{port}").parse().unwrap();
+        let listener = in_netns(host.name(), move || TcpListener::bind(addr).expect("bind"));
+        std::thread::spawn(move || {
+            for mut c in listener.incoming().flatten() {
+                let _ = c.write_all(b"ok");
+            }
+        });
+    }
+    out
+}
+
+fn connects(from: &Netns, port: u16) -> bool {
+    let addr: SocketAddr = format!("{HOST}:{port}").parse().unwrap();
+    in_netns(from.name(), move || {
+        TcpStream::connect_timeout(&addr, Duration::from_millis(1000)).is_ok()
+    })
+}
+
+fn connects_eventually(from: &Netns, port: u16) -> bool {
+    (0..5).any(|_| connects(from, port))
+}
+
+fn seed(etcd: &Etcd) -> i64 {
+    put_default_tier(etcd);
+    put_json(
+        etcd,
+        "hostendpoints/node-1-fxh-out",
+        json!({"apiVersion":"projectcalico.org/v3","kind":"HostEndpoint",
+               "metadata":{"name":"node-1-fxh-out","labels":{"role":"host"}},
+               "spec":{"node":"node-1","interfaceName":"fxh-out","expectedIPs":[HOST]}}),
+    );
+    put_json(
+        etcd,
+        "globalnetworkpolicies/default.host-deny-all",
+        json!({"apiVersion":"projectcalico.org/v3","kind":"GlobalNetworkPolicy",
+               "metadata":{"name":"default.host-deny-all"},
+               "spec":{"tier":"default","order":10,"selector":"role == 'host'",
+                       "types":["Ingress"]}}),
+    )
+}
+
+#[test]
+fn deny_all_host_policy_never_blocks_the_failsafe_ports() {
+    let ns = Netns::new();
+    let out = host_and_outside(&ns);
+    assert!(
+        connects_eventually(&out, 8080),
+        "no connectivity before policy"
+    );
+    let mut etcd = Etcd::start_in(ns.name());
+    let rev = seed(&etcd);
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path().join("state");
+    let agent = Agent::start(ns.name(), &etcd.client_url(), &state_dir);
+    let s = agent.wait_applied(rev);
+    assert_eq!(s["active_policies"], 1, "{s}");
+    assert!(!connects(&out, 8080), "deny-all host policy left 8080 open");
+    assert!(
+        connects_eventually(&out, 22),
+        "failsafe port 22 was blocked"
+    );
+    let dump = ns.ok("iptables-nft-save", &["-t", "filter"]);
+    assert!(dump.contains("-A cali-fh-fxh-out"), "{dump}");
+    assert!(dump.contains("-j cali-failsafe-in"), "{dump}");
+    let s = agent.poll_status(Duration::from_secs(30), |s| {
+        s["snapshot_revision"].as_i64().unwrap_or(-1) >= rev
+    });
+    assert!(s["snapshot_revision"].as_i64().unwrap() >= rev, "{s}");
+    drop(agent);
+    etcd.stop();
+
+    // Restarted from its snapshot on a host with an empty kernel (etcd unreachable): the
+    // first apply has the host policy and the failsafes together.
+    let ns2 = Netns::new();
+    let out2 = host_and_outside(&ns2);
+    let agent = Agent::start(ns2.name(), &etcd.client_url(), &state_dir);
+    let s = agent.wait_applied(rev);
+    assert_eq!(s["source"], "snapshot", "{s}");
+    assert!(!connects(&out2, 8080), "restart left 8080 open");
+    assert!(
+        connects_eventually(&out2, 22),
+        "restart blocked failsafe 22"
+    );
+    drop(agent);
+
+    // The failsafe list is the operator's: only 8080 now.
+    let agent = Agent::start_with(
+        ns2.name(),
+        &etcd.client_url(),
+        &state_dir,
+        &["--failsafe-inbound-host-ports", "tcp:8080"],
+    );
+    agent.wait_applied(rev);
+    assert!(
+        connects_eventually(&out2, 8080),
+        "configured failsafe 8080 blocked"
+    );
+    assert!(
+        !connects(&out2, 22),
+        "22 open though no longer a failsafe port"
+    );
+    drop(agent);
+
+    // A bad entry is refused at startup, naming it.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_felixrs"))
+        .args(["agent", "--failsafe-inbound-host-ports", "tcp:22,ssh"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("invalid failsafe port \"ssh\""), "{err}");
+}
