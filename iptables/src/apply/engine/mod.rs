@@ -19,13 +19,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::backend::{self, Backend, Detection, Mode};
-use super::drift::{DriftReport, ROOTS, touched};
+use super::drift::{DriftReport, ROOTS, touched, verify_bodies};
 use super::error::{ApplyError, blame, clean_stderr, failed_line, payload_line};
 use super::runner::Runner;
-use super::signal::{NftGeneration, legacy_info, save_hash};
+use super::signal::{NftGeneration, legacy_contents, save_hash};
 use super::xt_info::XtInfo;
 use crate::desired::diff::{Op, plan_chains, plan_table, render, simulate};
 use crate::desired::ipset::{
@@ -50,12 +50,6 @@ pub struct ApplierConfig {
     /// Re-read the kernel before every apply (Felix's defensive default) instead of only on
     /// [`Applier::refresh`], on the first apply and after failures.
     pub reread_every_apply: bool,
-    /// Legacy's slow drift signal, the save's hash ([`super::signal`]), is taken again only
-    /// once this many times its last duration has passed: 300 = at most 1/3% of one core per
-    /// family, so both families' stay within what the agent's 2% drift budget leaves after
-    /// the fast checks (about 1.2% at 2,000 policies, mostly the one `ipset save`); about every
-    /// 65 s there. 0: on every check.
-    pub save_hash_factor: u32,
 }
 
 impl Default for ApplierConfig {
@@ -66,7 +60,6 @@ impl Default for ApplierConfig {
             max_attempts: 5,
             initial_backoff: Duration::from_millis(10),
             reread_every_apply: false,
-            save_hash_factor: 300,
         }
     }
 }
@@ -141,6 +134,10 @@ struct Seed {
 struct KernelView {
     tables: BTreeMap<TableName, ActualTable>,
     sets: BTreeMap<String, ActualSet>,
+    /// The save `tables` were read from, until the next apply has checked the bodies of our
+    /// rules in it ([`verify_bodies`]): a full read can come before the desired state is known
+    /// ([`Applier::read_kernel`]).
+    unverified: Option<String>,
 }
 
 /// Writes [`DesiredState`]s of one family to the kernel through a [`Runner`].
@@ -165,20 +162,10 @@ pub struct Applier<R: Runner> {
     own_restores: Arc<AtomicU64>,
     /// The drift check's raw socket (legacy backend), opened on first use.
     xt_info: Option<XtInfo>,
-    /// The change signals' values when the tables last matched our view.
-    seen: Seen,
-    /// When the last save was hashed, and how long that took.
-    last_save: Option<(Instant, Duration)>,
-}
-
-/// The change signals' values ([`super::signal`]) when the tables last matched our view.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Seen {
-    /// nft: the generation; legacy: the tables' summaries, or the save's hash where those
-    /// cannot be asked.
-    fast: Option<u64>,
-    /// legacy, beside the summaries: the save's hash, taken on a slower cadence.
-    save: Option<u64>,
+    /// The change signal's value ([`super::signal`]) when the tables last matched our view:
+    /// nft: the generation; legacy: the tables' contents hash; the save's hash where neither
+    /// can be asked.
+    seen: Option<u64>,
 }
 
 impl<R: Runner> Applier<R> {
@@ -201,8 +188,7 @@ impl<R: Runner> Applier<R> {
             nft_gen: None,
             own_restores: Arc::default(),
             xt_info: None,
-            seen: Seen::default(),
-            last_save: None,
+            seen: None,
         }
     }
 
@@ -325,8 +311,10 @@ impl<R: Runner> Applier<R> {
         let (Some(mode), Some(_)) = (self.mode, self.view.as_ref()) else {
             return Ok((drift, None));
         };
-        if let (Some(tables), seen) = self.tables_if_changed(mode)? {
+        if let (Some(save), seen) = self.tables_if_changed(mode)? {
             drift.listings = 1;
+            let mut tables = read_tables(&save);
+            drift.edited = verify_bodies(&save, desired, &mut tables);
             for table in TableName::ALL {
                 let actual = tables.get(&table).unwrap_or(&EMPTY_TABLE);
                 let d = desired.tables.get(&table);
@@ -367,67 +355,43 @@ impl<R: Runner> Applier<R> {
         Ok((drift, Some(report)))
     }
 
-    /// This backend's tables as the kernel has them now, or `None` when the change signals say
+    /// This backend's save as the kernel has it now, or `None` when the change signal says
     /// nothing changed since the last look or our last write ([`super::signal`]); and the
-    /// signals' values, taken before the tables were read (a change in between is seen again).
+    /// signal's value, taken before the tables were read (a change in between is seen again).
     fn tables_if_changed(
         &mut self,
         mode: Mode,
-    ) -> Result<(Option<BTreeMap<TableName, ActualTable>>, Seen), ApplyError> {
-        let fast = self.nft_generation(mode).or_else(|| self.legacy_info(mode));
-        if let Some(fast) = fast {
-            let seen = Seen {
-                fast: Some(fast),
-                save: self.seen.save,
-            };
-            let save_due = mode == Mode::Legacy
-                && self.last_save.is_none_or(|(at, took)| {
-                    at.elapsed() >= took.saturating_mul(self.config.save_hash_factor)
-                });
-            if self.seen == seen && !save_due {
-                return Ok((None, seen));
+    ) -> Result<(Option<String>, Option<u64>), ApplyError> {
+        if let Some(fast) = self
+            .nft_generation(mode)
+            .or_else(|| self.legacy_contents(mode))
+        {
+            if self.seen == Some(fast) {
+                return Ok((None, Some(fast)));
             }
-            if mode == Mode::Nft {
-                return Ok((Some(self.read_iptables(mode, None)?), seen));
-            }
+            return Ok((Some(self.save_text(mode, None)?), Some(fast)));
         }
-        // The save, hashed: legacy's slow signal, or the only one where no fast one can be
-        // asked (the programs run in another namespace).
-        let started = Instant::now();
-        let program = mode.save_program(self.config.family);
-        let out = self.run_save(&program, &[])?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        if !out.status.success() || text.contains(INCOMPATIBLE) {
-            // Its error names the failure.
-            return Ok((Some(self.read_iptables(mode, None)?), Seen::default()));
-        }
+        // No signal can be asked (the programs run in another namespace): the save, hashed.
+        let text = self.save_text(mode, None)?;
         let hash = Some(save_hash(&text));
-        self.last_save = Some((started, started.elapsed()));
-        let seen = match fast {
-            Some(_) => Seen { fast, save: hash },
-            None => Seen {
-                fast: hash,
-                save: None,
-            },
-        };
-        if self.seen == seen {
-            return Ok((None, seen));
+        if self.seen == hash {
+            return Ok((None, hash));
         }
-        Ok((Some(read_tables(&text)), seen))
+        Ok((Some(text), hash))
     }
 
-    /// Legacy's fast signal, the tables' summaries ([`legacy_info`]), when this backend is
-    /// legacy and the applier's programs run in our own network namespace; `None` otherwise
-    /// (the save is then hashed on every check). Read on the thread that writes.
-    pub(super) fn legacy_info(&mut self, mode: Mode) -> Option<u64> {
+    /// Legacy's signal, the tables' summaries and contents ([`legacy_contents`]), when this
+    /// backend is legacy and the applier's programs run in our own network namespace; `None`
+    /// otherwise (the save is then hashed on every check). Read on the thread that writes.
+    pub(super) fn legacy_contents(&mut self, mode: Mode) -> Option<u64> {
         if mode != Mode::Legacy || self.runner.netns().is_some() {
             return None;
         }
         ask_signal(
             &mut self.xt_info,
             || XtInfo::open(self.config.family),
-            |s| legacy_info(s),
-            "the legacy tables' summaries",
+            legacy_contents,
+            "the legacy tables' contents",
             "hashes the save",
         )
     }
@@ -533,6 +497,12 @@ impl<R: Runner> Applier<R> {
         other_seed: Option<String>,
         report: &mut ApplyReport,
     ) -> Result<(), ApplyError> {
+        // A view just read: our rules whose bodies are not what their ids stand for are
+        // rewritten with the rest of the drift.
+        let view = self.view();
+        if let Some(save) = view.unverified.take() {
+            verify_bodies(&save, desired, &mut view.tables);
+        }
         // Plan (and so validate) every table before anything is written: bad input fails the
         // apply with nothing changed in the kernel.
         let mut planned = Vec::new();
