@@ -209,3 +209,172 @@ fn without_counters(line: &str) -> &str {
         None => line,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desired::{DesiredTable, HookPosition, HookRule, IpVersion};
+    use crate::model::{Match, TableLine, Text, is_our_chain};
+    use crate::parse::{parse_save, read_tables};
+
+    fn rule(hash: &str, body: &str) -> DesiredRule {
+        DesiredRule::new(hash, body)
+    }
+
+    #[test]
+    fn a_spec_is_the_body_with_our_comment_where_the_kernel_prints_it() {
+        let r = rule(
+            "AAAAAAAAAAAAAAAA",
+            "-p tcp -m set --match-set s src -j ACCEPT",
+        );
+        let c = "-m comment --comment \"cali:AAAAAAAAAAAAAAAA\"";
+        for ok in [
+            format!("{c} -p tcp -m set --match-set s src -j ACCEPT"),
+            format!("-p tcp {c} -m set --match-set s src -j ACCEPT"),
+            format!("-p tcp -m set --match-set s src -j ACCEPT {c}"),
+        ] {
+            assert!(spec_is(&ok, &r), "{ok}");
+        }
+        for bad in [
+            format!("-p tcp {c} -m set --match-set s src -j DROP"),
+            format!("-p udp {c} -m set --match-set s src -j ACCEPT"),
+            format!("-p tcp {c} -m set --match-set s src -j ACCEPTX"),
+            format!("-p tcp {c}-m set --match-set s src -j ACCEPT"),
+            "-p tcp -m comment --comment \"cali:BBBBBBBBBBBBBBBB\" -m set --match-set s src -j ACCEPT".to_string(),
+            "-p tcp -m set --match-set s src -j ACCEPT".to_string(),
+            format!("-p tcp -m comment --comment \"x\\\" {c}\" -m set --match-set s src -j ACCEPT"),
+        ] {
+            assert!(!spec_is(&bad, &r), "{bad}");
+        }
+        let empty = rule("AAAAAAAAAAAAAAAA", "");
+        assert!(spec_is(c, &empty));
+        assert!(!spec_is(&format!("{c} -j ACCEPT"), &empty));
+        assert!(spec_is(
+            &format!("-p tcp {c}"),
+            &rule("AAAAAAAAAAAAAAAA", "-p tcp")
+        ));
+    }
+
+    /// Every rule of every kernel dump of the corpus (both families, all tables), as if it were
+    /// ours: our comment put first among its matches, as we write it, and rendered as the kernel
+    /// saves it (the model renders the kernel's order, proven byte for byte by the corpus round
+    /// trip), is the rule its id stands for; the rule with any other token changed is not.
+    #[test]
+    fn no_rule_the_kernel_only_re_saves_is_taken_for_edited() {
+        let dir = felixrs_test_support::iptables_corpus_dir();
+        let (mut checked, mut files) = (0, 0);
+        for entry in std::fs::read_dir(dir).expect("corpus directory") {
+            let path = entry.unwrap().path();
+            if !path.to_string_lossy().ends_with(".kernel.txt") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let parsed = parse_save(&text).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+            files += 1;
+            for table in parsed.tables() {
+                for line in &table.lines {
+                    let TableLine::Rule(r) = line else { continue };
+                    let id = "AAAAAAAAAAAAAAAA";
+                    let want = DesiredRule::from_rule(id, r);
+                    let mut ours = r.clone();
+                    let comment = Text::new(format!("{HASH_COMMENT_PREFIX}{id}")).unwrap();
+                    ours.matches.insert(0, Match::Comment(comment));
+                    let saved = ours.render_spec();
+                    assert!(spec_is(&saved, &want), "{path:?}: {saved}\n{want:?}");
+                    // One token changed (the last: mostly the target or its value).
+                    let edited = match saved.rsplit_once(' ') {
+                        Some((head, last)) => format!("{head} {last}X"),
+                        None => continue,
+                    };
+                    assert!(!spec_is(&edited, &want), "{path:?}: {edited}");
+                    checked += 1;
+                }
+            }
+        }
+        assert!(
+            files >= 40 && checked > 10_000,
+            "{files} files, {checked} rules"
+        );
+    }
+
+    /// The Calico dump of the corpus as our desired state (each rule of a `cali-` chain and each
+    /// hook by its own id and body): nothing is marked; each rule with its target swapped in
+    /// the save is marked, alone, in its chain; a hook edited is marked in its kernel chain.
+    #[test]
+    fn the_calico_dump_verifies_and_each_edit_in_place_is_marked() {
+        let path = felixrs_test_support::iptables_corpus_dir()
+            .join("002-calico-felix-cali-raw-nat-mangle-filter.kernel.txt");
+        let save = std::fs::read_to_string(path).unwrap();
+        let parsed = parse_save(&save).unwrap();
+        let mut desired = DesiredState::new(IpVersion::V4);
+        for table in parsed.tables() {
+            let t = desired
+                .tables
+                .entry(table.name)
+                .or_insert_with(DesiredTable::default);
+            for line in &table.lines {
+                let TableLine::Rule(r) = line else { continue };
+                let Some(id) = r
+                    .first_comment()
+                    .and_then(|c| c.strip_prefix(HASH_COMMENT_PREFIX))
+                else {
+                    continue;
+                };
+                let mut body = r.clone();
+                let at = body
+                    .matches
+                    .iter()
+                    .position(|m| matches!(m, Match::Comment(_)));
+                body.matches.remove(at.unwrap());
+                let d = DesiredRule::from_rule(id, &body);
+                let chain = r.chain.as_str();
+                if is_our_chain(chain) {
+                    t.chains.entry(chain.to_string()).or_default().push(d);
+                } else {
+                    t.hooks.push(HookRule {
+                        kernel_chain: chain.to_string(),
+                        rule: d,
+                        position: HookPosition::Top,
+                    });
+                }
+            }
+        }
+        let mut tables = read_tables(&save);
+        assert_eq!(
+            verify_bodies(&save, &desired, &mut tables),
+            Vec::<String>::new()
+        );
+        assert_eq!(tables, read_tables(&save), "nothing marked");
+        let lines: Vec<&str> = save.lines().collect();
+        let mut edits = 0;
+        for (n, line) in lines.iter().enumerate() {
+            if !line.contains("\"cali:")
+                || !line.ends_with(" -j ACCEPT") && !line.ends_with(" -j DROP")
+            {
+                continue;
+            }
+            let flipped = match line.strip_suffix(" -j ACCEPT") {
+                Some(head) => format!("{head} -j DROP"),
+                None => format!("{} -j ACCEPT", line.strip_suffix(" -j DROP").unwrap()),
+            };
+            let mut edited = lines.clone();
+            edited[n] = &flipped;
+            let edited = edited.join("\n") + "\n";
+            let table = lines[..n]
+                .iter()
+                .rev()
+                .find_map(|l| l.strip_prefix('*'))
+                .unwrap();
+            let chain = line.split(' ').nth(1).unwrap();
+            let mut tables = read_tables(&edited);
+            let marked = verify_bodies(&edited, &desired, &mut tables);
+            assert_eq!(marked, vec![format!("{table}/{chain}")], "{flipped}");
+            let ids: usize = (tables.values().flat_map(|t| t.chains.values()).flatten())
+                .filter(|r| r.hash.as_deref().is_some_and(|h| h.ends_with(EDITED)))
+                .count();
+            assert_eq!(ids, 1, "{flipped}");
+            edits += 1;
+        }
+        assert!(edits >= 10, "{edits}");
+    }
+}
