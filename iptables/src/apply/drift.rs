@@ -213,7 +213,7 @@ fn without_counters(line: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::desired::{DesiredTable, HookPosition, HookRule, IpVersion};
+    use crate::desired::{HookPosition, HookRule, IpVersion};
     use crate::model::{Match, TableLine, Text, is_our_chain};
     use crate::parse::{parse_save, read_tables};
 
@@ -308,10 +308,7 @@ mod tests {
         let parsed = parse_save(&save).unwrap();
         let mut desired = DesiredState::new(IpVersion::V4);
         for table in parsed.tables() {
-            let t = desired
-                .tables
-                .entry(table.name)
-                .or_insert_with(DesiredTable::default);
+            let t = desired.tables.entry(table.name).or_default();
             for line in &table.lines {
                 let TableLine::Rule(r) = line else { continue };
                 let Some(id) = r
