@@ -148,7 +148,7 @@ impl XtInfo {
     pub fn contents_hash(&mut self, table: &str, size: u32) -> io::Result<u64> {
         check_name(table)?;
         let total = ENTRIES_HEADER + size as usize;
-        self.buf.clear();
+        // Not cleared: the kernel writes every byte up to `total`, or the call fails.
         self.buf.resize(total.div_ceil(8), 0);
         let bytes = u64s_as_bytes_mut(&mut self.buf);
         bytes[..table.len()].copy_from_slice(table.as_bytes());

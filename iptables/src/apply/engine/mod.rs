@@ -19,13 +19,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::backend::{self, Backend, Detection, Mode};
 use super::drift::{DriftReport, ROOTS, touched, verify_bodies};
 use super::error::{ApplyError, blame, clean_stderr, failed_line, payload_line};
 use super::runner::Runner;
-use super::signal::{NftGeneration, legacy_contents, save_hash};
+use super::signal::{NftGeneration, legacy_contents, legacy_info, save_hash};
 use super::xt_info::XtInfo;
 use crate::desired::diff::{Op, plan_chains, plan_table, render, simulate};
 use crate::desired::ipset::{
@@ -50,6 +50,14 @@ pub struct ApplierConfig {
     /// Re-read the kernel before every apply (Felix's defensive default) instead of only on
     /// [`Applier::refresh`], on the first apply and after failures.
     pub reread_every_apply: bool,
+    /// Legacy's second drift signal, the tables' contents hash
+    /// ([`super::signal::legacy_contents`], what sees an edit in place that keeps a table's
+    /// size), is taken again only once this many times its last duration has passed: 250 = at
+    /// most 0.4% of one core per family, what the agent's 2% drift budget leaves after the idle
+    /// checks (about 1.1% at 2,000 policies, mostly the one `ipset save`): on every check on a
+    /// small node, about every 15 s at 2,000 policies (about 60 ms per family, nearly all of it
+    /// the kernel's copy of the table). 0: on every check.
+    pub contents_hash_factor: u32,
 }
 
 impl Default for ApplierConfig {
@@ -60,6 +68,7 @@ impl Default for ApplierConfig {
             max_attempts: 5,
             initial_backoff: Duration::from_millis(10),
             reread_every_apply: false,
+            contents_hash_factor: 250,
         }
     }
 }
@@ -162,10 +171,21 @@ pub struct Applier<R: Runner> {
     own_restores: Arc<AtomicU64>,
     /// The drift check's raw socket (legacy backend), opened on first use.
     xt_info: Option<XtInfo>,
-    /// The change signal's value ([`super::signal`]) when the tables last matched our view:
-    /// nft: the generation; legacy: the tables' contents hash; the save's hash where neither
-    /// can be asked.
-    seen: Option<u64>,
+    /// The change signals' values when the tables last matched our view.
+    seen: Seen,
+    /// When legacy's contents hash was last taken, and how long that took.
+    last_contents: Option<(Instant, Duration)>,
+}
+
+/// The change signals' values ([`super::signal`]) when the tables last matched our view.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Seen {
+    /// nft: the generation; legacy: the tables' summaries; the save's hash where neither can be
+    /// asked.
+    fast: Option<u64>,
+    /// legacy, beside the summaries: the tables' contents hash, taken on a slower cadence;
+    /// `None` after a write of ours (the next one taken differs, and the tables are re-read).
+    contents: Option<u64>,
 }
 
 impl<R: Runner> Applier<R> {
@@ -188,7 +208,8 @@ impl<R: Runner> Applier<R> {
             nft_gen: None,
             own_restores: Arc::default(),
             xt_info: None,
-            seen: None,
+            seen: Seen::default(),
+            last_contents: None,
         }
     }
 
@@ -355,35 +376,60 @@ impl<R: Runner> Applier<R> {
         Ok((drift, Some(report)))
     }
 
-    /// This backend's save as the kernel has it now, or `None` when the change signal says
+    /// This backend's save as the kernel has it now, or `None` when the change signals say
     /// nothing changed since the last look or our last write ([`super::signal`]); and the
-    /// signal's value, taken before the tables were read (a change in between is seen again).
-    fn tables_if_changed(
-        &mut self,
-        mode: Mode,
-    ) -> Result<(Option<String>, Option<u64>), ApplyError> {
-        if let Some(fast) = self
-            .nft_generation(mode)
-            .or_else(|| self.legacy_contents(mode))
-        {
-            if self.seen == Some(fast) {
-                return Ok((None, Some(fast)));
+    /// signals' values, taken before the tables were read (a change in between is seen again).
+    fn tables_if_changed(&mut self, mode: Mode) -> Result<(Option<String>, Seen), ApplyError> {
+        if let Some(fast) = self.nft_generation(mode).or_else(|| self.legacy_info(mode)) {
+            let mut seen = Seen {
+                fast: Some(fast),
+                contents: self.seen.contents,
+            };
+            let contents_due = mode == Mode::Legacy
+                && self.last_contents.is_none_or(|(at, took)| {
+                    at.elapsed() >= took.saturating_mul(self.config.contents_hash_factor)
+                });
+            if contents_due {
+                let started = Instant::now();
+                seen.contents = self.legacy_contents(mode);
+                self.last_contents = Some((started, started.elapsed()));
             }
-            return Ok((Some(self.save_text(mode, None)?), Some(fast)));
+            if self.seen == seen {
+                return Ok((None, seen));
+            }
+            return Ok((Some(self.save_text(mode, None)?), seen));
         }
         // No signal can be asked (the programs run in another namespace): the save, hashed.
         let text = self.save_text(mode, None)?;
-        let hash = Some(save_hash(&text));
-        if self.seen == hash {
-            return Ok((None, hash));
+        let seen = Seen {
+            fast: Some(save_hash(&text)),
+            contents: None,
+        };
+        if self.seen == seen {
+            return Ok((None, seen));
         }
-        Ok((Some(text), hash))
+        Ok((Some(text), seen))
     }
 
-    /// Legacy's signal, the tables' summaries and contents ([`legacy_contents`]), when this
-    /// backend is legacy and the applier's programs run in our own network namespace; `None`
-    /// otherwise (the save is then hashed on every check). Read on the thread that writes.
-    pub(super) fn legacy_contents(&mut self, mode: Mode) -> Option<u64> {
+    /// Legacy's fast signal, the tables' summaries ([`legacy_info`]), when this backend is
+    /// legacy and the applier's programs run in our own network namespace; `None` otherwise
+    /// (the save is then hashed on every check). Read on the thread that writes.
+    pub(super) fn legacy_info(&mut self, mode: Mode) -> Option<u64> {
+        if mode != Mode::Legacy || self.runner.netns().is_some() {
+            return None;
+        }
+        ask_signal(
+            &mut self.xt_info,
+            || XtInfo::open(self.config.family),
+            |s| legacy_info(s),
+            "the legacy tables' summaries",
+            "hashes the save",
+        )
+    }
+
+    /// Legacy's slower signal, the tables' contents ([`legacy_contents`]), under the same
+    /// conditions as [`Self::legacy_info`].
+    fn legacy_contents(&mut self, mode: Mode) -> Option<u64> {
         if mode != Mode::Legacy || self.runner.netns().is_some() {
             return None;
         }

@@ -102,8 +102,8 @@ impl<R: Runner> Applier<R> {
             }
             let payload = render(table, &ops);
             let program = mode.restore_program(self.config.family);
-            // legacy: the tables' contents as the drift check last saw them, before our write?
-            let unmoved = self.seen.is_some() && self.legacy_contents(mode) == self.seen;
+            // legacy: the tables' summaries as the drift check last saw them, before our write?
+            let unmoved = self.seen.fast.is_some() && self.legacy_info(mode) == self.seen.fast;
             let out = self
                 .runner
                 .run(&program, mode.restore_args(), Some(payload.as_bytes()))?;
@@ -111,10 +111,13 @@ impl<R: Runner> Applier<R> {
                 // One nft transaction: the generation moved by one, ours.
                 self.own_restores.fetch_add(1, Ordering::Relaxed);
                 if unmoved {
-                    // Only our write moved them (or someone else's in the milliseconds around
+                    // Only our write moved them (or someone else's in the microseconds around
                     // it, which the full refresh repairs): the next check need not re-read.
-                    self.seen = self.legacy_contents(mode);
+                    self.seen.fast = self.legacy_info(mode);
                 }
+                // Their contents too (too costly to take around every write): the next time
+                // the contents hash is taken, the tables are re-read and checked whole.
+                self.seen.contents = None;
                 let actual = self.view().tables.entry(table).or_default();
                 if let Err(e) = simulate(table, actual, &ops) {
                     // The kernel took it, so our model is what is wrong: read again next time.
