@@ -3,10 +3,9 @@
 //!
 //! The periodic full refresh (re-read everything, repair) stays the backstop; between two, each
 //! check asks the backend's change signal ([`super::signal`]) whether the tables changed since
-//! the last look or our last write: the nft generation id; legacy's table summaries, and a hash
-//! of its save on a slower cadence (the only signal where the programs run in another
-//! namespace). Only
-//! when it moved are the tables re-read, and every table is planned against the desired state
+//! the last look or our last write: the nft generation id; legacy's table summaries, and the
+//! hash of its tables' contents on a slower cadence; the save's hash where the programs run in
+//! another namespace. Only when it moved are the tables re-read, and every table is planned against the desired state
 //! exactly as an apply plans it (the same hash-positional diff): the chains the plan touches are
 //! the drift of ours (every `cali-` chain: workload, dispatch, policy, profile, shared, nat,
 //! mangle, raw; our hook rules, displaced or gone), and the next apply rewrites exactly those,

@@ -10,12 +10,15 @@
 //!     ([`XtInfo`], `IPT_SO_GET_INFO`: microseconds), hashed ([`legacy_info`]). Every rule or
 //!     chain added or deleted (flush, insert, delete, chain create/delete) moves it; an edit in
 //!     place that keeps the blob's size (one rule's `DROP` -> `ACCEPT`) does not.
-//!   - slow, on a budgeted cadence: the save of the family's tables hashed without its comments
-//!     and chain counters ([`save_hash`]; about 0.2 s of CPU per family at 2,000 policies),
-//!     which catches those edits too. Where the applier's programs run in another namespace
-//!     the save is hashed on every check (the only signal there).
+//!   - slower, on a budgeted cadence: the tables' contents, every entry's bytes but its
+//!     counters ([`XtInfo::contents_hash`], `IPT_SO_GET_ENTRIES`), hashed with the summaries
+//!     ([`legacy_contents`]; about 60 ms of CPU per family at 2,000 policies, nearly all of it
+//!     the kernel's copy, a third of what hashing the save cost), which catches those edits
+//!     too.
 //!
-//!   The same save text is parsed only when a signal moved.
+//!   Where the applier's programs run in another namespace the save is hashed on every check
+//!   ([`save_hash`], the only signal there). The same save text is parsed only when a signal
+//!   moved.
 
 use std::hash::{Hash, Hasher};
 

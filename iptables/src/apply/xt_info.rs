@@ -1,9 +1,11 @@
-//! A legacy (x_tables) table's summary from the kernel: `IPT_SO_GET_INFO` / `IP6T_SO_GET_INFO`
-//! (`linux/netfilter_ipv4/ip_tables.h`, `linux/netfilter_ipv6/ip6_tables.h`), a `getsockopt` on
-//! a raw socket of the family answering with the table's entry count, blob size and hook
-//! offsets in microseconds, where `iptables-legacy-save` takes a few hundred milliseconds on a
-//! large node. The only unsafe code of the crate: libc has the socket calls but no safe wrapper
-//! for a `getsockopt` whose buffer carries input (the table's name).
+//! A legacy (x_tables) table's summary and contents from the kernel: `IPT_SO_GET_INFO` /
+//! `IP6T_SO_GET_INFO` (`linux/netfilter_ipv4/ip_tables.h`, `linux/netfilter_ipv6/ip6_tables.h`),
+//! a `getsockopt` on a raw socket of the family answering with the table's entry count, blob
+//! size and hook offsets in microseconds, where `iptables-legacy-save` takes a few hundred
+//! milliseconds on a large node; and `IPT_SO_GET_ENTRIES` / `IP6T_SO_GET_ENTRIES`, the rules
+//! themselves (the blob the kernel runs), hashed without their counters. The only unsafe code of
+//! the crate: libc has the socket calls but no safe wrapper for a `getsockopt` whose buffer
+//! carries input (the table's name and size).
 #![allow(unsafe_code)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
