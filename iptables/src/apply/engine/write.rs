@@ -142,7 +142,9 @@ impl<R: Runner> Applier<R> {
             tracing::warn!(%table, attempt, %stderr, "iptables-restore failed, re-reading table");
             report.retries += 1;
             self.backoff(attempt - 1);
-            let fresh = self.read_iptables(mode, Some(table))?;
+            let save = self.save_text(mode, Some(table))?;
+            let mut fresh = read_tables(&save);
+            verify_bodies(&save, desired, &mut fresh);
             let view = self.view();
             view.tables.remove(&table);
             view.tables.extend(fresh);
