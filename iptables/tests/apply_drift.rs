@@ -3,8 +3,10 @@
 //! alone; a foreign rule is kept; when nothing changed the check re-reads no table. Each backend
 //! is run twice: with its fast signal (the applier in the namespace, as the agent is: nft's
 //! generation id, legacy's table summaries) and with the save hash (its programs run through
-//! `ip netns exec`). Legacy's summaries themselves are checked v4 and v6, and its slow signal
-//! (the save hash) on an edit in place the summaries cannot see.
+//! `ip netns exec`). Then rules of ours replaced in place keeping their ids (`iptables -R`, and
+//! `nft replace rule` on nft): each found by its body and its chain alone rewritten. Legacy's
+//! summaries and contents hash are checked v4 and v6, and the contents hash on an edit in place
+//! the summaries cannot see.
 
 mod support;
 
