@@ -113,24 +113,21 @@ pub fn verify_bodies(
                 .get(&(*t, chain.as_str()))
                 .map_or(&[][..], Vec::as_slice);
             let aligned = specs.len() == rules.len();
-            let mut any = false;
+            let mut marked = Vec::new();
             for (i, (rule, w)) in rules.iter_mut().zip(want).enumerate() {
                 if rule.hash.as_deref() == Some(w.hash.as_str())
                     && !(aligned && spec_is(specs[i], w))
                 {
-                    mark(rule, t, chain, i);
-                    any = true;
+                    mark(rule, &mut marked, i);
                 }
             }
-            if any {
-                edited.push(format!("{t}/{chain}"));
-            }
+            report(&mut edited, t, chain, &marked);
         }
         for kernel_chain in t.builtin_chains() {
             let Some(rules) = actual.chains.get_mut(*kernel_chain) else {
                 continue;
             };
-            let mut any = false;
+            let mut marked = Vec::new();
             for (i, rule) in rules.iter_mut().enumerate() {
                 let Some(hook) = (d.hooks.iter())
                     .filter(|h| h.kernel_chain == *kernel_chain)
@@ -139,23 +136,32 @@ pub fn verify_bodies(
                     continue;
                 };
                 if !spec_is(&rule.spec, &hook.rule) {
-                    mark(rule, t, kernel_chain, i);
-                    any = true;
+                    mark(rule, &mut marked, i);
                 }
             }
-            if any {
-                edited.push(format!("{t}/{kernel_chain}"));
-            }
+            report(&mut edited, t, kernel_chain, &marked);
         }
     }
     edited
 }
 
-fn mark(rule: &mut ActualRule, table: &TableName, chain: &str, index: usize) {
+/// Marks `rule` (at `index`) edited, noting its position (1-based) and id in `marked`.
+fn mark(rule: &mut ActualRule, marked: &mut Vec<(usize, String)>, index: usize) {
     if let Some(id) = rule.hash.as_mut() {
-        tracing::warn!(%table, %chain, rule = index + 1, %id, "drift: a rule of ours holds another body than its id stands for");
+        marked.push((index + 1, id.clone()));
         id.push_str(EDITED);
     }
+}
+
+/// One log line per chain with rules marked (the first named; a chain that cannot be lined up
+/// has them all marked), and the chain in `edited`.
+fn report(edited: &mut Vec<String>, table: &TableName, chain: &str, marked: &[(usize, String)]) {
+    let Some((rule, id)) = marked.first() else {
+        return;
+    };
+    let rules = marked.len();
+    tracing::warn!(%table, %chain, rule, %id, rules, "drift: a rule of ours holds another body than its id stands for");
+    edited.push(format!("{table}/{chain}"));
 }
 
 /// Whether `spec` (a save line after `-A <chain> `) is `rule` as the kernel saves what we write

@@ -112,10 +112,10 @@ impl<R: Runner> Applier<R> {
                 self.own_restores.fetch_add(1, Ordering::Relaxed);
                 if unmoved {
                     // Only our write moved them (or someone else's in the microseconds around
-                    // it, which the full refresh repairs): the next check need not re-read.
+                    // it, which the re-read below finds): the next check need not re-read.
                     self.seen.fast = self.legacy_info(mode);
                 }
-                // Their contents too (too costly to take around every write): the next time
+                // Not their contents (too costly to take around every write): the next time
                 // the contents hash is taken, the tables are re-read and checked whole.
                 self.seen.contents = None;
                 let actual = self.view().tables.entry(table).or_default();
