@@ -4,9 +4,11 @@
 //! (polled): hook deleted, foreign rule above our hook (reported, kept), set flushed, set members
 //! swapped, `accept` in `cali-FORWARD` through `nft`, the pod's `cali-tw-` chain flushed (iptables
 //! and nft), `-j ACCEPT` on top of it and of its `cali-pi-` chain, the dispatch rule and the chain
-//! deleted, a raw, mangle and nat chain of ours edited. A log line and a metric name each object.
-//! legacy runs on its fast signal (the tables' summaries, the agent being in the namespace); on a
-//! node this small its slow one (the save hash) is cheap enough to be taken on most checks too.
+//! deleted, a raw, mangle and nat chain of ours edited; and rules of ours replaced in place
+//! keeping their `cali:` ids (`iptables -R`, and `nft replace rule` on nft): the workload chain's
+//! `DROP` made `ACCEPT`, the policy chain's port changed and its rule made `ACCEPT`, v4 and v6 (on
+//! legacy most of these keep the table's size). A log line and a metric name each object. legacy
+//! runs on its signal of the tables' summaries and contents (the agent being in the namespace).
 
 mod support;
 
@@ -71,9 +73,71 @@ fn chain(ns: &Netns, tool: &str, table: &str, prefix: &str) -> String {
 
 fn ok_all(ns: &Netns, steps: &[Vec<String>]) {
     for s in steps {
+        if s[0] == "nft-replace" {
+            nft_replace(ns, &s[1], &s[2], s[3].parse().unwrap(), &s[4..]);
+            continue;
+        }
         let args: Vec<&str> = s[1..].iter().map(String::as_str).collect();
         ns.ok(&s[0], &args);
     }
+}
+
+/// `iptables -R`: rule `i` (0-based) of `chain`, as `-S` prints it, made `edit` of itself, its
+/// `cali:` comment kept.
+fn replace_in_place(
+    ns: &Netns,
+    tool: &str,
+    chain: &str,
+    pick: impl Fn(&str) -> bool,
+    edit: impl Fn(&str) -> String,
+) -> Vec<String> {
+    let all = rules(ns, tool, "filter", chain);
+    let (i, line) = (all.iter().enumerate())
+        .find(|(_, l)| l.contains("\"cali:") && pick(l))
+        .unwrap_or_else(|| panic!("no such rule in {chain}: {all:?}"));
+    let edited = edit(line);
+    assert_ne!(&edited, line);
+    let spec = edited.strip_prefix(&format!("-A {chain} ")).unwrap();
+    let mut args = vec![
+        tool.to_string(),
+        "-R".into(),
+        chain.into(),
+        (i + 1).to_string(),
+    ];
+    args.extend(
+        iptables::parse::Tokens { rest: spec }.map(|t| iptables::parse::unquote(t).to_string()),
+    );
+    args
+}
+
+/// `nft replace rule`: rule `i` of `chain` (its handle looked up now) made `stmt`, with nft's own
+/// comment holding the rule's `cali:` id (iptables-nft reads it back as `-m comment`).
+fn nft_replace(ns: &Netns, family: &str, chain: &str, i: usize, stmt: &[String]) {
+    let tool = if family == "ip" {
+        "iptables-nft"
+    } else {
+        "ip6tables-nft"
+    };
+    let line = rules(ns, tool, "filter", chain)[i].clone();
+    let id = (line.split(' '))
+        .find_map(|t| t.strip_prefix("\"cali:"))
+        .unwrap_or_else(|| panic!("no id in {line}"))
+        .trim_end_matches('"')
+        .to_string();
+    let listing = ns.ok("nft", &["-a", "list", "chain", family, "filter", chain]);
+    let handle = (listing.lines())
+        .filter(|l| !l.contains("chain ") && l.contains("# handle "))
+        .nth(i)
+        .and_then(|l| l.rsplit(' ').next())
+        .unwrap_or_else(|| panic!("no rule {i} in {listing}"))
+        .to_string();
+    let comment = format!("\"cali:{id}\"");
+    let mut args = vec![
+        "replace", "rule", family, "filter", chain, "handle", &handle,
+    ];
+    args.extend(stmt.iter().map(String::as_str));
+    args.extend(["comment", &comment]);
+    ns.ok("nft", &args);
 }
 
 fn drift(backend: &str) {
@@ -113,7 +177,9 @@ fn drift(backend: &str) {
         json!({"apiVersion":"projectcalico.org/v3","kind":"NetworkPolicy",
                "metadata":{"name":"db-to-web","namespace":"ns1"},
                "spec":{"tier":"default","order":100,"selector":"app == 'web'","types":["Ingress"],
-                       "ingress":[{"action":"Allow","source":{"selector":"app == 'db'"}}]}}),
+                       "ingress":[{"action":"Allow","protocol":"TCP",
+                                   "source":{"selector":"app == 'db'"},
+                                   "destination":{"ports":[5432]}}]}}),
     );
     let state = tempfile::tempdir().unwrap();
     let agent = Agent::start_with(
@@ -218,6 +284,84 @@ fn drift(backend: &str) {
             ],
         ),
     ];
+    // Rules of ours replaced in place, their ids kept.
+    // The workload chain goes to its shared chain (`cali-si-`), which holds the rules.
+    let shared = (rules(&ns, &ipt, "filter", tw).iter())
+        .find_map(|l| l.split(" -g ").nth(1).map(str::to_string))
+        .unwrap_or_else(|| panic!("{tw} goes to no shared chain"));
+    let any_rule = |_: &str| true;
+    let goto_accepts = |l: &str| format!("{} -j ACCEPT", l.split(" -g ").next().unwrap());
+    let drop_rule = |l: &str| l.ends_with(" -j DROP");
+    let to_accept = |l: &str| l.replace(" -j DROP", " -j ACCEPT");
+    let port_rule = |l: &str| l.contains("5432");
+    let port_changed = |l: &str| l.replace("5432", "5433");
+    let port_rule_accepts = |l: &str| {
+        let matches = l
+            .split(" -j ")
+            .next()
+            .unwrap()
+            .split(" -g ")
+            .next()
+            .unwrap();
+        format!("{matches} -j ACCEPT")
+    };
+    for (v, tool) in [("", &ipt), ("v6 ", &ip6t)] {
+        cases.push((
+            format!("{v}workload chain rule made ACCEPT in place"),
+            vec![replace_in_place(&ns, tool, tw, any_rule, goto_accepts)],
+        ));
+        cases.push((
+            format!("{v}shared workload chain rule's DROP made ACCEPT in place"),
+            vec![replace_in_place(&ns, tool, &shared, drop_rule, to_accept)],
+        ));
+        cases.push((
+            format!("{v}policy chain rule's port changed in place"),
+            vec![replace_in_place(&ns, tool, &pi, port_rule, port_changed)],
+        ));
+        cases.push((
+            format!("{v}policy chain rule made ACCEPT in place"),
+            vec![replace_in_place(
+                &ns,
+                tool,
+                &pi,
+                port_rule,
+                port_rule_accepts,
+            )],
+        ));
+    }
+    if backend == "nft" {
+        let at = |chain: &str, pick: &dyn Fn(&str) -> bool| {
+            (rules(&ns, &ipt, "filter", chain).iter())
+                .position(|l| l.contains("\"cali:") && pick(l))
+                .unwrap()
+                .to_string()
+        };
+        let port_at = at(&pi, &port_rule);
+        for family in ["ip", "ip6"] {
+            let replace = |chain: &str, i: &str, stmt: &str| {
+                let mut step = vec![
+                    "nft-replace".to_string(),
+                    family.into(),
+                    chain.into(),
+                    i.into(),
+                ];
+                step.extend(stmt.split(' ').map(str::to_string));
+                vec![step]
+            };
+            cases.push((
+                format!("{family}: workload chain rule replaced by an accept through nft"),
+                replace(tw, "0", "counter accept"),
+            ));
+            cases.push((
+                format!("{family}: policy chain rule's port changed through nft"),
+                replace(
+                    &pi,
+                    &port_at,
+                    "meta l4proto tcp tcp dport 5433 counter accept",
+                ),
+            ));
+        }
+    }
     for table in ["raw", "mangle", "nat"] {
         let c = chain(&ns, &ipt, table, "cali-");
         cases.push((
@@ -280,11 +424,19 @@ fn drift(backend: &str) {
 
     // A log line and a metric per repaired object, naming it.
     let log = agent.log();
-    // legacy: the tables' summaries were asked all along (the agent runs in the namespace).
+    // legacy: the tables' contents were asked all along (the agent runs in the namespace).
     assert!(
-        !log.contains("legacy tables' summaries"),
+        !log.contains("legacy tables' contents"),
         "{backend}: the fast signal failed\n{log}"
     );
+    // An edit in place is named as such, with its chain.
+    for chain in [tw, shared.as_str(), pi.as_str()] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("holds another body") && l.contains(chain)),
+            "{backend}: the edit in place of {chain} not logged\n{log}"
+        );
+    }
     for object in [
         format!("ipv4 filter/{tw}"),
         format!("ipv6 filter/{tw}"),

@@ -4,18 +4,23 @@
 //!
 //! `cargo bench -p iptables --bench drift` (optional args: `legacy`, `nft`, `rounds=N`).
 //!
-//! Reported per backend: the check with nothing changed, on the fast signal alone (median wall
-//! time of both families' checks, and the CPU time they cost, this process and its children,
-//! from `/proc/self/stat`), as a share of one core at the default 2 s interval; its parts (the
-//! fast signal alone; the one `ipset save` both families' set checks share, as the agent's);
-//! legacy's slow signal (the save hash) and its cadence at the default `save_hash_factor`, with
-//! the share it adds; then one workload chain flushed: the check that finds and repairs it.
+//! Reported per backend: the check with nothing changed (median wall time of both families'
+//! checks, and the CPU time they cost, this process and its children, from `/proc/self/stat`),
+//! as a share of one core at the default 2 s interval; its parts (the change signal alone:
+//! nft's generation, legacy's table summaries and contents hash; the one `ipset save` both
+//! families' set checks share, as the agent's); a check whose signal moved with nothing of ours
+//! changed (a foreign rule), and the body check's share of it; then the tampers: one workload
+//! chain flushed, and one of its rules replaced in place keeping its id (`-j DROP` ->
+//! `-j ACCEPT`, the same size in a legacy table): the v4 check that finds and repairs each.
+//! The first check after the apply asserts that no rule the renderer wrote is taken for edited
+//! (every rule of both families re-saved by the kernel and compared).
 
 use std::time::{Duration, Instant};
 
 use calc_graph::proto::IpVersion;
 use felixrs_test_support::netns::Netns;
-use iptables::apply::signal::{NftGeneration, legacy_info, save_hash};
+use iptables::apply::drift::verify_bodies;
+use iptables::apply::signal::{NftGeneration, legacy_contents, legacy_info};
 use iptables::apply::xt_info::XtInfo;
 use iptables::apply::{Applier, ApplierConfig, Backend, ExecRunner, Mode, Runner};
 use iptables::render::{RenderConfig, Renderer};
@@ -52,8 +57,6 @@ fn bench(backend: Backend, rounds: usize, renderer: &Renderer) {
             let config = ApplierConfig {
                 family,
                 backend,
-                // The fast signal alone; the slow one is measured below.
-                save_hash_factor: u32::MAX,
                 ..ApplierConfig::default()
             };
             (family, Applier::new(ExecRunner::new(), config))
@@ -64,9 +67,15 @@ fn bench(backend: Backend, rounds: usize, renderer: &Renderer) {
         mode = a.mode().unwrap();
         a.apply(renderer.desired_ref(*family)).unwrap();
     }
-    // The first checks learn the signal (with nft, each family's apply moved the generation).
+    // The first checks learn the signal (with nft, each family's apply moved the generation),
+    // re-reading the tables: every rule of ours as the kernel re-saved it is what we wrote.
     for (family, a) in &mut appliers {
-        a.check_drift(renderer.desired_ref(*family), None).unwrap();
+        let (d, report) = a.check_drift(renderer.desired_ref(*family), None).unwrap();
+        assert_eq!(d.listings, 1, "{family:?}: {d:?}");
+        assert!(
+            d.drifted.is_empty() && d.edited.is_empty() && report.is_none(),
+            "{family:?}: the body check flags a rule the kernel only re-saved: {d:?}"
+        );
     }
     let mut walls = Vec::new();
     let cpu0 = cpu();
@@ -109,7 +118,7 @@ fn bench(backend: Backend, rounds: usize, renderer: &Renderer) {
     let runner = ExecRunner::new();
     let mut signal = Vec::new();
     let mut generation = NftGeneration::open().unwrap();
-    let xt = [IpVersion::V4, IpVersion::V6].map(|f| XtInfo::open(f).unwrap());
+    let mut xt = [IpVersion::V4, IpVersion::V6].map(|f| XtInfo::open(f).unwrap());
     for _ in 0..rounds {
         let t = Instant::now();
         match mode {
@@ -142,34 +151,77 @@ fn bench(backend: Backend, rounds: usize, renderer: &Renderer) {
         ms(median(sets))
     );
     if mode == Mode::Legacy {
-        // The slow signal: each family's save, hashed.
-        let factor = ApplierConfig::default().save_hash_factor;
+        // The slower signal: each family's tables' contents hashed (IPT_SO_GET_ENTRIES).
+        let factor = ApplierConfig::default().contents_hash_factor;
         let mut walls = [Vec::new(), Vec::new()];
         let cpu0 = cpu();
         for _ in 0..rounds {
-            for (family, wall) in [IpVersion::V4, IpVersion::V6].into_iter().zip(&mut walls) {
+            for (x, wall) in xt.iter_mut().zip(&mut walls) {
                 let t = Instant::now();
-                let out = runner.run(&mode.save_program(family), &[], None).unwrap();
-                std::hint::black_box(save_hash(&String::from_utf8_lossy(&out.stdout)));
+                std::hint::black_box(legacy_contents(x).unwrap());
                 wall.push(t.elapsed());
             }
         }
-        let hash_cpu = (cpu() - cpu0) / rounds as u32;
+        let contents_cpu = (cpu() - cpu0) / rounds as u32;
         let [v4, v6] = walls.map(median);
-        // Each applier hashes again once `factor` times its last hash's wall time has passed;
-        // the shorter family's cadence for both: an upper bound of the share.
+        // Each applier takes it again once `factor` times its last duration has passed; the
+        // shorter family's cadence for both: an upper bound of the share.
         let cadence = v4.min(v6) * factor;
-        let added = hash_cpu.as_secs_f64() / cadence.as_secs_f64() * 100.0;
+        let added = contents_cpu.as_secs_f64() / cadence.as_secs_f64() * 100.0;
         println!(
-            "  slow signal, the save hash: v4 {} + v6 {} wall (median), {} CPU both (mean); every {:.1} s at save_hash_factor {factor} (about every {} checks): +{added:.2}% of one core at most, {:.2}% in all",
+            "  slower signal, the contents hash: v4 {} + v6 {} wall (median), {} CPU both (mean); every {:.1} s at contents_hash_factor {factor}: +{added:.2}% of one core at most, {:.2}% in all",
             ms(v4),
             ms(v6),
-            ms(hash_cpu),
+            ms(contents_cpu),
             cadence.as_secs_f64(),
-            (cadence.as_secs_f64() / INTERVAL.as_secs_f64()).round(),
             share + added
         );
     }
+    // The signal moved, nothing of ours changed (a foreign rule appended below our hook): the
+    // v4 check re-reads, checks every body and plans, and repairs nothing.
+    let list = mode.list_program(IpVersion::V4);
+    let foreign = ["INPUT", "-s", "192.0.2.9/32", "-j", "ACCEPT"];
+    let mut moved = Vec::new();
+    for _ in 0..rounds.min(5) {
+        let add = runner.run(&list, &[&["-A"][..], &foreign].concat(), None);
+        assert!(add.unwrap().status.success());
+        let (family, a) = &mut appliers[0];
+        let t = Instant::now();
+        let (d, report) = a.check_drift(renderer.desired_ref(*family), None).unwrap();
+        moved.push(t.elapsed());
+        assert!(
+            d.listings == 1 && d.drifted.is_empty() && report.is_none(),
+            "{d:?}"
+        );
+        let del = runner.run(&list, &[&["-D"][..], &foreign].concat(), None);
+        assert!(del.unwrap().status.success());
+        a.check_drift(renderer.desired_ref(*family), None).unwrap();
+    }
+    // The body check alone, on that save.
+    let save = runner
+        .run(&mode.save_program(IpVersion::V4), &[], None)
+        .unwrap();
+    let save = String::from_utf8(save.stdout).unwrap();
+    let mut tables = iptables::parse::read_tables(&save);
+    let desired = renderer.desired_ref(IpVersion::V4);
+    let mut bodies = Vec::new();
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let edited = verify_bodies(&save, desired, &mut tables);
+        bodies.push(t.elapsed());
+        assert!(edited.is_empty(), "{edited:?}");
+    }
+    let rules: usize = desired
+        .tables
+        .values()
+        .flat_map(|t| t.chains.values())
+        .map(Vec::len)
+        .sum();
+    println!(
+        "  signal moved, nothing of ours changed: one v4 check {} (median); of which the body check of {rules} rules: {}",
+        ms(median(moved)),
+        ms(median(bodies))
+    );
     // A tamper: one workload chain flushed; the check that finds and repairs it.
     let tw = renderer
         .desired_ref(IpVersion::V4)
@@ -196,6 +248,49 @@ fn bench(backend: Backend, rounds: usize, renderer: &Renderer) {
     println!(
         "  {tw} flushed: found and repaired by one v4 check in {} (median)",
         ms(median(repairs))
+    );
+    // A tamper: its rule (a goto to its shared chain) replaced in place by an accept, its id
+    // kept: the same size in a legacy table (both are standard targets).
+    let rules = &renderer.desired_ref(IpVersion::V4).tables[&iptables::desired::TableName::Filter]
+        .chains[&tw];
+    let (i, rule) = (rules.iter().enumerate())
+        .find(|(_, r)| r.body().starts_with("-g ") || r.body().contains(" -g "))
+        .unwrap_or_else(|| panic!("no goto in {tw}: {rules:?}"));
+    let comment = format!("cali:{}", rule.hash);
+    let index = (i + 1).to_string();
+    let mut args = vec!["-R", &tw, &index, "-m", "comment", "--comment", &comment];
+    let matches = rule.body().split("-g ").next().unwrap().trim_end();
+    args.extend(matches.split(' ').filter(|t| !t.is_empty()));
+    args.extend(["-j", "ACCEPT"]);
+    // Checked every 2 s as the agent does (legacy's same-size edit waits for the contents
+    // hash's cadence): the time from the tamper to its repair.
+    let mut repairs = Vec::new();
+    for _ in 0..rounds.min(3) {
+        let out = runner
+            .run(&mode.list_program(IpVersion::V4), &args, None)
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let (family, a) = &mut appliers[0];
+        let t = Instant::now();
+        loop {
+            let tick = Instant::now();
+            let (d, report) = a.check_drift(renderer.desired_ref(*family), None).unwrap();
+            if !d.edited.is_empty() {
+                assert_eq!(d.edited, vec![format!("filter/{tw}")], "{d:?}");
+                assert!(report.is_some());
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(120), "never repaired");
+            std::thread::sleep(INTERVAL.saturating_sub(tick.elapsed()));
+        }
+        repairs.push(t.elapsed());
+        a.check_drift(renderer.desired_ref(*family), None).unwrap();
+    }
+    println!(
+        "  {tw} rule {} made ACCEPT in place, id kept, checks every {INTERVAL:?}: repaired {} after the tamper (median), {} at worst",
+        i + 1,
+        ms(median(repairs.clone())),
+        ms(*repairs.iter().max().unwrap())
     );
 }
 

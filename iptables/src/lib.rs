@@ -11,7 +11,7 @@
 //!   direction and action (pure).
 //! * [`apply`]: the transactional applier (`iptables-restore --noflush`, `ipset restore`), the only I/O,
 //!   behind a small runner trait.
-// Denied everywhere but `apply::xt_info` (one `getsockopt`, no safe wrapper exists).
+// Denied everywhere but `apply::xt_info` (its `getsockopt`s, no safe wrapper exists).
 #![deny(unsafe_code)]
 
 pub mod apply;

@@ -3,15 +3,17 @@
 //! alone; a foreign rule is kept; when nothing changed the check re-reads no table. Each backend
 //! is run twice: with its fast signal (the applier in the namespace, as the agent is: nft's
 //! generation id, legacy's table summaries) and with the save hash (its programs run through
-//! `ip netns exec`). Legacy's summaries themselves are checked v4 and v6, and its slow signal
-//! (the save hash) on an edit in place the summaries cannot see.
+//! `ip netns exec`). Then rules of ours replaced in place keeping their ids (`iptables -R`, and
+//! `nft replace rule` on nft): each found by its body and its chain alone rewritten. Legacy's
+//! summaries and contents hash are checked v4 and v6, and the contents hash on an edit in place
+//! the summaries cannot see.
 
 mod support;
 
 use std::process::Command;
 
 use felixrs_test_support::netns::in_netns;
-use iptables::apply::signal::legacy_info;
+use iptables::apply::signal::{legacy_contents, legacy_info};
 use iptables::apply::xt_info::XtInfo;
 use iptables::apply::{Applier, ApplierConfig, Backend, ExecRunner};
 use iptables::desired::{DesiredState, DesiredTable, IpVersion, TableName};
@@ -165,8 +167,8 @@ fn drift(backend: Backend, ipt: &'static str, in_namespace: bool) {
         let desired = mk_state();
         let config = ApplierConfig {
             backend,
-            // The fast signals alone: legacy's save hash, taken once, never again.
-            save_hash_factor: u32::MAX,
+            // legacy: the contents hash on every check (its cadence is the agent's budget's).
+            contents_hash_factor: 0,
             ..ApplierConfig::default()
         };
         let mut applier = Applier::new(runner, config.clone());
@@ -268,10 +270,126 @@ fn drift(backend: Backend, ipt: &'static str, in_namespace: bool) {
                 d.drifted.is_empty() && report.is_none(),
                 "{what}: after repair {d:?}"
             );
-            // With the fast signals our own restores are accounted for: nothing is re-read.
+            // With the fast signals our own restores are accounted for: nothing is re-read
+            // (nft at once; legacy's contents hash, not taken around writes, re-reads once).
+            let nft = backend == Backend::Nft;
+            assert!(!in_namespace || !nft || d.listings == 0, "{what}: {d:?}");
+            let (d, _) = applier.check_drift(&desired, None).unwrap();
             assert!(!in_namespace || d.listings == 0, "{what}: {d:?}");
         }
+
+        // Rules of ours replaced in place keeping their ids: each found by its body, its chain
+        // alone rewritten; legacy's same-size edits (a standard target swapped, a port changed)
+        // on the fast signal.
+        for (what, chain, steps) in edits_in_place(&desired, ipt) {
+            for step in &steps {
+                let args: Vec<String> = step[1..].iter().map(|a| nft_handle(a, &chain)).collect();
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                ok(&step[0], &args);
+            }
+            assert_ne!(ours(ipt), before, "{what}: the tamper took");
+            let (d, report) = applier.check_drift(&desired, None).unwrap();
+            let want = vec![format!("filter/{chain}")];
+            assert_eq!(d.drifted, want, "{what}: {d:?}");
+            assert_eq!(d.edited, want, "{what}: {d:?}");
+            assert_eq!(d.listings, 1, "{what}");
+            let written = report.unwrap_or_else(|| panic!("{what}: nothing written"));
+            assert_eq!(written.iptables.len(), 1, "{what}: {written:?}");
+            assert_eq!(
+                written.iptables[&TableName::Filter]
+                    .matches("\n-R ")
+                    .count(),
+                1,
+                "{what}: the one rule replaced: {written:?}"
+            );
+            assert_eq!(ours(ipt), before, "{what}");
+            let (d, report) = applier.check_drift(&desired, None).unwrap();
+            assert!(
+                d.drifted.is_empty() && report.is_none(),
+                "{what}: after repair {d:?}"
+            );
+        }
     });
+}
+
+/// `#<i>`: the nft handle of rule `i` of `chain` (v4 filter) now; any other argument as it is.
+fn nft_handle(arg: &str, chain: &str) -> String {
+    let Some(i) = arg.strip_prefix('#').and_then(|i| i.parse::<usize>().ok()) else {
+        return arg.to_string();
+    };
+    let listing = ok("nft", &["-a", "list", "chain", "ip", "filter", chain]);
+    (listing.lines())
+        .filter(|l| !l.contains("chain ") && l.contains("# handle "))
+        .nth(i)
+        .and_then(|l| l.rsplit(' ').next())
+        .unwrap_or_else(|| panic!("no rule {i} in {listing}"))
+        .to_string()
+}
+
+/// Edits in place of rules of ours that keep their `cali:` comment: through `iptables -R`, in the
+/// workload chain (`DROP` -> `ACCEPT`) and the policy chain (its port, and `RETURN` ->
+/// `ACCEPT`: both the same size in a legacy table); with nft also `nft replace rule`. Each: a
+/// name, the chain, the commands.
+fn edits_in_place(desired: &DesiredState, ipt: &str) -> Vec<(String, String, Vec<Vec<String>>)> {
+    const PI: &str = "cali-pi-_web-allow-db";
+    let rule = |chain: &str, i: usize| desired.tables[&TableName::Filter].chains[chain][i].clone();
+    let replace = |chain: &str, i: usize, body: String| {
+        let mut args: Vec<String> = [ipt, "-R", chain].map(str::to_string).to_vec();
+        args.push((i + 1).to_string());
+        args.extend(["-m", "comment", "--comment"].map(str::to_string));
+        args.push(format!("cali:{}", rule(chain, i).hash));
+        args.extend(body.split(' ').map(str::to_string));
+        vec![args]
+    };
+    let invalid = rule(TW, 1);
+    assert_eq!(invalid.body(), "-m conntrack --ctstate INVALID -j DROP");
+    let port = rule(PI, 0);
+    assert!(port.body().contains("--dports 5432 "), "{port:?}");
+    let ret = rule(PI, 1);
+    assert!(ret.body().ends_with("-j RETURN"), "{ret:?}");
+    let mut edits = vec![
+        (
+            "workload chain rule's DROP made ACCEPT, id kept".to_string(),
+            TW.to_string(),
+            replace(TW, 1, invalid.body().replace("DROP", "ACCEPT")),
+        ),
+        (
+            "policy chain rule's port changed, id kept".to_string(),
+            PI.to_string(),
+            replace(PI, 0, port.body().replace("5432", "5433")),
+        ),
+        (
+            "policy chain rule's RETURN made ACCEPT, id kept".to_string(),
+            PI.to_string(),
+            replace(PI, 1, ret.body().replace("RETURN", "ACCEPT")),
+        ),
+    ];
+    if ipt.contains("nft") {
+        // nft's own comment is the one iptables-nft reads back as `-m comment`.
+        // The handle is looked up when the step runs (`#<i>`: the chain's rule i).
+        let nft = |chain: &str, i: usize, stmt: &str| {
+            let handle = format!("#{i}");
+            let comment = format!("\"cali:{}\"", rule(chain, i).hash);
+            let mut args: Vec<String> = ["nft", "replace", "rule", "ip", "filter", chain, "handle"]
+                .map(str::to_string)
+                .to_vec();
+            args.push(handle);
+            args.extend(stmt.split(' ').map(str::to_string));
+            args.extend(["comment".to_string(), comment]);
+            vec![args]
+        };
+        edits.push((
+            "workload chain rule replaced by an accept through nft, id kept".to_string(),
+            TW.to_string(),
+            nft(TW, 1, "counter accept"),
+        ));
+        edits.push((
+            "policy chain rule's port changed through nft, id kept".to_string(),
+            PI.to_string(),
+            nft(PI, 0, "meta l4proto tcp tcp dport 5433 counter accept"),
+        ));
+    }
+    edits
 }
 
 #[test]
@@ -294,10 +412,10 @@ fn every_tamper_is_found_and_repaired_alone_nft_save_hash() {
     drift(Backend::Nft, "iptables-nft", false);
 }
 
-/// Legacy's fast signal, v4 and v6, on a namespace's own tables: still while nothing changes;
-/// moved by a flush, an insert, a delete, a chain created or deleted, in filter and in nat;
-/// blind to an edit in place of the same size (the save hash's job); and never creating a table
-/// the kernel did not have.
+/// Legacy's signals, v4 and v6, on a namespace's own tables: still while nothing changes; the
+/// summaries moved by a flush, an insert, a delete, a chain created or deleted, in filter and in
+/// nat, blind to an edit in place of the same size, which moves the contents hash; and never
+/// creating a table the kernel did not have.
 #[test]
 fn the_legacy_summaries_move_on_every_structural_change() {
     let ns = kernel_netns();
@@ -318,7 +436,7 @@ fn the_legacy_summaries_move_on_every_structural_change() {
             ok(ipt, &["-A", "cali-x", "-j", "ACCEPT"]);
             ok(ipt, &["-I", "FORWARD", "1", "-j", "cali-x"]);
             ok(ipt, &["-t", "nat", "-N", "cali-n"]);
-            let xt = XtInfo::open(family).unwrap();
+            let mut xt = XtInfo::open(family).unwrap();
             let tables = std::fs::read_to_string(names).unwrap();
             assert!(!tables.contains("raw"), "{tables}");
             let mut last = legacy_info(&xt).unwrap();
@@ -344,9 +462,20 @@ fn the_legacy_summaries_move_on_every_structural_change() {
                 assert_ne!(now, last, "{family:?}: {step:?} did not move the signal");
                 last = now;
             }
-            // The same size: unseen here.
+            // The same size: unseen by the summaries, seen by the contents; still after.
+            let contents = legacy_contents(&mut xt).unwrap();
+            assert_eq!(legacy_contents(&mut xt).unwrap(), contents, "{family:?}");
             ok(ipt, &["-R", "cali-x", "1", "-j", "ACCEPT"]);
             assert_eq!(legacy_info(&xt).unwrap(), last, "{family:?}");
+            let moved = legacy_contents(&mut xt).unwrap();
+            assert_ne!(moved, contents, "{family:?}: -R of the same size");
+            // Counters are no content: the same rule with other counters moves nothing.
+            ok(
+                ipt,
+                &["-R", "cali-x", "1", "-c", "7", "700", "-j", "ACCEPT"],
+            );
+            assert!(ok(&format!("{ipt}-save"), &["-c"]).contains("[7:700] -A cali-x"));
+            assert_eq!(legacy_contents(&mut xt).unwrap(), moved, "{family:?}");
             assert_eq!(std::fs::read_to_string(names).unwrap(), tables);
             assert_eq!(
                 xt.get("no-such-table").unwrap_err().kind(),
@@ -357,16 +486,15 @@ fn the_legacy_summaries_move_on_every_structural_change() {
 }
 
 /// An edit in place that keeps the blob's size (a policy rule's target flipped, under another
-/// comment) escapes the summaries; the save hash, on its cadence, finds and repairs it.
+/// comment) escapes the summaries; the contents hash finds it on the next check.
 #[test]
-fn an_edit_in_place_is_found_by_the_legacy_save_hash() {
+fn an_edit_in_place_is_found_by_the_legacy_contents_hash() {
     let ns = kernel_netns();
     in_netns(ns.name(), || {
         let desired = mk_state();
         let config = ApplierConfig {
             backend: Backend::Legacy,
-            // The save hash is due again once as long as it took has passed.
-            save_hash_factor: 1,
+            contents_hash_factor: 0,
             ..ApplierConfig::default()
         };
         let mut applier = Applier::new(ExecRunner::new(), config);
@@ -409,7 +537,6 @@ fn an_edit_in_place_is_found_by_the_legacy_save_hash() {
             info,
             "the summaries cannot see it"
         );
-        std::thread::sleep(std::time::Duration::from_millis(200));
         let (d, report) = applier.check_drift(&desired, None).unwrap();
         assert_eq!(d.drifted, vec![format!("filter/{chain}")], "{d:?}");
         assert_eq!(d.listings, 1);

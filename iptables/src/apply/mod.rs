@@ -3,8 +3,8 @@
 //! This is the only part of the crate that does I/O, and all of it goes through [`Runner`]
 //! ([`ExecRunner`]: std::process, optionally inside `ip netns exec <ns>`), but for the drift
 //! check's change signals ([`signal`], asked in the caller's own namespace only): the nft
-//! generation id over a netfilter netlink socket, and the legacy tables' summaries over a raw
-//! socket ([`xt_info`], the crate's only unsafe code).
+//! generation id over a netfilter netlink socket, and the legacy tables' summaries and contents
+//! over a raw socket ([`xt_info`], the crate's only unsafe code).
 //!
 //! # Use
 //! ```no_run
@@ -45,7 +45,8 @@
 //! read by [`crate::parse::read_tables`]. This module runs the tools and keeps the state between
 //! applies:
 //! * [`drift`]: the fast check of everything of ours between two full refreshes; [`signal`]: its
-//!   cheap "did anything change" per backend; [`xt_info`]: `IPT_SO_GET_INFO`, legacy's.
+//!   cheap "did anything change" per backend; [`xt_info`]: `IPT_SO_GET_INFO` and
+//!   `IPT_SO_GET_ENTRIES`, legacy's.
 //! * [`backend`]: legacy vs nft detection, binaries and lock options.
 //! * [`runner`]: the process runner trait and its std::process implementation.
 //! * [`cleanup`]: removing everything of ours from a node (`felixrs cleanup`).

@@ -10,12 +10,15 @@
 //!     ([`XtInfo`], `IPT_SO_GET_INFO`: microseconds), hashed ([`legacy_info`]). Every rule or
 //!     chain added or deleted (flush, insert, delete, chain create/delete) moves it; an edit in
 //!     place that keeps the blob's size (one rule's `DROP` -> `ACCEPT`) does not.
-//!   - slow, on a budgeted cadence: the save of the family's tables hashed without its comments
-//!     and chain counters ([`save_hash`]; about 0.2 s of CPU per family at 2,000 policies),
-//!     which catches those edits too. Where the applier's programs run in another namespace
-//!     the save is hashed on every check (the only signal there).
+//!   - slower, on a budgeted cadence: the tables' contents, every entry's bytes but its
+//!     counters ([`XtInfo::contents_hash`], `IPT_SO_GET_ENTRIES`), hashed with the summaries
+//!     ([`legacy_contents`]; about 60 ms of CPU per family at 2,000 policies, nearly all of it
+//!     the kernel's copy, a third of what hashing the save cost), which catches those edits
+//!     too.
 //!
-//!   The same save text is parsed only when a signal moved.
+//!   Where the applier's programs run in another namespace the save is hashed on every check
+//!   ([`save_hash`], the only signal there). The same save text is parsed only when a signal
+//!   moved.
 
 use std::hash::{Hash, Hasher};
 
@@ -111,6 +114,38 @@ pub fn legacy_info(xt: &XtInfo) -> std::io::Result<u64> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None::<()>.hash(&mut h),
             Err(e) => return Err(e),
         }
+    }
+    Ok(h.finish())
+}
+
+/// The legacy tables' signal the drift check asks: [`legacy_info`]'s summaries and each table's
+/// rules themselves ([`XtInfo::contents_hash`], counters left out), hashed together, so an edit
+/// in place that keeps a table's size moves it too. A few milliseconds per family at 2,000
+/// policies (the kernel's copy of the blob and a word hash over it).
+pub fn legacy_contents(xt: &mut XtInfo) -> std::io::Result<u64> {
+    let names = std::fs::read_to_string(xt.names_file())?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for table in TableName::ALL {
+        if !names.lines().any(|n| n == table.as_str()) {
+            continue;
+        }
+        table.hash(&mut h);
+        // A table changing size between the two questions: ask both again.
+        let mut tries = 0;
+        let value = loop {
+            let info = match xt.get(table.as_str()) {
+                Ok(info) => info,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break None,
+                Err(e) => return Err(e),
+            };
+            match xt.contents_hash(table.as_str(), info.size) {
+                Ok(rules) => break Some((info, rules)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break None,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && tries < 3 => tries += 1,
+                Err(e) => return Err(e),
+            }
+        };
+        value.hash(&mut h);
     }
     Ok(h.finish())
 }

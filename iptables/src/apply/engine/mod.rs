@@ -22,10 +22,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::backend::{self, Backend, Detection, Mode};
-use super::drift::{DriftReport, ROOTS, touched};
+use super::drift::{DriftReport, ROOTS, touched, verify_bodies};
 use super::error::{ApplyError, blame, clean_stderr, failed_line, payload_line};
 use super::runner::Runner;
-use super::signal::{NftGeneration, legacy_info, save_hash};
+use super::signal::{NftGeneration, legacy_contents, legacy_info, save_hash};
 use super::xt_info::XtInfo;
 use crate::desired::diff::{Op, plan_chains, plan_table, render, simulate};
 use crate::desired::ipset::{
@@ -50,12 +50,14 @@ pub struct ApplierConfig {
     /// Re-read the kernel before every apply (Felix's defensive default) instead of only on
     /// [`Applier::refresh`], on the first apply and after failures.
     pub reread_every_apply: bool,
-    /// Legacy's slow drift signal, the save's hash ([`super::signal`]), is taken again only
-    /// once this many times its last duration has passed: 300 = at most 1/3% of one core per
-    /// family, so both families' stay within what the agent's 2% drift budget leaves after
-    /// the fast checks (about 1.2% at 2,000 policies, mostly the one `ipset save`); about every
-    /// 65 s there. 0: on every check.
-    pub save_hash_factor: u32,
+    /// Legacy's second drift signal, the tables' contents hash
+    /// ([`super::signal::legacy_contents`], what sees an edit in place that keeps a table's
+    /// size), is taken again only once this many times its last duration has passed: 250 = at
+    /// most 0.4% of one core per family, what the agent's 2% drift budget leaves after the idle
+    /// checks (about 1.1% at 2,000 policies, mostly the one `ipset save`): on every check on a
+    /// small node, about every 15 s at 2,000 policies (about 60 ms per family, nearly all of it
+    /// the kernel's copy of the table). 0: on every check.
+    pub contents_hash_factor: u32,
 }
 
 impl Default for ApplierConfig {
@@ -66,7 +68,7 @@ impl Default for ApplierConfig {
             max_attempts: 5,
             initial_backoff: Duration::from_millis(10),
             reread_every_apply: false,
-            save_hash_factor: 300,
+            contents_hash_factor: 250,
         }
     }
 }
@@ -141,6 +143,10 @@ struct Seed {
 struct KernelView {
     tables: BTreeMap<TableName, ActualTable>,
     sets: BTreeMap<String, ActualSet>,
+    /// The save `tables` were read from, until the next apply has checked the bodies of our
+    /// rules in it ([`verify_bodies`]): a full read can come before the desired state is known
+    /// ([`Applier::read_kernel`]).
+    unverified: Option<String>,
 }
 
 /// Writes [`DesiredState`]s of one family to the kernel through a [`Runner`].
@@ -167,18 +173,19 @@ pub struct Applier<R: Runner> {
     xt_info: Option<XtInfo>,
     /// The change signals' values when the tables last matched our view.
     seen: Seen,
-    /// When the last save was hashed, and how long that took.
-    last_save: Option<(Instant, Duration)>,
+    /// When legacy's contents hash was last taken, and how long that took.
+    last_contents: Option<(Instant, Duration)>,
 }
 
 /// The change signals' values ([`super::signal`]) when the tables last matched our view.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Seen {
-    /// nft: the generation; legacy: the tables' summaries, or the save's hash where those
-    /// cannot be asked.
+    /// nft: the generation; legacy: the tables' summaries; the save's hash where neither can be
+    /// asked.
     fast: Option<u64>,
-    /// legacy, beside the summaries: the save's hash, taken on a slower cadence.
-    save: Option<u64>,
+    /// legacy, beside the summaries: the tables' contents hash, taken on a slower cadence;
+    /// `None` after a write of ours (the next one taken differs, and the tables are re-read).
+    contents: Option<u64>,
 }
 
 impl<R: Runner> Applier<R> {
@@ -202,7 +209,7 @@ impl<R: Runner> Applier<R> {
             own_restores: Arc::default(),
             xt_info: None,
             seen: Seen::default(),
-            last_save: None,
+            last_contents: None,
         }
     }
 
@@ -325,8 +332,10 @@ impl<R: Runner> Applier<R> {
         let (Some(mode), Some(_)) = (self.mode, self.view.as_ref()) else {
             return Ok((drift, None));
         };
-        if let (Some(tables), seen) = self.tables_if_changed(mode)? {
+        if let (Some(save), seen) = self.tables_if_changed(mode)? {
             drift.listings = 1;
+            let mut tables = read_tables(&save);
+            drift.edited = verify_bodies(&save, desired, &mut tables);
             for table in TableName::ALL {
                 let actual = tables.get(&table).unwrap_or(&EMPTY_TABLE);
                 let d = desired.tables.get(&table);
@@ -367,53 +376,39 @@ impl<R: Runner> Applier<R> {
         Ok((drift, Some(report)))
     }
 
-    /// This backend's tables as the kernel has them now, or `None` when the change signals say
+    /// This backend's save as the kernel has it now, or `None` when the change signals say
     /// nothing changed since the last look or our last write ([`super::signal`]); and the
     /// signals' values, taken before the tables were read (a change in between is seen again).
-    fn tables_if_changed(
-        &mut self,
-        mode: Mode,
-    ) -> Result<(Option<BTreeMap<TableName, ActualTable>>, Seen), ApplyError> {
-        let fast = self.nft_generation(mode).or_else(|| self.legacy_info(mode));
-        if let Some(fast) = fast {
-            let seen = Seen {
+    fn tables_if_changed(&mut self, mode: Mode) -> Result<(Option<String>, Seen), ApplyError> {
+        if let Some(fast) = self.nft_generation(mode).or_else(|| self.legacy_info(mode)) {
+            let mut seen = Seen {
                 fast: Some(fast),
-                save: self.seen.save,
+                contents: self.seen.contents,
             };
-            let save_due = mode == Mode::Legacy
-                && self.last_save.is_none_or(|(at, took)| {
-                    at.elapsed() >= took.saturating_mul(self.config.save_hash_factor)
+            let contents_due = mode == Mode::Legacy
+                && self.last_contents.is_none_or(|(at, took)| {
+                    at.elapsed() >= took.saturating_mul(self.config.contents_hash_factor)
                 });
-            if self.seen == seen && !save_due {
+            if contents_due {
+                let started = Instant::now();
+                seen.contents = self.legacy_contents(mode);
+                self.last_contents = Some((started, started.elapsed()));
+            }
+            if self.seen == seen {
                 return Ok((None, seen));
             }
-            if mode == Mode::Nft {
-                return Ok((Some(self.read_iptables(mode, None)?), seen));
-            }
+            return Ok((Some(self.save_text(mode, None)?), seen));
         }
-        // The save, hashed: legacy's slow signal, or the only one where no fast one can be
-        // asked (the programs run in another namespace).
-        let started = Instant::now();
-        let program = mode.save_program(self.config.family);
-        let out = self.run_save(&program, &[])?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        if !out.status.success() || text.contains(INCOMPATIBLE) {
-            // Its error names the failure.
-            return Ok((Some(self.read_iptables(mode, None)?), Seen::default()));
-        }
-        let hash = Some(save_hash(&text));
-        self.last_save = Some((started, started.elapsed()));
-        let seen = match fast {
-            Some(_) => Seen { fast, save: hash },
-            None => Seen {
-                fast: hash,
-                save: None,
-            },
+        // No signal can be asked (the programs run in another namespace): the save, hashed.
+        let text = self.save_text(mode, None)?;
+        let seen = Seen {
+            fast: Some(save_hash(&text)),
+            contents: None,
         };
         if self.seen == seen {
             return Ok((None, seen));
         }
-        Ok((Some(read_tables(&text)), seen))
+        Ok((Some(text), seen))
     }
 
     /// Legacy's fast signal, the tables' summaries ([`legacy_info`]), when this backend is
@@ -428,6 +423,21 @@ impl<R: Runner> Applier<R> {
             || XtInfo::open(self.config.family),
             |s| legacy_info(s),
             "the legacy tables' summaries",
+            "hashes the save",
+        )
+    }
+
+    /// Legacy's slower signal, the tables' contents ([`legacy_contents`]), under the same
+    /// conditions as [`Self::legacy_info`].
+    fn legacy_contents(&mut self, mode: Mode) -> Option<u64> {
+        if mode != Mode::Legacy || self.runner.netns().is_some() {
+            return None;
+        }
+        ask_signal(
+            &mut self.xt_info,
+            || XtInfo::open(self.config.family),
+            legacy_contents,
+            "the legacy tables' contents",
             "hashes the save",
         )
     }
@@ -533,6 +543,12 @@ impl<R: Runner> Applier<R> {
         other_seed: Option<String>,
         report: &mut ApplyReport,
     ) -> Result<(), ApplyError> {
+        // A view just read: our rules whose bodies are not what their ids stand for are
+        // rewritten with the rest of the drift.
+        let view = self.view();
+        if let Some(save) = view.unverified.take() {
+            verify_bodies(&save, desired, &mut view.tables);
+        }
         // Plan (and so validate) every table before anything is written: bad input fails the
         // apply with nothing changed in the kernel.
         let mut planned = Vec::new();

@@ -1,5 +1,7 @@
 //! The [`Applier`]'s reads of the kernel: the tables (this backend's, seeded or saved, and the
 //! other backend's for the sweep) and our IP sets, concurrently, and a set's reference count.
+//! A full read keeps its save text in the view until the next apply has checked the bodies of
+//! our rules against its desired state ([`super::super::drift::verify_bodies`]).
 
 use super::*;
 
@@ -23,16 +25,18 @@ impl<R: Runner> Applier<R> {
         let (tables, sets, other_tables) = std::thread::scope(|s| {
             let sets = s.spawn(|| self.read_sets());
             let other = other.map(|m| s.spawn(move || self.read_iptables(m, None)));
-            let tables = match seed {
-                Some(text) => self.seeded_tables(mode, text),
-                None => self.read_iptables(mode, None),
+            let save = match seed {
+                Some(text) if !text.contains(INCOMPATIBLE) => Ok(text),
+                _ => self.save_text(mode, None),
             };
-            (tables, join(sets), other.map(join))
+            (save, join(sets), other.map(join))
         });
+        let save = tables?;
         Ok((
             KernelView {
-                tables: tables?,
+                tables: read_tables(&save),
                 sets: sets?,
+                unverified: Some(save),
             },
             other_tables,
         ))
@@ -66,13 +70,22 @@ impl<R: Runner> Applier<R> {
         mode: Mode,
         table: Option<TableName>,
     ) -> Result<BTreeMap<TableName, ActualTable>, ApplyError> {
+        Ok(read_tables(&self.save_text(mode, table)?))
+    }
+
+    /// This backend's save of `table` (all tables: `None`), checked as every read is.
+    pub(super) fn save_text(
+        &self,
+        mode: Mode,
+        table: Option<TableName>,
+    ) -> Result<String, ApplyError> {
         let program = mode.save_program(self.config.family);
         let args: Vec<&str> = match table {
             Some(t) => vec!["-t", t.as_str()],
             None => vec![],
         };
         let out = self.run_save(&program, &args)?;
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&out.stderr);
         // iptables-nft-save exits 0 for tables it cannot represent (felix-reference §6.2).
         if !out.status.success() || text.contains(INCOMPATIBLE) {
@@ -82,7 +95,7 @@ impl<R: Runner> Applier<R> {
                 detail: format!("{} {}", out.status, stderr.trim()),
             });
         }
-        Ok(read_tables(&text))
+        Ok(text)
     }
 
     pub(super) fn read_sets(&self) -> Result<BTreeMap<String, ActualSet>, ApplyError> {

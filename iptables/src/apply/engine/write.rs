@@ -112,9 +112,12 @@ impl<R: Runner> Applier<R> {
                 self.own_restores.fetch_add(1, Ordering::Relaxed);
                 if unmoved {
                     // Only our write moved them (or someone else's in the microseconds around
-                    // it, which the save hash finds): the next check need not re-read.
+                    // it, which the re-read below finds): the next check need not re-read.
                     self.seen.fast = self.legacy_info(mode);
                 }
+                // Not their contents (too costly to take around every write): the next time
+                // the contents hash is taken, the tables are re-read and checked whole.
+                self.seen.contents = None;
                 let actual = self.view().tables.entry(table).or_default();
                 if let Err(e) = simulate(table, actual, &ops) {
                     // The kernel took it, so our model is what is wrong: read again next time.
@@ -139,7 +142,9 @@ impl<R: Runner> Applier<R> {
             tracing::warn!(%table, attempt, %stderr, "iptables-restore failed, re-reading table");
             report.retries += 1;
             self.backoff(attempt - 1);
-            let fresh = self.read_iptables(mode, Some(table))?;
+            let save = self.save_text(mode, Some(table))?;
+            let mut fresh = read_tables(&save);
+            verify_bodies(&save, desired, &mut fresh);
             let view = self.view();
             view.tables.remove(&table);
             view.tables.extend(fresh);
