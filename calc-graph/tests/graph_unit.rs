@@ -79,13 +79,13 @@ fn the_default_allow_profile_is_built_in() {
     assert_eq!(p.outbound_rules[0].action(), Action::Allow);
     dp.apply(&run(&mut g, vec![mk_profile(name, &[], false)]))
         .unwrap();
-    assert!(dp.profiles[name].inbound_rules.is_empty(), "stored one wins");
+    assert!(
+        dp.profiles[name].inbound_rules.is_empty(),
+        "stored one wins"
+    );
     let key = calc_graph::model::ResourceKey::global(calc_graph::model::Kind::Profile, name);
-    dp.apply(&run(
-        &mut g,
-        vec![Update::Resource { key, value: None }],
-    ))
-    .unwrap();
+    dp.apply(&run(&mut g, vec![Update::Resource { key, value: None }]))
+        .unwrap();
     assert_eq!(dp.profiles[name].inbound_rules[0].action(), Action::Allow);
 }
 

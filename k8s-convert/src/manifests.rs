@@ -236,9 +236,8 @@ fn decoded<T: serde::de::DeserializeOwned>(
 pub fn auto_host_endpoint_value(v: &Value, opts: &ConvertOptions) -> Option<Converted> {
     let is_node = v.get("apiVersion").and_then(Value::as_str) == Some("v1")
         && v.get("kind").and_then(Value::as_str) == Some("Node");
-    let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(v.clone())
-        .ok()
-        .filter(|_| is_node)?;
+    let node: k8s_openapi::api::core::v1::Node =
+        serde_json::from_value(v.clone()).ok().filter(|_| is_node)?;
     Some(convert::node_to_auto_host_endpoint(&node, opts))
 }
 

@@ -131,7 +131,9 @@ pub fn spawn_watch(
                         Ok(None) | Err(_) => break,
                     }
                 },
-                Err(e) => tracing::debug!("cannot watch kubecontrollersconfigurations/default: {e}"),
+                Err(e) => {
+                    tracing::debug!("cannot watch kubecontrollersconfigurations/default: {e}")
+                }
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }

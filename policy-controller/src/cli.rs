@@ -335,7 +335,10 @@ struct AutoHep {
 impl AutoHep {
     /// Resolves the setting and applies it to the index.
     async fn refresh(&self, index: &Mutex<Index>) {
-        let last = index.lock().expect("index lock poisoned").auto_host_endpoints();
+        let last = index
+            .lock()
+            .expect("index lock poisoned")
+            .auto_host_endpoints();
         let on =
             crate::auto_hep::resolve(self.flag, &mut self.etcd.clone(), &self.prefix, last).await;
         if index

@@ -177,7 +177,9 @@ impl Index {
             tracing::warn!(object = %obj_ref(o), field = %s.field, "skipping: {}", s.message);
         }
         let mut held = Held::new(converted);
-        held.auto_hep = o.auto_host_endpoint(&self.opts).map(|c| Box::new(Held::new(c)));
+        held.auto_hep = o
+            .auto_host_endpoint(&self.opts)
+            .map(|c| Box::new(Held::new(c)));
         self.objects.insert(obj_ref(o), held);
     }
 

@@ -541,8 +541,14 @@ mod tests {
         let auto = br#"{"metadata":{"name":"n1-auto-hep","labels":{"projectcalico.org/created-by":"calico-kube-controllers"}}}"#;
         let user = br#"{"metadata":{"name":"n2-auto-hep","labels":{"a":"b"}}}"#;
         let zoned = r#"{"metadata":{"name":"n1-auto-hep","labels":{"projectcalico.org/created-by":"calico-kube-controllers","zone":"a"}}}"#;
-        assert!(owned_by_label(&format!("{p}hostendpoints/n1-auto-hep"), auto));
-        assert!(!owned_by_label(&format!("{p}hostendpoints/n2-auto-hep"), user));
+        assert!(owned_by_label(
+            &format!("{p}hostendpoints/n1-auto-hep"),
+            auto
+        ));
+        assert!(!owned_by_label(
+            &format!("{p}hostendpoints/n2-auto-hep"),
+            user
+        ));
         assert!(!owned_by_label(&format!("{p}globalnetworksets/x"), auto));
         assert!(!owned_by_label(&format!("{p}hostendpoints/x"), b"not json"));
         let key = |n: &str| format!("{p}hostendpoints/{n}");
@@ -551,7 +557,10 @@ mod tests {
         let desired = Desired {
             resources: [
                 (key("n1-auto-hep"), zoned.to_string()),
-                (key("n2-auto-hep"), String::from_utf8(auto.to_vec()).unwrap()),
+                (
+                    key("n2-auto-hep"),
+                    String::from_utf8(auto.to_vec()).unwrap(),
+                ),
             ]
             .into(),
             ..Desired::default()

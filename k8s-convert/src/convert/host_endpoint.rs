@@ -220,7 +220,10 @@ mod tests {
             calc_graph::model::Resource::HostEndpoint(h) => h.clone(),
             other => panic!("{other:?}"),
         };
-        assert_eq!(hep.spec.expected_ips, vec!["fd00::1".parse::<IpAddr>().unwrap()]);
+        assert_eq!(
+            hep.spec.expected_ips,
+            vec!["fd00::1".parse::<IpAddr>().unwrap()]
+        );
         assert!(is_auto_host_endpoint(&hep.metadata.labels));
         // No addresses at all: still valid, '*' names the interfaces.
         let c = convert(json!({"metadata": {"name": "bare"}}));
@@ -246,7 +249,12 @@ mod tests {
             ]
         );
         assert!(c.skips[0].message.contains("not an IPv4 address"));
-        assert!(c.resource.unwrap().to_json().contains(r#""expectedIPs":["10.0.0.3"]"#));
+        assert!(
+            c.resource
+                .unwrap()
+                .to_json()
+                .contains(r#""expectedIPs":["10.0.0.3"]"#)
+        );
     }
 
     #[test]

@@ -27,8 +27,8 @@ pub use admin::{
     cluster_network_policy_to_calico,
 };
 pub use host_endpoint::{
-    ADDRESS_ANNOTATIONS, AUTO_HEP_SUFFIX, CREATED_BY_LABEL, CREATED_BY_VALUE, auto_host_endpoint_name,
-    is_auto_host_endpoint, node_to_auto_host_endpoint,
+    ADDRESS_ANNOTATIONS, AUTO_HEP_SUFFIX, CREATED_BY_LABEL, CREATED_BY_VALUE,
+    auto_host_endpoint_name, is_auto_host_endpoint, node_to_auto_host_endpoint,
 };
 pub use labels::{
     NameError, selector_from_label_selector, validate_dns_label, validate_dns_subdomain,
