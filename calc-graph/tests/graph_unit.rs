@@ -65,6 +65,30 @@ fn missing_profile_is_deny_all() {
     assert_eq!(p.outbound_rules[0].action(), Action::Deny);
 }
 
+/// `projectcalico-default-allow` is built in (allow all, as Calico's syncer provides it), a stored
+/// profile of that name replaces it, and deleting that one brings the built-in back.
+#[test]
+fn the_default_allow_profile_is_built_in() {
+    let name = calc_graph::model::DEFAULT_ALLOW_PROFILE;
+    let mut w = mk_wep_res("prod", "web", NODE, &["10.0.0.1/32"], &[]);
+    w.spec.profiles = vec![name.to_string()];
+    let (mut g, mut dp) = synced(vec![upd(w)]);
+    let p = &dp.profiles[name];
+    assert_eq!(p.inbound_rules.len(), 1);
+    assert_eq!(p.inbound_rules[0].action(), Action::Allow);
+    assert_eq!(p.outbound_rules[0].action(), Action::Allow);
+    dp.apply(&run(&mut g, vec![mk_profile(name, &[], false)]))
+        .unwrap();
+    assert!(
+        dp.profiles[name].inbound_rules.is_empty(),
+        "stored one wins"
+    );
+    let key = calc_graph::model::ResourceKey::global(calc_graph::model::Kind::Profile, name);
+    dp.apply(&run(&mut g, vec![Update::Resource { key, value: None }]))
+        .unwrap();
+    assert_eq!(dp.profiles[name].inbound_rules[0].action(), Action::Allow);
+}
+
 #[test]
 fn rule_selector_is_namespaced_and_membership_is_cluster_wide() {
     let (mut g, mut dp) = synced(vec![

@@ -60,6 +60,9 @@ pub struct ManifestSet {
     pub skipped: Vec<ManifestSkip>,
     /// Keys of skipped objects: kept in the store if already there (fail closed).
     pub retain: BTreeSet<String>,
+    /// The automatic host endpoints of the manifests' Nodes (with their reports), for a controller
+    /// asked to create them; not in `resources`, which are stored unconditionally.
+    pub auto_host_endpoints: Vec<Converted>,
 }
 
 /// Loads and converts every document under `paths`.
@@ -177,6 +180,9 @@ fn load_document(
         vec![value]
     };
     for item in items {
+        if let Some(hep) = auto_host_endpoint_value(&item, opts) {
+            set.auto_host_endpoints.push(hep);
+        }
         let converted = convert_value(&item, opts);
         for r in converted.skips {
             skip(set, r);
@@ -223,6 +229,16 @@ fn decoded<T: serde::de::DeserializeOwned>(
             None,
         ),
     }
+}
+
+/// The automatic host endpoint of a v1 Node object (`None` for any other object, or a Node that
+/// does not decode: [`convert_value`] reports that).
+pub fn auto_host_endpoint_value(v: &Value, opts: &ConvertOptions) -> Option<Converted> {
+    let is_node = v.get("apiVersion").and_then(Value::as_str) == Some("v1")
+        && v.get("kind").and_then(Value::as_str) == Some("Node");
+    let node: k8s_openapi::api::core::v1::Node =
+        serde_json::from_value(v.clone()).ok().filter(|_| is_node)?;
+    Some(convert::node_to_auto_host_endpoint(&node, opts))
 }
 
 /// Converts one JSON object of any accepted kind.

@@ -110,6 +110,11 @@ pub struct SyncArgs {
     #[arg(long, env = "CALICO_IPV6POOL_NAT_OUTGOING", default_value_t = false,
           action = clap::ArgAction::Set)]
     pub default_ipv6_pool_nat_outgoing: bool,
+    /// Create Calico's automatic host endpoint `<node>-auto-hep` for every Node (kube-controllers'
+    /// `AUTO_HOST_ENDPOINTS`). Given, it overrides the `default` KubeControllersConfiguration's
+    /// `spec.controllers.node.hostEndpoint.autoCreate` in etcd; without either, off.
+    #[arg(long, env = "AUTO_HOST_ENDPOINTS", value_enum, ignore_case = true)]
+    pub auto_host_endpoints: Option<crate::auto_hep::Toggle>,
 }
 
 impl SyncArgs {
@@ -189,6 +194,11 @@ pub async fn run_sync(a: SyncArgs) -> anyhow::Result<()> {
         &[]
     };
     let index = Arc::new(Mutex::new(Index::new(opts, waiting, set)));
+    let auto_hep = AutoHep {
+        flag: a.auto_host_endpoints,
+        prefix: a.etcd_prefix.clone(),
+        etcd: etcd.clone(),
+    };
     let metrics = Metrics::new();
     let mut writer = Writer::new(etcd.clone());
     writer.set_prefix(a.etcd_prefix.clone());
@@ -200,6 +210,7 @@ pub async fn run_sync(a: SyncArgs) -> anyhow::Result<()> {
                 .await
                 .context("cannot list Kubernetes objects")?;
         }
+        auto_hep.refresh(&index).await;
         let state = index
             .lock()
             .expect("index lock poisoned")
@@ -221,6 +232,9 @@ pub async fn run_sync(a: SyncArgs) -> anyhow::Result<()> {
 
     let changed = Arc::new(Notify::new());
     let _watchers = kube.map(|k| k8s_source::spawn_all(k, index.clone(), changed.clone()));
+    let _kcc_watch = a.auto_host_endpoints.is_none().then(|| {
+        crate::auto_hep::spawn_watch(etcd.clone(), a.etcd_prefix.clone(), changed.clone())
+    });
     if let Some(addr) = a.metrics_listen {
         let m = metrics.clone();
         tokio::spawn(async move {
@@ -252,6 +266,7 @@ pub async fn run_sync(a: SyncArgs) -> anyhow::Result<()> {
         writer.set_fence(Some(leadership.fence.clone()));
         let resign = lead(
             &index,
+            &auto_hep,
             &mut writer,
             &metrics,
             &leadership,
@@ -271,8 +286,10 @@ pub async fn run_sync(a: SyncArgs) -> anyhow::Result<()> {
 }
 
 /// Reconciles while leading. Returns true on shutdown, false when leadership was lost.
+#[allow(clippy::too_many_arguments)]
 async fn lead(
     index: &Arc<Mutex<Index>>,
+    auto_hep: &AutoHep,
     writer: &mut Writer,
     metrics: &Metrics,
     leadership: &election::Leadership,
@@ -281,6 +298,7 @@ async fn lead(
     shutdown: &CancellationToken,
 ) -> bool {
     loop {
+        auto_hep.refresh(index).await;
         let state = index.lock().expect("index lock poisoned").desired();
         if let Some(state) = state {
             metrics.record_desired(state.desired.resources.len(), &state.skips);
@@ -303,6 +321,32 @@ async fn lead(
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             _ = tokio::time::sleep(resync) => {}
+        }
+    }
+}
+
+/// Where the automatic host endpoint setting comes from (see [`crate::auto_hep`]).
+struct AutoHep {
+    flag: Option<crate::auto_hep::Toggle>,
+    prefix: calc_graph::model::EtcdPrefix,
+    etcd: Client,
+}
+
+impl AutoHep {
+    /// Resolves the setting and applies it to the index.
+    async fn refresh(&self, index: &Mutex<Index>) {
+        let last = index
+            .lock()
+            .expect("index lock poisoned")
+            .auto_host_endpoints();
+        let on =
+            crate::auto_hep::resolve(self.flag, &mut self.etcd.clone(), &self.prefix, last).await;
+        if index
+            .lock()
+            .expect("index lock poisoned")
+            .set_auto_host_endpoints(on)
+        {
+            tracing::info!(enabled = on, "automatic host endpoints");
         }
     }
 }

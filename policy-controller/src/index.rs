@@ -4,6 +4,9 @@
 //! (kubert's pattern: plain `apply` / `delete` / `reset`). A relist (`Init…InitDone`) becomes one
 //! `reset` that replaces every object of that kind, so deletions missed while disconnected are applied.
 //!
+//! A Node also yields its automatic host endpoint (`<node>-auto-hep`), converted with the Node and
+//! part of the desired state only while [`Index::set_auto_host_endpoints`] is on.
+//!
 //! The index knows which kinds it waits for; [`Index::desired`] returns `None` until each of them has
 //! been listed once, so a fresh leader never mistakes a half-filled index for deletions.
 
@@ -26,17 +29,26 @@ pub trait SourceKind: kube::Resource + ResourceExt {
     const OPTIONAL: bool = false;
     /// Converts one object.
     fn convert(&self, opts: &ConvertOptions) -> Converted;
+    /// The automatic host endpoint the object stands for (Nodes), stored only while the controller
+    /// is asked to create them ([`Index::set_auto_host_endpoints`]).
+    fn auto_host_endpoint(&self, _opts: &ConvertOptions) -> Option<Converted> {
+        None
+    }
 }
 
 /// The [`SourceKind`] of each type: its kind name, conversion and, for a CRD kind, `optional`.
 macro_rules! source_kinds {
-    ($($ty:ty => $kind:literal, $convert:path $(, optional = $optional:literal)?;)*) => {$(
+    ($($ty:ty => $kind:literal, $convert:path $(, optional = $optional:literal)?
+       $(, auto_host_endpoint = $hep:path)?;)*) => {$(
         impl SourceKind for $ty {
             const KIND: &'static str = $kind;
             $(const OPTIONAL: bool = $optional;)?
             fn convert(&self, opts: &ConvertOptions) -> Converted {
                 $convert(self, opts)
             }
+            $(fn auto_host_endpoint(&self, opts: &ConvertOptions) -> Option<Converted> {
+                Some($hep(self, opts))
+            })?
         }
     )*};
 }
@@ -48,7 +60,8 @@ source_kinds! {
     NetworkPolicy => "NetworkPolicy", convert::network_policy_to_calico;
     // What the watchers read: NetworkPolicy checked against the known schema.
     StrictNetworkPolicy => "NetworkPolicy", StrictNetworkPolicy::convert;
-    Node => "Node", convert::node_to_network_set;
+    Node => "Node", convert::node_to_network_set,
+        auto_host_endpoint = convert::node_to_auto_host_endpoint;
     convert::admin::AdminNetworkPolicy => "AdminNetworkPolicy",
         convert::admin_network_policy_to_calico, optional = true;
     convert::admin::BaselineAdminNetworkPolicy => "BaselineAdminNetworkPolicy",
@@ -72,6 +85,9 @@ struct Held {
     retain_key: Option<String>,
     /// `(etcd key, stored JSON)`.
     stored: Option<(String, String)>,
+    /// A Node's automatic host endpoint, converted whether or not it is asked for (so turning the
+    /// feature on needs no reconversion).
+    auto_hep: Option<Box<Held>>,
 }
 
 impl Held {
@@ -87,6 +103,18 @@ impl Held {
             skips: c.skips,
             retain_key: c.retain_key,
             stored,
+            auto_hep: None,
+        }
+    }
+
+    /// Adds what this part contributes to a desired state.
+    fn add_to(&self, state: &mut DesiredState) {
+        state.skips.extend(self.skips.iter().cloned());
+        if let Some(k) = &self.retain_key {
+            state.desired.retain.insert(k.clone());
+        }
+        if let Some((k, json)) = &self.stored {
+            state.desired.resources.insert(k.clone(), json.clone());
         }
     }
 }
@@ -100,6 +128,10 @@ pub struct Index {
     manifests: ManifestSet,
     /// The manifests' resources, encoded once: `(etcd key, stored JSON)`.
     manifest_json: Vec<(String, String)>,
+    /// The manifests' Nodes' automatic host endpoints.
+    manifest_auto_heps: Vec<Held>,
+    /// Whether automatic host endpoints are desired.
+    auto_host_endpoints: bool,
 }
 
 fn obj_ref<K: SourceKind>(o: &K) -> ObjectRef {
@@ -112,13 +144,30 @@ impl Index {
         let manifest_json = (manifests.resources.iter())
             .map(|(k, r)| (k.clone(), r.to_json()))
             .collect();
+        let manifest_auto_heps = manifests
+            .auto_host_endpoints
+            .iter()
+            .map(|c| Held::new(c.clone()))
+            .collect();
         Index {
             opts,
             objects: BTreeMap::new(),
             waiting_for: waiting_for.iter().copied().collect(),
             manifests,
             manifest_json,
+            manifest_auto_heps,
+            auto_host_endpoints: false,
         }
+    }
+
+    /// Turns the Nodes' automatic host endpoints on or off; returns whether that changed anything.
+    pub fn set_auto_host_endpoints(&mut self, on: bool) -> bool {
+        std::mem::replace(&mut self.auto_host_endpoints, on) != on
+    }
+
+    /// Whether the Nodes' automatic host endpoints are desired.
+    pub fn auto_host_endpoints(&self) -> bool {
+        self.auto_host_endpoints
     }
 
     /// An object was added or changed.
@@ -127,7 +176,11 @@ impl Index {
         for s in &converted.skips {
             tracing::warn!(object = %obj_ref(o), field = %s.field, "skipping: {}", s.message);
         }
-        self.objects.insert(obj_ref(o), Held::new(converted));
+        let mut held = Held::new(converted);
+        held.auto_hep = o
+            .auto_host_endpoint(&self.opts)
+            .map(|c| Box::new(Held::new(c)));
+        self.objects.insert(obj_ref(o), held);
     }
 
     /// An object was deleted.
@@ -181,12 +234,16 @@ impl Index {
         }
         let mut state = DesiredState::default();
         for c in self.objects.values() {
-            state.skips.extend(c.skips.iter().cloned());
-            if let Some(k) = &c.retain_key {
-                state.desired.retain.insert(k.clone());
+            c.add_to(&mut state);
+            if self.auto_host_endpoints
+                && let Some(hep) = &c.auto_hep
+            {
+                hep.add_to(&mut state);
             }
-            if let Some((k, json)) = &c.stored {
-                state.desired.resources.insert(k.clone(), json.clone());
+        }
+        if self.auto_host_endpoints {
+            for hep in &self.manifest_auto_heps {
+                hep.add_to(&mut state);
             }
         }
         for (k, json) in &self.manifest_json {

@@ -13,9 +13,12 @@
 //! * [`k8s_source`]: kube-rs watchers → index.
 //! * [`writer`]: reconciles desired state into etcd under the keys the controller owns.
 //! * [`election`]: one active replica, elected with etcd's election API.
+//! * [`auto_hep`]: whether the Nodes' automatic host endpoints are asked for (flag over the
+//!   `default` KubeControllersConfiguration).
 //! * [`metrics`], [`cli`].
 #![forbid(unsafe_code)]
 
+pub mod auto_hep;
 pub mod cli;
 pub mod default_pools;
 pub mod election;

@@ -9,7 +9,12 @@
 //!   `globalnetworksets/knode.*`;
 //! * by marker, the `projectcalico.org/v3` resources it wrote from manifests: for each such key it keeps
 //!   `/felixrs/policy-controller/owned<key>` (outside Calico's prefix, so Calico tooling ignores it).
-//!   A v3 resource that someone else created and that a manifest later also defines is taken over.
+//!   A v3 resource that someone else created and that a manifest later also defines is taken over;
+//! * by label, the automatic host endpoints: `hostendpoints/*` labelled
+//!   `projectcalico.org/created-by: calico-kube-controllers`, as kube-controllers recognises them
+//!   (so those it made before the controller replaced it are kept in step, or removed when their
+//!   node is gone or the feature is off). A host endpoint without that label is never written or
+//!   deleted, even when it has an automatic one's name.
 //!
 //! Everything else under `/calico/` is never touched.
 //!
@@ -34,7 +39,7 @@ use serde_json::Value;
 
 use calc_graph::model::EtcdPrefix;
 
-use crate::convert::RESOURCE_PREFIX;
+use crate::convert::{CREATED_BY_LABEL, CREATED_BY_VALUE, RESOURCE_PREFIX};
 
 /// etcd's default maximum number of operations in one transaction.
 pub const MAX_TXN_OPS: usize = 128;
@@ -101,6 +106,22 @@ pub fn owned_by_pattern(key: &str) -> bool {
         ["workloadendpoints", _ns, _name] => true,
         _ => false,
     }
+}
+
+/// Whether a stored resource belongs to the controller by its content: a host endpoint labelled
+/// [`CREATED_BY_LABEL`]` = `[`CREATED_BY_VALUE`] (an automatic host endpoint, ours or one calico
+/// kube-controllers made before us, which is how kube-controllers itself recognises them).
+pub fn owned_by_label(key: &str, json: &[u8]) -> bool {
+    let is_hep = key
+        .strip_prefix(RESOURCE_PREFIX)
+        .is_some_and(|r| r.starts_with("hostendpoints/"));
+    is_hep
+        && serde_json::from_slice::<Value>(json).is_ok_and(|v| {
+            v.pointer("/metadata/labels")
+                .and_then(|l| l.get(CREATED_BY_LABEL))
+                .and_then(Value::as_str)
+                == Some(CREATED_BY_VALUE)
+        })
 }
 
 /// The ownership marker of canonical key `key`, for the cluster at `p`.
@@ -350,8 +371,18 @@ fn plan(desired: &Desired, current: &Current, p: &EtcdPrefix) -> Vec<Change> {
     let marker_key = |key: &str| marker_key(p, key);
     let mut changes = Vec::new();
     for (key, value) in &desired.resources {
-        let needs_marker = !owned_by_pattern(key);
+        let auto_hep = owned_by_label(key, value.as_bytes());
+        let needs_marker = !owned_by_pattern(key) && !auto_hep;
         let has_marker = current.markers.contains_key(key);
+        if let Some((old, _)) = current.values.get(key)
+            && auto_hep
+            && !has_marker
+            && !owned_by_label(key, old)
+        {
+            // Someone else's host endpoint with the automatic one's name: never taken over.
+            tracing::warn!(%key, "not writing the automatic host endpoint: a host endpoint without the {CREATED_BY_LABEL} label has its name");
+            continue;
+        }
         match current.values.get(key) {
             None => {
                 let mut ops = vec![TxnOp::put(k(key), value.as_str(), None)];
@@ -390,12 +421,12 @@ fn plan(desired: &Desired, current: &Current, p: &EtcdPrefix) -> Vec<Change> {
             }
         }
     }
-    for (key, (_, rev)) in &current.values {
+    for (key, (value, rev)) in &current.values {
         if desired.resources.contains_key(key) || desired.retain.contains(key) {
             continue;
         }
         let has_marker = current.markers.contains_key(key);
-        if !owned_by_pattern(key) && !has_marker {
+        if !owned_by_pattern(key) && !has_marker && !owned_by_label(key, value) {
             continue;
         }
         let mut ops = vec![TxnOp::delete(k(key), None)];
@@ -502,6 +533,60 @@ mod tests {
                 (2, true)
             ]
         );
+    }
+
+    #[test]
+    fn automatic_host_endpoints_are_owned_by_their_label_only() {
+        let p = RESOURCE_PREFIX;
+        let auto = br#"{"metadata":{"name":"n1-auto-hep","labels":{"projectcalico.org/created-by":"calico-kube-controllers"}}}"#;
+        let user = br#"{"metadata":{"name":"n2-auto-hep","labels":{"a":"b"}}}"#;
+        let zoned = r#"{"metadata":{"name":"n1-auto-hep","labels":{"projectcalico.org/created-by":"calico-kube-controllers","zone":"a"}}}"#;
+        assert!(owned_by_label(
+            &format!("{p}hostendpoints/n1-auto-hep"),
+            auto
+        ));
+        assert!(!owned_by_label(
+            &format!("{p}hostendpoints/n2-auto-hep"),
+            user
+        ));
+        assert!(!owned_by_label(&format!("{p}globalnetworksets/x"), auto));
+        assert!(!owned_by_label(&format!("{p}hostendpoints/x"), b"not json"));
+        let key = |n: &str| format!("{p}hostendpoints/{n}");
+        // Desired: n1 (changed) and n2 (whose name a user's endpoint holds); stored: a stale
+        // automatic one and a user's one, neither desired.
+        let desired = Desired {
+            resources: [
+                (key("n1-auto-hep"), zoned.to_string()),
+                (
+                    key("n2-auto-hep"),
+                    String::from_utf8(auto.to_vec()).unwrap(),
+                ),
+            ]
+            .into(),
+            ..Desired::default()
+        };
+        let current = Current {
+            values: [
+                (key("n1-auto-hep"), (auto.to_vec(), 2)),
+                (key("n2-auto-hep"), (user.to_vec(), 3)),
+                (key("gone-auto-hep"), (auto.to_vec(), 4)),
+                (key("users-eth0"), (user.to_vec(), 5)),
+            ]
+            .into(),
+            markers: BTreeMap::new(),
+            revision: 5,
+        };
+        // One update (n1), one delete (the stale one); the user's two are left alone, and no
+        // ownership marker is written (the label is the marker).
+        let kinds: Vec<(&str, usize)> = plan(&desired, &current, &EtcdPrefix::default())
+            .iter()
+            .map(|c| match c.kind {
+                ChangeKind::Update => ("update", c.ops.len()),
+                ChangeKind::Delete => ("delete", c.ops.len()),
+                _ => ("other", c.ops.len()),
+            })
+            .collect();
+        assert_eq!(kinds, vec![("update", 1), ("delete", 1)]);
     }
 
     #[test]

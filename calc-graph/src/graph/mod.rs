@@ -83,7 +83,7 @@ mod sequencer;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::model::{Kind, Profile, Resource, ResourceKey, Validated};
+use crate::model::{DEFAULT_ALLOW_PROFILE, Kind, Profile, Resource, ResourceKey, Validated};
 use crate::proto::{
     ActivePolicy, ActiveProfile, IpPool, IpSetKind, IpSetMember, LocalEndpoint, Output, PolicyId,
 };
@@ -192,6 +192,9 @@ pub struct CalcGraph {
     /// Rules whose IP sets are referenced on behalf of each active profile.
     active_profiles: FxMap<String, Arc<ScannedRules>>,
     deny_all: Arc<ScannedRules>,
+    /// Calico's built-in `projectcalico-default-allow` (allow all both ways), which the datastore
+    /// never holds: Calico's syncer always provides it, for automatic host endpoints.
+    default_allow: Arc<ScannedRules>,
     tiers: Tiers,
     ipsets: IpSets,
     /// Valid IP pools by name (every pool, enabled or not: Felix masquerades from disabled ones).
@@ -225,6 +228,7 @@ impl CalcGraph {
             profile_users: FxMap::default(),
             active_profiles: FxMap::default(),
             deny_all: Arc::new(rules::deny_all()),
+            default_allow: Arc::new(rules::default_allow()),
             tiers: Tiers::default(),
             ipsets: IpSets::default(),
             pools: BTreeMap::new(),
@@ -643,11 +647,14 @@ impl CalcGraph {
         }
     }
 
+    /// A profile's rules: as stored; else, for [`DEFAULT_ALLOW_PROFILE`], Calico's built-in
+    /// allow-all; else deny-all (a missing profile fails closed).
     fn profile_rules(&self, name: &str) -> Arc<ScannedRules> {
-        self.profiles
-            .get(name)
-            .cloned()
-            .unwrap_or_else(|| self.deny_all.clone())
+        match self.profiles.get(name) {
+            Some(r) => r.clone(),
+            None if name == DEFAULT_ALLOW_PROFILE => self.default_allow.clone(),
+            None => self.deny_all.clone(),
+        }
     }
 
     fn profile_ref(&mut self, name: &str, add: bool) {

@@ -595,6 +595,19 @@ pub(crate) fn scan_rules(
     Ok(out)
 }
 
+/// Calico's built-in `projectcalico-default-allow` profile: one allow rule each way.
+pub(crate) fn default_allow() -> ScannedRules {
+    let allow = ParsedRule {
+        action: Some(Action::Allow),
+        ..ParsedRule::default()
+    };
+    ScannedRules {
+        inbound: vec![allow.clone()],
+        outbound: vec![allow],
+        ..deny_all()
+    }
+}
+
 /// Felix's `DummyDropRules`: what a referenced but missing profile becomes.
 pub(crate) fn deny_all() -> ScannedRules {
     let deny = ParsedRule {

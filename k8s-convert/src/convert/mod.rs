@@ -11,6 +11,7 @@
 //!   is kept, as Calico does. k8s rules only ever allow, so dropping one never opens traffic.
 
 pub mod admin;
+mod host_endpoint;
 mod labels;
 mod namespace;
 mod networkpolicy;
@@ -24,6 +25,10 @@ use calc_graph::model::{Metadata, Resource, Validated};
 pub use admin::{
     admin_network_policy_to_calico, baseline_admin_network_policy_to_calico,
     cluster_network_policy_to_calico,
+};
+pub use host_endpoint::{
+    ADDRESS_ANNOTATIONS, AUTO_HEP_SUFFIX, CREATED_BY_LABEL, CREATED_BY_VALUE,
+    auto_host_endpoint_name, is_auto_host_endpoint, node_to_auto_host_endpoint,
 };
 pub use labels::{
     NameError, selector_from_label_selector, validate_dns_label, validate_dns_subdomain,
