@@ -16,8 +16,9 @@
 //!   `projectcalico.org/orchestrator` and `projectcalico.org/serviceaccount` from their spec;
 //! * active rules: a policy is active iff its (namespace-scoped) selector matches a local
 //!   endpoint (`spec.node` == this node; workload or host endpoint); a profile is active iff a
-//!   local endpoint names it; a
-//!   missing profile is active as deny-all (fail closed);
+//!   local endpoint names it; a missing profile is active as deny-all (fail closed), except
+//!   Calico's built-in `projectcalico-default-allow` (allow-all, unless a stored profile of that
+//!   name replaces it);
 //! * rule scanning ([`rules`]) of active policies and profiles into IP set ids;
 //! * IP sets ([`ipsets`]): one per selector / named port used by an active rule, with members
 //!   from every endpoint and network set in the cluster; a set no rule needs any more lingers
