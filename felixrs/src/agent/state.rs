@@ -119,6 +119,8 @@ pub struct AgentState<P> {
     hub: Arc<StatusHub>,
     /// A RemoteClusterConfiguration key changed since [`Self::take_remote_configs`].
     remotes_dirty: bool,
+    /// `kvs` as of the last `emit`, shared with the batches (copied only when it changed).
+    view: Arc<KvMap>,
 }
 
 impl<P: Pipeline> AgentState<P> {
@@ -134,6 +136,7 @@ impl<P: Pipeline> AgentState<P> {
             batches,
             hub,
             remotes_dirty: false,
+            view: Arc::default(),
         }
     }
 
@@ -490,6 +493,10 @@ impl<P: Pipeline> AgentState<P> {
         if !self.in_sync {
             return Ok(());
         }
+        if self.dirty {
+            // Every change of `kvs` the graph saw marks the state dirty.
+            self.view = Arc::new(self.kvs.clone());
+        }
         let outputs = if self.dirty {
             let failed_safe = self.pipeline.failed_safe_rules();
             self.hub
@@ -506,6 +513,7 @@ impl<P: Pipeline> AgentState<P> {
             .send(Batch {
                 outputs,
                 revision: self.revision,
+                view: self.view.clone(),
             })
             .map_err(|_| ApplyThreadGone {
                 revision: self.revision,

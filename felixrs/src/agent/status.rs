@@ -23,6 +23,7 @@ use tokio::sync::{Notify, watch};
 
 use super::liveness::Liveness;
 use super::metrics::Metrics;
+use super::view::AppliedView;
 
 /// Where the agent's current data came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -122,6 +123,8 @@ pub struct StatusHub {
     pub metrics: Metrics,
     /// The apply thread's heartbeat (`/liveness`).
     pub liveness: Arc<Liveness>,
+    /// What the kernel holds, for the operator tools ([`super::view`]).
+    applied_view: Mutex<Option<AppliedView>>,
 }
 
 impl StatusHub {
@@ -137,7 +140,19 @@ impl StatusHub {
             nudge: Arc::new(Notify::new()),
             metrics,
             liveness: Arc::new(liveness),
+            applied_view: Mutex::new(None),
         })
+    }
+
+    /// Records the view an apply put in the kernel; called before `applied_revision` reaches its
+    /// revision, so the view served is never older than what `/status` reports.
+    pub fn publish_view(&self, view: AppliedView) {
+        *self.applied_view.lock().expect("view lock") = Some(view);
+    }
+
+    /// The view the kernel holds (none before the first apply).
+    pub fn applied_view(&self) -> Option<AppliedView> {
+        self.applied_view.lock().expect("view lock").clone()
     }
 
     pub fn snapshot(&self) -> Status {
