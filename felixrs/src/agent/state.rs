@@ -12,7 +12,7 @@
 //!   remote's list) replaces that scope only; a remote never changes `in_sync`, `source` or the
 //!   revision, which are the local store's.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
 
@@ -119,8 +119,9 @@ pub struct AgentState<P> {
     hub: Arc<StatusHub>,
     /// A RemoteClusterConfiguration key changed since [`Self::take_remote_configs`].
     remotes_dirty: bool,
-    /// `kvs` as of the last `emit`, shared with the batches (copied only when it changed).
-    view: Arc<KvMap>,
+    /// Keys of `kvs` changed since the last batch: the next batch carries their values, so the
+    /// applied view ([`super::view`]) follows the kernel at the cost of the changes alone.
+    touched: BTreeSet<Arc<str>>,
 }
 
 impl<P: Pipeline> AgentState<P> {
@@ -136,7 +137,7 @@ impl<P: Pipeline> AgentState<P> {
             batches,
             hub,
             remotes_dirty: false,
-            view: Arc::default(),
+            touched: BTreeSet::new(),
         }
     }
 
@@ -404,6 +405,7 @@ impl<P: Pipeline> AgentState<P> {
             .into_iter()
             .partition(|(k, _)| scope.contains(k));
         self.kvs = keep;
+        self.touched.extend(old.keys().cloned());
         for (k, v) in new {
             let prev = old.remove(&k);
             self.put(k, v, prev);
@@ -417,6 +419,7 @@ impl<P: Pipeline> AgentState<P> {
     }
 
     fn change(&mut self, key: Arc<str>, value: Option<Arc<[u8]>>) {
+        self.touched.insert(key.clone());
         if key.starts_with(&rcc_prefix()) {
             self.remotes_dirty = true;
         }
@@ -436,6 +439,7 @@ impl<P: Pipeline> AgentState<P> {
     /// `key` (not in `kvs`) is now `value`: the graph is told unless `prev` was the same; a
     /// malformed value keeps `prev`.
     fn put(&mut self, key: Arc<str>, value: Arc<[u8]>, prev: Option<Arc<[u8]>>) {
+        self.touched.insert(key.clone());
         if prev.as_ref() == Some(&value) {
             self.kvs.insert(key, value);
             return;
@@ -493,10 +497,12 @@ impl<P: Pipeline> AgentState<P> {
         if !self.in_sync {
             return Ok(());
         }
-        if self.dirty {
-            // Every change of `kvs` the graph saw marks the state dirty.
-            self.view = Arc::new(self.kvs.clone());
-        }
+        let view = (std::mem::take(&mut self.touched).into_iter())
+            .map(|k| {
+                let v = self.kvs.get(&k).cloned();
+                (k, v)
+            })
+            .collect();
         let outputs = if self.dirty {
             let failed_safe = self.pipeline.failed_safe_rules();
             self.hub
@@ -513,7 +519,7 @@ impl<P: Pipeline> AgentState<P> {
             .send(Batch {
                 outputs,
                 revision: self.revision,
-                view: self.view.clone(),
+                view,
             })
             .map_err(|_| ApplyThreadGone {
                 revision: self.revision,

@@ -23,7 +23,7 @@ use tokio::sync::{Notify, watch};
 
 use super::liveness::Liveness;
 use super::metrics::Metrics;
-use super::view::AppliedView;
+use super::view::{AppliedView, ViewDelta};
 
 /// Where the agent's current data came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -144,13 +144,30 @@ impl StatusHub {
         })
     }
 
-    /// Records the view an apply put in the kernel; called before `applied_revision` reaches its
-    /// revision, so the view served is never older than what `/status` reports.
-    pub fn publish_view(&self, view: AppliedView) {
-        *self.applied_view.lock().expect("view lock") = Some(view);
+    /// Applies the changes an apply put in the kernel to the applied view, now at `revision`;
+    /// called before `applied_revision` reaches it, so the view served is never older than what
+    /// `/status` reports. Costs the changes, not the view.
+    pub fn apply_view(&self, revision: i64, changes: ViewDelta) {
+        let mut v = self.applied_view.lock().expect("view lock");
+        let view = v.get_or_insert_with(|| AppliedView {
+            revision,
+            kvs: Default::default(),
+        });
+        view.revision = revision;
+        for (k, value) in changes {
+            match value {
+                Some(value) => view.kvs.insert(k, value),
+                None => view.kvs.remove(&k),
+            };
+        }
     }
 
-    /// The view the kernel holds (none before the first apply).
+    /// The applied view's revision (none before the first apply).
+    pub fn applied_view_revision(&self) -> Option<i64> {
+        (self.applied_view.lock().expect("view lock").as_ref()).map(|v| v.revision)
+    }
+
+    /// A copy of the view the kernel holds (none before the first apply).
     pub fn applied_view(&self) -> Option<AppliedView> {
         self.applied_view.lock().expect("view lock").clone()
     }
