@@ -629,6 +629,35 @@ mod tests {
         }
     }
 
+    /// The batches' view changes, applied in order, rebuild exactly the state's view: after
+    /// changes before in-sync, the list, puts, deletes and a re-list that drops keys.
+    #[test]
+    fn batch_view_changes_rebuild_the_view() {
+        let (mut st, _, rx, _) = mk_state();
+        let mut view = KvMap::new();
+        let mut check = |st: &mut AgentState<RecordingPipeline>| {
+            st.emit().unwrap();
+            for b in rx.try_iter() {
+                for (k, v) in b.view {
+                    match v {
+                        Some(v) => view.insert(k, v),
+                        None => view.remove(&k),
+                    };
+                }
+            }
+            assert_eq!(&view, st.kvs());
+        };
+        st.on_event(mk_listed(5, &[("/k/a", "1"), ("/k/b", "2"), ("/k/c", "3")]));
+        check(&mut st);
+        st.on_event(mk_change(6, "/k/a", Some("10")));
+        st.on_event(mk_change(7, "/k/b", None));
+        st.on_event(mk_change(8, "/k/d", Some("4")));
+        check(&mut st);
+        st.on_event(mk_listed(9, &[("/k/a", "10"), ("/k/e", "5")]));
+        check(&mut st);
+        assert_eq!(view.len(), 2);
+    }
+
     #[test]
     fn a_connection_error_is_reported_until_etcd_answers_again() {
         let (mut st, _, _, hub) = mk_state();
