@@ -363,7 +363,9 @@ pub fn trace_kernel_against(
             at(&kernel_path),
             at(&rendered_path)
         );
-    } else if agrees && foreign_decider.is_none() {
+    } else if agrees && let Some(f) = &foreign_decider {
+        let _ = writeln!(s, "the kernel reaches the rendered verdict, but {f}");
+    } else if agrees {
         let _ = writeln!(s, "the kernel agrees with the rendered rules");
     }
     Ok(KernelTrace {
