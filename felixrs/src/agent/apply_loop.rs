@@ -23,12 +23,17 @@ use iptables::apply::ApplyError;
 use super::liveness::{NotAlive, TICK, panic_message};
 use super::metrics::felix::TableCount;
 use super::status::StatusHub;
+use super::view::ViewDelta;
 
 /// Graph output up to a datastore revision.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
     pub outputs: Vec<Output>,
     pub revision: i64,
+    /// The datastore keys changed since the previous batch, with their values up to `revision`
+    /// (`None`: deleted), applied to the view served to the operator tools once the batch is in
+    /// the kernel ([`super::view`]).
+    pub view: ViewDelta,
 }
 
 /// What the kernel holds after an apply, for status and metrics.
@@ -204,6 +209,8 @@ fn run<D: Dataplane>(
     let mut failed = false;
     let mut backoff = Duration::from_millis(50);
     let mut pending_revision: Option<i64> = None;
+    // Every batch's changes since the last successful apply, in order.
+    let mut pending_view: ViewDelta = Vec::new();
     let mut next_refresh = Instant::now() + refresh;
     let mut next_drift = drift.map(|d| Instant::now() + d);
     let mut budget = DriftBudget::new(Instant::now());
@@ -232,9 +239,11 @@ fn run<D: Dataplane>(
             Ok(b) => {
                 outputs.extend(b.outputs);
                 pending_revision = Some(b.revision);
+                pending_view.extend(b.view);
                 while let Ok(b) = rx.try_recv() {
                     outputs.extend(b.outputs);
                     pending_revision = Some(b.revision);
+                    pending_view.extend(b.view);
                 }
             }
             Err(RecvTimeoutError::Disconnected) => return,
@@ -243,7 +252,7 @@ fn run<D: Dataplane>(
                 if programmed && Instant::now() >= next_refresh {
                     let started = Instant::now();
                     let res = dp.refresh();
-                    record(&hub, res, started, None);
+                    record(&hub, res, started, None, &mut Vec::new());
                     next_refresh = Instant::now() + refresh;
                 }
                 // A due drift check runs at the top of the loop.
@@ -254,13 +263,14 @@ fn run<D: Dataplane>(
             continue;
         };
         if outputs.is_empty() && programmed && !failed {
+            hub.apply_view(revision, std::mem::take(&mut pending_view));
             hub.update(|s| s.applied_revision = s.applied_revision.max(revision));
             continue;
         }
         tracing::debug!(revision, outputs = outputs.len(), "applying");
         let started = Instant::now();
         let res = dp.apply(outputs);
-        failed = !record(&hub, res, started, Some(revision));
+        failed = !record(&hub, res, started, Some(revision), &mut pending_view);
         if failed {
             backoff = (backoff * 2).min(Duration::from_secs(5));
         } else {
@@ -320,12 +330,15 @@ fn check_drift<D: Dataplane>(dp: &mut D, hub: &StatusHub) -> bool {
     }
 }
 
-/// Publishes an apply's outcome; true on success.
+/// Publishes an apply's outcome; true on success. On success the `view` changes (taken) reach
+/// the applied view before `applied_revision` moves, so a tool that saw the revision in `/status`
+/// gets at least that view; on failure they wait for the retry.
 fn record(
     hub: &StatusHub,
     res: Result<ApplyReport, DataplaneError>,
     started: Instant,
     revision: Option<i64>,
+    view: &mut ViewDelta,
 ) -> bool {
     let elapsed = started.elapsed();
     let m = &hub.metrics;
@@ -342,6 +355,9 @@ fn record(
             m.local_endpoints.set(r.local_endpoints as i64);
             m.active_policies.set(r.active_policies as i64);
             m.felix.applied(elapsed.as_secs_f64(), &r);
+            if let Some(rev) = revision {
+                hub.apply_view(rev, std::mem::take(view));
+            }
             hub.update(|s| {
                 if let Some(rev) = revision {
                     s.applied_revision = s.applied_revision.max(rev);

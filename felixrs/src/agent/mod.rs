@@ -9,6 +9,7 @@
 //! * [`counters`]: the counter thread and the per-policy counters of `/metrics`.
 //! * [`snapshot`]: the persisted, checksummed snapshot of the last in-sync datastore view.
 //! * [`status`], [`metrics`]: HTTP status/health and Prometheus metrics.
+//! * [`view`]: the applied view, served to the operator tools on the node (`agent.sock`).
 //! * [`runtime`]: wires the tasks together.
 
 pub mod apply_loop;
@@ -25,6 +26,7 @@ pub mod snapshot;
 pub mod state;
 pub mod status;
 pub mod syncer;
+pub mod view;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

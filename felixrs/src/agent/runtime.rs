@@ -4,6 +4,7 @@
 //! [syncer task] --SyncEvent--> [main task: AgentState + graph] --Batch--> [apply thread]
 //! [remote syncer tasks] --RemoteEvent--^    |                                   |
 //!                                           +--Snapshot--> [snapshot writer]    +--> StatusHub <-- [HTTP]
+//!                                                                      applied view --^ <-- [agent.sock]
 //! ```
 //!
 //! Remote syncers (federation) start once the local view is in (from etcd or the snapshot), one per
@@ -87,6 +88,12 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
         cancel.child_token(),
     ));
     let store = SnapshotStore::new(&cfg.state_dir);
+    // The operator tools on the node read what the kernel holds from here (see `view`).
+    let view_server = tokio::spawn(super::view::serve(
+        cfg.state_dir.clone(),
+        hub.clone(),
+        cancel.clone().cancelled_owned(),
+    ));
     let (snap_tx, snap_rx) = watch::channel(None);
     let writer = tokio::spawn(snapshot_writer(store.clone(), snap_rx, hub.clone()));
 
@@ -183,6 +190,7 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
     drop(snap_tx);
     let _ = syncer.await;
     let _ = writer.await;
+    let _ = view_server.await;
     if let Some(f) = failure {
         // A stuck thread is not waited for: the process exit ends it.
         if f.thread_ended() {

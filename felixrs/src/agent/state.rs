@@ -12,7 +12,7 @@
 //!   remote's list) replaces that scope only; a remote never changes `in_sync`, `source` or the
 //!   revision, which are the local store's.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
 
@@ -119,6 +119,9 @@ pub struct AgentState<P> {
     hub: Arc<StatusHub>,
     /// A RemoteClusterConfiguration key changed since [`Self::take_remote_configs`].
     remotes_dirty: bool,
+    /// Keys of `kvs` changed since the last batch: the next batch carries their values, so the
+    /// applied view ([`super::view`]) follows the kernel at the cost of the changes alone.
+    touched: BTreeSet<Arc<str>>,
 }
 
 impl<P: Pipeline> AgentState<P> {
@@ -134,6 +137,7 @@ impl<P: Pipeline> AgentState<P> {
             batches,
             hub,
             remotes_dirty: false,
+            touched: BTreeSet::new(),
         }
     }
 
@@ -401,6 +405,7 @@ impl<P: Pipeline> AgentState<P> {
             .into_iter()
             .partition(|(k, _)| scope.contains(k));
         self.kvs = keep;
+        self.touched.extend(old.keys().cloned());
         for (k, v) in new {
             let prev = old.remove(&k);
             self.put(k, v, prev);
@@ -414,6 +419,7 @@ impl<P: Pipeline> AgentState<P> {
     }
 
     fn change(&mut self, key: Arc<str>, value: Option<Arc<[u8]>>) {
+        self.touched.insert(key.clone());
         if key.starts_with(&rcc_prefix()) {
             self.remotes_dirty = true;
         }
@@ -433,6 +439,7 @@ impl<P: Pipeline> AgentState<P> {
     /// `key` (not in `kvs`) is now `value`: the graph is told unless `prev` was the same; a
     /// malformed value keeps `prev`.
     fn put(&mut self, key: Arc<str>, value: Arc<[u8]>, prev: Option<Arc<[u8]>>) {
+        self.touched.insert(key.clone());
         if prev.as_ref() == Some(&value) {
             self.kvs.insert(key, value);
             return;
@@ -490,6 +497,12 @@ impl<P: Pipeline> AgentState<P> {
         if !self.in_sync {
             return Ok(());
         }
+        let view = (std::mem::take(&mut self.touched).into_iter())
+            .map(|k| {
+                let v = self.kvs.get(&k).cloned();
+                (k, v)
+            })
+            .collect();
         let outputs = if self.dirty {
             let failed_safe = self.pipeline.failed_safe_rules();
             self.hub
@@ -506,6 +519,7 @@ impl<P: Pipeline> AgentState<P> {
             .send(Batch {
                 outputs,
                 revision: self.revision,
+                view,
             })
             .map_err(|_| ApplyThreadGone {
                 revision: self.revision,
@@ -613,6 +627,35 @@ mod tests {
                 mod_revision: revision,
             }],
         }
+    }
+
+    /// The batches' view changes, applied in order, rebuild exactly the state's view: after
+    /// changes before in-sync, the list, puts, deletes and a re-list that drops keys.
+    #[test]
+    fn batch_view_changes_rebuild_the_view() {
+        let (mut st, _, rx, _) = mk_state();
+        let mut view = KvMap::new();
+        let mut check = |st: &mut AgentState<RecordingPipeline>| {
+            st.emit().unwrap();
+            for b in rx.try_iter() {
+                for (k, v) in b.view {
+                    match v {
+                        Some(v) => view.insert(k, v),
+                        None => view.remove(&k),
+                    };
+                }
+            }
+            assert_eq!(&view, st.kvs());
+        };
+        st.on_event(mk_listed(5, &[("/k/a", "1"), ("/k/b", "2"), ("/k/c", "3")]));
+        check(&mut st);
+        st.on_event(mk_change(6, "/k/a", Some("10")));
+        st.on_event(mk_change(7, "/k/b", None));
+        st.on_event(mk_change(8, "/k/d", Some("4")));
+        check(&mut st);
+        st.on_event(mk_listed(9, &[("/k/a", "10"), ("/k/e", "5")]));
+        check(&mut st);
+        assert_eq!(view.len(), 2);
     }
 
     #[test]

@@ -23,6 +23,7 @@ use tokio::sync::{Notify, watch};
 
 use super::liveness::Liveness;
 use super::metrics::Metrics;
+use super::view::{AppliedView, ViewDelta};
 
 /// Where the agent's current data came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -122,6 +123,8 @@ pub struct StatusHub {
     pub metrics: Metrics,
     /// The apply thread's heartbeat (`/liveness`).
     pub liveness: Arc<Liveness>,
+    /// What the kernel holds, for the operator tools ([`super::view`]).
+    applied_view: Mutex<Option<AppliedView>>,
 }
 
 impl StatusHub {
@@ -137,7 +140,36 @@ impl StatusHub {
             nudge: Arc::new(Notify::new()),
             metrics,
             liveness: Arc::new(liveness),
+            applied_view: Mutex::new(None),
         })
+    }
+
+    /// Applies the changes an apply put in the kernel to the applied view, now at `revision`;
+    /// called before `applied_revision` reaches it, so the view served is never older than what
+    /// `/status` reports. Costs the changes, not the view.
+    pub fn apply_view(&self, revision: i64, changes: ViewDelta) {
+        let mut v = self.applied_view.lock().expect("view lock");
+        let view = v.get_or_insert_with(|| AppliedView {
+            revision,
+            kvs: Default::default(),
+        });
+        view.revision = revision;
+        for (k, value) in changes {
+            match value {
+                Some(value) => view.kvs.insert(k, value),
+                None => view.kvs.remove(&k),
+            };
+        }
+    }
+
+    /// The applied view's revision (none before the first apply).
+    pub fn applied_view_revision(&self) -> Option<i64> {
+        (self.applied_view.lock().expect("view lock").as_ref()).map(|v| v.revision)
+    }
+
+    /// A copy of the view the kernel holds (none before the first apply).
+    pub fn applied_view(&self) -> Option<AppliedView> {
+        self.applied_view.lock().expect("view lock").clone()
     }
 
     pub fn snapshot(&self) -> Status {

@@ -25,7 +25,9 @@ use netlink_sys::{Socket, constants::NETLINK_NETFILTER};
 use serde::Serialize;
 
 use crate::cmd::shared::dataplane_args::{DataplaneArgs, LOG_ACTION_NFLOG_GROUP};
-use crate::cmd::shared::node_view::{SourceArgs, render_node};
+use crate::cmd::shared::node_view::{
+    SourceArgs, ViewStamp, origin_note, render_node, state_dir_changed,
+};
 use crate::cmd::shared::pods::Pods;
 use crate::cmd::shared::{Answer, finish};
 use crate::cmd::stats::cell;
@@ -74,6 +76,16 @@ pub struct Flow {
     /// `namespace/pod` of the source and destination, when they are workloads.
     pub src_pod: Option<String>,
     pub dst_pod: Option<String>,
+}
+
+impl Flow {
+    /// An address that is no pod, or a policy known only by its prefix id: perhaps one the
+    /// view does not hold yet.
+    fn unresolved(&self) -> bool {
+        let raw_policy = self.kind == "policy"
+            && self.prefix.split_once('|').map(|(_, id)| id) == Some(&self.decided_by);
+        self.src_pod.is_none() || self.dst_pod.is_none() || raw_policy
+    }
 }
 
 /// Decodes an NFLOG prefix of ours: `(action, kind, direction, rule, id)`.
@@ -152,6 +164,58 @@ pub fn decode_ip(p: &[u8]) -> Option<IpHeader> {
         src_port: ports.0,
         dst_port: ports.1,
     })
+}
+
+/// How often a `--state-dir` run asks whether the view changed while no packet comes, and at
+/// most how often a packet with an unknown address or policy makes it ask.
+const FOLLOW_IDLE: Duration = Duration::from_secs(1);
+const FOLLOW_MISS: Duration = Duration::from_millis(100);
+
+/// The names a run resolves with, followed: with `--state-dir`, re-read when the running
+/// agent's applied view (or, without an agent, the snapshot file) changes, so a run started
+/// before a pod or policy existed names it once it does.
+struct Follow<'a> {
+    args: &'a Args,
+    names: Names,
+    stamp: Option<ViewStamp>,
+    checked: Instant,
+}
+
+impl Follow<'_> {
+    /// Re-reads the view if it changed (asking at most once per `gap`); true if it did.
+    fn refresh(&mut self, gap: Duration) -> bool {
+        let (Some(dir), Some(stamp)) = (&self.args.source.state_dir, &self.stamp) else {
+            return false;
+        };
+        if self.checked.elapsed() < gap {
+            return false;
+        }
+        self.checked = Instant::now();
+        if !state_dir_changed(dir, stamp) {
+            return false;
+        }
+        match render_node(
+            &self.args.source,
+            &self.args.node_name,
+            &self.args.dataplane,
+        ) {
+            Ok(view) => {
+                self.names = names_of(&view);
+                self.stamp = view.stamp;
+                if let Some(rev) = view.revision {
+                    eprintln!(
+                        "felixrs flows: names from the agent's snapshot at datastore revision {rev}{}",
+                        origin_note(self.stamp.as_ref())
+                    );
+                }
+                true
+            }
+            Err(e) => {
+                eprintln!("felixrs flows: keeping the previous names: {e:#}");
+                false
+            }
+        }
+    }
 }
 
 /// What the node's view knows: workload addresses and policy prefix ids.
@@ -283,7 +347,12 @@ impl Args {
     fn flows(&self) -> anyhow::Result<()> {
         use std::io::Write as _;
         let view = render_node(&self.source, &self.node_name, &self.dataplane)?;
-        let names = names_of(&view);
+        let mut follow = Follow {
+            args: self,
+            names: names_of(&view),
+            stamp: view.stamp,
+            checked: Instant::now(),
+        };
         let socket = open()?;
         eprintln!(
             "felixrs flows: listening on NFLOG groups 1 (ingress), 2 (egress), 3 (Log action)"
@@ -303,6 +372,7 @@ impl Args {
             let n = match socket.recv(&mut &mut buf[..], 0) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    follow.refresh(FOLLOW_IDLE);
                     std::thread::sleep(Duration::from_millis(20));
                     continue;
                 }
@@ -329,9 +399,16 @@ impl Args {
                         PacketNla::Payload(p) => Some(p.as_slice()),
                         _ => None,
                     });
-                    if let (Some(prefix), Some(payload)) = (prefix, payload)
-                        && let Some(f) = flow(&names, header.res_id, &prefix, payload)
-                    {
+                    let decode = |names: &Names| {
+                        let (prefix, payload) = (prefix.as_deref()?, payload?);
+                        flow(names, header.res_id, prefix, payload)
+                    };
+                    let mut f = decode(&follow.names);
+                    // A name it cannot resolve may be one the agent just applied.
+                    if f.as_ref().is_some_and(Flow::unresolved) && follow.refresh(FOLLOW_MISS) {
+                        f = decode(&follow.names);
+                    }
+                    if let Some(f) = f {
                         let line = if self.json {
                             serde_json::to_string(&f)?
                         } else {

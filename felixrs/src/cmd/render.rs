@@ -13,7 +13,7 @@ use calc_graph::proto::IpVersion;
 use iptables::desired::Preview;
 
 use crate::cmd::shared::dataplane_args::DataplaneArgs;
-use crate::cmd::shared::node_view::{SourceArgs, render_node};
+use crate::cmd::shared::node_view::{SourceArgs, origin_note, render_node};
 use crate::cmd::shared::{Answer, finish};
 
 /// `felixrs render`.
@@ -43,7 +43,8 @@ impl Args {
         if let Some(rev) = node.revision {
             let _ = writeln!(
                 out.text,
-                "# from the agent's snapshot at datastore revision {rev}"
+                "# from the agent's snapshot at datastore revision {rev}{}",
+                origin_note(node.stamp.as_ref())
             );
         }
         for v in [IpVersion::V4, IpVersion::V6] {

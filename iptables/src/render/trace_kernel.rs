@@ -156,6 +156,17 @@ impl KernelRules {
         out
     }
 
+    /// Rule `rule` (1-based) of `chain` as the kernel has it (a line kept verbatim: a rule that
+    /// never matches, without its comments).
+    pub fn rule(&self, chain: &str, rule: usize) -> Option<&Rule> {
+        self.chains.get(chain)?.get(rule.checked_sub(1)?)
+    }
+
+    /// How many rules `chain` has.
+    pub fn chain_len(&self, chain: &str) -> usize {
+        self.chains.get(chain).map_or(0, Vec::len)
+    }
+
     /// The kernel's text of rule `rule` (1-based) of `chain`.
     pub fn text(&self, chain: &str, rule: usize) -> Option<&str> {
         self.texts

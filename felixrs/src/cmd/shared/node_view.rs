@@ -1,10 +1,10 @@
-//! The node view the operator commands share: the cluster's objects (manifests, or the agent's
-//! snapshot with `--state-dir`) converted as the controller would, fed through the calculation
+//! The node view the operator commands share: the cluster's objects (manifests, or with
+//! `--state-dir` the running agent's applied view, else its snapshot file) converted as the controller would, fed through the calculation
 //! graph for one node and rendered with the agent's dataplane flags. `render` prints it, `trace`
 //! runs a packet through it, `stats` and `flows` attribute the kernel's rules and logs with it.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -14,8 +14,9 @@ use iptables::render::Renderer;
 use k8s_convert::{ConvertOptions, load_manifests};
 
 use crate::agent::kernel::GraphPipeline;
-use crate::agent::snapshot::SnapshotStore;
+use crate::agent::snapshot::{Snapshot, SnapshotStore};
 use crate::agent::state::Pipeline;
+use crate::agent::view::{self, Fetched};
 use crate::cmd::shared::dataplane_args::DataplaneArgs;
 use crate::dns::trace::LearnedFile;
 
@@ -26,8 +27,9 @@ pub struct SourceArgs {
     /// Manifest files or directories (YAML/JSON, multi-document).
     #[arg(long, num_args = 1..)]
     pub manifests: Vec<PathBuf>,
-    /// The agent's state directory (its `--state-dir`): use the datastore snapshot it persisted,
-    /// which is what it last programmed.
+    /// The agent's state directory (its `--state-dir`): ask the agent running on it for the
+    /// datastore view it has applied (over `agent.sock` there, root), or, when none answers,
+    /// read the snapshot it persisted, which is what it last programmed.
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
 }
@@ -59,6 +61,8 @@ pub struct NodeView {
     pub failed_safe: Vec<String>,
     /// The learned DNS map the domain sets were filled from (`trace`).
     pub learned: Option<Arc<LearnedFile>>,
+    /// With `--state-dir`: which view it was (the running agent's, or the snapshot file).
+    pub stamp: Option<ViewStamp>,
 }
 
 /// Loads the objects and renders them for `node_name` with the agent's dataplane flags.
@@ -81,20 +85,14 @@ pub fn render_node_learned(
     let mut pipeline = GraphPipeline::new(node_name);
     let mut resources = BTreeMap::new();
     let mut revision = None;
+    let mut stamp = None;
     match &source.state_dir {
         Some(dir) => {
-            let store = SnapshotStore::new(dir);
-            let snap = store
-                .load()
-                .with_context(|| format!("reading {}", store.path().display()))?
-                .with_context(|| {
-                    format!(
-                        "no snapshot at {} (the agent writes it once it is in sync)",
-                        store.path().display()
-                    )
-                })?;
-            revision = Some(snap.revision);
-            let kvs: BTreeMap<String, Vec<u8>> = (snap.kvs.into_iter())
+            let read = read_state_dir(dir)?;
+            problems.extend(read.note.clone());
+            revision = Some(read.snapshot.revision);
+            stamp = Some(read.stamp);
+            let kvs: BTreeMap<String, Vec<u8>> = (read.snapshot.kvs.into_iter())
                 .map(|(k, v)| (k.to_string(), v.to_vec()))
                 .collect();
             for (key, value) in &kvs {
@@ -175,5 +173,101 @@ pub fn render_node_learned(
         problems,
         failed_safe,
         learned,
+        stamp,
     })
+}
+
+/// Where a state directory's view came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ViewOrigin {
+    /// The running agent's applied view (its `agent.sock`): what the kernel holds now.
+    Agent,
+    /// The snapshot file (no agent answered): what the agent last persisted.
+    SnapshotFile,
+}
+
+/// Which view of a state directory a node view was rendered from, to tell when it changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ViewStamp {
+    pub origin: ViewOrigin,
+    pub revision: i64,
+    /// The snapshot file's modification time, when read from it.
+    pub modified: Option<std::time::SystemTime>,
+}
+
+/// The datastore contents of a state directory.
+pub struct StateDirView {
+    pub snapshot: Snapshot,
+    pub stamp: ViewStamp,
+    /// Why the running agent could not be asked, when it could not (the file was read instead).
+    pub note: Option<String>,
+}
+
+/// The running agent's applied view (asked over `agent.sock`, so it is never older than the
+/// `applied_revision` `/status` reports), or the snapshot file when no agent answers.
+pub fn read_state_dir(dir: &Path) -> anyhow::Result<StateDirView> {
+    let note = match view::fetch(dir, None) {
+        Ok(Fetched::View(snapshot)) => {
+            let revision = snapshot.revision;
+            return Ok(StateDirView {
+                snapshot,
+                stamp: ViewStamp {
+                    origin: ViewOrigin::Agent,
+                    revision,
+                    modified: None,
+                },
+                note: None,
+            });
+        }
+        Ok(Fetched::NotRunning | Fetched::Unchanged) => None,
+        Ok(Fetched::NothingApplied) => {
+            Some("the running agent has applied nothing yet; reading its snapshot file".into())
+        }
+        Err(e) => Some(format!("{e}; reading the snapshot file")),
+    };
+    let store = SnapshotStore::new(dir);
+    let path = store.path();
+    let modified = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+    let snapshot = store
+        .load()
+        .with_context(|| format!("reading {}", path.display()))?
+        .with_context(|| {
+            format!(
+                "no snapshot at {} (the agent writes it once it is in sync)",
+                path.display()
+            )
+        })?;
+    Ok(StateDirView {
+        stamp: ViewStamp {
+            origin: ViewOrigin::SnapshotFile,
+            revision: snapshot.revision,
+            modified,
+        },
+        snapshot,
+        note,
+    })
+}
+
+/// Whether the state directory's view differs from `stamp` (a cheap question: the agent answers
+/// "unchanged", or the file's modification time and revision are the same).
+pub fn state_dir_changed(dir: &Path, stamp: &ViewStamp) -> bool {
+    match view::fetch(dir, Some(stamp.revision)) {
+        Ok(Fetched::Unchanged) => false,
+        Ok(Fetched::View(_)) => true,
+        _ => {
+            // No agent: the file, if it was not what we read.
+            let path = SnapshotStore::new(dir).path();
+            let modified = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+            stamp.origin == ViewOrigin::Agent || modified != stamp.modified
+        }
+    }
+}
+
+/// What a header line adds after "the agent's snapshot at datastore revision R" to say where
+/// the view came from (nothing for the snapshot file, as before).
+pub fn origin_note(stamp: Option<&ViewStamp>) -> &'static str {
+    match stamp.map(|s| s.origin) {
+        Some(ViewOrigin::Agent) => " (asked the running agent: what it has applied)",
+        _ => "",
+    }
 }

@@ -7,12 +7,12 @@ use calc_graph::proto::IpVersion;
 use iptables::apply::ExecRunner;
 use iptables::apply::backend::{self, Backend};
 use iptables::desired::ipset::{self, ActualSet};
-use iptables::desired::{DesiredTable, TableName};
-use iptables::parse::{ActualTable, scan_save};
+use iptables::desired::{DesiredTable, HookPosition, TableName};
+use iptables::parse::{ActualRule, ActualTable, scan_save};
 use iptables::render::trace::Effect;
 
 use super::kernel::output_of;
-use super::traced::Traced;
+use super::traced::{Path, Traced};
 use crate::cmd::shared::node_view::NodeView;
 
 /// Every chain the packet entered, in order: those with a matched rule, and those jumped to
@@ -59,6 +59,9 @@ pub fn check_kernel(traced: &Traced, desired: &DesiredTable, actual: &ActualTabl
             }
         }
     }
+    if traced.path == Path::Forward {
+        out.extend(check_forward_accept(desired, kernel_rules));
+    }
     for chain in entered_chains(traced) {
         let want: Vec<&str> = desired
             .chains
@@ -74,7 +77,7 @@ pub fn check_kernel(traced: &Traced, desired: &DesiredTable, actual: &ActualTabl
         if let Some(i) = (0..len).find(|&i| got.get(i).copied().flatten() != want.get(i).copied()) {
             let got = match got.get(i) {
                 None => "nothing".to_string(),
-                Some(None) => "a rule without our id".to_string(),
+                Some(None) => "a rule that is not ours (no cali: id)".to_string(),
                 Some(Some(h)) => format!("cali:{h}"),
             };
             let want = want
@@ -87,6 +90,55 @@ pub fn check_kernel(traced: &Traced, desired: &DesiredTable, actual: &ActualTabl
         }
     }
     out
+}
+
+/// FORWARD's appended accept rule (`cali:` id of the rendered Append hook) accepts what policy
+/// accepted: a foreign rule between our hook and it that ends packets (ACCEPT, DROP, REJECT)
+/// decides for every packet our chains accepted, so it is reported whatever the traced packet
+/// (a foreign jump there is reported by the kernel trace when it decides the traced packet).
+fn check_forward_accept(desired: &DesiredTable, forward: &[ActualRule]) -> Vec<String> {
+    let ours: Vec<&str> = (desired.hooks.iter())
+        .filter(|h| h.kernel_chain == "FORWARD")
+        .map(|h| h.rule.hash.as_str())
+        .collect();
+    let accepts: Vec<&str> = (desired.hooks.iter())
+        .filter(|h| h.kernel_chain == "FORWARD" && h.position == HookPosition::Append)
+        .filter(|h| ends_packets(h.rule.body()) == Some("ACCEPT"))
+        .map(|h| h.rule.hash.as_str())
+        .collect();
+    let Some(&accept) = accepts.first() else {
+        return Vec::new();
+    };
+    let Some(at) = (forward.iter()).position(|r| r.hash.as_deref() == Some(accept)) else {
+        return vec![format!(
+            "FORWARD has no rule cali:{accept} accepting what policy accepted"
+        )];
+    };
+    let hook = (forward.iter())
+        .position(|r| r.hash.as_deref().is_some_and(|h| ours.contains(&h)))
+        .unwrap_or(0);
+    (forward.iter().enumerate())
+        .take(at)
+        .skip(hook)
+        .filter(|(_, r)| !r.hash.as_deref().is_some_and(|h| ours.contains(&h)))
+        .filter_map(|(n, r)| {
+            let target = ends_packets(&r.spec)?;
+            Some(format!(
+                "FORWARD rule {} is not ours and ends packets ({target}) before our rule cali:{accept} accepts what policy accepted: -A FORWARD {}",
+                n + 1,
+                r.spec
+            ))
+        })
+        .collect()
+}
+
+/// The target of a rule's text when it ends packets: `ACCEPT`, `DROP` or `REJECT`.
+fn ends_packets(spec: &str) -> Option<&'static str> {
+    let target = spec.rsplit_once("-j ").map(|(_, t)| t)?;
+    let target = target.split_whitespace().next()?;
+    ["ACCEPT", "DROP", "REJECT"]
+        .into_iter()
+        .find(|t| *t == target)
 }
 
 /// This host's filter table (backend detected as the agent does) and our IP sets, for family `v`.

@@ -11,8 +11,8 @@ use anyhow::{Context, bail};
 use calc_graph::proto::IpVersion;
 use iptables::apply::backend::{self, Backend, Mode};
 use iptables::apply::{ExecRunner, Runner};
-use iptables::desired::{TableName, ipset};
-use iptables::model::{Policy, Ruleset};
+use iptables::desired::{DesiredTable, TableName, ipset};
+use iptables::model::{Policy, Rule, Ruleset};
 use iptables::parse::parse_save_lenient;
 use iptables::render::static_chains::VERDICT_DROP;
 use iptables::render::trace::{self, Effect, Outcome, Step};
@@ -91,6 +91,12 @@ pub struct KernelTrace {
     pub text: String,
     pub verdict: KernelVerdict,
     pub agrees: bool,
+    /// The foreign rule that decided the packet, when one did (`filter CHAIN rule N is not ours
+    /// and decides (DROP): -A CHAIN …`).
+    pub foreign_decider: Option<String>,
+    /// Foreign rules inside our chains the packet entered, or ahead of our rules in the kernel
+    /// chain (`filter CHAIN rule N (where): -A CHAIN …`).
+    pub foreign: Vec<String>,
 }
 
 /// What a step did, as both reports print it.
@@ -106,12 +112,69 @@ pub(super) fn effect_text(e: &Effect) -> String {
     }
 }
 
-fn is_ours(chain: &str) -> bool {
+fn is_our_chain(chain: &str) -> bool {
     chain.starts_with("cali-")
 }
 
-/// Traces `traced`'s packet through `state` and compares with the rendered trace.
+/// Whose a kernel rule is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// It carries a `cali:` id the rendered rules have in its chain (or, without rendered rules
+    /// to compare with, any `cali:` id): in one of our chains, or in a kernel chain (our hooks,
+    /// FORWARD's appended accept rule).
+    Ours,
+    /// It carries a `cali:` id the rendered rules do not have there (a leftover of ours).
+    OursNotRendered,
+    /// Anything else, wherever it sits (inside one of our chains too).
+    Foreign,
+}
+
+/// Decides ownership by a rule's `cali:` id, wherever the rule sits (not by its chain's name).
+#[derive(Clone, Copy)]
+pub struct Ownership<'a> {
+    pub desired: Option<&'a DesiredTable>,
+}
+
+impl Ownership<'_> {
+    /// The owner of `rule`, which sits in `chain`.
+    pub fn of(&self, chain: &str, rule: &Rule) -> Owner {
+        let Some(id) = rule.cali_comment().and_then(|c| c.strip_prefix("cali:")) else {
+            return Owner::Foreign;
+        };
+        self.of_id(chain, id)
+    }
+
+    /// The owner of a rule with our id `id` in `chain`.
+    pub fn of_id(&self, chain: &str, id: &str) -> Owner {
+        let Some(d) = self.desired else {
+            return Owner::Ours;
+        };
+        let in_chain = d
+            .chains
+            .get(chain)
+            .is_some_and(|rules| rules.iter().any(|r| r.hash == id));
+        let hook = (d.hooks.iter()).any(|h| h.kernel_chain == chain && h.rule.hash == id);
+        if in_chain || hook {
+            Owner::Ours
+        } else {
+            Owner::OursNotRendered
+        }
+    }
+}
+
+/// Traces `traced`'s packet through `state` and compares with the rendered trace; a rule is ours
+/// when it carries a `cali:` id ([`trace_kernel_against`] compares the ids with the rendered rules).
 pub fn trace_kernel(traced: &Traced, state: &KernelState) -> anyhow::Result<KernelTrace> {
+    trace_kernel_against(traced, state, None)
+}
+
+/// [`trace_kernel`], with a rule ours only when `desired` (the rendered filter table) has its id
+/// in its chain, and the paths compared rule by rule by id.
+pub fn trace_kernel_against(
+    traced: &Traced,
+    state: &KernelState,
+    desired: Option<&DesiredTable>,
+) -> anyhow::Result<KernelTrace> {
     let pkt = &traced.packet;
     let table = state
         .ruleset
@@ -119,6 +182,10 @@ pub fn trace_kernel(traced: &Traced, state: &KernelState) -> anyhow::Result<Kern
         .context("the kernel's save has no filter table")?;
     let sets = ipset::parse_save(pkt.version(), &state.ipsets);
     let rules = KernelRules::new(table, &sets, pkt);
+    let owners = Ownership { desired };
+    let owner = |chain: &str, n: usize| {
+        (rules.rule(chain, n)).map_or(Owner::Foreign, |r| owners.of(chain, r))
+    };
     let start = traced.path.kernel_chain();
     let t = trace::trace(&rules, start, pkt)
         .map_err(|e| anyhow::anyhow!("cannot trace the kernel: {e}"))?;
@@ -133,15 +200,15 @@ pub fn trace_kernel(traced: &Traced, state: &KernelState) -> anyhow::Result<Kern
     }
     for step in &t.steps {
         let text = rules.text(&step.chain, step.rule).unwrap_or_default();
-        let owner = if is_ours(&step.chain) || text.contains("\"cali:") || text.contains(" cali:") {
-            ""
-        } else {
-            " [not ours]"
+        let tag = match owner(&step.chain, step.rule) {
+            Owner::Ours => "",
+            Owner::OursNotRendered => " [ours, not in the rendered rules]",
+            Owner::Foreign => " [not ours]",
         };
         let indent = "  ".repeat(step.depth + 1);
         let _ = writeln!(
             s,
-            "{indent}{}{owner} rule {}: -A {} {text}\n{indent}  => {}",
+            "{indent}{}{tag} rule {}: -A {} {text}\n{indent}  => {}",
             step.chain,
             step.rule,
             step.chain,
@@ -171,6 +238,7 @@ pub fn trace_kernel(traced: &Traced, state: &KernelState) -> anyhow::Result<Kern
         KernelVerdict::Accept => "ACCEPT",
         KernelVerdict::Drop => "DROP",
     };
+    let mut foreign_decider = None;
     match decider {
         Some(d) => {
             let text = rules.text(&d.chain, d.rule).unwrap_or_default();
@@ -182,6 +250,15 @@ pub fn trace_kernel(traced: &Traced, state: &KernelState) -> anyhow::Result<Kern
                 d.rule,
                 d.chain
             );
+            if owner(&d.chain, d.rule) == Owner::Foreign {
+                foreign_decider = Some(format!(
+                    "filter {} rule {} is not ours and decides ({}): -A {} {text}",
+                    d.chain,
+                    d.rule,
+                    word(verdict),
+                    d.chain
+                ));
+            }
         }
         None => {
             let _ = writeln!(
@@ -191,25 +268,49 @@ pub fn trace_kernel(traced: &Traced, state: &KernelState) -> anyhow::Result<Kern
             );
         }
     }
-    let entered: Vec<&str> = t.steps.iter().map(|st| st.chain.as_str()).collect();
+    let entered = entered_chains(&t.steps);
     for a in &rules.assumptions {
         if entered.contains(&a.chain.as_str()) {
             let _ = writeln!(s, "  assumed: {} rule {}: {}", a.chain, a.rule, a.what);
         }
+    }
+    let foreign = foreign_rules(&rules, owners, start, &entered, &t.steps);
+    for f in &foreign {
+        let _ = writeln!(s, "  not ours: {f}");
     }
     let agrees = match traced.verdict {
         Verdict::Accept => verdict == KernelVerdict::Accept,
         Verdict::Drop => verdict == KernelVerdict::Drop,
         Verdict::NotOurs => true,
     };
-    let ours = |steps: &[Step]| -> Vec<(String, usize)> {
-        steps
-            .iter()
-            .filter(|st| is_ours(&st.chain))
-            .map(|st| (st.chain.clone(), st.rule))
-            .collect()
+    // The steps in our chains, each named by its rule's id when it has one of ours (a foreign
+    // rule inside our chain is not the rendered rule at its position).
+    let rendered_id = |chain: &str, n: usize| {
+        let rule = desired?.chains.get(chain)?.get(n.checked_sub(1)?)?;
+        Some(rule.hash.clone())
     };
-    let (rendered_path, kernel_path) = (ours(&traced.trace.steps), ours(&t.steps));
+    let rendered_path: Vec<PathStep> = (traced.trace.steps.iter())
+        .filter(|st| is_our_chain(&st.chain))
+        .map(|st| PathStep {
+            chain: st.chain.clone(),
+            rule: st.rule,
+            id: rendered_id(&st.chain, st.rule),
+            foreign: false,
+        })
+        .collect();
+    let kernel_path: Vec<PathStep> = (t.steps.iter())
+        .filter(|st| is_our_chain(&st.chain))
+        .map(|st| {
+            let r = rules.rule(&st.chain, st.rule);
+            let id = r.and_then(|r| r.cali_comment()?.strip_prefix("cali:").map(String::from));
+            PathStep {
+                chain: st.chain.clone(),
+                rule: st.rule,
+                foreign: owner(&st.chain, st.rule) == Owner::Foreign,
+                id: if desired.is_some() { id } else { None },
+            }
+        })
+        .collect();
     if !agrees {
         let rendered = match traced.verdict {
             Verdict::Accept => "ACCEPT",
@@ -217,11 +318,23 @@ pub fn trace_kernel(traced: &Traced, state: &KernelState) -> anyhow::Result<Kern
             Verdict::NotOurs => "not ours",
         };
         let why = match decider {
-            Some(d) if !is_ours(&d.chain) && kernel_path.is_empty() => format!(
-                "{} rule {} is not ours and decides before our hook",
-                d.chain, d.rule
-            ),
-            Some(d) if !is_ours(&d.chain) => {
+            Some(d)
+                if owner(&d.chain, d.rule) == Owner::Foreign
+                    && !is_our_chain(&d.chain)
+                    && !kernel_path.iter().any(|p| !p.foreign) =>
+            {
+                format!(
+                    "{} rule {} is not ours and decides before our hook",
+                    d.chain, d.rule
+                )
+            }
+            Some(d) if owner(&d.chain, d.rule) == Owner::Foreign && is_our_chain(&d.chain) => {
+                format!(
+                    "{} rule {} is not ours (inside our chain {}) and decides",
+                    d.chain, d.rule, d.chain
+                )
+            }
+            Some(d) if owner(&d.chain, d.rule) == Owner::Foreign => {
                 format!("{} rule {} is not ours and decides", d.chain, d.rule)
             }
             Some(d) => format!("{} rule {} decides", d.chain, d.rule),
@@ -234,12 +347,14 @@ pub fn trace_kernel(traced: &Traced, state: &KernelState) -> anyhow::Result<Kern
         );
     }
     if let Some(i) = (0..rendered_path.len().max(kernel_path.len()))
-        .find(|&i| rendered_path.get(i) != kernel_path.get(i))
+        .find(|&i| !same_step(rendered_path.get(i), kernel_path.get(i)))
         && !kernel_path.is_empty()
     {
-        let at = |p: &[(String, usize)]| {
-            p.get(i)
-                .map_or("nothing".to_string(), |(c, r)| format!("{c} rule {r}"))
+        let at = |p: &[PathStep]| {
+            p.get(i).map_or("nothing".to_string(), |st| {
+                let whose = if st.foreign { " (not ours)" } else { "" };
+                format!("{} rule {}{whose}", st.chain, st.rule)
+            })
         };
         let _ = writeln!(
             s,
@@ -248,6 +363,8 @@ pub fn trace_kernel(traced: &Traced, state: &KernelState) -> anyhow::Result<Kern
             at(&kernel_path),
             at(&rendered_path)
         );
+    } else if agrees && let Some(f) = &foreign_decider {
+        let _ = writeln!(s, "the kernel reaches the rendered verdict, but {f}");
     } else if agrees {
         let _ = writeln!(s, "the kernel agrees with the rendered rules");
     }
@@ -255,5 +372,92 @@ pub fn trace_kernel(traced: &Traced, state: &KernelState) -> anyhow::Result<Kern
         text: s,
         verdict,
         agrees,
+        foreign_decider,
+        foreign,
     })
+}
+
+/// A step of a path through our chains.
+struct PathStep {
+    chain: String,
+    rule: usize,
+    /// Its rule's `cali:` id (when compared by id).
+    id: Option<String>,
+    foreign: bool,
+}
+
+fn same_step(a: Option<&PathStep>, b: Option<&PathStep>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => {
+            a.chain == b.chain
+                && !a.foreign
+                && !b.foreign
+                && match (&a.id, &b.id) {
+                    (Some(x), Some(y)) => x == y,
+                    _ => a.rule == b.rule,
+                }
+        }
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+/// Every chain a trace entered: those with a matched rule, and those jumped to.
+fn entered_chains(steps: &[Step]) -> Vec<&str> {
+    let mut chains: Vec<&str> = Vec::new();
+    for step in steps {
+        let target = match &step.effect {
+            Effect::Jump(c) | Effect::Goto(c) => Some(c.as_str()),
+            _ => None,
+        };
+        for c in std::iter::once(step.chain.as_str()).chain(target) {
+            if !chains.contains(&c) {
+                chains.push(c);
+            }
+        }
+    }
+    chains
+}
+
+/// The foreign rules that can change what our rules decide for packets on this path, each as
+/// `filter CHAIN rule N (where): -A CHAIN text`: every foreign rule inside one of our chains the
+/// packet entered, and in the kernel chain every one ahead of our last rule there (our hook, and
+/// FORWARD's appended accept rule).
+fn foreign_rules(
+    rules: &KernelRules,
+    owners: Ownership<'_>,
+    start: &str,
+    entered: &[&str],
+    steps: &[Step],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let matched = |chain: &str, n: usize| steps.iter().any(|s| s.chain == chain && s.rule == n);
+    let foreign = |chain: &str, n: usize| {
+        (rules.rule(chain, n)).is_some_and(|r| owners.of(chain, r) == Owner::Foreign)
+    };
+    let mut line = |chain: &str, n: usize, place: &str| {
+        let text = rules.text(chain, n).unwrap_or_default();
+        let hit = if matched(chain, n) {
+            "; the packet matched it"
+        } else {
+            ""
+        };
+        out.push(format!(
+            "filter {chain} rule {n} ({place}{hit}): -A {chain} {text}"
+        ));
+    };
+    let last_ours = (1..=rules.chain_len(start))
+        .rev()
+        .find(|&n| !foreign(start, n) && rules.rule(start, n).is_some());
+    if let Some(last) = last_ours {
+        for n in (1..last).filter(|&n| foreign(start, n)) {
+            line(start, n, &format!("ahead of our rules in {start}"));
+        }
+    }
+    for chain in entered.iter().filter(|c| is_our_chain(c)) {
+        for n in (1..=rules.chain_len(chain)).filter(|&n| foreign(chain, n)) {
+            line(chain, n, "inside our chain");
+        }
+    }
+    out
 }

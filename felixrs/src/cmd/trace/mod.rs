@@ -30,7 +30,7 @@ use traced::End;
 pub use traced::{Path, Traced, Verdict};
 
 use crate::cmd::shared::dataplane_args::DataplaneArgs;
-use crate::cmd::shared::node_view::{NodeView, SourceArgs, render_node_learned};
+use crate::cmd::shared::node_view::{NodeView, SourceArgs, origin_note, render_node_learned};
 use crate::cmd::shared::pods::Pods;
 use crate::cmd::shared::{Answer, finish};
 use crate::dns::persist::FILE_NAME;
@@ -49,13 +49,21 @@ pub struct Args {
     /// Also read this host's kernel (`iptables-save` and `ipset save`, as root, in the node's network
     /// namespace) and check that every chain the packet entered holds the rendered rules, that the
     /// sets they use hold the right members, and that nothing foreign runs before our hook. Exits 2
-    /// if the kernel differs.
+    /// if the kernel differs. A foreign rule (one without a `cali:` id the rendered rules have
+    /// there) fails the check: for any packet when it sits ahead of our hook, or, in FORWARD,
+    /// behind our hook but ahead of our appended accept rule and ends packets (ACCEPT, DROP,
+    /// REJECT); for the traced packet when it sits inside one of our chains the packet entered or
+    /// when it decides the packet in the kernel's own rules (wherever it sits). Each is named with
+    /// its table, chain, position and text.
     #[arg(long)]
     pub check_kernel: bool,
     /// Also trace the packet through this host's kernel rules as they are (`iptables-save` and
     /// `ipset save`, as root, in the node's network namespace), foreign rules included, from the top
     /// of the kernel chain, and show where that path differs from the rendered one. Exits 2 if
-    /// the verdicts differ.
+    /// the verdicts differ. A rule is ours when it carries a `cali:` id the rendered rules have
+    /// in its chain, wherever it sits (our hooks and FORWARD's appended accept rule included);
+    /// foreign rules inside our chains the packet entered, or ahead of our rules in the kernel
+    /// chain, are listed (`not ours: filter CHAIN rule N (where): -A CHAIN …`).
     #[arg(long)]
     pub kernel: bool,
     /// The agent's learned DNS map (`dns-learned.json`) to fill domain sets from; with
@@ -137,6 +145,16 @@ impl Args {
                 .unwrap_or_default();
             let mut findings = check_kernel(&traced, &desired, &actual);
             findings.extend(check_sets(&view, &traced, &actual_sets));
+            // The packet through the kernel's own rules: a foreign rule inside our chains, or one
+            // that decides it (wherever it sits), is named.
+            let state = kernel::read_kernel_state(v)?;
+            let kt = kernel::trace_kernel_against(&traced, &state, Some(&desired))?;
+            findings.extend(kt.foreign_decider.clone());
+            findings.extend(
+                (kt.foreign.iter())
+                    .filter(|f| f.contains("(inside our chain"))
+                    .map(|f| format!("not ours: {f}")),
+            );
             let _ = writeln!(text, "kernel ({program} -t filter, ipset save):");
             if findings.is_empty() {
                 let _ = writeln!(
@@ -154,8 +172,10 @@ impl Args {
             }
         }
         if self.kernel {
-            let state = kernel::read_kernel_state(traced.packet.version())?;
-            let kt = kernel::trace_kernel(&traced, &state)?;
+            let v = traced.packet.version();
+            let desired = (view.renderer.desired_ref(v).tables.get(&TableName::Filter)).cloned();
+            let state = kernel::read_kernel_state(v)?;
+            let kt = kernel::trace_kernel_against(&traced, &state, desired.as_ref())?;
             text.push_str(&kt.text);
             if !kt.agrees {
                 answer.status = 2;
@@ -424,7 +444,8 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
     if let Some(rev) = view.revision {
         let _ = writeln!(
             s,
-            "  rules as the agent's snapshot at datastore revision {rev} renders them"
+            "  rules as the agent's snapshot at datastore revision {rev} renders them{}",
+            origin_note(view.stamp.as_ref())
         );
     }
     let _ = writeln!(s, "  from {}: {}", pkt.src, describe_end(from));
