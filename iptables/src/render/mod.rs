@@ -121,6 +121,7 @@ pub mod endpoint;
 mod family;
 pub mod hash;
 pub mod host;
+pub mod host_tables;
 pub mod marks;
 pub mod names;
 pub mod nat;
