@@ -127,7 +127,11 @@ fn pre_dnat_policy_is_rendered_in_mangle_before_the_dnat() {
         assert!(!mangle.contains_key("cali-failsafe-out"));
         assert!(!mangle.contains_key("cali-th-eth0"));
         // The preDNAT policy is never in the filter table.
-        assert!(!d.tables[&TableName::Filter].chains.contains_key("cali-pi-gnp/nodeport"));
+        assert!(
+            !d.tables[&TableName::Filter]
+                .chains
+                .contains_key("cali-pi-gnp/nodeport")
+        );
         assert_parses_back(&r, v);
     }
 }
@@ -144,7 +148,10 @@ fn untracked_policy_is_rendered_in_raw_with_notrack_both_ways() {
         assert_eq!(pre[0], "-j MARK --set-xmark 0x0/0x1b0000", "{pre:?}");
         assert_eq!(pre[1], "-i cali+ -j MARK --set-xmark 0x80000/0x80000");
         assert!(pre[2].contains("-m rpfilter --invert -j DROP"), "{pre:?}");
-        assert_eq!(pre[3], "-m mark --mark 0x0/0x80000 -j cali-from-host-endpoint");
+        assert_eq!(
+            pre[3],
+            "-m mark --mark 0x0/0x80000 -j cali-from-host-endpoint"
+        );
         assert_eq!(pre[4], "-m mark --mark 0x10000/0x10000 -j ACCEPT");
         assert_eq!(
             strip_ids(&texts(&r, v, TableName::Raw, "cali-OUTPUT")),
