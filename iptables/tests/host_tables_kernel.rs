@@ -2,9 +2,10 @@
 //! world of `host_endpoint_kernel.rs` ([`support::host_world`]), through the real graph,
 //! renderer and applier, in IPv4 and IPv6, with the nft and legacy backends:
 //! * a kube-proxy-style NodePort (a DNAT rule the test installs in nat `PREROUTING`, host port
-//!   30080 → the far network's server on 9000) is denied from outside by a preDNAT policy,
-//!   *before* the DNAT: the server itself stays reachable directly through the host, so the
-//!   deny matched the NodePort, not the server's port; under a deny-all preDNAT policy the
+//!   30080 → a server pod's 9000; pods are namespaces behind `cali` veths with their
+//!   WorkloadEndpoints) is denied from outside by a preDNAT policy, *before* the DNAT: the pod
+//!   stays reachable directly, so the deny matched the NodePort, not the pod's port; another pod
+//!   reaches it directly and through the NodePort, and the pod's own policy (deny 9001) holds; under a deny-all preDNAT policy the
 //!   failsafe port 22 still connects while forwarding stops;
 //! * a doNotTrack policy allowing port 8080 both ways lets the connection through a host
 //!   endpoint whose normal policy denies everything, and creates no conntrack entry (read with
@@ -30,11 +31,11 @@ fn iptables_bin(backend: Backend, v6: bool) -> String {
     format!("{}-{kind}", if v6 { "ip6tables" } else { "iptables" })
 }
 
-/// kube-proxy's part: host port 30080 DNATs to the far server's 9000, in both families.
-fn install_node_port(host: &Netns, backend: Backend) {
+/// kube-proxy's part: host port 30080 DNATs to the pod's 9000, in both families.
+fn install_node_port(host: &Netns, backend: Backend, pod: &Pod) {
     for (v6, to) in [
-        (false, format!("{FAR4}:9000")),
-        (true, format!("[{FAR6}]:9000")),
+        (false, format!("{}:9000", pod.v4)),
+        (true, format!("[{}]:9000", pod.v6)),
     ] {
         let port = NODE_PORT.to_string();
         host.ok(
@@ -74,13 +75,46 @@ fn allow_ndp() -> (serde_json::Value, bool) {
     )
 }
 
+fn pods(from: &Pod, to: &Pod, port: u16) -> [bool; 2] {
+    [&to.v4, &to.v6].map(|a| tcp::connects(&from.ns, a, port))
+}
+
 fn pre_dnat_deny_of_a_node_port(backend: Backend) {
     let mut w = World::new(backend);
-    install_node_port(&w.pair.b, backend);
+    // Two pods; every pod allows all, and the server pod's own policy denies 9001.
+    let client = w.add_pod("client", "calih9c", 1);
+    let server = w.add_pod("server", "calih9s", 2);
+    w.apply(vec![
+        (client.resource.clone(), true),
+        (server.resource.clone(), true),
+        (
+            gnp(
+                "pods-allow",
+                json!({"selector": "role == 'pod'", "types": ["Ingress", "Egress"],
+                       "ingress": [{"action": "Allow"}], "egress": [{"action": "Allow"}]}),
+            ),
+            true,
+        ),
+        (
+            gnp(
+                "server-no-9001",
+                json!({"selector": "name == 'server'", "order": 1, "types": ["Ingress"],
+                       "ingress": [{"action": "Deny", "protocol": "TCP",
+                                    "destination": {"ports": [9001]}}]}),
+            ),
+            true,
+        ),
+    ]);
+    install_node_port(&w.pair.b, backend, &server);
     assert_eq!(
         eventually(|| node_port(&w)),
         OPEN,
         "no NodePort before policy"
+    );
+    assert_eq!(
+        eventually(|| pods(&client, &server, 9000)),
+        OPEN,
+        "no pod-to-pod"
     );
 
     // The host endpoint with a normal policy allowing the host's own ports, and a preDNAT
@@ -107,16 +141,42 @@ fn pre_dnat_deny_of_a_node_port(backend: Backend) {
         ),
     ]);
     assert_eq!(node_port(&w), SHUT, "preDNAT policy left the NodePort open");
-    // The same server, not through the NodePort: the deny matched the pre-DNAT port.
+    // The same pod, not through the NodePort: the deny matched the pre-DNAT port.
     assert_eq!(
-        eventually(|| w.forwarded(9000)),
+        eventually(|| [&server.v4, &server.v6].map(|a| tcp::connects(&w.pair.a, a, 9000))),
         OPEN,
-        "preDNAT deny of the NodePort blocked the server itself"
+        "preDNAT deny of the NodePort blocked the pod itself"
+    );
+    // Pods: direct and through the NodePort (from a workload interface: no preDNAT policy),
+    // and the server pod's own policy still decides.
+    assert_eq!(
+        eventually(|| pods(&client, &server, 9000)),
+        OPEN,
+        "pod-to-pod blocked"
+    );
+    assert_eq!(
+        eventually(|| [VethPair::ADDR_B, HOST6].map(|a| tcp::connects(&client.ns, a, NODE_PORT))),
+        OPEN,
+        "preDNAT policy blocked a pod's NodePort connection"
+    );
+    assert_eq!(
+        pods(&client, &server, 9001),
+        SHUT,
+        "the pod's own policy stopped working"
     );
     assert_eq!(
         eventually(|| w.inbound(8080)),
         OPEN,
         "host policy stopped working"
+    );
+
+    // The `*` endpoint: preDNAT policy on every interface, but workload traffic never meets it.
+    w.apply(vec![(hep("*"), true)]);
+    assert_eq!(node_port(&w), SHUT, "* endpoint left the NodePort open");
+    assert_eq!(
+        eventually(|| [VethPair::ADDR_B, HOST6].map(|a| tcp::connects(&client.ns, a, NODE_PORT))),
+        OPEN,
+        "the * endpoint's preDNAT policy blocked a pod's NodePort connection"
     );
 
     // Deny-all preDNAT: everything from outside stops before DNAT, but failsafe 22.
@@ -132,6 +192,11 @@ fn pre_dnat_deny_of_a_node_port(backend: Backend) {
         w.forwarded(9000),
         SHUT,
         "deny-all preDNAT left forwarding open"
+    );
+    assert_eq!(
+        eventually(|| pods(&client, &server, 9000)),
+        OPEN,
+        "deny-all preDNAT blocked pods"
     );
     assert_eq!(w.inbound(8080), SHUT, "deny-all preDNAT left 8080 open");
     assert_eq!(
@@ -150,7 +215,7 @@ fn pre_dnat_deny_of_a_node_port(backend: Backend) {
         let d = w.renderer.desired(v);
         assert!(!d.tables.contains_key(&iptables::desired::TableName::Mangle));
     }
-    drop(w.far);
+    drop((w.far, client.ns, server.ns));
 }
 
 /// The host's conntrack entries of family `v6` to TCP port `port`.

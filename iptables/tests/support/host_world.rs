@@ -187,3 +187,65 @@ pub fn eventually(f: impl Fn() -> [bool; 2]) -> [bool; 2] {
     }
     last
 }
+
+/// A "pod": a namespace behind a `cali` veth of the host (`iface` on the host, `eth0` inside),
+/// addressed and routed as Calico does (a /32 and /128, default routes via a link address on
+/// the host side), with listeners on 9000 and 9001, and its WorkloadEndpoint resource (labels
+/// `role: pod`, `name: <name>`), which the caller applies.
+pub struct Pod {
+    pub ns: Netns,
+    pub v4: String,
+    pub v6: String,
+    pub resource: serde_json::Value,
+}
+
+impl World {
+    pub fn add_pod(&self, name: &str, iface: &str, n: u8) -> Pod {
+        let ns = Netns::create(unique_name("fxp")).expect("pod netns");
+        for scope in ["all", "default"] {
+            ns.sysctl(&format!("net.ipv6.conf.{scope}.accept_dad"), "0")
+                .unwrap();
+        }
+        veth(&self.pair.b, iface, &ns, "eth0");
+        let (v4, v6) = (format!("10.97.1.{n}"), format!("fd97::{n}"));
+        let host = &self.pair.b;
+        cmd(host, &format!("addr add 169.254.1.1/32 dev {iface}"));
+        cmd(host, &format!("-6 addr add fe80::1/64 dev {iface} nodad"));
+        cmd(host, &format!("route add {v4}/32 dev {iface}"));
+        cmd(host, &format!("-6 route add {v6}/128 dev {iface}"));
+        cmd(&ns, &format!("addr add {v4}/32 dev eth0"));
+        cmd(&ns, &format!("-6 addr add {v6}/128 dev eth0 nodad"));
+        cmd(&ns, "route add 169.254.1.1 dev eth0 scope link");
+        cmd(&ns, "route add default via 169.254.1.1");
+        cmd(&ns, "-6 route add default via fe80::1 dev eth0");
+        for addr in [&v4, &v6] {
+            for port in [9000, 9001] {
+                tcp::serve(&ns, addr, port);
+            }
+        }
+        // Outside reaches the pod network through the host.
+        cmd(
+            &self.pair.a,
+            &format!("route replace {v4}/32 via 10.99.0.2"),
+        );
+        cmd(
+            &self.pair.a,
+            &format!("-6 route replace {v6}/128 via fd99::2"),
+        );
+        let resource = json!({
+            "apiVersion": "projectcalico.org/v3", "kind": "WorkloadEndpoint",
+            "metadata": {"name": format!("node1-k8s-{name}-eth0"), "namespace": "ns",
+                         "labels": {"role": "pod", "name": name,
+                                    "projectcalico.org/namespace": "ns"}},
+            "spec": {"orchestrator": "k8s", "node": NODE, "pod": name, "endpoint": "eth0",
+                     "interfaceName": iface, "profiles": [],
+                     "ipNetworks": [format!("{v4}/32"), format!("{v6}/128")]},
+        });
+        Pod {
+            ns,
+            v4,
+            v6,
+            resource,
+        }
+    }
+}
