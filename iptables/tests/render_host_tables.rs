@@ -140,10 +140,14 @@ fn pre_dnat_policy_is_rendered_in_mangle_before_the_dnat() {
 fn untracked_policy_is_rendered_in_raw_with_notrack_both_ways() {
     let r = rendered(host_tables());
     for v in [V4, V6] {
-        let h = hooks(&r, v, TableName::Raw);
-        assert_eq!(h.len(), 2, "{h:?}");
-        assert!(h[0].starts_with("PREROUTING ") && h[0].ends_with("-j cali-PREROUTING"));
-        assert!(h[1].starts_with("OUTPUT ") && h[1].ends_with("-j cali-OUTPUT"));
+        // The ids Felix writes for its raw hooks.
+        assert_eq!(
+            hooks(&r, v, TableName::Raw),
+            [
+                "PREROUTING -m comment --comment \"cali:6gwbT8clXdHdC1b1\" -j cali-PREROUTING",
+                "OUTPUT -m comment --comment \"cali:tVnHkvAo15HuiPy0\" -j cali-OUTPUT",
+            ]
+        );
         let pre = strip_ids(&texts(&r, v, TableName::Raw, "cali-PREROUTING"));
         assert_eq!(pre[0], "-j MARK --set-xmark 0x0/0x1b0000", "{pre:?}");
         assert_eq!(pre[1], "-i cali+ -j MARK --set-xmark 0x80000/0x80000");
