@@ -1,7 +1,9 @@
 //! The renderer's host endpoints ([`super::super::host`]): every change re-renders the host
 //! endpoint chains, their dispatch chains and (while there are host endpoints) the failsafe
 //! chains and the static chains' host endpoint rules, all in the same flush, so they reach the
-//! kernel in one transaction. A node has a handful of host endpoints: rendering them all again
+//! kernel in one transaction. The same flush renders the mangle (preDNAT) and raw (doNotTrack)
+//! side ([`super::super::host_tables`]): the endpoint, dispatch and failsafe chains, the policy
+//! chains in Felix's form, the static chain and hook changes, again when such a policy changes. A node has a handful of host endpoints: rendering them all again
 //! is cheaper than tracking which changed (the family writes only the chains that differ).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
