@@ -3,8 +3,9 @@
 //! chains and the static chains' host endpoint rules, all in the same flush, so they reach the
 //! kernel in one transaction. The same flush renders the mangle (preDNAT) and raw (doNotTrack)
 //! side ([`super::super::host_tables`]): the endpoint, dispatch and failsafe chains, the policy
-//! chains in Felix's form, the static chain and hook changes, again when such a policy changes. A node has a handful of host endpoints: rendering them all again
-//! is cheaper than tracking which changed (the family writes only the chains that differ).
+//! chains in Felix's form, the static chain and hook changes, again when such a policy changes.
+//! A node has a handful of host endpoints: rendering them all again is cheaper than tracking
+//! which changed (the family writes only the chains that differ).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
