@@ -3,7 +3,8 @@
 //! A HostEndpoint of the node and a deny-all GlobalNetworkPolicy in etcd: TCP to a port on the
 //! host's interface is dropped while TCP 22 (a failsafe port; a listener the test starts) still
 //! connects; so after a restart from the snapshot onto an empty kernel (etcd gone); and
-//! `--failsafe-inbound-host-ports` replaces the failsafe list.
+//! `--failsafe-inbound-host-ports` replaces the failsafe list; deny-all preDNAT and doNotTrack
+//! policies keep 22 open too, and the host endpoint is counted in `/status` and `/metrics`.
 
 mod support;
 
@@ -144,4 +145,70 @@ fn deny_all_host_policy_never_blocks_the_failsafe_ports() {
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("invalid failsafe port \"ssh\""), "{err}");
+}
+
+/// preDNAT (mangle) and doNotTrack (raw) host policy through the agent: a deny-all of each
+/// still leaves failsafe 22 open, the chains are in mangle and raw, and the host endpoint is
+/// counted in `/status` (`local_host_endpoints`) and `/metrics` (`felixrs_local_host_endpoints`,
+/// and Felix's `felix_active_local_endpoints`, which counts host endpoints too).
+#[test]
+fn pre_dnat_and_do_not_track_deny_all_keep_the_failsafes_and_are_counted() {
+    let ns = Netns::new();
+    let out = host_and_outside(&ns);
+    assert!(
+        connects_eventually(&out, 8080),
+        "no connectivity before policy"
+    );
+    let mut etcd = Etcd::start_in(ns.name());
+    seed(&etcd);
+    let mut rev = 0;
+    for (name, field) in [
+        ("host-pre-dnat", "preDNAT"),
+        ("host-untracked", "doNotTrack"),
+    ] {
+        let mut spec = json!({"tier":"default","order":1,"selector":"role == 'host'",
+                              "applyOnForward":true,"types":["Ingress"],
+                              "ingress":[{"action":"Deny"}]});
+        spec[field] = json!(true);
+        rev = put_json(
+            &etcd,
+            &format!("globalnetworkpolicies/default.{name}"),
+            json!({"apiVersion":"projectcalico.org/v3","kind":"GlobalNetworkPolicy",
+                   "metadata":{"name":format!("default.{name}")},"spec":spec}),
+        );
+    }
+    let (_state, state_dir) = support::state_dir();
+    let agent = Agent::start(ns.name(), &etcd.client_url(), &state_dir);
+    let s = agent.wait_applied(rev);
+    assert_eq!(s["local_host_endpoints"], 1, "{s}");
+    assert_eq!(s["local_endpoints"], 0, "{s}");
+    assert!(
+        !connects(&out, 8080),
+        "deny-all preDNAT/doNotTrack left 8080 open"
+    );
+    assert!(
+        connects_eventually(&out, 22),
+        "failsafe port 22 was blocked"
+    );
+    let mangle = ns.ok("iptables-nft-save", &["-t", "mangle"]);
+    assert!(mangle.contains("-A cali-fh-fxh-out -m comment"), "{mangle}");
+    assert!(mangle.contains("-A cali-pi-"), "{mangle}");
+    let raw = ns.ok("iptables-nft-save", &["-t", "raw"]);
+    assert!(raw.contains("-A OUTPUT -m comment"), "{raw}");
+    assert!(raw.contains("-A cali-pi-"), "{raw}");
+    assert!(raw.contains("-j NOTRACK"), "{raw}");
+    assert!(raw.contains("--sports 53 -j ACCEPT"), "{raw}");
+    let (code, metrics) = agent.get("/metrics").unwrap();
+    assert_eq!(code, 200);
+    for line in [
+        "felixrs_local_host_endpoints 1",
+        "felix_active_local_endpoints 1",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no `{line}` in:\n{metrics}"
+        );
+    }
+    drop(agent);
+    etcd.stop();
 }

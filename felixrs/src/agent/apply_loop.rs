@@ -40,6 +40,8 @@ pub struct Batch {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ApplyReport {
     pub local_endpoints: usize,
+    /// Host endpoints of this node the renderer holds.
+    pub local_host_endpoints: usize,
     pub active_policies: usize,
     pub ip_sets: usize,
     pub rules: usize,
@@ -353,6 +355,7 @@ fn record(
             m.chains.set(r.chains as i64);
             m.ip_sets.set(r.ip_sets as i64);
             m.local_endpoints.set(r.local_endpoints as i64);
+            m.local_host_endpoints.set(r.local_host_endpoints as i64);
             m.active_policies.set(r.active_policies as i64);
             m.felix.applied(elapsed.as_secs_f64(), &r);
             if let Some(rev) = revision {
@@ -364,6 +367,7 @@ fn record(
                     s.programmed = true;
                 }
                 s.local_endpoints = r.local_endpoints;
+                s.local_host_endpoints = r.local_host_endpoints;
                 s.active_policies = r.active_policies;
                 s.ip_sets = r.ip_sets;
                 s.rules = r.rules;

@@ -336,6 +336,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
     fn program(&mut self, refresh: bool) -> Result<ApplyReport, DataplaneError> {
         let mut report = ApplyReport {
             local_endpoints: self.endpoints.len(),
+            local_host_endpoints: self.renderer.host_endpoints().count(),
             active_policies: self.policies.len(),
             ..ApplyReport::default()
         };

@@ -79,6 +79,8 @@ metric_fields! {
         pub ip_sets: Gauge = Gauge::default() => "ip_sets", "IP sets programmed";
         pub local_endpoints: Gauge = Gauge::default()
             => "local_endpoints", "Local workload endpoints";
+        pub local_host_endpoints: Gauge = Gauge::default()
+            => "local_host_endpoints", "Local host endpoints (HostEndpoints of this node)";
         pub active_policies: Gauge = Gauge::default()
             => "active_policies", "Policies active on this node";
         pub applied_revision: Gauge = Gauge::default()
@@ -176,6 +178,7 @@ impl Metrics {
     fn felix_aliases(&self) -> felix::Aliases {
         felix::Aliases {
             local_endpoints: self.local_endpoints.clone(),
+            local_host_endpoints: self.local_host_endpoints.clone(),
             active_policies: self.active_policies.clone(),
             ip_sets: self.ip_sets.clone(),
             apply_errors: self.apply_errors.clone(),

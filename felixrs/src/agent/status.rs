@@ -51,6 +51,9 @@ pub struct Status {
     /// Why the datastore connection failed last (e.g. etcd's TLS handshake), until it works again.
     pub datastore_error: Option<String>,
     pub local_endpoints: usize,
+    /// Host endpoints of this node (HostEndpoints with this node and an interface).
+    #[serde(default)]
+    pub local_host_endpoints: usize,
     pub active_policies: usize,
     pub ip_sets: usize,
     pub rules: usize,

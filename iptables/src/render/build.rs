@@ -158,6 +158,9 @@ pub enum Target {
     Nfqueue {
         num: u16,
     },
+    /// `NOTRACK` (raw table: the packet gets no conntrack entry; Felix's `NoTrackAction`, for
+    /// `doNotTrack` host endpoint policy).
+    NoTrack,
 }
 
 /// A rendered rule: the typed model rule the kernel gets, plus Felix's input text of the same
@@ -499,6 +502,7 @@ impl Rule {
                 if *random_fully { " --random-fully" } else { "" }
             ),
             Target::Nfqueue { num } => write!(f, "--jump NFQUEUE --queue-num {num}"),
+            Target::NoTrack => write!(f, "--jump NOTRACK"),
         };
         Arc::make_mut(&mut self.rule).target = Some(match t {
             Target::Accept => model::Target::Accept,
@@ -532,6 +536,10 @@ impl Rule {
                     model::Arg::bare("--queue-num")?,
                     model::Arg::bare(num.to_string())?,
                 ],
+            },
+            Target::NoTrack => model::Target::Generic {
+                name: model::Word::new("NOTRACK")?,
+                args: Vec::new(),
             },
         });
         Ok(())

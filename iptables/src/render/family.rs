@@ -163,6 +163,24 @@ impl Family {
         }
     }
 
+    /// Replaces the hook rules of `table` (host endpoints add and remove the raw `OUTPUT` and
+    /// mangle `PREROUTING` hooks). The applier diffs every table's hooks on every apply, so no
+    /// change log entry is needed; they change only with chains of the same table.
+    pub(super) fn set_hooks(&mut self, table: TableName, hooks: Vec<(TableName, HookRule)>) {
+        let t = self.state.tables.entry(table).or_default();
+        t.hooks = hooks.into_iter().map(|(_, h)| h).collect();
+    }
+
+    /// Drops `table` from the desired state when it has neither chains nor hooks left (as a
+    /// renderer that never had them: the applier then plans the table whole, removing ours).
+    pub(super) fn prune_empty(&mut self, table: TableName) {
+        if (self.state.tables.get(&table))
+            .is_some_and(|t| t.chains.is_empty() && t.hooks.is_empty())
+        {
+            self.state.tables.remove(&table);
+        }
+    }
+
     pub(super) fn has(&self, table: TableName, name: &str) -> bool {
         self.chains.contains_key(&(table, name.to_string()))
     }

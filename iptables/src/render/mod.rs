@@ -1,7 +1,7 @@
 //! Renderer: calc-graph output -> the desired Calico-style chains and IP sets (pure).
 //!
 //! [`Renderer`] consumes [`calc_graph::proto::Output`]s incrementally and produces, for IPv4 and
-//! IPv6, the applier's [`DesiredState`](crate::desired::DesiredState) (filter + nat tables, hook
+//! IPv6, the applier's [`DesiredState`](crate::desired::DesiredState) (filter, nat, raw, mangle; hook
 //! rules, IP sets), and on request only what changed since the last call ([`Delta`]).
 //!
 //! # Layout (as Felix, felix-reference §2)
@@ -38,8 +38,10 @@
 //! # Tests
 //! `iptables/tests/render_golden.rs` (ids from a live Felix dump, felix-reference §2.4/§4.4 examples),
 //! `render_felix_policy.rs` (Felix's `policy_test.go` tables), `render_host.rs` (host endpoints,
-//! failsafes; Felix's ids for the static host endpoint rules), `host_endpoint_kernel.rs` (host
-//! policy and failsafes on the real kernel), `render_eval.rs` (packet evaluator
+//! failsafes; Felix's ids for the static host endpoint rules), `render_host_tables.rs` (preDNAT
+//! in mangle, doNotTrack in raw), `host_endpoint_kernel.rs` (host policy and failsafes on the
+//! real kernel), `host_tables_kernel.rs` (a NodePort denied before DNAT, untracked traffic with
+//! no conntrack entry, failsafes in mangle and raw), `render_eval.rs` (packet evaluator
 //! property tests), `render_hostile.rs`, `render_state.rs`, `render_kernel.rs` (real kernel round
 //! trip in a throwaway netns). Benchmark: `iptables/benches/render.rs`.
 //!
@@ -50,10 +52,13 @@
 //!   rules), the `*` endpoint as the dispatch default, and `cali-failsafe-in`/`-out` (Felix's
 //!   default ports, [`RenderConfig::failsafe_inbound`]) jumped to before any host policy. With no
 //!   host endpoint none of these rules or chains exist (the static chains are as without host
-//!   endpoint support). Not rendered yet: the endpoints' `preDNAT` (mangle) and `doNotTrack` (raw)
-//!   policies (the graph records them in `pre_dnat_tiers`/`untracked_tiers`; they are never in the
-//!   filter chains), mangle `cali-POSTROUTING`'s policing of DNAT'd host egress, and the raw/mangle
-//!   failsafe copies. A host endpoint is programmed by its interface name whether or not the
+//!   endpoint support). `preDNAT` policies are rendered in mangle and `doNotTrack` policies in raw
+//!   ([`host_tables`]), with the failsafe copies, only while such a policy selects an endpoint.
+//!   Differences there: mangle has only `cali-failsafe-in` (nothing of ours jumps to its `-out`
+//!   copy); raw `cali-PREROUTING` keeps our anti-spoofing rules (an `-i cali+` rpfilter match)
+//!   inside Felix's scratch0 marking; an untracked allow's `NOTRACK` is in the endpoint chain after
+//!   the policy jump (accept bit set), not in the policy chain. Not rendered: mangle
+//!   `cali-POSTROUTING`'s policing of DNAT'd host egress. A host endpoint is programmed by its interface name whether or not the
 //!   interface exists (Felix waits for the interface); the lowest-named endpoint wins an interface.
 //! * No IPIP/VXLAN/WireGuard/IPVS/BPF rules in `cali-INPUT`/`cali-OUTPUT`; no `cali-cidr-block`.
 //!   The per-workload "Drop VXLAN/IPinIP encapped packets originating in workloads" rules are kept
@@ -121,6 +126,7 @@ pub mod endpoint;
 mod family;
 pub mod hash;
 pub mod host;
+pub mod host_tables;
 pub mod marks;
 pub mod names;
 pub mod nat;

@@ -149,7 +149,7 @@ impl Renderer {
             for (name, rules) in static_chains::nat_chains() {
                 fam.set_chain(TableName::Nat, name, rules);
             }
-            for (name, rules) in static_chains::raw_chains(&r.cfg) {
+            for (name, rules) in static_chains::raw_chains(&r.cfg, &r.marks, false) {
                 fam.set_chain(TableName::Raw, name, rules);
             }
             for (name, rules) in dns_hold::mangle_chains(&r.cfg, fam.version) {
@@ -461,7 +461,12 @@ impl Renderer {
             }
         }
 
-        self.flush_hosts(&mut touched_policies, &mut touched_profiles);
+        self.flush_hosts(
+            &dirty_policies,
+            &mut touched_policies,
+            &mut touched_profiles,
+            &mut errors,
+        );
 
         if std::mem::take(&mut self.dispatch_dirty) {
             let ifaces: Vec<&str> = self.iface_owner.keys().map(String::as_str).collect();
@@ -555,6 +560,20 @@ impl Renderer {
         owner_id: &'a str,
         set_name: &'a dyn Fn(&str) -> Option<String>,
     ) -> RuleCtx<'a> {
+        self.ctx_in(v, owner, ingress, owner_id, set_name, self.cfg.share_chains)
+    }
+
+    /// [`Self::ctx`] with the shared layout's verdict chains and net sets on or off (`shared`):
+    /// off for the mangle and raw policy chains, which have no verdict chains to go to.
+    fn ctx_in<'a>(
+        &'a self,
+        v: IpVersion,
+        owner: char,
+        ingress: bool,
+        owner_id: &'a str,
+        set_name: &'a dyn Fn(&str) -> Option<String>,
+        shared: bool,
+    ) -> RuleCtx<'a> {
         RuleCtx {
             version: v,
             marks: &self.marks,
@@ -565,8 +584,8 @@ impl Renderer {
             ingress,
             owner_id,
             deny_log: self.cfg.deny_log,
-            verdict_chains: self.cfg.share_chains,
-            net_sets: self.cfg.share_chains,
+            verdict_chains: shared,
+            net_sets: shared,
         }
     }
 
@@ -577,6 +596,28 @@ impl Renderer {
         v: IpVersion,
         errors: &mut Vec<RenderError>,
     ) -> Vec<Rule> {
+        self.render_policy_in(id, ingress, v, errors, self.cfg.share_chains)
+    }
+
+    /// A policy's chain in Felix's form (the mangle and raw tables' copies).
+    pub(super) fn render_policy_felix(
+        &mut self,
+        id: &PolicyId,
+        ingress: bool,
+        v: IpVersion,
+        errors: &mut Vec<RenderError>,
+    ) -> Vec<Rule> {
+        self.render_policy_in(id, ingress, v, errors, false)
+    }
+
+    fn render_policy_in(
+        &mut self,
+        id: &PolicyId,
+        ingress: bool,
+        v: IpVersion,
+        errors: &mut Vec<RenderError>,
+        shared: bool,
+    ) -> Vec<Rule> {
         let direction = if ingress { "ingress" } else { "egress" };
         let comment = format!("{id} {direction}");
         let Some(p) = self.policies.get(id) else {
@@ -585,7 +626,7 @@ impl Renderer {
         let sets = &self.ip_sets;
         let set_name = |sid: &str| sets.contains_key(sid).then(|| names::ipset_name(v, sid));
         let owner_id = names::policy_chain_id(id);
-        let ctx = self.ctx(v, 'P', ingress, &owner_id, &set_name);
+        let ctx = self.ctx_in(v, 'P', ingress, &owner_id, &set_name, shared);
         let rules = if ingress {
             &p.inbound_rules
         } else {

@@ -246,7 +246,11 @@ pub fn nat_chains() -> Vec<(String, Vec<Rule>)> {
 ///
 /// With [`SourceSpoofing::Any`], workload packets first visit `cali-rpf-skip` (empty here; its
 /// per-endpoint ACCEPTs come from [`rpf_skip_rules`]), which ends raw for a pod's allowed prefixes.
-pub fn raw_chains(cfg: &RenderConfig) -> Vec<(String, Vec<Rule>)> {
+///
+/// `untracked`: a host endpoint has doNotTrack policy, so the chain also clears the mark bits,
+/// marks workload traffic and dispatches the rest to the raw host endpoint chains
+/// ([`super::host_tables::raw_prerouting`]); without, it is the anti-spoofing rules alone.
+pub fn raw_chains(cfg: &RenderConfig, m: &MarkBits, untracked: bool) -> Vec<(String, Vec<Rule>)> {
     let skip = cfg.workload_source_spoofing == SourceSpoofing::Any;
     let mut rules = Vec::new();
     for p in &cfg.interface_prefixes {
@@ -269,6 +273,9 @@ pub fn raw_chains(cfg: &RenderConfig) -> Vec<(String, Vec<Rule>)> {
             )
             .with_comment("Drop workload packets with a spoofed source address"),
         );
+    }
+    if untracked {
+        rules = super::host_tables::raw_prerouting(&cfg.interface_prefixes, m, rules);
     }
     let mut chains = vec![(PREROUTING.into(), rules)];
     if skip {

@@ -6,6 +6,7 @@
 
 pub mod check;
 pub mod desired;
+pub mod host_world;
 pub mod tcp;
 
 use felixrs_test_support::netns::Netns;

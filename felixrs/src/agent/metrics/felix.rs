@@ -172,6 +172,7 @@ pub struct TableCount {
 #[derive(Debug, Clone)]
 pub struct Aliases {
     pub local_endpoints: Gauge,
+    pub local_host_endpoints: Gauge,
     pub active_policies: Gauge,
     pub ip_sets: Gauge,
     pub apply_errors: Counter,
@@ -277,7 +278,8 @@ impl FelixMetrics {
             out,
             "felix_active_local_endpoints",
             "Number of active endpoints on this host.",
-            a.local_endpoints.get() as f64,
+            // Felix's policy resolver counts every local endpoint: workloads and host endpoints.
+            (a.local_endpoints.get() + a.local_host_endpoints.get()) as f64,
         );
         gauge(
             out,
@@ -565,10 +567,11 @@ mod exposition_tests {
     fn felix_series_exist_before_anything_happened_and_share_the_felixrs_quantities() {
         let m = Metrics::new();
         m.local_endpoints.set(4);
+        m.local_host_endpoints.set(1);
         m.apply_errors.inc();
         let text = m.render();
         for line in [
-            "felix_active_local_endpoints 4",
+            "felix_active_local_endpoints 5",
             "felix_int_dataplane_failures 1",
             "# TYPE felix_iptables_restore_calls unknown",
             "felix_iptables_restore_calls 0",
@@ -587,6 +590,7 @@ mod exposition_tests {
             "# TYPE felix_iptables_lines_executed unknown",
             "felix_ipset_lines_executed 0",
             "felixrs_local_endpoints 4",
+            "felixrs_local_host_endpoints 1",
         ] {
             assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
         }

@@ -1,14 +1,19 @@
 //! The renderer's host endpoints ([`super::super::host`]): every change re-renders the host
 //! endpoint chains, their dispatch chains and (while there are host endpoints) the failsafe
 //! chains and the static chains' host endpoint rules, all in the same flush, so they reach the
-//! kernel in one transaction. A node has a handful of host endpoints: rendering them all again
-//! is cheaper than tracking which changed (the family writes only the chains that differ).
+//! kernel in one transaction. The same flush renders the mangle (preDNAT) and raw (doNotTrack)
+//! side ([`super::super::host_tables`]): the endpoint, dispatch and failsafe chains, the policy
+//! chains in Felix's form, the static chain and hook changes, again when such a policy changes.
+//! A node has a handful of host endpoints: rendering them all again is cheaper than tracking
+//! which changed (the family writes only the chains that differ).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use calc_graph::proto::{ALL_INTERFACES, LocalHostEndpoint, PolicyId};
 
-use super::super::{RenderError, host, names, static_chains};
+use super::super::family::hash_hooks;
+use super::super::host_tables::{self, has_pre_dnat, has_untracked};
+use super::super::{RenderError, dns_hold, host, names, static_chains};
 use super::{Renderer, decrement};
 use crate::desired::TableName;
 
@@ -24,6 +29,14 @@ pub(super) struct HostState {
     chains: BTreeSet<String>,
     /// Whether the static chains currently have their host endpoint rules.
     static_rules: bool,
+    /// The policy chains rendered in mangle (preDNAT) and raw (doNotTrack) for the endpoints:
+    /// `(table, policy, ingress)`, in Felix's form (not shared, no verdict chains).
+    table_policies: BTreeSet<(TableName, PolicyId, bool)>,
+    /// The mangle and raw chains rendered here (besides the policy chains).
+    table_chains: BTreeSet<(TableName, String)>,
+    /// Whether mangle has its preDNAT rules and hook, raw its untracked ones.
+    pre_dnat_on: bool,
+    untracked_on: bool,
 }
 
 impl Renderer {
@@ -55,10 +68,16 @@ impl Renderer {
     /// whose references changed go to `touched_*` (rendered or removed by the caller).
     pub(super) fn flush_hosts(
         &mut self,
+        dirty_policies: &HashSet<PolicyId>,
         touched_policies: &mut HashSet<PolicyId>,
         touched_profiles: &mut HashSet<String>,
+        errors: &mut Vec<RenderError>,
     ) {
-        if !std::mem::take(&mut self.hosts.dirty) {
+        // A preDNAT or doNotTrack policy's rules changed: its mangle/raw chains are rendered
+        // here, so everything here is (the family skips the chains that did not change).
+        let table_policy_dirty =
+            (self.hosts.table_policies.iter()).any(|(_, p, _)| dirty_policies.contains(p));
+        if !std::mem::take(&mut self.hosts.dirty) && !table_policy_dirty {
             return;
         }
         // One endpoint per interface: the lowest name wins, as Felix resolves them.
@@ -147,5 +166,142 @@ impl Renderer {
         }
         self.hosts.static_rules = any;
         self.hosts.chains = names;
+        self.flush_host_tables(&by_iface_names(&self.hosts.endpoints), errors);
     }
+
+    /// The mangle (preDNAT) and raw (doNotTrack) side of [`Self::flush_hosts`] for the
+    /// endpoints that win their interface (`winners`, by interface).
+    fn flush_host_tables(&mut self, winners: &[String], errors: &mut Vec<RenderError>) {
+        let heps: Vec<&LocalHostEndpoint> = winners
+            .iter()
+            .filter_map(|n| self.hosts.endpoints.get(n))
+            .collect();
+        let pre: Vec<&LocalHostEndpoint> =
+            heps.iter().copied().filter(|h| has_pre_dnat(h)).collect();
+        let untracked: Vec<&LocalHostEndpoint> =
+            heps.iter().copied().filter(|h| has_untracked(h)).collect();
+        let (pre_on, untracked_on) = (!pre.is_empty(), !untracked.is_empty());
+        let mut chains: Vec<(TableName, String, Vec<_>)> = Vec::new();
+        let mut policies = BTreeSet::new();
+        for h in &pre {
+            let (n, r) = host_tables::pre_dnat_chain(h, &self.marks);
+            chains.push((TableName::Mangle, n, r));
+            for t in &h.pre_dnat_tiers {
+                for p in &t.ingress_policies {
+                    policies.insert((TableName::Mangle, p.clone(), true));
+                }
+            }
+        }
+        if pre_on {
+            let named: Vec<&str> = (pre.iter().map(|h| h.interface_name.as_str()))
+                .filter(|i| *i != ALL_INTERFACES)
+                .collect();
+            let all = pre.iter().any(|h| h.is_all_interfaces());
+            for (n, r) in host_tables::mangle_dispatch(&named, all) {
+                chains.push((TableName::Mangle, n, r));
+            }
+            let (n, r) = host_tables::mangle_prerouting(&self.cfg.interface_prefixes, &self.marks);
+            chains.push((TableName::Mangle, n, r));
+        }
+        for h in &untracked {
+            for (n, r) in host_tables::untracked_chains(h, &self.marks) {
+                chains.push((TableName::Raw, n, r));
+            }
+            for t in &h.untracked_tiers {
+                for p in &t.ingress_policies {
+                    policies.insert((TableName::Raw, p.clone(), true));
+                }
+                for p in &t.egress_policies {
+                    policies.insert((TableName::Raw, p.clone(), false));
+                }
+            }
+        }
+        if untracked_on {
+            let named: Vec<&str> = untracked
+                .iter()
+                .map(|h| h.interface_name.as_str())
+                .collect();
+            for (n, r) in host_tables::raw_dispatch(&named) {
+                chains.push((TableName::Raw, n, r));
+            }
+            let (n, r) = host_tables::raw_output(&self.marks);
+            chains.push((TableName::Raw, n, r));
+        }
+
+        let mut names: BTreeSet<(TableName, String)> =
+            chains.iter().map(|(t, n, _)| (*t, n.clone())).collect();
+        let hooks_changed =
+            pre_on != self.hosts.pre_dnat_on || untracked_on != self.hosts.untracked_on;
+        for fi in 0..2 {
+            let v = self.families[fi].version;
+            // Policy chains first: everything that jumps to them is written in the same change.
+            for (table, id, ingress) in &policies {
+                let rules = self.render_policy_felix(id, *ingress, v, errors);
+                let name = names::policy_chain_name(id, *ingress);
+                self.families[fi].set_chain_if_changed(*table, &name, &rules);
+            }
+            let fam = &mut self.families[fi];
+            if pre_on {
+                // mangle only jumps to the inbound failsafe chain (no DNAT'd host egress here).
+                let (name, rules) = host::failsafe_chains(
+                    &self.cfg.failsafe_inbound,
+                    &self.cfg.failsafe_outbound,
+                    v,
+                )
+                .remove(0);
+                fam.set_chain_if_changed(TableName::Mangle, &name, &rules);
+                names.insert((TableName::Mangle, name));
+            }
+            if untracked_on {
+                for (name, rules) in host_tables::raw_failsafe_chains(
+                    &self.cfg.failsafe_inbound,
+                    &self.cfg.failsafe_outbound,
+                    v,
+                ) {
+                    fam.set_chain_if_changed(TableName::Raw, &name, &rules);
+                    names.insert((TableName::Raw, name));
+                }
+            }
+            for (table, name, rules) in &chains {
+                fam.set_chain_if_changed(*table, name, rules);
+            }
+            if untracked_on != self.hosts.untracked_on {
+                let (name, rules) =
+                    static_chains::raw_chains(&self.cfg, &self.marks, untracked_on).remove(0);
+                fam.set_chain_if_changed(TableName::Raw, &name, &rules);
+            }
+            if hooks_changed {
+                let mut raw = static_chains::raw_hooks();
+                if untracked_on {
+                    raw.push(host_tables::raw_output_hook());
+                }
+                fam.set_hooks(TableName::Raw, hash_hooks(TableName::Raw, raw));
+                let mut mangle = dns_hold::mangle_hooks(&self.cfg, v);
+                if pre_on {
+                    mangle.push(host_tables::mangle_hook());
+                }
+                fam.set_hooks(TableName::Mangle, hash_hooks(TableName::Mangle, mangle));
+            }
+            for (table, name) in self.hosts.table_chains.difference(&names) {
+                fam.remove_chain(*table, name);
+            }
+            for (table, id, ingress) in self.hosts.table_policies.difference(&policies) {
+                fam.remove_chain(*table, &names::policy_chain_name(id, *ingress));
+            }
+            fam.prune_empty(TableName::Mangle);
+        }
+        self.hosts.table_chains = names;
+        self.hosts.table_policies = policies;
+        self.hosts.pre_dnat_on = pre_on;
+        self.hosts.untracked_on = untracked_on;
+    }
+}
+
+/// The endpoint names that win their interface (the lowest name per interface).
+fn by_iface_names(endpoints: &BTreeMap<String, LocalHostEndpoint>) -> Vec<String> {
+    let mut by_iface: BTreeMap<&str, &str> = BTreeMap::new();
+    for (name, h) in endpoints {
+        by_iface.entry(h.interface_name.as_str()).or_insert(name);
+    }
+    by_iface.values().map(|n| n.to_string()).collect()
 }
