@@ -83,6 +83,7 @@ async fn run_until_it_stops(
         refresh_interval: Duration::from_secs(90),
         drift_interval: None,
         snapshot_interval: Duration::from_secs(1),
+        felix_config: None,
     };
     // Nothing listens there: etcd refuses, the snapshot is the view.
     let etcd: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();

@@ -19,7 +19,7 @@ use std::sync::mpsc::Sender;
 use calc_graph::graph::GraphError;
 use calc_graph::model::{
     CALICO_PREFIX, ModelError, REMOTE_CLUSTER_PLURAL, RemoteCluster, ResourceKey,
-    remote_cluster_name,
+    felix_configuration_name, remote_cluster_name,
 };
 use calc_graph::proto::Output;
 
@@ -119,6 +119,8 @@ pub struct AgentState<P> {
     hub: Arc<StatusHub>,
     /// A RemoteClusterConfiguration key changed since [`Self::take_remote_configs`].
     remotes_dirty: bool,
+    /// A FelixConfiguration key changed since [`Self::take_felix_config_changed`].
+    felix_config_dirty: bool,
 }
 
 impl<P: Pipeline> AgentState<P> {
@@ -134,6 +136,7 @@ impl<P: Pipeline> AgentState<P> {
             batches,
             hub,
             remotes_dirty: false,
+            felix_config_dirty: false,
         }
     }
 
@@ -367,6 +370,11 @@ impl<P: Pipeline> AgentState<P> {
         Some(out)
     }
 
+    /// Whether a FelixConfiguration key changed (or a full view came in) since the last call.
+    pub fn take_felix_config_changed(&mut self) -> bool {
+        std::mem::take(&mut self.felix_config_dirty)
+    }
+
     fn replace(&mut self, revision: i64, new: KvMap, source: Source) {
         let removed = self.replace_scope(Scope::Local, new);
         tracing::info!(
@@ -387,6 +395,7 @@ impl<P: Pipeline> AgentState<P> {
         }
         self.dirty = true;
         self.remotes_dirty = true;
+        self.felix_config_dirty = true;
         self.hub.update(|s| {
             s.in_sync = true;
             s.source = source;
@@ -416,6 +425,9 @@ impl<P: Pipeline> AgentState<P> {
     fn change(&mut self, key: Arc<str>, value: Option<Arc<[u8]>>) {
         if key.starts_with(&rcc_prefix()) {
             self.remotes_dirty = true;
+        }
+        if felix_configuration_name(&key).is_some() {
+            self.felix_config_dirty = true;
         }
         match value {
             None => {

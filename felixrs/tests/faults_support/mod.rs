@@ -24,8 +24,8 @@ use felixrs::cmd::shared::dataplane_args::DataplaneArgs;
 use felixrs::cmd::shared::node_view::{SourceArgs, render_node};
 use felixrs_test_support::etcd::Etcd;
 use felixrs_test_support::netns::{self, Netns};
-use felixrs_test_support::prober;
 use felixrs_test_support::node::{self, ALLOWED_PORT, Pod};
+use felixrs_test_support::prober;
 use iptables::apply::{Applier, ApplierConfig, Backend, ExecRunner};
 use serde_json::json;
 
