@@ -70,7 +70,7 @@ macro_rules! field {
                 Ok(())
             },
             copy: |a, b| a.$($path).+ = b.$($path).+.clone(),
-            show: |a| format!("{:?}", a.$($path).+),
+            show: |a| show(&a.$($path).+),
         }
     };
 }
@@ -93,12 +93,21 @@ pub static FIELDS: &[Field] = &[
     field!("dnsTrustedServers", "dns_trusted_servers", live: false, dataplane.dns_trusted_servers,
         trusted_servers),
     field!("dnsPolicyNfqueueID", "dns_queue_num", live: false, dataplane.dns_queue_num, queue_id),
-    field!("healthPort", "health_listen", live: false, health_listen, |v| health_port(v)),
+    field!("healthPort", "health_listen", live: false, health_listen, health_port),
 ];
 
 /// `dnsPolicyMode`: the agent holds DNS responses until their addresses are allowed, Felix's
 /// `DelayDNSResponse`; it has no flag, so another mode is an error, not a setting.
 const DNS_POLICY_MODE: &str = "dnsPolicyMode";
+
+/// A value as `/status` shows it: its Debug form, a string without its quotes.
+fn show(v: &dyn std::fmt::Debug) -> String {
+    let d = format!("{v:?}");
+    match d.strip_prefix('"').and_then(|d| d.strip_suffix('"')) {
+        Some(inner) => inner.to_string(),
+        None => d,
+    }
+}
 
 fn text(v: &Value) -> Result<&str, String> {
     v.as_str()

@@ -271,7 +271,7 @@ impl Args {
             .enable_all()
             .build()
             .map_err(anyhow::Error::from)
-            .and_then(|rt| Ok(rt.block_on(read)?.map_err(anyhow::Error::from)?));
+            .and_then(|rt| rt.block_on(read)?.map_err(anyhow::Error::from));
         match listed {
             Ok(l) => l
                 .kvs
