@@ -1,6 +1,6 @@
 //! FelixConfiguration from the datastore (issue 25), on the real kernel with a real etcd: the
 //! node of [`faults_support::World`] (a server pod admitting only the client pod, an intruder
-//! probing it) and the real `felixrs agent`, nft.
+//! probing it) and the real `felixrs agent`, on nft and on legacy.
 //!
 //! 1. `default` says Drop, `node.node-1` says Return: the node's wins (`/status` and the
 //!    kernel's `Configured DefaultEndpointToHostAction` rule); `bpfEnabled` is reported once.
@@ -34,9 +34,13 @@ fn put_config(w: &World, name: &str, spec: serde_json::Value) -> i64 {
 }
 
 /// The kernel's `Configured DefaultEndpointToHostAction` rule's target (v4 and v6 must agree).
-fn endpoint_to_host(w: &World) -> String {
+fn endpoint_to_host(w: &World, backend: &str) -> String {
     let mut targets = Vec::new();
-    for tool in ["iptables-nft", "ip6tables-nft"] {
+    for tool in [
+        format!("iptables-{backend}"),
+        format!("ip6tables-{backend}"),
+    ] {
+        let tool = tool.as_str();
         let out = w
             .node()
             .ok(tool, &["-t", "filter", "-S", "cali-wl-to-host"]);
@@ -84,10 +88,34 @@ fn unsupported_reports(a: &Agent, field: &str) -> usize {
         .count()
 }
 
+/// The agent on `backend`, with `extra` flags and `env` (and the world's private xtables lock).
+fn spawn(w: &World, backend: &str, extra: &[&str], env: &[(&str, &str)]) -> Agent {
+    let lock = w.lock_file.to_string_lossy().into_owned();
+    let mut args = vec!["--iptables-backend", backend];
+    args.extend(extra);
+    let mut env = env.to_vec();
+    env.push(("XTABLES_LOCKFILE", &lock));
+    Agent::spawn(
+        w.node().name(),
+        &w.etcd.client_url(),
+        &w.work.path().join("state"),
+        &args,
+        &env,
+    )
+}
+
 #[test]
-fn felix_configuration_precedence_live_invalid_and_restart() {
+fn felix_configuration_nft() {
+    precedence_live_invalid_and_restart("nft");
+}
+
+#[test]
+fn felix_configuration_legacy() {
+    precedence_live_invalid_and_restart("legacy");
+}
+
+fn precedence_live_invalid_and_restart(backend: &str) {
     let w = World::new();
-    let state = w.work.path().join("state");
     put_config(
         &w,
         "default",
@@ -107,7 +135,7 @@ fn felix_configuration_precedence_live_invalid_and_restart() {
     );
 
     // 1. Per-node over global.
-    let mut a = Agent::start(w.node().name(), &w.etcd.client_url(), &state);
+    let mut a = spawn(&w, backend, &[], &[]);
     let s = programmed(&a, |s| {
         fc(s)["values"]["defaultEndpointToHostAction"] == "Return"
     });
@@ -124,7 +152,7 @@ fn felix_configuration_precedence_live_invalid_and_restart() {
         json!(["default", "node.node-1"]),
         "{s}"
     );
-    assert_eq!(endpoint_to_host(&w), "RETURN");
+    assert_eq!(endpoint_to_host(&w, backend), "RETURN");
     w.await_client(WAIT);
     let t0 = started(&s);
     assert!(t0 > 0, "{s}");
@@ -177,7 +205,7 @@ fn felix_configuration_precedence_live_invalid_and_restart() {
     );
     assert_eq!(fc(&s)["values"]["defaultEndpointToHostAction"], "Return");
     assert_eq!(started(&s), t0, "{s}");
-    assert_eq!(endpoint_to_host(&w), "RETURN");
+    assert_eq!(endpoint_to_host(&w, backend), "RETURN");
     assert!(
         a.log().contains("defaultEndpointToHostAction"),
         "not logged"
@@ -186,6 +214,7 @@ fn felix_configuration_precedence_live_invalid_and_restart() {
     // 4. Restart-needing: re-exec, programmed again, nothing of the intruder's delivered.
     let probe = Prober::start(&w);
     std::thread::sleep(Duration::from_millis(500));
+    let changed = Instant::now();
     put_config(
         &w,
         "node.node-1",
@@ -194,26 +223,29 @@ fn felix_configuration_precedence_live_invalid_and_restart() {
     let s = programmed(&a, |s| {
         started(s) > t0 && fc(s)["values"]["defaultEndpointToHostAction"] == "Drop"
     });
+    let restarted_in = changed.elapsed();
     assert!(
         a.wait_exit(Duration::ZERO).is_none(),
         "the process exited instead of re-exec'ing"
     );
     assert_eq!(fc(&s)["sources"]["defaultEndpointToHostAction"], "node");
     assert_eq!(fc(&s)["errors"], json!([]), "{s}");
-    assert_eq!(endpoint_to_host(&w), "DROP");
+    assert_eq!(endpoint_to_host(&w, backend), "DROP");
     w.await_client(WAIT);
     std::thread::sleep(Duration::from_millis(500));
     let probed = probe.stop();
     assert!(probed.attempts > 0);
     assert_eq!(probed.delivered, 0, "the intruder got through: {probed:?}");
+    eprintln!(
+        "{backend}: re-exec'd and programmed {restarted_in:?} after the change; intruder probes {probed:?}"
+    );
     assert!(a.log().contains("re-exec"), "{}", a.log());
     drop(a);
 
     // 5. A flag and Felix's variables over both resources.
-    let a = Agent::spawn(
-        w.node().name(),
-        &w.etcd.client_url(),
-        &state,
+    let a = spawn(
+        &w,
+        backend,
         &["--default-endpoint-to-host-action", "accept"],
         &[
             ("FELIX_INTERFACEPREFIX", "cali,tap"),
@@ -234,10 +266,11 @@ fn felix_configuration_precedence_live_invalid_and_restart() {
     );
     assert_eq!(fc(&s)["sources"]["logSeverityScreen"], "environment", "{s}");
     assert_eq!(fc(&s)["values"]["logSeverityScreen"], "warn", "{s}");
-    assert_eq!(endpoint_to_host(&w), "ACCEPT");
-    let forward = w
-        .node()
-        .ok("iptables-nft", &["-t", "filter", "-S", "cali-FORWARD"]);
+    assert_eq!(endpoint_to_host(&w, backend), "ACCEPT");
+    let forward = w.node().ok(
+        &format!("iptables-{backend}"),
+        &["-t", "filter", "-S", "cali-FORWARD"],
+    );
     assert!(forward.contains("-i tap+"), "{forward}");
     assert!(forward.contains("-i cali+"), "{forward}");
     w.await_client(WAIT);
