@@ -4,7 +4,8 @@
 //!
 //! 1. `default` says Drop, `node.node-1` says Return: the node's wins (`/status` and the
 //!    kernel's `Configured DefaultEndpointToHostAction` rule); `bpfEnabled` is reported once.
-//! 2. A live change (`logSeverityScreen: Debug`): the same process (start time) logs at debug.
+//! 2. Live changes (`logSeverityScreen: Debug`, `iptablesRefreshInterval: 1s`): the same process
+//!    (start time) logs at debug and refreshes the kernel every second.
 //! 3. An invalid value (`Reject`): an error naming the resource and field, the last good value
 //!    (Return) stays, no restart.
 //! 4. A restart-needing change (node says Drop): the agent re-execs (same pid, a new start time),
@@ -78,6 +79,14 @@ fn programmed(a: &Agent, done: impl Fn(&serde_json::Value) -> bool) -> serde_jso
         std::thread::sleep(Duration::from_millis(100));
     }
     panic!("not reached: {last}");
+}
+
+/// A sample of the agent's `/metrics` (0 when absent).
+fn metric(agent: &Agent, name: &str) -> u64 {
+    let (_, m) = agent.get("/metrics").expect("GET /metrics");
+    m.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
 }
 
 /// Lines of the agent's log reporting `field` unsupported.
@@ -159,13 +168,29 @@ fn precedence_live_invalid_and_restart(backend: &str) {
 
     // 2. Live: the log level, without a restart.
     assert!(!a.log().contains("DEBUG"), "debug before the change");
+    let applies = metric(&a, "felixrs_apply_seconds_count");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        metric(&a, "felixrs_apply_seconds_count"),
+        applies,
+        "a refresh within 2 s of the 90 s period"
+    );
     put_config(
         &w,
         "default",
         json!({"defaultEndpointToHostAction":"Drop","bpfEnabled":false,
-               "logSeverityScreen":"Debug"}),
+               "logSeverityScreen":"Debug","iptablesRefreshInterval":"1s"}),
     );
-    programmed(&a, |s| fc(s)["values"]["logSeverityScreen"] == "debug");
+    programmed(&a, |s| {
+        fc(s)["values"]["logSeverityScreen"] == "debug"
+            && fc(s)["values"]["iptablesRefreshInterval"] == "1s"
+    });
+    let applies = metric(&a, "felixrs_apply_seconds_count");
+    let deadline = Instant::now() + WAIT;
+    while metric(&a, "felixrs_apply_seconds_count") < applies + 3 {
+        assert!(Instant::now() < deadline, "no refreshes every second");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     // A change for the apply thread to log at debug.
     let rev = w.put_policy(
         "live",

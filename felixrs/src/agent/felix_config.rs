@@ -16,8 +16,9 @@
 //! `felix_configuration.unsupported_fields`), never silently dropped. An invalid value is an error
 //! naming the resource (or variable) and field, and the setting keeps its last good value.
 //!
-//! Live vs restart: `logSeverityScreen` applies live. Every other field changes what the renderer
-//! or the apply thread was built with, so a change makes the agent re-exec itself (same argv and
+//! Live vs restart: `logSeverityScreen` (the log filter is reloaded) and `iptablesRefreshInterval`
+//! (the apply thread reads its period afresh) apply live. Every other field changes what the
+//! renderer, the appliers or the HTTP listener were built with, so a change makes the agent re-exec itself (same argv and
 //! environment) after the snapshot is written: the new process reads the settings before it
 //! builds anything and programs from etcd's list or that snapshot, the kernel untouched meanwhile.
 
@@ -32,6 +33,7 @@ use calc_graph::model::{
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::apply_loop::RefreshPeriod;
 use super::{Args, IptablesBackend};
 use crate::cmd::shared::dataplane_args::{EndpointToHost, WorkloadSourceSpoofing};
 use crate::dns::config::parse_trusted_server;
@@ -88,7 +90,7 @@ pub static FIELDS: &[Field] = &[
     field!("workloadSourceSpoofing", "workload_source_spoofing", live: false,
         dataplane.workload_source_spoofing, source_spoofing),
     field!("iptablesBackend", "iptables_backend", live: false, iptables_backend, backend),
-    field!("iptablesRefreshInterval", "refresh_interval", live: false, refresh_interval, refresh),
+    field!("iptablesRefreshInterval", "refresh_interval", live: true, refresh_interval, refresh),
     field!("logSeverityScreen", "log", live: true, log, severity),
     field!("dnsTrustedServers", "dns_trusted_servers", live: false, dataplane.dns_trusted_servers,
         trusted_servers),
@@ -455,6 +457,8 @@ pub struct ConfigWatch {
     last_good: [Option<FelixConfiguration>; 2],
     reported: BTreeSet<String>,
     reload_log: ReloadLog,
+    /// The apply thread's refresh period, once it runs.
+    refresh: Option<RefreshPeriod>,
     /// The restart-needing fields that changed (the runtime stops; the agent re-execs).
     pub restart: Option<Vec<String>>,
 }
@@ -476,8 +480,14 @@ impl ConfigWatch {
             last_good: [None, None],
             reported: BTreeSet::new(),
             reload_log,
+            refresh: None,
             restart: None,
         }
+    }
+
+    /// Where `iptablesRefreshInterval` applies live.
+    pub fn live_refresh(&mut self, period: RefreshPeriod) {
+        self.refresh = Some(period);
     }
 
     /// The settings to start with, from `get`'s resources (read before anything is built).
@@ -509,6 +519,13 @@ impl ConfigWatch {
                 }
                 Err(e) => r.status.errors.push(format!("logSeverityScreen: {e}")),
             }
+        }
+        if r.args.refresh_interval != self.running.refresh_interval
+            && let Some(p) = &self.refresh
+        {
+            p.set(r.args.refresh_interval);
+            tracing::info!(period = ?r.args.refresh_interval, "full refresh period changed (FelixConfiguration iptablesRefreshInterval)");
+            self.running.refresh_interval = r.args.refresh_interval;
         }
         let restart = restart_needed(&self.running, &r.args);
         let needed = !restart.is_empty();
@@ -619,10 +636,7 @@ mod tests {
         assert_eq!(s.sources["workloadSourceSpoofing"], Origin::Default);
         assert_eq!(s.unsupported_fields, ["bpfEnabled", "natPortRange"]);
         assert!(s.errors.is_empty(), "{:?}", s.errors);
-        assert_eq!(
-            restart_needed(&l.flags, a),
-            ["defaultEndpointToHostAction", "iptablesRefreshInterval"]
-        );
+        assert_eq!(restart_needed(&l.flags, a), ["defaultEndpointToHostAction"]);
     }
 
     #[test]

@@ -307,6 +307,11 @@ impl Args {
         render.masquerade_random_fully =
             iptables::apply::detect_masquerade_fully_random(&ExecRunner::new());
         let counter_hub = counters::CounterHub::new();
+        let refresh = apply_loop::RefreshPeriod::from(self.refresh_interval);
+        watch
+            .lock()
+            .expect("felix config lock")
+            .live_refresh(refresh.clone());
         // The dataplane's commands beat the apply thread's heartbeat (a long apply is not a stuck one).
         // Each iptables-restore/-save and ipset call is counted for Felix's names.
         let exec_counts = hub.metrics.felix.exec.clone();
@@ -339,7 +344,7 @@ impl Args {
             state_dir: self.state_dir,
             health_listen: self.health_listen,
             etcd_timeout: self.etcd_timeout,
-            refresh_interval: self.refresh_interval,
+            refresh_interval: refresh.clone(),
             drift_interval: (!self.drift_interval.is_zero()).then_some(self.drift_interval),
             snapshot_interval: Duration::from_secs(1),
             felix_config: Some(watch),

@@ -29,7 +29,7 @@ use anyhow::Context;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::apply_loop::{self, Dataplane};
+use super::apply_loop::{self, Dataplane, RefreshPeriod};
 use super::datastore::Datastore;
 use super::federation::Remotes;
 use super::felix_config::ConfigWatch;
@@ -47,7 +47,8 @@ pub struct RuntimeConfig {
     pub health_listen: SocketAddr,
     /// How long to wait for etcd before programming from the snapshot.
     pub etcd_timeout: Duration,
-    pub refresh_interval: Duration,
+    /// The full refresh's period (changeable while running).
+    pub refresh_interval: RefreshPeriod,
     /// Period of the fast drift check (`None`: only the full refresh repairs drift).
     pub drift_interval: Option<Duration>,
     /// Minimum time between two snapshot writes.
@@ -79,7 +80,7 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
     let apply = apply_loop::spawn(
         dataplane,
         hub.clone(),
-        cfg.refresh_interval,
+        cfg.refresh_interval.clone(),
         cfg.drift_interval,
     );
     let (sync_tx, mut sync_rx) = mpsc::channel(1024);
