@@ -20,7 +20,8 @@
 //! (the apply thread reads its period afresh) apply live. Every other field changes what the
 //! renderer, the appliers or the HTTP listener were built with, so a change makes the agent re-exec itself (same argv and
 //! environment) after the snapshot is written: the new process reads the settings before it
-//! builds anything and programs from etcd's list or that snapshot, the kernel untouched meanwhile.
+//! builds anything and programs from etcd's list or that snapshot, the kernel untouched meanwhile
+//! (with the DNS learner's queue open, it exits for its supervisor instead: see `Args::run`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};

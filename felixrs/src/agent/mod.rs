@@ -240,9 +240,17 @@ impl Args {
         let initial = self.initial_felix_configuration();
         let this = watch.start(|k| initial.get(k).cloned(), &hub);
         let watch = Arc::new(std::sync::Mutex::new(watch));
+        // The DNS learner's NFQUEUE socket (the nfq crate opens it without close-on-exec) would
+        // outlive an exec and keep the queue bound: with it, the restart is an exit instead.
+        let dns_queue_open = !this.dataplane.dns_trusted_servers.is_empty();
         let result = this.run_with(hub, watch.clone());
         let restart = watch.lock().expect("felix config lock").restart.take();
         match (result, restart) {
+            (Ok(()), Some(fields)) if dns_queue_open => Err(anyhow::anyhow!(
+                "FelixConfiguration fields {} need a restart: exiting for the supervisor to \
+                 restart the agent (the DNS queue cannot be handed over an exec)",
+                fields.join(", ")
+            )),
             (Ok(()), Some(fields)) => Err(reexec(&fields)),
             (result, _) => result,
         }
