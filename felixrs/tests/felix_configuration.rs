@@ -300,3 +300,30 @@ fn precedence_live_invalid_and_restart(backend: &str) {
     assert!(forward.contains("-i cali+"), "{forward}");
     w.await_client(WAIT);
 }
+
+/// With the DNS learner's queue open, a restart-needing change exits (status 1, naming the
+/// fields) instead of re-exec'ing, and the kernel keeps its rules.
+#[test]
+fn a_restart_with_the_dns_queue_open_is_an_exit() {
+    let w = World::new();
+    let mut a = spawn(&w, "nft", &["--dns-trusted-servers", "10.96.0.10"], &[]);
+    programmed(&a, |s| {
+        fc(s)["values"]["dnsTrustedServers"] == "[10.96.0.10:53]"
+    });
+    assert_eq!(endpoint_to_host(&w, "nft"), "ACCEPT");
+    put_config(
+        &w,
+        "node.node-1",
+        json!({"defaultEndpointToHostAction":"Drop"}),
+    );
+    let status = a.wait_exit(WAIT).expect("the agent exits");
+    assert_eq!(status.code(), Some(1), "{}", a.log());
+    let log = a.log();
+    assert!(
+        log.contains("FelixConfiguration fields defaultEndpointToHostAction need a restart"),
+        "{log}"
+    );
+    assert!(!log.contains("re-exec'ing for"), "{log}");
+    // Nothing was flushed on the way out.
+    assert_eq!(endpoint_to_host(&w, "nft"), "ACCEPT");
+}
