@@ -129,7 +129,9 @@ fn precedence_live_invalid_and_restart(backend: &str) {
         &w,
         "default",
         json!({"defaultEndpointToHostAction":"Drop","bpfEnabled":false,
-               "logSeverityScreen":"Info"}),
+               "logSeverityScreen":"Info",
+               "failsafeInboundHostPorts":[{"protocol":"TCP","port":22},
+                                           {"protocol":"UDP","port":68}]}),
     );
     put_config(
         &w,
@@ -155,6 +157,16 @@ fn precedence_live_invalid_and_restart(backend: &str) {
     );
     assert_eq!(fc(&s)["sources"]["logSeverityScreen"], "global", "{s}");
     assert_eq!(fc(&s)["sources"]["interfacePrefix"], "default", "{s}");
+    assert_eq!(
+        fc(&s)["values"]["failsafeInboundHostPorts"],
+        "tcp:22,udp:68",
+        "{s}"
+    );
+    assert_eq!(
+        fc(&s)["sources"]["failsafeOutboundHostPorts"],
+        "default",
+        "{s}"
+    );
     assert_eq!(fc(&s)["unsupported_fields"], json!(["bpfEnabled"]), "{s}");
     assert_eq!(
         fc(&s)["resources"],
@@ -179,7 +191,9 @@ fn precedence_live_invalid_and_restart(backend: &str) {
         &w,
         "default",
         json!({"defaultEndpointToHostAction":"Drop","bpfEnabled":false,
-               "logSeverityScreen":"Debug","iptablesRefreshInterval":"1s"}),
+               "logSeverityScreen":"Debug","iptablesRefreshInterval":"1s",
+               "failsafeInboundHostPorts":[{"protocol":"TCP","port":22},
+                                           {"protocol":"UDP","port":68}]}),
     );
     programmed(&a, |s| {
         fc(s)["values"]["logSeverityScreen"] == "debug"

@@ -36,8 +36,9 @@ use serde_json::Value;
 
 use super::apply_loop::RefreshPeriod;
 use super::{Args, IptablesBackend};
-use crate::cmd::shared::dataplane_args::{EndpointToHost, WorkloadSourceSpoofing};
+use crate::cmd::shared::dataplane_args::{EndpointToHost, FailsafePorts, WorkloadSourceSpoofing};
 use crate::dns::config::parse_trusted_server;
+use iptables::render::host::parse_failsafe_ports;
 
 /// Felix's `IptablesRefreshInterval: 0` (no periodic refresh): the agent's refresh this far apart.
 pub const REFRESH_DISABLED: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -64,6 +65,9 @@ impl Field {
 
 macro_rules! field {
     ($calico:literal, $flag:literal, live: $live:expr, $($path:ident).+, $parse:expr) => {
+        field!($calico, $flag, live: $live, $($path).+, $parse, |v| show(v))
+    };
+    ($calico:literal, $flag:literal, live: $live:expr, $($path:ident).+, $parse:expr, $show:expr) => {
         Field {
             calico: $calico,
             flag: $flag,
@@ -73,13 +77,12 @@ macro_rules! field {
                 Ok(())
             },
             copy: |a, b| a.$($path).+ = b.$($path).+.clone(),
-            show: |a| show(&a.$($path).+),
+            show: |a| ($show)(&a.$($path).+),
         }
     };
 }
 
-/// Felix's fields the agent implements, one entry each. (Felix's `FailsafeInboundHostPorts` and
-/// `FailsafeOutboundHostPorts` join when the agent has their flags.) Agent flags with no Felix
+/// Felix's fields the agent implements, one entry each. Agent flags with no Felix
 /// field: `--drift-interval` (Felix has no fast drift check), `--counters-interval`,
 /// `--dns-min-ttl`, `--dns-max-learned`, `--log-denied`, `--log-action`, `--share-chains`, the
 /// etcd and state flags.
@@ -97,6 +100,10 @@ pub static FIELDS: &[Field] = &[
         trusted_servers),
     field!("dnsPolicyNfqueueID", "dns_queue_num", live: false, dataplane.dns_queue_num, queue_id),
     field!("healthPort", "health_listen", live: false, health_listen, health_port),
+    field!("failsafeInboundHostPorts", "failsafe_inbound_host_ports", live: false,
+        dataplane.failsafe_inbound_host_ports, failsafe_ports, show_ports),
+    field!("failsafeOutboundHostPorts", "failsafe_outbound_host_ports", live: false,
+        dataplane.failsafe_outbound_host_ports, failsafe_ports, show_ports),
 ];
 
 /// `dnsPolicyMode`: the agent holds DNS responses until their addresses are allowed, Felix's
@@ -258,6 +265,48 @@ fn health_port(v: &Value) -> Result<SocketAddr, String> {
     }
     // The address is filled in by `resolve` from the flag's.
     Ok(SocketAddr::new(IpAddr::from([0, 0, 0, 0]), port))
+}
+
+/// Felix's failsafe list: the v3 resource's `[{"protocol": "TCP", "port": 22, "net": "…"}]`, or
+/// the variable's `tcp:22,udp:68` (`none` or empty: no ports).
+fn failsafe_ports(v: &Value) -> Result<FailsafePorts, String> {
+    let text = match v {
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let field = |k: &str| p.get(k).filter(|v| !v.is_null());
+                let proto = field("protocol")
+                    .and_then(Value::as_str)
+                    .unwrap_or("TCP")
+                    .to_ascii_lowercase();
+                let port = field("port")
+                    .and_then(Value::as_u64)
+                    .ok_or_else(|| format!("[{i}].port: missing or not a number"))?;
+                Ok(match field("net").and_then(Value::as_str) {
+                    Some(net) if net.contains(':') => format!("{proto}:[{net}]:{port}"),
+                    Some(net) => format!("{proto}:{net}:{port}"),
+                    None => format!("{proto}:{port}"),
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?
+            .join(","),
+        _ => text(v)?.to_string(),
+    };
+    parse_failsafe_ports(&text)
+        .map(FailsafePorts)
+        .map_err(|e| e.to_string())
+}
+
+/// A failsafe list in Felix's variable syntax (`tcp:22,udp:68`; `none`).
+fn show_ports(p: &FailsafePorts) -> String {
+    if p.0.is_empty() {
+        return "none".into();
+    }
+    p.0.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn dns_policy_mode(v: &Value) -> Result<(), String> {
@@ -642,7 +691,13 @@ mod tests {
 
     #[test]
     fn an_invalid_value_names_resource_and_field_and_keeps_the_last_good_one() {
-        let l = layers(&[], &[("FELIX_IPTABLESMARKMASK", "0x3")]);
+        let l = layers(
+            &[],
+            &[
+                ("FELIX_IPTABLESMARKMASK", "0x3"),
+                ("FELIX_FAILSAFEINBOUNDHOSTPORTS", "tcp:22,ssh"),
+            ],
+        );
         let mut previous = l.flags.clone();
         previous.dataplane.default_endpoint_to_host_action = EndpointToHost::Drop;
         let n = conf(
@@ -687,7 +742,10 @@ mod tests {
                                "iptablesRefreshInterval": "0", "interfacePrefix": "cali,tap",
                                "dnsTrustedServers": ["10.96.0.10", "[fd00::10]:5353"],
                                "dnsPolicyNfqueueID": 7, "healthPort": 9199,
-                               "workloadSourceSpoofing": "Any", "dnsPolicyMode": "DelayDNSResponse"}),
+                               "workloadSourceSpoofing": "Any", "dnsPolicyMode": "DelayDNSResponse",
+                               "failsafeInboundHostPorts": [{"protocol": "TCP", "port": 22},
+                                   {"protocol": "UDP", "port": 68, "net": "fd00::/8"}],
+                               "failsafeOutboundHostPorts": []}),
         );
         let r = l.resolve(Some(&g), None, &l.flags);
         assert!(r.status.errors.is_empty(), "{:?}", r.status.errors);
