@@ -1,10 +1,10 @@
 //! felixrs: the node agent binary and its operator tools.
 #![forbid(unsafe_code)]
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Subcommand};
 use felixrs::cmd::shared::{Answer, finish};
 
-#[derive(Parser)]
+#[derive(clap::Parser)]
 #[command(
     name = "felixrs",
     version = version(),
@@ -42,10 +42,18 @@ enum Command {
 include!("../../scripts/version_string.rs");
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
         Command::Iptables(args) => felixrs::cmd::iptables::run(args),
-        Command::Agent(args) => finish("agent", args.run().map(|()| Answer::default())),
+        Command::Agent(args) => {
+            // Which flags were given (they override FelixConfiguration; defaults do not).
+            let explicit = matches
+                .subcommand_matches("agent")
+                .map(felixrs::agent::explicit_flags)
+                .unwrap_or_default();
+            finish("agent", args.run(explicit).map(|()| Answer::default()))
+        }
         Command::Render(args) => args.run(),
         Command::Trace(args) => args.run(),
         Command::Cleanup(args) => args.run(),

@@ -80,9 +80,10 @@ async fn run_until_it_stops(
         state_dir: dir.path().to_path_buf(),
         health_listen: "127.0.0.1:0".parse().unwrap(),
         etcd_timeout: Duration::from_millis(500),
-        refresh_interval: Duration::from_secs(90),
+        refresh_interval: (Duration::from_secs(90)).into(),
         drift_interval: None,
         snapshot_interval: Duration::from_secs(1),
+        felix_config: None,
     };
     // Nothing listens there: etcd refuses, the snapshot is the view.
     let etcd: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();

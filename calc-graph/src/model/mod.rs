@@ -26,6 +26,7 @@
 pub mod domain;
 pub mod endpoint;
 mod error;
+mod felixconfig;
 pub mod ippool;
 mod key;
 pub mod metadata;
@@ -47,6 +48,11 @@ pub use endpoint::{
     EndpointPort, HostEndpoint, HostEndpointSpec, IpNat, WorkloadEndpoint, WorkloadEndpointSpec,
 };
 pub use error::{ModelError, ValidationError};
+pub use felixconfig::{
+    FELIX_CONFIGURATION_PLURAL, FelixConfiguration, FelixConfigurationError,
+    GLOBAL_FELIX_CONFIGURATION, felix_configuration_key, felix_configuration_name,
+    node_felix_configuration, parse_duration,
+};
 pub use ippool::{AllowedUse, AssignmentMode, EncapMode, IpPool, IpPoolSpec};
 pub use key::{API_VERSION, CALICO_PREFIX, Kind, ResourceKey};
 pub use metadata::{InvalidCidr, Metadata, parse_net};

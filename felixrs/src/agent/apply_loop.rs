@@ -14,6 +14,7 @@
 //!   ends, by a panic or a return, the cause is recorded there for `/liveness` and the runtime.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
@@ -166,6 +167,33 @@ pub struct Drift {
     pub full_refresh: bool,
 }
 
+/// The full refresh's period, which may change while the thread runs (FelixConfiguration's
+/// `iptablesRefreshInterval` applies live): the next refresh is due this long after the last
+/// program or refresh, read afresh each time the thread waits.
+#[derive(Debug, Clone)]
+pub struct RefreshPeriod(Arc<AtomicU64>);
+
+impl RefreshPeriod {
+    pub fn get(&self) -> Duration {
+        Duration::from_millis(self.0.load(Ordering::Relaxed))
+    }
+
+    pub fn set(&self, d: Duration) {
+        self.0.store(
+            u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+}
+
+impl From<Duration> for RefreshPeriod {
+    fn from(d: Duration) -> Self {
+        let p = RefreshPeriod(Arc::new(AtomicU64::new(0)));
+        p.set(d);
+        p
+    }
+}
+
 /// Handle to the apply thread. Dropping every sender stops it after its current apply.
 pub struct ApplyLoop {
     pub tx: Sender<Batch>,
@@ -176,7 +204,7 @@ pub struct ApplyLoop {
 pub fn spawn<D: Dataplane>(
     dp: D,
     hub: Arc<StatusHub>,
-    refresh_interval: Duration,
+    refresh_interval: RefreshPeriod,
     drift_interval: Option<Duration>,
 ) -> ApplyLoop {
     let (tx, rx) = std::sync::mpsc::channel();
@@ -204,7 +232,7 @@ fn run<D: Dataplane>(
     mut dp: D,
     rx: Receiver<Batch>,
     hub: Arc<StatusHub>,
-    refresh: Duration,
+    refresh: RefreshPeriod,
     drift: Option<Duration>,
 ) {
     let mut programmed = false;
@@ -213,12 +241,13 @@ fn run<D: Dataplane>(
     let mut pending_revision: Option<i64> = None;
     // Every batch's changes since the last successful apply, in order.
     let mut pending_view: ViewDelta = Vec::new();
-    let mut next_refresh = Instant::now() + refresh;
+    let mut refreshed_at = Instant::now();
     let mut next_drift = drift.map(|d| Instant::now() + d);
     let mut budget = DriftBudget::new(Instant::now());
     dp.prepare();
     loop {
         hub.liveness.beat();
+        let next_refresh = refreshed_at + refresh.get();
         // The drift check runs when due even while batches keep coming (it would never see a
         // receive timeout on a busy node).
         if programmed
@@ -255,7 +284,7 @@ fn run<D: Dataplane>(
                     let started = Instant::now();
                     let res = dp.refresh();
                     record(&hub, res, started, None, &mut Vec::new());
-                    next_refresh = Instant::now() + refresh;
+                    refreshed_at = Instant::now();
                 }
                 // A due drift check runs at the top of the loop.
                 continue;
@@ -278,7 +307,7 @@ fn run<D: Dataplane>(
         } else {
             programmed = true;
             backoff = Duration::from_millis(50);
-            next_refresh = Instant::now() + refresh;
+            refreshed_at = Instant::now();
         }
     }
 }

@@ -7,6 +7,8 @@
 //! * [`apply_loop`]: the thread that owns the dataplane and coalesces applies.
 //! * [`liveness`]: the apply thread's heartbeat, behind `/liveness` and watched by the runtime.
 //! * [`counters`]: the counter thread and the per-policy counters of `/metrics`.
+//! * [`felix_config`]: the settings from FelixConfiguration, with Felix's precedence; live
+//!   changes applied, restart-needing ones re-exec the agent.
 //! * [`snapshot`]: the persisted, checksummed snapshot of the last in-sync datastore view.
 //! * [`status`], [`metrics`]: HTTP status/health and Prometheus metrics.
 //! * [`view`]: the applied view, served to the operator tools on the node (`agent.sock`).
@@ -18,6 +20,7 @@ pub mod datastore;
 #[cfg(debug_assertions)]
 pub mod fault;
 pub mod federation;
+pub mod felix_config;
 pub mod kernel;
 pub mod liveness;
 pub mod metrics;
@@ -28,8 +31,10 @@ pub mod status;
 pub mod syncer;
 pub mod view;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -38,7 +43,7 @@ use iptables::apply::{Backend, ExecRunner};
 use tokio_util::sync::CancellationToken;
 
 use crate::cmd::shared::dataplane_args::DataplaneArgs;
-use datastore::{EtcdDatastore, EtcdTls};
+use datastore::{Datastore, EtcdDatastore, EtcdTls};
 use metrics::Metrics;
 use runtime::RuntimeConfig;
 use status::StatusHub;
@@ -185,24 +190,138 @@ pub struct Args {
     pub log: String,
 }
 
+/// The clap ids of the flags given on the command line or by their `FELIXRS_*` variables (not left
+/// at their defaults): these override FelixConfiguration.
+pub fn explicit_flags(m: &clap::ArgMatches) -> BTreeSet<String> {
+    use clap::parser::ValueSource;
+    m.ids()
+        .filter(|id| {
+            matches!(
+                m.value_source(id.as_str()),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            )
+        })
+        .map(|id| id.as_str().to_string())
+        .collect()
+}
+
 impl Args {
     /// Runs the agent until SIGTERM/SIGINT. The kernel rules are left in place on exit.
-    pub fn run(self) -> anyhow::Result<()> {
-        tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::try_new(&self.log).context("--log")?)
-            .with_writer(std::io::stderr)
+    /// `explicit`: [`explicit_flags`] of the command line. A FelixConfiguration change that needs
+    /// a restart ends the run with the agent re-exec'ing itself (same argv and environment).
+    pub fn run(self, explicit: BTreeSet<String>) -> anyhow::Result<()> {
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        let (filter, reload) = tracing_subscriber::reload::Layer::new(
+            tracing_subscriber::EnvFilter::try_new(&self.log).context("--log")?,
+        );
+        tracing_subscriber::registry()
+            .with(filter)
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
             .init();
+        let started_at_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        #[cfg(debug_assertions)]
+        let stale_after = fault::stale_after_from_env().unwrap_or(liveness::STALE_AFTER);
+        #[cfg(not(debug_assertions))]
+        let stale_after = liveness::STALE_AFTER;
+        let hub = StatusHub::with_liveness(Metrics::new(), liveness::Liveness::new(stale_after));
+        hub.update(|s| s.started_at_unix_ms = started_at_unix_ms);
+        // The settings, before anything is built from them: flags, Felix's variables, this node's
+        // FelixConfiguration resources (from etcd, else the snapshot).
+        let layers = felix_config::Layers::from_process(self.clone(), explicit);
+        let mut watch = felix_config::ConfigWatch::new(
+            layers,
+            Box::new(move |filter: &str| {
+                let f =
+                    tracing_subscriber::EnvFilter::try_new(filter).map_err(|e| e.to_string())?;
+                reload.reload(f).map_err(|e| e.to_string())
+            }),
+        );
+        let initial = self.initial_felix_configuration();
+        let this = watch.start(|k| initial.get(k).cloned(), &hub);
+        let watch = Arc::new(std::sync::Mutex::new(watch));
+        // The DNS learner's NFQUEUE socket (the nfq crate opens it without close-on-exec) would
+        // outlive an exec and keep the queue bound: with it, the restart is an exit instead.
+        let dns_queue_open = !this.dataplane.dns_trusted_servers.is_empty();
+        let result = this.run_with(hub, watch.clone());
+        let restart = watch.lock().expect("felix config lock").restart.take();
+        match (result, restart) {
+            (Ok(()), Some(fields)) if dns_queue_open => Err(anyhow::anyhow!(
+                "FelixConfiguration fields {} need a restart: exiting for the supervisor to \
+                 restart the agent (the DNS queue cannot be handed over an exec)",
+                fields.join(", ")
+            )),
+            (Ok(()), Some(fields)) => Err(reexec(&fields)),
+            (result, _) => result,
+        }
+    }
+
+    /// This node's FelixConfiguration values by canonical key: etcd's (within `--etcd-timeout`),
+    /// else the snapshot's, else none.
+    fn initial_felix_configuration(&self) -> BTreeMap<String, Vec<u8>> {
+        let (global, node) = felix_config::keys(&self.node_name);
+        let wanted = |k: &str| k == global || k == node;
+        let read = async {
+            let tls = EtcdTls {
+                ca: self.etcd_ca.clone(),
+                cert: self.etcd_cert.clone(),
+                key: self.etcd_key.clone(),
+            };
+            let mut ds = EtcdDatastore::new(self.etcd_endpoints.clone(), tls, self.etcd_timeout);
+            let prefix = format!(
+                "{}{}/",
+                self.etcd_prefix.resources(),
+                calc_graph::model::FELIX_CONFIGURATION_PLURAL
+            );
+            tokio::time::timeout(self.etcd_timeout, ds.list(&prefix)).await
+        };
+        let listed = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(read)?.map_err(anyhow::Error::from));
+        match listed {
+            Ok(l) => l
+                .kvs
+                .into_iter()
+                .filter_map(|(k, v)| Some((self.etcd_prefix.to_canonical(&k)?, v)))
+                .filter(|(k, _)| wanted(k))
+                .collect(),
+            Err(error) => {
+                let snap = snapshot::SnapshotStore::new(&self.state_dir).load();
+                tracing::warn!(%error, from_snapshot = matches!(snap, Ok(Some(_))), "FelixConfiguration not read from etcd at start");
+                match snap {
+                    Ok(Some(s)) => s
+                        .kvs
+                        .into_iter()
+                        .filter(|(k, _)| wanted(k))
+                        .map(|(k, v)| (k.to_string(), v.to_vec()))
+                        .collect(),
+                    _ => BTreeMap::new(),
+                }
+            }
+        }
+    }
+
+    /// Runs with these (resolved) settings.
+    fn run_with(
+        self,
+        hub: Arc<StatusHub>,
+        watch: Arc<std::sync::Mutex<felix_config::ConfigWatch>>,
+    ) -> anyhow::Result<()> {
         let mut render = self.dataplane.render_config();
         // As Felix's feature detection: MASQUERADE --random-fully where iptables and the kernel
         // support it (`felixrs render` assumes they do).
         render.masquerade_random_fully =
             iptables::apply::detect_masquerade_fully_random(&ExecRunner::new());
         let counter_hub = counters::CounterHub::new();
-        #[cfg(debug_assertions)]
-        let stale_after = fault::stale_after_from_env().unwrap_or(liveness::STALE_AFTER);
-        #[cfg(not(debug_assertions))]
-        let stale_after = liveness::STALE_AFTER;
-        let hub = StatusHub::with_liveness(Metrics::new(), liveness::Liveness::new(stale_after));
+        let refresh = apply_loop::RefreshPeriod::from(self.refresh_interval);
+        watch
+            .lock()
+            .expect("felix config lock")
+            .live_refresh(refresh.clone());
         // The dataplane's commands beat the apply thread's heartbeat (a long apply is not a stuck one).
         // Each iptables-restore/-save and ipset call is counted for Felix's names.
         let exec_counts = hub.metrics.felix.exec.clone();
@@ -235,9 +354,10 @@ impl Args {
             state_dir: self.state_dir,
             health_listen: self.health_listen,
             etcd_timeout: self.etcd_timeout,
-            refresh_interval: self.refresh_interval,
+            refresh_interval: refresh.clone(),
             drift_interval: (!self.drift_interval.is_zero()).then_some(self.drift_interval),
             snapshot_interval: Duration::from_secs(1),
+            felix_config: Some(watch),
         };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -271,6 +391,24 @@ impl Args {
         }
         result
     }
+}
+
+/// Replaces this process with a fresh start of the same binary, argv and environment (Felix
+/// restarts itself on such changes; a re-exec keeps the pid and the kernel untouched, and the new
+/// process programs from etcd or the snapshot just written). Returns only if the exec failed.
+fn reexec(fields: &[String]) -> anyhow::Error {
+    use std::os::unix::process::CommandExt;
+    tracing::warn!(fields = %fields.join(", "), "re-exec'ing for the new FelixConfiguration");
+    let mut argv = std::env::args_os();
+    let mut cmd = std::process::Command::new("/proc/self/exe");
+    if let Some(arg0) = argv.next() {
+        cmd.arg0(arg0);
+    }
+    let error = cmd.args(argv).exec();
+    anyhow::anyhow!(
+        "re-exec for FelixConfiguration fields {}: {error}",
+        fields.join(", ")
+    )
 }
 
 async fn shutdown_on_signal(cancel: CancellationToken) {

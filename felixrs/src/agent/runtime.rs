@@ -30,9 +30,10 @@ use anyhow::Context;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::apply_loop::{self, Dataplane};
+use super::apply_loop::{self, Dataplane, RefreshPeriod};
 use super::datastore::Datastore;
 use super::federation::Remotes;
+use super::felix_config::ConfigWatch;
 use super::liveness::NotAlive;
 use super::snapshot::{Snapshot, SnapshotStore};
 use super::state::{AgentState, ApplyThreadGone, Pipeline};
@@ -47,11 +48,15 @@ pub struct RuntimeConfig {
     pub health_listen: SocketAddr,
     /// How long to wait for etcd before programming from the snapshot.
     pub etcd_timeout: Duration,
-    pub refresh_interval: Duration,
+    /// The full refresh's period (changeable while running).
+    pub refresh_interval: RefreshPeriod,
     /// Period of the fast drift check (`None`: only the full refresh repairs drift).
     pub drift_interval: Option<Duration>,
     /// Minimum time between two snapshot writes.
     pub snapshot_interval: Duration,
+    /// The agent's settings from FelixConfiguration, re-read when one of this node's changes;
+    /// a restart-needing change stops the runtime like a cancel (the agent then re-execs).
+    pub felix_config: Option<Arc<std::sync::Mutex<ConfigWatch>>>,
 }
 
 /// Runs the agent until `cancel` fires.
@@ -76,7 +81,7 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
     let apply = apply_loop::spawn(
         dataplane,
         hub.clone(),
-        cfg.refresh_interval,
+        cfg.refresh_interval.clone(),
         cfg.drift_interval,
     );
     let (sync_tx, mut sync_rx) = mpsc::channel(1024);
@@ -114,6 +119,7 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
     let mut snap_tick = tokio::time::interval(cfg.snapshot_interval);
     let liveness = hub.liveness.clone();
     let mut failure: Option<ApplyThreadFailure> = None;
+    let mut restart = false;
     loop {
         let emitted = tokio::select! {
             _ = cancel.cancelled() => break,
@@ -137,6 +143,7 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
                     state.on_event(ev);
                 }
                 reconcile_remotes(&mut state, &mut remotes);
+                restart |= felix_config_changed(&cfg, &mut state, &hub);
                 let emitted = state.emit();
                 if listed {
                     // Persist a fresh full view at once, not at the next tick.
@@ -160,6 +167,7 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
                 fallback_tried = true;
                 fallback(&mut state, &hub, loaded.take());
                 reconcile_remotes(&mut state, &mut remotes);
+                restart |= felix_config_changed(&cfg, &mut state, &hub);
                 state.emit()
             }
             _ = snap_tick.tick() => {
@@ -175,6 +183,10 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
                 Err(why) => ApplyThreadFailure::NotAlive(why),
                 Ok(()) => ApplyThreadFailure::Gone(gone),
             });
+            break;
+        }
+        if restart {
+            // Stops like a cancel: the snapshot (with the new configuration) is written first.
             break;
         }
     }
@@ -206,6 +218,23 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
     server.await?.context("status server")?;
     tracing::info!("stopped; kernel rules left in place");
     Ok(())
+}
+
+/// Re-reads the settings when a FelixConfiguration changed; true if they need a restart.
+fn felix_config_changed<P: Pipeline>(
+    cfg: &RuntimeConfig,
+    state: &mut AgentState<P>,
+    hub: &StatusHub,
+) -> bool {
+    let Some(watch) = &cfg.felix_config else {
+        return false;
+    };
+    if state.source() == Source::None || !state.take_felix_config_changed() {
+        return false;
+    }
+    let kvs = state.kvs();
+    let get = |k: &str| kvs.get(k).map(|v| v.to_vec());
+    watch.lock().expect("felix config lock").update(get, hub)
 }
 
 /// Why the runtime stopped the agent on its own.

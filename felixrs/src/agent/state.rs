@@ -19,7 +19,7 @@ use std::sync::mpsc::Sender;
 use calc_graph::graph::GraphError;
 use calc_graph::model::{
     CALICO_PREFIX, ModelError, REMOTE_CLUSTER_PLURAL, RemoteCluster, ResourceKey,
-    remote_cluster_name,
+    felix_configuration_name, remote_cluster_name,
 };
 use calc_graph::proto::Output;
 
@@ -122,6 +122,8 @@ pub struct AgentState<P> {
     /// Keys of `kvs` changed since the last batch: the next batch carries their values, so the
     /// applied view ([`super::view`]) follows the kernel at the cost of the changes alone.
     touched: BTreeSet<Arc<str>>,
+    /// A FelixConfiguration key changed since [`Self::take_felix_config_changed`].
+    felix_config_dirty: bool,
 }
 
 impl<P: Pipeline> AgentState<P> {
@@ -138,6 +140,7 @@ impl<P: Pipeline> AgentState<P> {
             hub,
             remotes_dirty: false,
             touched: BTreeSet::new(),
+            felix_config_dirty: false,
         }
     }
 
@@ -371,6 +374,11 @@ impl<P: Pipeline> AgentState<P> {
         Some(out)
     }
 
+    /// Whether a FelixConfiguration key changed (or a full view came in) since the last call.
+    pub fn take_felix_config_changed(&mut self) -> bool {
+        std::mem::take(&mut self.felix_config_dirty)
+    }
+
     fn replace(&mut self, revision: i64, new: KvMap, source: Source) {
         let removed = self.replace_scope(Scope::Local, new);
         tracing::info!(
@@ -391,6 +399,7 @@ impl<P: Pipeline> AgentState<P> {
         }
         self.dirty = true;
         self.remotes_dirty = true;
+        self.felix_config_dirty = true;
         self.hub.update(|s| {
             s.in_sync = true;
             s.source = source;
@@ -422,6 +431,9 @@ impl<P: Pipeline> AgentState<P> {
         self.touched.insert(key.clone());
         if key.starts_with(&rcc_prefix()) {
             self.remotes_dirty = true;
+        }
+        if felix_configuration_name(&key).is_some() {
+            self.felix_config_dirty = true;
         }
         match value {
             None => {

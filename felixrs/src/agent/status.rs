@@ -77,6 +77,14 @@ pub struct Status {
     /// Each federated cluster (RemoteClusterConfiguration) by name.
     #[serde(default)]
     pub remote_clusters: BTreeMap<String, RemoteStatus>,
+    /// When this agent process (this exec) started, Unix milliseconds: a re-exec for a
+    /// FelixConfiguration change shows a newer one.
+    #[serde(default)]
+    pub started_at_unix_ms: u64,
+    /// The settings read from FelixConfiguration (`default`, `node.<nodename>`): each field's
+    /// source and value, the fields not implemented, invalid values.
+    #[serde(default)]
+    pub felix_configuration: Option<super::felix_config::FelixConfigStatus>,
 }
 
 /// One federated cluster in `/status`.

@@ -115,7 +115,7 @@ impl Agent {
                     false => &["--iptables-backend", "nft"][..],
                 },
             )
-            .args(["--log", "info"])
+            // No `--log`: its default (info) leaves FelixConfiguration's logSeverityScreen in force.
             .args(extra)
             .envs(env.iter().copied())
             .stdout(Stdio::null())
