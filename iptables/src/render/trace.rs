@@ -269,8 +269,8 @@ pub fn unmodelled(rule: &Rule, has_set: impl Fn(&str) -> bool) -> Vec<String> {
             _ => {}
         }
     }
-    if let Some(Target::Generic { name, .. }) = &rule.target
-        && name.as_str() != "NOTRACK"
+    if let Some(target @ Target::Generic { name, .. }) = &rule.target
+        && !is_notrack(target)
     {
         notes.push(format!(
             "-j {}: assumed not to end the packet",
@@ -278,6 +278,17 @@ pub fn unmodelled(rule: &Rule, has_set: impl Fn(&str) -> bool) -> Vec<String> {
         ));
     }
     notes
+}
+
+/// `-j NOTRACK`, or `-j CT --notrack` as the kernel saves it.
+fn is_notrack(t: &Target) -> bool {
+    match t {
+        Target::Generic { name, args } => {
+            name.as_str() == "NOTRACK"
+                || (name.as_str() == "CT" && args.len() == 1 && args[0].as_str() == "--notrack")
+        }
+        _ => false,
+    }
 }
 
 /// A renderer's chains of one family and table.
@@ -427,8 +438,9 @@ impl Tracer<'_> {
                     step(Effect::Accept);
                     return Ok(Outcome::Accept);
                 }
-                // raw `NOTRACK`: no conntrack entry; the packet goes on through the chain.
-                Some(Target::Generic { name: t, .. }) if t.as_str() == "NOTRACK" => {
+                // raw `NOTRACK` (the kernel saves it as `CT --notrack`): no conntrack entry; the
+                // packet goes on through the chain.
+                Some(target @ Target::Generic { .. }) if is_notrack(target) => {
                     step(Effect::Continue);
                     self.untracked = true;
                 }

@@ -13,7 +13,7 @@
 use std::net::IpAddr;
 
 use calc_graph::proto::{LocalHostEndpoint, Output};
-use iptables::desired::TableName;
+use iptables::desired::{DesiredTable, TableName};
 use iptables::model::{Match, PortsKind};
 use iptables::render::host::{self, FAILSAFE_IN, FAILSAFE_OUT, HepChain};
 use iptables::render::static_chains::{OUTPUT, PREROUTING};
@@ -88,9 +88,20 @@ pub struct PreTable {
     /// Our chain the walk started in (`cali-PREROUTING` or `cali-OUTPUT`).
     pub start: &'static str,
     pub trace: trace::Trace,
+    /// The table as rendered (to tell our rules from foreign ones in the kernel's).
+    pub desired: Option<DesiredTable>,
 }
 
 impl PreTable {
+    /// The kernel chain whose hook goes to [`PreTable::start`].
+    pub fn kernel_chain(&self) -> &'static str {
+        if self.start == OUTPUT {
+            "OUTPUT"
+        } else {
+            "PREROUTING"
+        }
+    }
+
     /// How the report heads the table's steps.
     pub(super) fn heading(&self) -> String {
         let (name, why) = match self.table {
@@ -98,11 +109,7 @@ impl PreTable {
             TableName::Mangle => ("mangle", "preDNAT policy"),
             _ => ("filter", "policy"),
         };
-        let hook = if self.start == OUTPUT {
-            "OUTPUT"
-        } else {
-            "PREROUTING"
-        };
+        let hook = self.kernel_chain();
         format!(
             "{name} table ({why}): {hook}, from {}, rules the packet matched, in order:",
             self.start
@@ -150,6 +157,7 @@ pub(super) fn pre_tables(
             table,
             start,
             trace: t,
+            desired: view.renderer.desired_ref(v).tables.get(&table).cloned(),
         });
         if dropped {
             break;

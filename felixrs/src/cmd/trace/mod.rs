@@ -146,6 +146,7 @@ impl Args {
                 .cloned()
                 .unwrap_or_default();
             let mut findings = check_kernel(&traced, &desired, &actual);
+            findings.extend(check::check_pre_tables(&view, &traced)?);
             findings.extend(check_sets(&view, &traced, &actual_sets));
             // The packet through the kernel's own rules: a foreign rule inside our chains, or one
             // that decides it (wherever it sits), is named.
