@@ -7,7 +7,9 @@
 
 mod node_support;
 
+use felixrs::cmd::stats::{Stats, collect};
 use iptables::apply::Backend;
+use iptables::apply::backend::Mode;
 use node_support::{NODE, NodeWorld, with_manifest};
 
 const HOST_ENDPOINT: &str = r#"
@@ -26,7 +28,9 @@ apiVersion: projectcalico.org/v3
 kind: GlobalNetworkPolicy
 metadata: {name: default.host-untracked}
 spec: {tier: default, selector: role == 'host', doNotTrack: true, applyOnForward: true,
-       types: [Ingress], ingress: [{action: Allow, protocol: UDP, destination: {ports: [4789]}}]}
+       types: [Ingress, Egress],
+       ingress: [{action: Allow, protocol: UDP, destination: {ports: [4789]}}],
+       egress: [{action: Allow, protocol: UDP, destination: {ports: [4789]}}]}
 ---
 apiVersion: projectcalico.org/v3
 kind: GlobalNetworkPolicy
@@ -86,7 +90,18 @@ fn agrees(w: &NodeWorld, save: &str, args: &str, want: &str) -> String {
     text
 }
 
+/// The packets of a GlobalNetworkPolicy's row.
+fn packets(stats: &Stats, policy: &str, direction: &str, action: &str) -> u64 {
+    (stats.counters.iter())
+        .filter(|r| r.family == "ipv4" && r.kind == "globalnetworkpolicy" && r.policy == policy)
+        .filter(|r| r.direction == direction && r.action == action)
+        .map(|r| r.packets)
+        .sum()
+}
+
 fn host_endpoint_traffic_agrees(backend: Backend, save: &str) {
+    felixrs_test_support::require_root();
+    felixrs_test_support::require_tools(&["ip", "ipset", save]);
     let w = with_manifest(backend, HOST_ENDPOINT);
     let outside = "--from 10.79.255.2 --to host:10.79.255.1";
     // Denied by the host endpoint's policy: raw and mangle walked first, then INPUT.
@@ -142,6 +157,40 @@ fn host_endpoint_traffic_agrees(backend: Backend, save: &str) {
     );
     assert!(text.contains("accepted by cali-wl-to-host"), "{text}");
     assert!(!text.contains("host-deny"), "{text}");
+
+    // stats: the host's own traffic out of up0 (locally generated, so it meets raw OUTPUT and
+    // filter OUTPUT whether or not the next hop answers) counts for the doNotTrack allow (raw)
+    // and the deny-all (filter).
+    let mode = match backend {
+        Backend::Legacy => Mode::Legacy,
+        _ => Mode::Nft,
+    };
+    let before = collect(&w.renderer, &w.runner, mode).expect("stats");
+    assert_eq!(before.rules_missing, 0, "{before:?}");
+    for port in ["udp/10.79.255.5/4789", "tcp/10.79.255.5/443"] {
+        // The TCP connect fails (dropped); the exit status does not matter.
+        let _ = w.node.run(
+            "timeout",
+            &["2", "bash", "-c", &format!("echo x > /dev/{port}")],
+        );
+    }
+    let after = collect(&w.renderer, &w.runner, mode).expect("stats");
+    let moved = |policy: &str, direction: &str, action: &str| {
+        packets(&after, policy, direction, action) - packets(&before, policy, direction, action)
+    };
+    assert!(
+        moved("default.host-untracked", "egress", "allow") >= 1,
+        "{after:?}"
+    );
+    assert!(
+        moved("default.host-deny", "egress", "deny") >= 1,
+        "{after:?}"
+    );
+    assert_eq!(
+        moved("default.host-untracked", "ingress", "allow"),
+        0,
+        "{after:?}"
+    );
 
     // An admin's rule ahead of our raw hook: named, and the check fails (exit 2).
     let ipt = save.trim_end_matches("-save");
