@@ -305,3 +305,75 @@ spec: {tier: default, selector: role == 'host', types: [Ingress],
         .count();
     assert_eq!(failsafes, 4, "two entries in each family:\n{text}");
 }
+
+/// doNotTrack and preDNAT host endpoint policy is printed in the raw and mangle tables, each
+/// host endpoint chain after its failsafe jump; without a FelixConfiguration or flag the
+/// failsafe lists are Felix's defaults.
+#[test]
+fn renders_host_endpoints_raw_and_mangle_chains_with_default_failsafes() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("hep.yaml"),
+        r#"
+apiVersion: projectcalico.org/v3
+kind: HostEndpoint
+metadata: {name: node-1-eth0, labels: {role: host}}
+spec: {node: node-1, interfaceName: eth0, expectedIPs: [10.0.0.1]}
+---
+apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: default.host-untracked}
+spec: {tier: default, selector: role == 'host', doNotTrack: true, applyOnForward: true,
+       types: [Ingress], ingress: [{action: Allow, protocol: UDP, destination: {ports: [4789]}}]}
+---
+apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: default.host-prednat}
+spec: {tier: default, selector: role == 'host', preDNAT: true, applyOnForward: true,
+       types: [Ingress], ingress: [{action: Allow, protocol: TCP, destination: {ports: [30080]}}]}
+"#,
+    )
+    .unwrap();
+    let (text, stderr) = render(&[], &[dir.path()]);
+    assert!(stderr.is_empty(), "{stderr}");
+    let section = |name: &str| {
+        let start = text
+            .find(&format!("# iptables-restore --noflush (IPv4, {name})"))
+            .unwrap_or_else(|| panic!("no IPv4 {name} section:\n{text}"));
+        let rest = &text[start..];
+        let end = rest[1..].find("\n# ").map_or(rest.len(), |e| e + 1);
+        rest[..end].to_string()
+    };
+    let raw = section("raw");
+    let mangle = section("mangle");
+    for (table, want) in [
+        (&raw, "-i eth0 -g cali-fh-eth0"),
+        (&raw, "-j NOTRACK"),
+        (&raw, "--dports 4789"),
+        (&raw, "-A cali-failsafe-in "),
+        (&mangle, "-i eth0 -g cali-fh-eth0"),
+        (&mangle, "--dports 30080"),
+        (&mangle, "-A cali-failsafe-in "),
+    ] {
+        assert!(table.contains(want), "missing {want:?}:\n{table}");
+    }
+    for (table, chain) in [(&raw, "cali-fh-eth0"), (&mangle, "cali-fh-eth0")] {
+        let first = table
+            .lines()
+            .find(|l| l.starts_with(&format!("-A {chain} ")))
+            .unwrap_or_else(|| panic!("no {chain}:\n{table}"));
+        assert!(first.ends_with("-j cali-failsafe-in"), "{first}");
+    }
+    // Felix's default inbound failsafes (SSH first), in the filter copy as well.
+    let filter = section("filter");
+    let ssh = "-A cali-failsafe-in -m comment --comment \"cali:";
+    for table in [&filter, &raw, &mangle] {
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with(ssh)
+                    && l.ends_with("-p tcp -m multiport --dports 22 -j ACCEPT")),
+            "no SSH failsafe:\n{table}"
+        );
+    }
+}

@@ -27,6 +27,7 @@ use crate::model::Counters;
 use crate::model::TableName;
 use crate::model::{Rule, Target};
 use crate::parse::scan_counters;
+use crate::render::host::{HepChain, hep_chain_name};
 use crate::render::static_chains::verdict_of_chain;
 use crate::render::{Renderer, names};
 
@@ -129,6 +130,15 @@ const NO_PROFILE: &str = "Drop if no profiles matched";
 impl Attribution {
     /// The attribution of `renderer`'s current filter chains of family `v` (after a flush).
     pub fn new(renderer: &Renderer, v: IpVersion) -> Self {
+        Self::for_table(renderer, v, TableName::Filter)
+    }
+
+    /// The attribution of `renderer`'s chains of family `v` in `table`: the policy and profile
+    /// chains there (the raw table holds host endpoints' doNotTrack policy, mangle their preDNAT
+    /// policy, under the same chain names), and in the filter table the tier-end and profile-end
+    /// drops of workload and host endpoint chains. Attribute each table's save with its own
+    /// attribution (the same rule text has the same `cali:` id in every table).
+    pub fn for_table(renderer: &Renderer, v: IpVersion, table: TableName) -> Self {
         let mut a = Attribution::default();
         let accept = renderer.marks().accept;
         let pass = renderer.marks().pass;
@@ -161,7 +171,7 @@ impl Attribution {
             };
             for ingress in [true, false] {
                 let chain = names::policy_chain_name(id, ingress);
-                a.add_chain(renderer, v, &chain, |rule| {
+                a.add_chain(renderer, v, table, &chain, |rule| {
                     classify(&rule.target).map(|action| CounterKey {
                         source,
                         tier: id.tier.clone(),
@@ -175,7 +185,7 @@ impl Attribution {
         for id in renderer.profile_ids() {
             for ingress in [true, false] {
                 let chain = names::profile_chain_name(id, ingress);
-                a.add_chain(renderer, v, &chain, |rule| {
+                a.add_chain(renderer, v, table, &chain, |rule| {
                     classify(&rule.target).map(|action| CounterKey {
                         source: Source::Profile,
                         tier: String::new(),
@@ -186,47 +196,55 @@ impl Attribution {
                 });
             }
         }
+        if table != TableName::Filter {
+            return a;
+        }
         // With shared chains the endpoint's chain only goes to its shared chain (`cali-si-`/
-        // `cali-so-`), which holds the drops; each shared chain is attributed once.
+        // `cali-so-`), which holds the drops; each shared chain is attributed once. A host
+        // endpoint's four chains hold their drops themselves.
         let mut seen = BTreeSet::new();
-        for ep in renderer.local_endpoints() {
-            for ingress in [true, false] {
-                let own = names::endpoint_chain_name(&ep.interface_name, ingress);
-                let shared = renderer
-                    .chain(v, TableName::Filter, &own)
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|r| match &r.target {
-                        Some(Target::Goto(c)) => Some(c.as_str().to_string()),
-                        _ => None,
-                    });
-                let chains: Vec<String> = std::iter::once(own.clone()).chain(shared).collect();
-                for chain in chains {
-                    if !seen.insert(chain.clone()) {
-                        continue;
-                    }
-                    a.add_chain(renderer, v, &chain, |rule| {
-                        if rule.target != Some(Target::Drop) {
-                            return None;
-                        }
-                        let comment = rule.first_comment()?;
-                        let (source, tier) = if comment == NO_PROFILE {
-                            (Source::ProfileEnd, String::new())
-                        } else {
-                            let tier = comment
-                                .strip_prefix(END_OF_TIER)?
-                                .strip_suffix(END_OF_TIER_TAIL)?;
-                            (Source::TierEnd, tier.to_string())
-                        };
-                        Some(CounterKey {
-                            source,
-                            tier,
-                            name: String::new(),
-                            direction: dir(ingress),
-                            action: Action::Deny,
-                        })
-                    });
+        let workloads = (renderer.local_endpoints()).flat_map(|ep| {
+            [true, false].map(|i| (names::endpoint_chain_name(&ep.interface_name, i), i))
+        });
+        let hosts = renderer.host_endpoints().flat_map(|h| {
+            HepChain::ALL.map(|k| (hep_chain_name(k, &h.interface_name), k.ingress()))
+        });
+        let endpoint_chains: Vec<(String, bool)> = workloads.chain(hosts).collect();
+        for (own, ingress) in endpoint_chains {
+            let shared = renderer
+                .chain(v, TableName::Filter, &own)
+                .into_iter()
+                .flatten()
+                .filter_map(|r| match &r.target {
+                    Some(Target::Goto(c)) => Some(c.as_str().to_string()),
+                    _ => None,
+                });
+            let chains: Vec<String> = std::iter::once(own.clone()).chain(shared).collect();
+            for chain in chains {
+                if !seen.insert(chain.clone()) {
+                    continue;
                 }
+                a.add_chain(renderer, v, table, &chain, |rule| {
+                    if rule.target != Some(Target::Drop) {
+                        return None;
+                    }
+                    let comment = rule.first_comment()?;
+                    let (source, tier) = if comment == NO_PROFILE {
+                        (Source::ProfileEnd, String::new())
+                    } else {
+                        let tier = comment
+                            .strip_prefix(END_OF_TIER)?
+                            .strip_suffix(END_OF_TIER_TAIL)?;
+                        (Source::TierEnd, tier.to_string())
+                    };
+                    Some(CounterKey {
+                        source,
+                        tier,
+                        name: String::new(),
+                        direction: dir(ingress),
+                        action: Action::Deny,
+                    })
+                });
             }
         }
         a
@@ -236,16 +254,17 @@ impl Attribution {
         &mut self,
         renderer: &Renderer,
         v: IpVersion,
+        table: TableName,
         chain: &str,
         mut key_of: impl FnMut(&Rule) -> Option<CounterKey>,
     ) {
-        let Some(rules) = renderer.chain(v, TableName::Filter, chain) else {
+        let Some(rules) = renderer.chain(v, table, chain) else {
             return;
         };
         let Some(desired) = renderer
             .desired_ref(v)
             .tables
-            .get(&TableName::Filter)
+            .get(&table)
             .and_then(|t| t.chains.get(chain))
         else {
             return;

@@ -15,6 +15,7 @@ use calc_graph::proto::IpVersion;
 use iptables::apply::backend::{self, Backend, Mode};
 use iptables::apply::counters::read_filter_counters;
 use iptables::apply::{ExecRunner, Runner};
+use iptables::desired::TableName;
 use iptables::render::Renderer;
 use iptables::stats::{Attribution, CounterKey, Tally};
 use serde::Serialize;
@@ -112,7 +113,17 @@ pub fn collect(renderer: &Renderer, runner: &dyn Runner, mode: Mode) -> anyhow::
         let attribution = Attribution::new(renderer, v);
         let save = read_filter_counters(runner, mode, v)
             .with_context(|| format!("reading IPv{} counters", v.number()))?;
-        let tally = attribution.attribute(&save);
+        let mut tally = attribution.attribute(&save);
+        // Host endpoints' doNotTrack (raw) and preDNAT (mangle) policy count too; tables with
+        // none of our policy rules are not read.
+        for table in [TableName::Raw, TableName::Mangle] {
+            let attribution = Attribution::for_table(renderer, v, table);
+            if attribution.rule_count() == 0 {
+                continue;
+            }
+            let save = read_counters(runner, mode, v, table)?;
+            tally.merge(attribution.attribute(&save));
+        }
         found += tally.rules_found;
         missing += tally.rules_missing;
         all.extend(rows(v, &tally));
@@ -130,6 +141,28 @@ pub fn collect(renderer: &Renderer, runner: &dyn Runner, mode: Mode) -> anyhow::
         rules_missing: missing,
         counters: all,
     })
+}
+
+/// `iptables-save -c -t TABLE` of family `v` (the filter table is read by the applier's
+/// [`read_filter_counters`]).
+fn read_counters(
+    runner: &dyn Runner,
+    mode: Mode,
+    v: IpVersion,
+    table: TableName,
+) -> anyhow::Result<String> {
+    let program = mode.save_program(v);
+    let name = table.as_str();
+    let out = (runner.run(&program, &["-c", "-t", name], None))
+        .map_err(|e| anyhow::anyhow!("reading IPv{} {name} counters: {e}", v.number()))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "reading IPv{} {name} counters: {program} -c -t {name} failed: {}",
+            v.number(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// A name as one table cell: control characters, spaces, quotes and backslashes escaped, so no

@@ -79,6 +79,17 @@ impl FelixrsNode for NodeWorld {
     }
 }
 
+/// The node with `extra` (YAML) written next to the node's manifests before they are rendered.
+pub fn with_manifest(backend: Backend, extra: &str) -> NodeWorld {
+    NodeWorld::build(|dir| {
+        std::fs::write(dir.join("extra.yaml"), extra).unwrap();
+        Rendered {
+            renderer: render_with(dir, &DataplaneArgs::default()),
+            backend,
+        }
+    })
+}
+
 pub fn render_with(dir: &Path, args: &DataplaneArgs) -> Renderer {
     let view =
         render_node(&SourceArgs::manifests(vec![dir.to_path_buf()]), NODE, args).expect("render");

@@ -28,6 +28,8 @@ pub enum ConntrackState {
     Established,
     Related,
     Invalid,
+    /// A raw-table `NOTRACK` gave it no conntrack entry (a `doNotTrack` allow).
+    Untracked,
 }
 
 /// One packet, as the filter table sees it.
@@ -155,6 +157,8 @@ pub struct Trace {
     pub mark: u32,
     /// The matched rules (of `steps`) that matched through a domain set, in order.
     pub domain_hits: Vec<DomainHit>,
+    /// A `NOTRACK` rule matched (raw table): the packet has no conntrack entry from here on.
+    pub untracked: bool,
 }
 
 impl Trace {
@@ -265,13 +269,26 @@ pub fn unmodelled(rule: &Rule, has_set: impl Fn(&str) -> bool) -> Vec<String> {
             _ => {}
         }
     }
-    if let Some(Target::Generic { name, .. }) = &rule.target {
+    if let Some(target @ Target::Generic { name, .. }) = &rule.target
+        && !is_notrack(target)
+    {
         notes.push(format!(
             "-j {}: assumed not to end the packet",
             name.as_str()
         ));
     }
     notes
+}
+
+/// `-j NOTRACK`, or `-j CT --notrack` as the kernel saves it.
+fn is_notrack(t: &Target) -> bool {
+    match t {
+        Target::Generic { name, args } => {
+            name.as_str() == "NOTRACK"
+                || (name.as_str() == "CT" && args.len() == 1 && args[0].as_str() == "--notrack")
+        }
+        _ => false,
+    }
 }
 
 /// A renderer's chains of one family and table.
@@ -336,6 +353,7 @@ pub fn trace(rules: &dyn Rules, start: &str, pkt: &Packet) -> Result<Trace, Trac
         mark: pkt.mark,
         steps: Vec::new(),
         domain_hits: Vec::new(),
+        untracked: false,
     };
     let Some(chain) = rules.chain(start) else {
         return Err(TraceError::MissingChain {
@@ -349,6 +367,7 @@ pub fn trace(rules: &dyn Rules, start: &str, pkt: &Packet) -> Result<Trace, Trac
         outcome,
         mark: t.mark,
         domain_hits: t.domain_hits,
+        untracked: t.untracked,
     })
 }
 
@@ -360,6 +379,7 @@ struct Tracer<'a> {
     mark: u32,
     steps: Vec<Step>,
     domain_hits: Vec<DomainHit>,
+    untracked: bool,
 }
 
 fn iface_matches(pattern: &str, iface: &str) -> bool {
@@ -417,6 +437,12 @@ impl Tracer<'_> {
                 Some(Target::Accept) => {
                     step(Effect::Accept);
                     return Ok(Outcome::Accept);
+                }
+                // raw `NOTRACK` (the kernel saves it as `CT --notrack`): no conntrack entry; the
+                // packet goes on through the chain.
+                Some(target @ Target::Generic { .. }) if is_notrack(target) => {
+                    step(Effect::Continue);
+                    self.untracked = true;
                 }
                 Some(Target::Generic { .. }) if self.assume => step(Effect::Continue),
                 // MASQUERADE (nat table) ends the table's traversal as ACCEPT does.
@@ -616,6 +642,7 @@ impl Tracer<'_> {
                     ConntrackState::Established => CtState::Established,
                     ConntrackState::Related => CtState::Related,
                     ConntrackState::Invalid => CtState::Invalid,
+                    ConntrackState::Untracked => CtState::Untracked,
                 };
                 states.contains(s) != *negated
             }

@@ -9,7 +9,7 @@ use iptables::apply::backend::{self, Backend};
 use iptables::desired::ipset::{self, ActualSet};
 use iptables::desired::{DesiredTable, HookPosition, TableName};
 use iptables::parse::{ActualRule, ActualTable, scan_save};
-use iptables::render::trace::Effect;
+use iptables::render::trace::{Effect, Step};
 
 use super::kernel::output_of;
 use super::traced::{Path, Traced};
@@ -18,8 +18,12 @@ use crate::cmd::shared::node_view::NodeView;
 /// Every chain the packet entered, in order: those with a matched rule, and those jumped to
 /// (whose rules may all have missed, e.g. because a rule was gone or a set lacked a member).
 fn entered_chains(traced: &Traced) -> Vec<&str> {
+    entered(&traced.trace.steps)
+}
+
+fn entered(steps: &[Step]) -> Vec<&str> {
     let mut chains: Vec<&str> = Vec::new();
-    for step in &traced.trace.steps {
+    for step in steps {
         let targets = match &step.effect {
             Effect::Jump(c) | Effect::Goto(c) => Some(c.as_str()),
             _ => None,
@@ -62,14 +66,28 @@ pub fn check_kernel(traced: &Traced, desired: &DesiredTable, actual: &ActualTabl
     if traced.path == Path::Forward {
         out.extend(check_forward_accept(desired, kernel_rules));
     }
-    for chain in entered_chains(traced) {
+    out.extend(compare_chains(&entered_chains(traced), desired, actual, ""));
+    out
+}
+
+/// The first rule of each of `chains` where the kernel (`actual`) differs from `desired`
+/// (compared by `cali:` id, position by position), or the chain missing; `table` prefixes the
+/// chain names (`"raw "`; empty for the filter table, as the check always wrote them).
+fn compare_chains(
+    chains: &[&str],
+    desired: &DesiredTable,
+    actual: &ActualTable,
+    table: &str,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for &chain in chains {
         let want: Vec<&str> = desired
             .chains
             .get(chain)
             .map(|c| c.iter().map(|r| r.hash.as_str()).collect())
             .unwrap_or_default();
         let Some(rules) = actual.chains.get(chain) else {
-            out.push(format!("{chain} is missing"));
+            out.push(format!("{table}{chain} is missing"));
             continue;
         };
         let got: Vec<Option<&str>> = rules.iter().map(|r| r.hash.as_deref()).collect();
@@ -84,12 +102,63 @@ pub fn check_kernel(traced: &Traced, desired: &DesiredTable, actual: &ActualTabl
                 .get(i)
                 .map_or("nothing".to_string(), |h| format!("cali:{h}"));
             out.push(format!(
-                "{chain} rule {}: the kernel has {got} where the rendered rules have {want}",
+                "{table}{chain} rule {}: the kernel has {got} where the rendered rules have {want}",
                 i + 1
             ));
         }
     }
     out
+}
+
+/// How the kernel's raw and mangle tables differ from the ones the packet met first
+/// ([`Traced::pre`]): our hook first in the kernel chain (`PREROUTING`/`OUTPUT`), and the chains
+/// entered as rendered. Empty when they agree (or the packet met none).
+pub fn check_pre_tables(view: &NodeView, traced: &Traced) -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::new();
+    if traced.pre.is_empty() {
+        return Ok(out);
+    }
+    let v = traced.packet.version();
+    let runner = ExecRunner::new();
+    let mode = backend::resolve(&runner, Backend::Auto)
+        .map_err(|e| anyhow::anyhow!("detecting the iptables backend: {e}"))?;
+    let program = mode.save_program(v);
+    for pre in &traced.pre {
+        let name = pre.table.as_str();
+        let actual = scan_save(&output_of(&runner, &program, &["-t", name])?)
+            .remove(&pre.table)
+            .unwrap_or_default();
+        let desired = (view.renderer.desired_ref(v).tables.get(&pre.table))
+            .cloned()
+            .unwrap_or_default();
+        let hook_chain = pre.kernel_chain();
+        let kernel_rules = actual.chains.get(hook_chain).map_or(&[][..], Vec::as_slice);
+        match (kernel_rules.iter())
+            .position(|r| r.hash.is_some() && r.target.as_deref() == Some(pre.start))
+        {
+            None => out.push(format!(
+                "{name} {hook_chain} has no hook to {}: none of our rules run",
+                pre.start
+            )),
+            Some(i) => {
+                for (n, r) in kernel_rules[..i].iter().enumerate() {
+                    out.push(format!(
+                        "{name} {hook_chain} rule {} is not ours and runs before {}: -A {hook_chain} {}",
+                        n + 1,
+                        pre.start,
+                        r.spec
+                    ));
+                }
+            }
+        }
+        out.extend(compare_chains(
+            &entered(&pre.trace.steps),
+            &desired,
+            &actual,
+            &format!("{name} "),
+        ));
+    }
+    Ok(out)
 }
 
 /// FORWARD's appended accept rule (`cali:` id of the rendered Append hook) accepts what policy
@@ -173,6 +242,13 @@ pub fn check_sets(
             .unwrap_or_default();
         let matches = rules.iter().flat_map(|r| &r.matches);
         names.extend(matches.filter_map(|m| m.set_name()).map(String::from));
+    }
+    for pre in &traced.pre {
+        for chain in entered(&pre.trace.steps) {
+            let rules = (view.renderer.chain(v, pre.table, chain)).unwrap_or_default();
+            let matches = rules.iter().flat_map(|r| &r.matches);
+            names.extend(matches.filter_map(|m| m.set_name()).map(String::from));
+        }
     }
     let desired = &view.renderer.desired_ref(v).ip_sets;
     let sample = |s: &BTreeSet<&String>| {

@@ -29,6 +29,9 @@ pub struct KernelState {
     pub ipsets: String,
     /// Lines the parser kept verbatim.
     pub warnings: Vec<String>,
+    /// The raw and mangle tables (`-t raw`, `-t mangle`), for packets that meet host endpoint
+    /// policy there ([`Traced::pre`]).
+    pub pre_tables: Vec<(TableName, Ruleset)>,
 }
 
 /// Reads this host's filter table of family `v` (backend detected as the agent does) and IP sets.
@@ -50,11 +53,20 @@ pub fn read_kernel_state_with(
     let text = run(&program, &["-t", "filter"])?;
     let (ruleset, warnings) =
         parse_save_lenient(&text).map_err(|e| anyhow::anyhow!("{program} -t filter: {e}"))?;
+    let mut pre_tables = Vec::new();
+    for table in [TableName::Raw, TableName::Mangle] {
+        let name = table.as_str();
+        let text = run(&program, &["-t", name])?;
+        let (r, _) =
+            parse_save_lenient(&text).map_err(|e| anyhow::anyhow!("{program} -t {name}: {e}"))?;
+        pre_tables.push((table, r));
+    }
     Ok(KernelState {
         program,
         ruleset,
         ipsets: run("ipset", &["save"])?,
         warnings: warnings.iter().map(ToString::to_string).collect(),
+        pre_tables,
     })
 }
 
@@ -175,12 +187,86 @@ pub fn trace_kernel_against(
     state: &KernelState,
     desired: Option<&DesiredTable>,
 ) -> anyhow::Result<KernelTrace> {
-    let pkt = &traced.packet;
+    let sets = ipset::parse_save(traced.packet.version(), &state.ipsets);
+    let mut s = String::new();
+    // The raw and mangle tables first, when the rendered trace met them: the filter table sees
+    // the mark and conntrack state they leave.
+    let mut seen = traced.packet.clone();
+    let mut pre_foreign = Vec::new();
+    for pre in &traced.pre {
+        let Some(table) = (state.pre_tables.iter())
+            .find(|(t, _)| *t == pre.table)
+            .and_then(|(t, r)| r.table(*t))
+        else {
+            let _ = writeln!(s, "kernel: no {} table", pre.table.as_str());
+            continue;
+        };
+        let rules = KernelRules::new(table, &sets, &seen);
+        let start = pre.kernel_chain();
+        let t = trace::trace(&rules, start, &seen).map_err(|e| {
+            anyhow::anyhow!("cannot trace the kernel's {}: {e}", pre.table.as_str())
+        })?;
+        let _ = writeln!(
+            s,
+            "kernel ({} -t {}), from {start}:",
+            state.program,
+            pre.table.as_str()
+        );
+        let owners = Ownership {
+            desired: pre.desired.as_ref(),
+        };
+        write_steps(&mut s, &rules, owners, &t.steps);
+        let entered = entered_chains(&t.steps);
+        for f in foreign_rules(
+            &rules,
+            owners,
+            pre.table.as_str(),
+            start,
+            &entered,
+            &t.steps,
+        ) {
+            let _ = writeln!(s, "  not ours: {f}");
+            pre_foreign.push(f);
+        }
+        seen.mark = t.mark;
+        if t.untracked {
+            seen.conntrack = trace::ConntrackState::Untracked;
+        }
+        if t.outcome == Outcome::Drop {
+            let d = t.steps.last();
+            let text = d
+                .and_then(|d| rules.text(&d.chain, d.rule))
+                .unwrap_or_default();
+            let (chain, n) = d.map_or(("", 0), |d| (d.chain.as_str(), d.rule));
+            let _ = writeln!(
+                s,
+                "kernel verdict: DROP by {} {chain} rule {n}: -A {chain} {text}",
+                pre.table.as_str()
+            );
+            let agrees = traced.verdict != Verdict::Accept;
+            let _ = writeln!(
+                s,
+                "{}",
+                if agrees {
+                    "the kernel agrees with the rendered rules"
+                } else {
+                    "differs: the rendered rules say ACCEPT, the kernel DROP"
+                }
+            );
+            return Ok(KernelTrace {
+                text: s,
+                verdict: KernelVerdict::Drop,
+                agrees,
+                foreign_decider: None,
+                foreign: pre_foreign,
+            });
+        }
+    }
+    let pkt = &seen;
     let table = state
         .ruleset
         .table(TableName::Filter)
         .context("the kernel's save has no filter table")?;
-    let sets = ipset::parse_save(pkt.version(), &state.ipsets);
     let rules = KernelRules::new(table, &sets, pkt);
     let owners = Ownership { desired };
     let owner = |chain: &str, n: usize| {
@@ -189,7 +275,6 @@ pub fn trace_kernel_against(
     let start = traced.path.kernel_chain();
     let t = trace::trace(&rules, start, pkt)
         .map_err(|e| anyhow::anyhow!("cannot trace the kernel: {e}"))?;
-    let mut s = String::new();
     let _ = writeln!(
         s,
         "kernel ({} -t filter, ipset save), from {start}:",
@@ -198,23 +283,7 @@ pub fn trace_kernel_against(
     for w in &state.warnings {
         let _ = writeln!(s, "  note: {w}");
     }
-    for step in &t.steps {
-        let text = rules.text(&step.chain, step.rule).unwrap_or_default();
-        let tag = match owner(&step.chain, step.rule) {
-            Owner::Ours => "",
-            Owner::OursNotRendered => " [ours, not in the rendered rules]",
-            Owner::Foreign => " [not ours]",
-        };
-        let indent = "  ".repeat(step.depth + 1);
-        let _ = writeln!(
-            s,
-            "{indent}{}{tag} rule {}: -A {} {text}\n{indent}  => {}",
-            step.chain,
-            step.rule,
-            step.chain,
-            effect_text(&step.effect)
-        );
-    }
+    write_steps(&mut s, &rules, owners, &t.steps);
     let (verdict, decider) = match t.outcome {
         Outcome::Accept => (KernelVerdict::Accept, t.steps.last()),
         Outcome::Drop => {
@@ -274,10 +343,11 @@ pub fn trace_kernel_against(
             let _ = writeln!(s, "  assumed: {} rule {}: {}", a.chain, a.rule, a.what);
         }
     }
-    let foreign = foreign_rules(&rules, owners, start, &entered, &t.steps);
+    let foreign = foreign_rules(&rules, owners, "filter", start, &entered, &t.steps);
     for f in &foreign {
         let _ = writeln!(s, "  not ours: {f}");
     }
+    let foreign: Vec<String> = pre_foreign.into_iter().chain(foreign).collect();
     let agrees = match traced.verdict {
         Verdict::Accept => verdict == KernelVerdict::Accept,
         Verdict::Drop => verdict == KernelVerdict::Drop,
@@ -377,6 +447,29 @@ pub fn trace_kernel_against(
     })
 }
 
+/// The report's lines for the steps of a kernel trace, each tagged with whose rule it is.
+fn write_steps(s: &mut String, rules: &KernelRules, owners: Ownership<'_>, steps: &[Step]) {
+    for step in steps {
+        let text = rules.text(&step.chain, step.rule).unwrap_or_default();
+        let owner = (rules.rule(&step.chain, step.rule))
+            .map_or(Owner::Foreign, |r| owners.of(&step.chain, r));
+        let tag = match owner {
+            Owner::Ours => "",
+            Owner::OursNotRendered => " [ours, not in the rendered rules]",
+            Owner::Foreign => " [not ours]",
+        };
+        let indent = "  ".repeat(step.depth + 1);
+        let _ = writeln!(
+            s,
+            "{indent}{}{tag} rule {}: -A {} {text}\n{indent}  => {}",
+            step.chain,
+            step.rule,
+            step.chain,
+            effect_text(&step.effect)
+        );
+    }
+}
+
 /// A step of a path through our chains.
 struct PathStep {
     chain: String,
@@ -426,6 +519,7 @@ fn entered_chains(steps: &[Step]) -> Vec<&str> {
 fn foreign_rules(
     rules: &KernelRules,
     owners: Ownership<'_>,
+    table: &str,
     start: &str,
     entered: &[&str],
     steps: &[Step],
@@ -443,7 +537,7 @@ fn foreign_rules(
             ""
         };
         out.push(format!(
-            "filter {chain} rule {n} ({place}{hit}): -A {chain} {text}"
+            "{table} {chain} rule {n} ({place}{hit}): -A {chain} {text}"
         ));
     };
     let last_ours = (1..=rules.chain_len(start))

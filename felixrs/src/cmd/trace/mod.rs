@@ -21,11 +21,13 @@ use iptables::render::static_chains::verdict_of_chain;
 use iptables::render::trace::{self, Effect, Outcome, Packet, RendererRules};
 
 mod check;
+mod hosts;
 pub mod kernel;
 mod traced;
 
 use check::read_kernel;
 pub use check::{check_kernel, check_sets};
+pub use hosts::PreTable;
 use traced::End;
 pub use traced::{Path, Traced, Verdict};
 
@@ -144,6 +146,7 @@ impl Args {
                 .cloned()
                 .unwrap_or_default();
             let mut findings = check_kernel(&traced, &desired, &actual);
+            findings.extend(check::check_pre_tables(&view, &traced)?);
             findings.extend(check_sets(&view, &traced, &actual_sets));
             // The packet through the kernel's own rules: a foreign rule inside our chains, or one
             // that decides it (wherever it sits), is named.
@@ -188,8 +191,8 @@ impl Args {
 /// Traces one packet through `view`'s rules for `node` (the view must be rendered for it).
 pub fn trace_packet(view: &NodeView, node: &str, p: &PacketArgs) -> anyhow::Result<Traced> {
     let pods = Pods::of(view);
-    let from = end(&pods, node, p.ipv6, &p.from, "--from")?;
-    let to = end(&pods, node, p.ipv6, &p.to, "--to")?;
+    let from = end(view, &pods, node, p.ipv6, &p.from, "--from")?;
+    let to = end(view, &pods, node, p.ipv6, &p.to, "--to")?;
     if from.addr.is_ipv6() != to.addr.is_ipv6() {
         bail!(
             "--from {} and --to {} are of different families",
@@ -208,21 +211,40 @@ pub fn trace_packet(view: &NodeView, node: &str, p: &PacketArgs) -> anyhow::Resu
     let mut pkt = Packet::new(from.addr, to.addr, proto, p.source_port, p.port);
     pkt.icmp_type = p.icmp_type.unwrap_or(if v6 { 128 } else { 8 });
     pkt.icmp_code = p.icmp_code;
-    // A locally generated packet has no input interface, one for the host no output interface.
-    let iface = |e: &End| match (&e.local_iface, e.host) {
+    // A locally generated packet has no input interface, one for the host no output interface;
+    // between the host and elsewhere, the packet takes the interface of the host endpoint whose
+    // expectedIPs hold the host's address (else eth0).
+    let iface = |e: &End, other: &End| match (&e.local_iface, e.host) {
         (Some(i), _) => i.clone(),
         (None, true) => String::new(),
-        (None, false) => "eth0".into(),
+        (None, false) => (other.host_endpoint.as_ref())
+            .map(|(_, i)| i.clone())
+            .filter(|i| i != calc_graph::proto::ALL_INTERFACES)
+            .unwrap_or_else(|| "eth0".into()),
     };
-    pkt.in_iface = iface(&from);
-    pkt.out_iface = iface(&to);
-    let rules = RendererRules {
-        renderer: &view.renderer,
-        version: pkt.version(),
-        table: TableName::Filter,
+    pkt.in_iface = iface(&from, &to);
+    pkt.out_iface = iface(&to, &from);
+    // raw and mangle first (host endpoints' doNotTrack and preDNAT policy): the filter table
+    // sees the mark and conntrack state they leave.
+    let mut seen = pkt.clone();
+    let pre = hosts::pre_tables(view, path, &mut seen)?;
+    let t = if pre.last().is_some_and(|p| p.trace.outcome == Outcome::Drop) {
+        trace::Trace {
+            steps: Vec::new(),
+            outcome: Outcome::Drop,
+            mark: seen.mark,
+            domain_hits: Vec::new(),
+            untracked: seen.conntrack == trace::ConntrackState::Untracked,
+        }
+    } else {
+        let rules = RendererRules {
+            renderer: &view.renderer,
+            version: pkt.version(),
+            table: TableName::Filter,
+        };
+        trace::trace(&rules, path.our_chain(), &seen)
+            .map_err(|e| anyhow::anyhow!("cannot trace: {e}"))?
     };
-    let t = trace::trace(&rules, path.our_chain(), &pkt)
-        .map_err(|e| anyhow::anyhow!("cannot trace: {e}"))?;
     let accept = view.renderer.marks().accept;
     let verdict = match t.outcome {
         Outcome::Accept => Verdict::Accept,
@@ -234,6 +256,7 @@ pub fn trace_packet(view: &NodeView, node: &str, p: &PacketArgs) -> anyhow::Resu
     Ok(Traced {
         path,
         packet: pkt,
+        pre,
         trace: t,
         verdict,
         from,
@@ -241,7 +264,17 @@ pub fn trace_packet(view: &NodeView, node: &str, p: &PacketArgs) -> anyhow::Resu
     })
 }
 
-fn end(pods: &Pods, node: &str, want_v6: bool, spec: &str, flag: &str) -> anyhow::Result<End> {
+fn end(
+    view: &NodeView,
+    pods: &Pods,
+    node: &str,
+    want_v6: bool,
+    spec: &str,
+    flag: &str,
+) -> anyhow::Result<End> {
+    let host_endpoint = |addr| {
+        hosts::endpoint_of(&view.outputs, addr).map(|h| (h.name.clone(), h.interface_name.clone()))
+    };
     if let Some(a) = spec.strip_prefix("host:") {
         let addr = a.parse::<IpAddr>().map_err(|_| {
             anyhow::anyhow!("{flag} {spec:?}: want host:ADDR with one of this node's addresses")
@@ -251,6 +284,7 @@ fn end(pods: &Pods, node: &str, want_v6: bool, spec: &str, flag: &str) -> anyhow
             addr,
             pod: None,
             local_iface: None,
+            host_endpoint: host_endpoint(addr),
         });
     }
     let (addr, pod) = if let Ok(addr) = spec.parse::<IpAddr>() {
@@ -269,11 +303,14 @@ fn end(pods: &Pods, node: &str, want_v6: bool, spec: &str, flag: &str) -> anyhow
         })?;
         (addr, Some(pod))
     };
+    // An address of one of the node's host endpoints (its expectedIPs) is the node itself.
+    let hep = host_endpoint(addr).filter(|_| pod.is_none());
     Ok(End {
-        host: false,
+        host: hep.is_some(),
         addr,
         pod: pod.map(|p| p.id.clone()),
         local_iface: pod.filter(|p| p.node == node).map(|p| p.iface.clone()),
+        host_endpoint: hep,
     })
 }
 
@@ -292,12 +329,12 @@ fn protocol_number(p: &str, v6: bool) -> anyhow::Result<u8> {
 }
 
 /// What one of our chains belongs to.
-struct Owner {
+pub(super) struct Owner {
     /// A policy's or profile's chain (where verdicts come from), not an endpoint's.
-    verdicts: bool,
-    what: String,
+    pub(super) verdicts: bool,
+    pub(super) what: String,
     /// The tier of a policy's chain.
-    tier: Option<String>,
+    pub(super) tier: Option<String>,
 }
 
 /// The owner of each policy, profile, endpoint and shared policy chain, with its direction.
@@ -351,6 +388,7 @@ fn chain_owners(outputs: &[Output], renderer: &Renderer) -> BTreeMap<String, Own
             );
         }
     }
+    owners.extend(hosts::chain_owners(outputs));
     owners
 }
 
@@ -420,6 +458,9 @@ fn verdict_goto(effect: &Effect) -> Option<&'static str> {
 }
 
 fn describe_end(e: &End) -> String {
+    if let (true, Some((name, iface))) = (e.host, &e.host_endpoint) {
+        return format!("this node (host endpoint {name}, {iface})");
+    }
     if e.host {
         return "this node".to_string();
     }
@@ -432,7 +473,6 @@ fn describe_end(e: &End) -> String {
 
 fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
     let (pkt, from, to, t) = (&traced.packet, &traced.from, &traced.to, &traced.trace);
-    let marks = *view.renderer.marks();
     let owners = chain_owners(&view.outputs, &view.renderer);
     let mut s = String::new();
     let _ = writeln!(
@@ -463,16 +503,114 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
         iface(&pkt.in_iface),
         iface(&pkt.out_iface)
     );
-    let _ = writeln!(s, "rules the packet matched, in order:");
     let mut deciders = Vec::new();
     let mut mark = pkt.mark;
+    for pre in &traced.pre {
+        let _ = writeln!(s, "{}", pre.heading());
+        report_steps(
+            &mut s,
+            view,
+            &owners,
+            pre.table,
+            pkt,
+            &pre.trace,
+            &mut mark,
+            &mut deciders,
+        );
+        if let Some(last) = pre.trace.steps.last()
+            && let Some(hit) = hosts::failsafe_hit(view, pre.table, pkt, last)
+            && pre.trace.outcome == Outcome::Accept
+        {
+            deciders.push(format!(
+                "{hit} ({} {} rule {}, before any policy)",
+                pre.table.as_str(),
+                last.chain,
+                last.rule
+            ));
+        }
+        if pre.trace.untracked {
+            deciders.push(format!(
+                "untracked: the {} table's NOTRACK gave it no conntrack entry (doNotTrack policy: replies need their own allow)",
+                pre.table.as_str()
+            ));
+        }
+    }
+    let _ = writeln!(s, "rules the packet matched, in order:");
+    if t.steps.is_empty() && !traced.pre.is_empty() {
+        let _ = writeln!(
+            s,
+            "  (none: the packet was dropped before the filter table)"
+        );
+    }
+    report_steps(
+        &mut s,
+        view,
+        &owners,
+        TableName::Filter,
+        pkt,
+        t,
+        &mut mark,
+        &mut deciders,
+    );
+    // An ACCEPT ends the packet too (established flows, the configured action to the host).
+    if let (Outcome::Accept, Some(last)) = (t.outcome, t.steps.last()) {
+        let what = owners
+            .get(&last.chain)
+            .map_or(last.chain.as_str(), |o| o.what.as_str());
+        deciders.push(format!(
+            "accepted by {what} ({} rule {})",
+            last.chain, last.rule
+        ));
+        if let Some(hit) = hosts::failsafe_hit(view, TableName::Filter, pkt, last) {
+            deciders.push(format!("{hit} (before any host endpoint policy)"));
+        }
+    }
+    let verdict = match traced.verdict {
+        Verdict::Accept if t.outcome == Outcome::Return => {
+            "ACCEPT (policy accepted it; FORWARD's appended felixrs rule accepts it)"
+        }
+        Verdict::Accept => "ACCEPT",
+        Verdict::Drop => "DROP",
+        Verdict::NotOurs => match traced.path {
+            Path::Forward => {
+                "NOT OURS (cali-FORWARD returned without a verdict: FORWARD's other rules and policy decide)"
+            }
+            Path::Input => {
+                "NOT OURS (cali-INPUT returned without a verdict: INPUT's other rules and policy decide)"
+            }
+            Path::Output => {
+                "NOT OURS (cali-OUTPUT returned: felixrs does not police the host's own traffic to workloads; OUTPUT's other rules decide)"
+            }
+        },
+    };
+    let _ = writeln!(s, "verdict: {verdict}");
+    for d in deciders {
+        let _ = writeln!(s, "  {d}");
+    }
+    s
+}
+
+/// The report's lines for the steps of one table's trace, with what decided the packet pushed to
+/// `deciders`; `mark` is the mark before the first step, and after the last when done.
+#[allow(clippy::too_many_arguments)]
+fn report_steps(
+    s: &mut String,
+    view: &NodeView,
+    owners: &BTreeMap<String, Owner>,
+    table: TableName,
+    pkt: &Packet,
+    t: &trace::Trace,
+    mark: &mut u32,
+    deciders: &mut Vec<String>,
+) {
+    let marks = *view.renderer.marks();
     for step in &t.steps {
         // As iptables-save prints it, with the `cali:` id to find it in the kernel's rules.
         let rule = view
             .renderer
             .desired_ref(pkt.version())
             .tables
-            .get(&TableName::Filter)
+            .get(&table)
             .and_then(|t| t.chains.get(&step.chain))
             .and_then(|c| c.get(step.rule - 1));
         let text = rule
@@ -489,10 +627,8 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
             kernel::effect_text(&step.effect)
         );
         // A net set's name hides its CIDRs (shared layout): list them, the set holds exactly these.
-        let built = (view
-            .renderer
-            .chain(pkt.version(), TableName::Filter, &step.chain))
-        .and_then(|c| c.get(step.rule - 1));
+        let built = (view.renderer.chain(pkt.version(), table, &step.chain))
+            .and_then(|c| c.get(step.rule - 1));
         for (name, nets) in built.map_or(&[][..], |r| r.net_sets()) {
             let list: Vec<String> = nets.iter().map(ToString::to_string).collect();
             let _ = writeln!(s, "{indent}  set {name} holds {}", list.join(", "));
@@ -501,7 +637,7 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
         // pass bit sent it on to the next tier; any DROP ends it.
         let verdicts = owner.is_some_and(|o| o.verdicts);
         let newly =
-            |bit: u32| matches!(step.effect, Effect::Mark(m) if m & bit != 0 && mark & bit == 0);
+            |bit: u32| matches!(step.effect, Effect::Mark(m) if m & bit != 0 && *mark & bit == 0);
         // Shared layout: the policy's rule goes to a verdict chain (whose own steps decide
         // nothing of their own: the rule that went there did).
         let verb = if verdict_of_chain(&step.chain).is_some() {
@@ -534,42 +670,9 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
             }
         }
         if let Effect::Mark(m) = step.effect {
-            mark = m;
+            *mark = m;
         }
     }
-    // An ACCEPT ends the packet too (established flows, the configured action to the host).
-    if let (Outcome::Accept, Some(last)) = (t.outcome, t.steps.last()) {
-        let what = owners
-            .get(&last.chain)
-            .map_or(last.chain.as_str(), |o| o.what.as_str());
-        deciders.push(format!(
-            "accepted by {what} ({} rule {})",
-            last.chain, last.rule
-        ));
-    }
-    let verdict = match traced.verdict {
-        Verdict::Accept if t.outcome == Outcome::Return => {
-            "ACCEPT (policy accepted it; FORWARD's appended felixrs rule accepts it)"
-        }
-        Verdict::Accept => "ACCEPT",
-        Verdict::Drop => "DROP",
-        Verdict::NotOurs => match traced.path {
-            Path::Forward => {
-                "NOT OURS (cali-FORWARD returned without a verdict: FORWARD's other rules and policy decide)"
-            }
-            Path::Input => {
-                "NOT OURS (cali-INPUT returned without a verdict: INPUT's other rules and policy decide)"
-            }
-            Path::Output => {
-                "NOT OURS (cali-OUTPUT returned: felixrs does not police the host's own traffic to workloads; OUTPUT's other rules decide)"
-            }
-        },
-    };
-    let _ = writeln!(s, "verdict: {verdict}");
-    for d in deciders {
-        let _ = writeln!(s, "  {d}");
-    }
-    s
 }
 
 #[cfg(test)]

@@ -49,7 +49,13 @@ impl Path {
 /// A traced packet.
 pub struct Traced {
     pub path: Path,
+    /// The packet as it entered the node (the filter table may see another mark and conntrack
+    /// state: see `pre`).
     pub packet: Packet,
+    /// The raw and mangle tables the packet met before the filter table (only while the node has
+    /// a host endpoint); the last one dropped it when [`Traced::trace`] is empty of steps and
+    /// the verdict is DROP.
+    pub pre: Vec<super::hosts::PreTable>,
     pub trace: trace::Trace,
     pub verdict: Verdict,
     pub(super) from: End,
@@ -65,4 +71,6 @@ pub(super) struct End {
     pub(super) pod: Option<String>,
     /// Its interface, if the pod is on the traced node.
     pub(super) local_iface: Option<String>,
+    /// The host endpoint whose `expectedIPs` hold the address (a host end), and its interface.
+    pub(super) host_endpoint: Option<(String, String)>,
 }

@@ -172,3 +172,28 @@ fn sets_conntrack_and_errors() {
         Err(TraceError::MissingChain { .. })
     ));
 }
+
+/// A raw `NOTRACK` goes on through the chain and leaves the packet untracked; an untracked
+/// packet's later tables see it so ([`ConntrackState::Untracked`]).
+#[test]
+fn notrack_marks_the_trace_untracked() {
+    let mut f = Fixed::default();
+    f.chains.insert(
+        "raw".into(),
+        vec![
+            Rule::new(vec![proto(), ports(4789)], Target::NoTrack),
+            Rule::new(
+                vec![],
+                Target::SetMark {
+                    value: 0x10000,
+                    mask: 0x10000,
+                },
+            ),
+        ],
+    );
+    let t = trace(&f, "raw", &tcp(4789)).unwrap();
+    assert!(t.untracked);
+    assert_eq!(t.steps[0].effect, Effect::Continue);
+    assert_eq!((t.outcome, t.mark), (Outcome::Return, 0x10000));
+    assert!(!trace(&f, "raw", &tcp(80)).unwrap().untracked);
+}
