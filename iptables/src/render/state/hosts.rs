@@ -34,8 +34,12 @@ pub(super) struct HostState {
     table_policies: BTreeSet<(TableName, PolicyId, bool)>,
     /// The mangle and raw chains rendered here (besides the policy chains).
     table_chains: BTreeSet<(TableName, String)>,
+    /// The profile chains rendered in mangle (outbound, Felix's form) for DNAT'd host egress.
+    table_profiles: BTreeSet<String>,
     /// Whether mangle has its preDNAT rules and hook, raw its untracked ones.
     pre_dnat_on: bool,
+    /// Whether mangle `cali-POSTROUTING` has its host endpoint rules (and the hook).
+    egress_on: bool,
     untracked_on: bool,
 }
 
@@ -69,14 +73,16 @@ impl Renderer {
     pub(super) fn flush_hosts(
         &mut self,
         dirty_policies: &HashSet<PolicyId>,
+        dirty_profiles: &HashSet<String>,
         touched_policies: &mut HashSet<PolicyId>,
         touched_profiles: &mut HashSet<String>,
         errors: &mut Vec<RenderError>,
     ) {
         // A preDNAT or doNotTrack policy's rules changed: its mangle/raw chains are rendered
         // here, so everything here is (the family skips the chains that did not change).
-        let table_policy_dirty =
-            (self.hosts.table_policies.iter()).any(|(_, p, _)| dirty_policies.contains(p));
+        let table_policy_dirty = (self.hosts.table_policies.iter())
+            .any(|(_, p, _)| dirty_policies.contains(p))
+            || (self.hosts.table_profiles.iter()).any(|p| dirty_profiles.contains(p));
         if !std::mem::take(&mut self.hosts.dirty) && !table_policy_dirty {
             return;
         }
@@ -181,8 +187,30 @@ impl Renderer {
         let untracked: Vec<&LocalHostEndpoint> =
             heps.iter().copied().filter(|h| has_untracked(h)).collect();
         let (pre_on, untracked_on) = (!pre.is_empty(), !untracked.is_empty());
+        let egress_on = !heps.is_empty();
         let mut chains: Vec<(TableName, String, Vec<_>)> = Vec::new();
         let mut policies = BTreeSet::new();
+        let mut profiles = BTreeSet::new();
+        // DNAT'd host egress: every endpoint's normal egress side, in mangle.
+        for h in &heps {
+            let (n, r) = host_tables::mangle_egress_chain(h, &self.marks, self.cfg.deny_log);
+            chains.push((TableName::Mangle, n, r));
+            for t in &h.tiers {
+                for p in &t.egress_policies {
+                    policies.insert((TableName::Mangle, p.clone(), false));
+                }
+            }
+            profiles.extend(h.profile_ids.iter().cloned());
+        }
+        if egress_on {
+            let named: Vec<&str> = (heps.iter().map(|h| h.interface_name.as_str()))
+                .filter(|i| *i != ALL_INTERFACES)
+                .collect();
+            let all = heps.iter().any(|h| h.is_all_interfaces());
+            for (n, r) in host_tables::mangle_to_dispatch(&named, all) {
+                chains.push((TableName::Mangle, n, r));
+            }
+        }
         for h in &pre {
             let (n, r) = host_tables::pre_dnat_chain(h, &self.marks);
             chains.push((TableName::Mangle, n, r));
@@ -230,8 +258,9 @@ impl Renderer {
 
         let mut names: BTreeSet<(TableName, String)> =
             chains.iter().map(|(t, n, _)| (*t, n.clone())).collect();
-        let hooks_changed =
-            pre_on != self.hosts.pre_dnat_on || untracked_on != self.hosts.untracked_on;
+        let hooks_changed = pre_on != self.hosts.pre_dnat_on
+            || untracked_on != self.hosts.untracked_on
+            || egress_on != self.hosts.egress_on;
         for fi in 0..2 {
             let v = self.families[fi].version;
             // Policy chains first: everything that jumps to them is written in the same change.
@@ -240,17 +269,40 @@ impl Renderer {
                 let name = names::policy_chain_name(id, *ingress);
                 self.families[fi].set_chain_if_changed(*table, &name, &rules);
             }
+            for id in &profiles {
+                let rules = self.render_profile_felix(id, false, v, errors);
+                let name = names::profile_chain_name(id, false);
+                self.families[fi].set_chain_if_changed(TableName::Mangle, &name, &rules);
+            }
             let fam = &mut self.families[fi];
-            if pre_on {
-                // mangle only jumps to the inbound failsafe chain (no DNAT'd host egress here).
-                let (name, rules) = host::failsafe_chains(
-                    &self.cfg.failsafe_inbound,
-                    &self.cfg.failsafe_outbound,
-                    v,
-                )
-                .remove(0);
-                fam.set_chain_if_changed(TableName::Mangle, &name, &rules);
-                names.insert((TableName::Mangle, name));
+            // mangle's failsafe chains are the filter ones: the inbound one while preDNAT
+            // policy is rendered, the outbound one while any endpoint's egress chain is.
+            let failsafe =
+                host::failsafe_chains(&self.cfg.failsafe_inbound, &self.cfg.failsafe_outbound, v);
+            for ((name, rules), on) in failsafe.into_iter().zip([pre_on, egress_on]) {
+                if on {
+                    fam.set_chain_if_changed(TableName::Mangle, &name, &rules);
+                    names.insert((TableName::Mangle, name));
+                }
+            }
+            if egress_on != self.hosts.egress_on {
+                // cali-POSTROUTING is shared with the DNS hold rules, so it is never in `names`.
+                let mut rules: Vec<_> = dns_hold::mangle_chains(&self.cfg, v)
+                    .into_iter()
+                    .flat_map(|(_, r)| r)
+                    .collect();
+                if egress_on {
+                    rules.extend(host_tables::mangle_postrouting_rules(&self.marks));
+                }
+                if rules.is_empty() {
+                    fam.remove_chain(TableName::Mangle, dns_hold::MANGLE_POSTROUTING);
+                } else {
+                    fam.set_chain_if_changed(
+                        TableName::Mangle,
+                        dns_hold::MANGLE_POSTROUTING,
+                        &rules,
+                    );
+                }
             }
             if untracked_on {
                 for (name, rules) in host_tables::raw_failsafe_chains(
@@ -277,6 +329,9 @@ impl Renderer {
                 }
                 fam.set_hooks(TableName::Raw, hash_hooks(TableName::Raw, raw));
                 let mut mangle = dns_hold::mangle_hooks(&self.cfg, v);
+                if egress_on && mangle.is_empty() {
+                    mangle.push(host_tables::mangle_postrouting_hook());
+                }
                 if pre_on {
                     mangle.push(host_tables::mangle_hook());
                 }
@@ -288,10 +343,15 @@ impl Renderer {
             for (table, id, ingress) in self.hosts.table_policies.difference(&policies) {
                 fam.remove_chain(*table, &names::policy_chain_name(id, *ingress));
             }
+            for id in self.hosts.table_profiles.difference(&profiles) {
+                fam.remove_chain(TableName::Mangle, &names::profile_chain_name(id, false));
+            }
             fam.prune_empty(TableName::Mangle);
         }
         self.hosts.table_chains = names;
         self.hosts.table_policies = policies;
+        self.hosts.table_profiles = profiles;
+        self.hosts.egress_on = egress_on;
         self.hosts.pre_dnat_on = pre_on;
         self.hosts.untracked_on = untracked_on;
     }
