@@ -4,12 +4,22 @@
 //! kernel in one transaction. The same flush renders the mangle (preDNAT) and raw (doNotTrack)
 //! side ([`super::super::host_tables`]): the endpoint, dispatch and failsafe chains, the policy
 //! chains in Felix's form, the static chain and hook changes, again when such a policy changes.
+//!
+//! A host endpoint without `interfaceName` ([`BY_EXPECTED_IPS`]) applies to every interface
+//! that carries one of its `expectedIPs`, from the host's interfaces and addresses the caller
+//! passes in ([`Renderer::set_host_interfaces`]: data, read by the agent), as Felix's endpoint
+//! manager resolves it: an endpoint with the interface's name wins it over an address match,
+//! then the lowest name. One whose addresses are on no interface is not programmed
+//! ([`Renderer::unresolved_host_endpoints`]).
+//!
 //! A node has a handful of host endpoints: rendering them all again is cheaper than tracking
 //! which changed (the family writes only the chains that differ).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-use calc_graph::proto::{ALL_INTERFACES, LocalHostEndpoint, PolicyId};
+use std::net::IpAddr;
+
+use calc_graph::proto::{ALL_INTERFACES, BY_EXPECTED_IPS, LocalHostEndpoint, PolicyId};
 
 use super::super::family::hash_hooks;
 use super::super::host_tables::{self, has_pre_dnat, has_untracked};
@@ -21,6 +31,10 @@ use crate::desired::TableName;
 pub(super) struct HostState {
     /// The node's host endpoints by resource name.
     endpoints: BTreeMap<String, LocalHostEndpoint>,
+    /// The host's interfaces and their addresses (for [`BY_EXPECTED_IPS`] endpoints).
+    interfaces: BTreeMap<String, Vec<IpAddr>>,
+    /// The [`BY_EXPECTED_IPS`] endpoints none of whose addresses is on an interface.
+    unresolved: Vec<String>,
     dirty: bool,
     /// The `(policy, ingress)` and `(profile, ingress)` chains the rendered chains jump to.
     policies: Vec<(PolicyId, bool)>,
@@ -46,7 +60,10 @@ pub(super) struct HostState {
 impl Renderer {
     pub(super) fn update_host_endpoint(&mut self, h: LocalHostEndpoint) -> Result<(), RenderError> {
         let iface = &h.interface_name;
-        if iface != ALL_INTERFACES && !names::is_valid_interface_name(iface) {
+        if iface != ALL_INTERFACES
+            && iface != BY_EXPECTED_IPS
+            && !names::is_valid_interface_name(iface)
+        {
             let err = RenderError::InvalidHostInterface {
                 endpoint: h.name.clone(),
                 iface: iface.clone(),
@@ -68,6 +85,28 @@ impl Renderer {
         self.hosts.endpoints.values()
     }
 
+    /// Sets the host's interfaces and their addresses, which place the endpoints without
+    /// `interfaceName`; re-rendered on the next flush if that changes anything. Interfaces
+    /// whose names are not valid interface names are ignored.
+    pub fn set_host_interfaces(&mut self, interfaces: BTreeMap<String, Vec<IpAddr>>) {
+        if interfaces != self.hosts.interfaces {
+            self.hosts.dirty |= (self.hosts.endpoints.values()).any(|h| h.is_by_expected_ips());
+            self.hosts.interfaces = interfaces;
+        }
+    }
+
+    /// Whether some host endpoint is placed by its `expectedIPs` (the caller then keeps
+    /// [`Self::set_host_interfaces`] current).
+    pub fn needs_host_interfaces(&self) -> bool {
+        (self.hosts.endpoints.values()).any(|h| h.is_by_expected_ips())
+    }
+
+    /// The endpoints without `interfaceName` none of whose `expectedIPs` is on an interface
+    /// (not programmed), by name, as of the last flush.
+    pub fn unresolved_host_endpoints(&self) -> &[String] {
+        &self.hosts.unresolved
+    }
+
     /// Re-renders the host endpoint chains if an endpoint changed; the policies and profiles
     /// whose references changed go to `touched_*` (rendered or removed by the caller).
     pub(super) fn flush_hosts(
@@ -86,11 +125,11 @@ impl Renderer {
         if !std::mem::take(&mut self.hosts.dirty) && !table_policy_dirty {
             return;
         }
-        // One endpoint per interface: the lowest name wins, as Felix resolves them.
-        let mut by_iface: BTreeMap<&str, &LocalHostEndpoint> = BTreeMap::new();
-        for h in self.hosts.endpoints.values() {
-            by_iface.entry(h.interface_name.as_str()).or_insert(h);
-        }
+        let (winners, unresolved) = resolve(&self.hosts.endpoints, &self.hosts.interfaces);
+        self.hosts.unresolved = unresolved;
+        let by_iface: BTreeMap<&str, &LocalHostEndpoint> = (winners.iter())
+            .map(|h| (h.interface_name.as_str(), h))
+            .collect();
         let mut chains = Vec::new();
         let (mut policies, mut profiles) = (Vec::new(), Vec::new());
         for h in by_iface.values() {
@@ -172,16 +211,13 @@ impl Renderer {
         }
         self.hosts.static_rules = any;
         self.hosts.chains = names;
-        self.flush_host_tables(&by_iface_names(&self.hosts.endpoints), errors);
+        self.flush_host_tables(&winners, errors);
     }
 
     /// The mangle (preDNAT) and raw (doNotTrack) side of [`Self::flush_hosts`] for the
     /// endpoints that win their interface (`winners`, by interface).
-    fn flush_host_tables(&mut self, winners: &[String], errors: &mut Vec<RenderError>) {
-        let heps: Vec<&LocalHostEndpoint> = winners
-            .iter()
-            .filter_map(|n| self.hosts.endpoints.get(n))
-            .collect();
+    fn flush_host_tables(&mut self, winners: &[LocalHostEndpoint], errors: &mut Vec<RenderError>) {
+        let heps: Vec<&LocalHostEndpoint> = winners.iter().collect();
         let pre: Vec<&LocalHostEndpoint> =
             heps.iter().copied().filter(|h| has_pre_dnat(h)).collect();
         let untracked: Vec<&LocalHostEndpoint> =
@@ -357,11 +393,40 @@ impl Renderer {
     }
 }
 
-/// The endpoint names that win their interface (the lowest name per interface).
-fn by_iface_names(endpoints: &BTreeMap<String, LocalHostEndpoint>) -> Vec<String> {
-    let mut by_iface: BTreeMap<&str, &str> = BTreeMap::new();
-    for (name, h) in endpoints {
-        by_iface.entry(h.interface_name.as_str()).or_insert(name);
+/// The endpoint that wins each interface, by interface (each with its interface as
+/// `interface_name`), and the [`BY_EXPECTED_IPS`] endpoints that match no interface. As Felix's
+/// endpoint manager: an endpoint naming the interface (or `*`) first, the lowest name among
+/// them; then, for an interface no endpoint names, the lowest-named endpoint one of whose
+/// `expectedIPs` the interface carries. An endpoint may win several interfaces.
+fn resolve(
+    endpoints: &BTreeMap<String, LocalHostEndpoint>,
+    interfaces: &BTreeMap<String, Vec<IpAddr>>,
+) -> (Vec<LocalHostEndpoint>, Vec<String>) {
+    let mut by_iface: BTreeMap<String, LocalHostEndpoint> = BTreeMap::new();
+    for h in endpoints.values().filter(|h| !h.is_by_expected_ips()) {
+        by_iface
+            .entry(h.interface_name.clone())
+            .or_insert_with(|| h.clone());
     }
-    by_iface.values().map(|n| n.to_string()).collect()
+    let mut unresolved = Vec::new();
+    for h in endpoints.values().filter(|h| h.is_by_expected_ips()) {
+        let mut matched = false;
+        for (iface, addrs) in interfaces {
+            let carries = (h.ipv4_addrs.iter().chain(&h.ipv6_addrs)).any(|a| addrs.contains(a));
+            if !carries || !names::is_valid_interface_name(iface) {
+                continue;
+            }
+            matched = true;
+            by_iface
+                .entry(iface.clone())
+                .or_insert_with(|| LocalHostEndpoint {
+                    interface_name: iface.clone(),
+                    ..h.clone()
+                });
+        }
+        if !matched {
+            unresolved.push(h.name.clone());
+        }
+    }
+    (by_iface.into_values().collect(), unresolved)
 }
