@@ -86,13 +86,16 @@ impl Renderer {
     }
 
     /// Sets the host's interfaces and their addresses, which place the endpoints without
-    /// `interfaceName`; re-rendered on the next flush if that changes anything. Interfaces
-    /// whose names are not valid interface names are ignored.
-    pub fn set_host_interfaces(&mut self, interfaces: BTreeMap<String, Vec<IpAddr>>) {
-        if interfaces != self.hosts.interfaces {
-            self.hosts.dirty |= (self.hosts.endpoints.values()).any(|h| h.is_by_expected_ips());
-            self.hosts.interfaces = interfaces;
+    /// `interfaceName`; re-rendered on the next flush if that changes anything (then `true`).
+    /// Interfaces whose names are not valid interface names are ignored.
+    pub fn set_host_interfaces(&mut self, interfaces: BTreeMap<String, Vec<IpAddr>>) -> bool {
+        if interfaces == self.hosts.interfaces {
+            return false;
         }
+        self.hosts.interfaces = interfaces;
+        let affected = self.needs_host_interfaces();
+        self.hosts.dirty |= affected;
+        affected
     }
 
     /// Whether some host endpoint is placed by its `expectedIPs` (the caller then keeps
