@@ -239,6 +239,10 @@ pub struct LocalEndpoint {
 /// (`interfaceName: "*"`).
 pub const ALL_INTERFACES: &str = "*";
 
+/// The interface name of a host endpoint without `interfaceName`: it applies to every host
+/// interface that carries one of its `expectedIPs` (resolved by the dataplane, as Felix's).
+pub const BY_EXPECTED_IPS: &str = "";
+
 /// A host endpoint of this node (Felix's `proto.HostEndpoint`): a named host interface, or
 /// [`ALL_INTERFACES`], with its policies split as Felix splits them. Keyed by the HostEndpoint
 /// resource's name.
@@ -246,9 +250,10 @@ pub const ALL_INTERFACES: &str = "*";
 pub struct LocalHostEndpoint {
     /// The HostEndpoint resource's name.
     pub name: String,
-    /// The host interface (`eth0`), or [`ALL_INTERFACES`].
+    /// The host interface (`eth0`), [`ALL_INTERFACES`] or [`BY_EXPECTED_IPS`].
     pub interface_name: String,
-    /// `expectedIPs` of the family (informational: the filter table matches on the interface).
+    /// `expectedIPs` of the family (the filter table matches on the interface; with
+    /// [`BY_EXPECTED_IPS`] they choose the interfaces).
     pub ipv4_addrs: Vec<IpAddr>,
     pub ipv6_addrs: Vec<IpAddr>,
     /// Normal (tracked, post-DNAT) policies: host traffic in (`cali-fh-`) and out (`cali-th-`).
@@ -268,6 +273,11 @@ impl LocalHostEndpoint {
     /// Whether this endpoint applies to all interfaces (`interfaceName: "*"`).
     pub fn is_all_interfaces(&self) -> bool {
         self.interface_name == ALL_INTERFACES
+    }
+
+    /// Whether this endpoint is resolved by `expectedIPs` (no `interfaceName`).
+    pub fn is_by_expected_ips(&self) -> bool {
+        self.interface_name == BY_EXPECTED_IPS
     }
 
     /// Every policy any of its tier lists names.

@@ -805,9 +805,12 @@ fn host_endpoints_of_this_node_get_felix_s_policy_split() {
     ]);
     assert_eq!(
         dp.hosts.keys().map(String::as_str).collect::<Vec<_>>(),
-        ["all", "mine"]
+        ["all", "mine", "no-iface"]
     );
-    assert_eq!(g.stats().local_host_endpoints, 2);
+    // Without interfaceName: local, resolved by the dataplane from its expectedIPs.
+    assert_eq!(dp.hosts["no-iface"].interface_name, "");
+    assert!(dp.hosts["no-iface"].is_by_expected_ips());
+    assert_eq!(g.stats().local_host_endpoints, 3);
     assert_eq!(g.stats().local_endpoints, 0);
     let h = &dp.hosts["mine"];
     assert_eq!(h.interface_name, "eth0");

@@ -212,3 +212,83 @@ fn pre_dnat_and_do_not_track_deny_all_keep_the_failsafes_and_are_counted() {
     drop(agent);
     etcd.stop();
 }
+
+/// Polls `f` for up to 30 s (the drift check that follows addresses runs every 2 s).
+fn within_30s(f: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if f() {
+            return true;
+        }
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A HostEndpoint without `interfaceName` applies to the interface carrying one of its
+/// `expectedIPs`, and follows the address: not programmed while the address is on no interface
+/// (8080 open), applied when the address appears on `fxh-out` (8080 shut, failsafe 22 open,
+/// `cali-fh-fxh-out` in the kernel), and gone again when the address goes.
+#[test]
+fn an_endpoint_without_interface_name_follows_its_expected_ips() {
+    const MOVING: &str = "10.97.0.9";
+    let ns = Netns::new();
+    let out = host_and_outside(&ns);
+    assert!(
+        connects_eventually(&out, 8080),
+        "no connectivity before policy"
+    );
+    let etcd = Etcd::start_in(ns.name());
+    put_default_tier(&etcd);
+    put_json(
+        &etcd,
+        "hostendpoints/node-1-by-ip",
+        json!({"apiVersion":"projectcalico.org/v3","kind":"HostEndpoint",
+               "metadata":{"name":"node-1-by-ip","labels":{"role":"host"}},
+               "spec":{"node":"node-1","expectedIPs":[MOVING]}}),
+    );
+    let rev = put_json(
+        &etcd,
+        "globalnetworkpolicies/default.host-deny-all",
+        json!({"apiVersion":"projectcalico.org/v3","kind":"GlobalNetworkPolicy",
+               "metadata":{"name":"default.host-deny-all"},
+               "spec":{"tier":"default","order":10,"selector":"role == 'host'",
+                       "types":["Ingress"]}}),
+    );
+    let state = tempfile::tempdir().unwrap();
+    let agent = Agent::start(ns.name(), &etcd.client_url(), &state.path().join("state"));
+    agent.wait_applied(rev);
+    assert!(
+        connects_eventually(&out, 8080),
+        "an endpoint whose address is on no interface was programmed"
+    );
+    let dump = ns.ok("iptables-nft-save", &["-t", "filter"]);
+    assert!(!dump.contains("cali-fh-"), "{dump}");
+
+    ns.ok(
+        "ip",
+        &["addr", "add", &format!("{MOVING}/32"), "dev", "fxh-out"],
+    );
+    assert!(
+        within_30s(|| !connects(&out, 8080)),
+        "the endpoint did not follow its address onto fxh-out"
+    );
+    assert!(
+        connects_eventually(&out, 22),
+        "failsafe port 22 was blocked"
+    );
+    let dump = ns.ok("iptables-nft-save", &["-t", "filter"]);
+    assert!(dump.contains("-A cali-fh-fxh-out"), "{dump}");
+
+    ns.ok(
+        "ip",
+        &["addr", "del", &format!("{MOVING}/32"), "dev", "fxh-out"],
+    );
+    assert!(
+        within_30s(|| connects(&out, 8080)),
+        "the endpoint stayed on fxh-out after its address left"
+    );
+    drop(agent);
+}

@@ -11,7 +11,12 @@
 //!   endpoint whose normal policy denies everything, and creates no conntrack entry (read with
 //!   `conntrack -L` in the host), where the failsafe connection to 22 does create one; under a
 //!   deny-all doNotTrack policy, 22 still connects (the raw failsafe chains, replies by source
-//!   port) and 8080 does not.
+//!   port) and 8080 does not;
+//! * DNAT'd host egress (a DNAT the test installs in nat `OUTPUT`: the host's connection to the
+//!   outside peer's 7000 goes to its 9000) skips filter `cali-OUTPUT`'s host endpoint dispatch and
+//!   is policed in mangle `cali-POSTROUTING`: a normal egress policy denying 9000 stops it there
+//!   (with the direct connection), the outbound failsafe port 179 reached through a DNAT still
+//!   connects, allowing 9000 opens it, and without host endpoints mangle is gone again.
 
 mod support;
 
@@ -205,7 +210,8 @@ fn pre_dnat_deny_of_a_node_port(backend: Backend) {
         "deny-all preDNAT blocked failsafe 22"
     );
 
-    // Removing the policy opens the NodePort again (the mangle chains and hook go).
+    // Removing the policy opens the NodePort again (the preDNAT chains and hook go; the
+    // endpoints' DNAT'd host egress stays in mangle POSTROUTING).
     w.apply(vec![(gnp("deny-node-port", json!({})), false)]);
     assert_eq!(eventually(|| node_port(&w)), OPEN, "NodePort stayed shut");
     for v in [
@@ -213,7 +219,10 @@ fn pre_dnat_deny_of_a_node_port(backend: Backend) {
         calc_graph::proto::IpVersion::V6,
     ] {
         let d = w.renderer.desired(v);
-        assert!(!d.tables.contains_key(&iptables::desired::TableName::Mangle));
+        let mangle = &d.tables[&iptables::desired::TableName::Mangle];
+        assert!(!mangle.chains.contains_key("cali-PREROUTING"));
+        assert!(!mangle.chains.contains_key("cali-from-host-endpoint"));
+        assert!(mangle.hooks.iter().all(|h| h.kernel_chain == "POSTROUTING"));
     }
     drop((w.far, client.ns, server.ns));
 }
@@ -318,6 +327,113 @@ fn do_not_track_allow_without_conntrack(backend: Backend) {
         "restart blocked failsafe 22"
     );
     drop(w.far);
+}
+
+/// The host's own DNATs to the outside peer: `7000 → 9000` and `7179 → 179`, both families.
+fn install_output_dnat(host: &Netns, backend: Backend) {
+    for (v6, peer, to) in [
+        (false, VethPair::ADDR_A, VethPair::ADDR_A.to_string()),
+        (true, OUT6, format!("[{OUT6}]")),
+    ] {
+        for (from, port) in [(7000, 9000), (7179, 179)] {
+            let dport = from.to_string();
+            let to = format!("{to}:{port}");
+            host.ok(
+                &iptables_bin(backend, v6),
+                &[
+                    "-t",
+                    "nat",
+                    "-A",
+                    "OUTPUT",
+                    "-d",
+                    peer,
+                    "-p",
+                    "tcp",
+                    "--dport",
+                    &dport,
+                    "-j",
+                    "DNAT",
+                    "--to-destination",
+                    &to,
+                ],
+            );
+        }
+    }
+}
+
+fn host_egress(port: u16) -> serde_json::Value {
+    gnp(
+        "host-egress",
+        json!({"order": 5, "types": ["Ingress", "Egress"],
+               "ingress": [{"action": "Allow"}],
+               "egress": [{"action": "Deny", "protocol": "TCP", "destination": {"ports": [port]}},
+                          {"action": "Allow"}]}),
+    )
+}
+
+fn dnat_host_egress_in_mangle(backend: Backend) {
+    let mut w = World::new(backend);
+    install_output_dnat(&w.pair.b, backend);
+    let dnat =
+        |w: &World, port: u16| [VethPair::ADDR_A, OUT6].map(|a| tcp::connects(&w.pair.b, a, port));
+    assert_eq!(eventually(|| dnat(&w, 7000)), OPEN, "no DNAT before policy");
+
+    w.apply(vec![
+        (hep("fxv-b"), true),
+        allow_ndp(),
+        (host_egress(9000), true),
+    ]);
+    assert_eq!(w.outbound(9000), SHUT, "egress policy left 9000 open");
+    assert_eq!(
+        dnat(&w, 7000),
+        SHUT,
+        "DNAT'd host egress escaped the host endpoint's egress policy"
+    );
+    assert_eq!(
+        eventually(|| dnat(&w, 7179)),
+        OPEN,
+        "mangle blocked the outbound failsafe port reached through a DNAT"
+    );
+
+    // A policy that allows 9000 (denying another port) lets the DNAT'd connection through:
+    // RETURN is mangle's allow action, and the reply is established.
+    w.apply(vec![(host_egress(9999), true)]);
+    assert_eq!(
+        eventually(|| dnat(&w, 7000)),
+        OPEN,
+        "DNAT'd egress stayed shut"
+    );
+    assert_eq!(
+        eventually(|| w.outbound(9000)),
+        OPEN,
+        "direct egress stayed shut"
+    );
+
+    // Without host endpoints, mangle (chains and hook) is gone.
+    w.apply(vec![(hep("fxv-b"), false)]);
+    assert_eq!(
+        eventually(|| dnat(&w, 7000)),
+        OPEN,
+        "DNAT'd egress shut without endpoints"
+    );
+    for v in [
+        calc_graph::proto::IpVersion::V4,
+        calc_graph::proto::IpVersion::V6,
+    ] {
+        let d = w.renderer.desired(v);
+        assert!(!d.tables.contains_key(&iptables::desired::TableName::Mangle));
+    }
+    drop(w.far);
+}
+
+#[test]
+fn dnat_host_egress_in_mangle_nft() {
+    dnat_host_egress_in_mangle(Backend::Nft);
+}
+
+#[test]
+fn dnat_host_egress_in_mangle_legacy() {
+    dnat_host_egress_in_mangle(Backend::Legacy);
 }
 
 #[test]

@@ -284,3 +284,117 @@ fn a_bad_interface_name_is_an_error_naming_the_host_endpoint() {
     assert!(r.flush().is_empty());
     assert!(r.chain(V4, TableName::Filter, "cali-failsafe-in").is_none());
 }
+
+fn addrs(ifaces: &[(&str, &[&str])]) -> std::collections::BTreeMap<String, Vec<std::net::IpAddr>> {
+    ifaces
+        .iter()
+        .map(|(i, a)| {
+            (
+                i.to_string(),
+                a.iter().map(|a| a.parse().unwrap()).collect(),
+            )
+        })
+        .collect()
+}
+
+fn chains_of(r: &Renderer, v: IpVersion, table: TableName, prefix: &str) -> Vec<String> {
+    let d = r.desired(v);
+    d.tables.get(&table).map_or_else(Vec::new, |t| {
+        (t.chains.keys().filter(|c| c.starts_with(prefix)))
+            .cloned()
+            .collect()
+    })
+}
+
+#[test]
+fn an_endpoint_without_interface_name_follows_its_expected_ips() {
+    let plain = rendered(RenderConfig::default(), vec![Output::InSync]);
+    let mut hep = mk_host_endpoint("a-by-ip", "", vec![], vec![], &["allow-all"]);
+    hep.ipv4_addrs = vec!["192.0.2.5".parse().unwrap()];
+    hep.ipv6_addrs = vec!["2001:db8::5".parse().unwrap()];
+    let mut r = rendered(
+        RenderConfig::default(),
+        vec![
+            Output::ProfileUpdated(mk_profile("allow-all", vec![mk_allow()], vec![mk_allow()])),
+            Output::HostEndpointUpdated(hep),
+            Output::InSync,
+        ],
+    );
+    // Its addresses are on no interface: not programmed (the tables are as without it), and
+    // reported.
+    assert!(r.needs_host_interfaces());
+    assert_eq!(r.unresolved_host_endpoints(), ["a-by-ip"]);
+    for v in [V4, V6] {
+        assert_eq!(r.desired(v), plain.desired(v), "{v:?}");
+    }
+
+    // An interface carries the v6 address (and the v4 address is elsewhere: both match).
+    r.set_host_interfaces(addrs(&[
+        ("eth1", &["198.51.100.1", "2001:db8::5"]),
+        ("eth2", &["192.0.2.5"]),
+        ("lo", &["127.0.0.1"]),
+    ]));
+    assert!(r.flush().is_empty());
+    assert!(r.unresolved_host_endpoints().is_empty());
+    for v in [V4, V6] {
+        assert_eq!(
+            chains_of(&r, v, TableName::Filter, "cali-fh-"),
+            ["cali-fh-eth1", "cali-fh-eth2"],
+            "{v:?}"
+        );
+        assert_eq!(
+            chains_of(&r, v, TableName::Mangle, "cali-th-"),
+            ["cali-th-eth1", "cali-th-eth2"]
+        );
+        let fh = texts(&r, v, "cali-fh-eth1");
+        assert!(
+            fh.iter().any(|t| t.ends_with("-j cali-pri-allow-all")),
+            "{fh:?}"
+        );
+        let dispatch = texts(&r, v, "cali-from-host-endpoint");
+        assert!(
+            dispatch.iter().any(|t| t.contains("-i eth1 ")),
+            "{dispatch:?}"
+        );
+        assert_parses_back(&r, v);
+    }
+
+    // An endpoint naming eth1 wins it over the address match, though its name sorts later.
+    r.apply(Output::HostEndpointUpdated(mk_host_endpoint(
+        "z-named",
+        "eth1",
+        vec![],
+        vec![],
+        &[],
+    )))
+    .unwrap();
+    assert!(r.flush().is_empty());
+    let fh = texts(&r, V4, "cali-fh-eth1");
+    assert!(
+        !fh.iter().any(|t| t.contains("cali-pri-allow-all")),
+        "{fh:?}"
+    );
+    let fh2 = texts(&r, V4, "cali-fh-eth2");
+    assert!(
+        fh2.iter().any(|t| t.ends_with("-j cali-pri-allow-all")),
+        "{fh2:?}"
+    );
+
+    // The address moves: the endpoint follows it, and leaves the interface it left.
+    r.set_host_interfaces(addrs(&[("eth3", &["192.0.2.5"])]));
+    assert!(r.flush().is_empty());
+    assert_eq!(
+        chains_of(&r, V4, TableName::Filter, "cali-fh-"),
+        ["cali-fh-eth1", "cali-fh-eth3"]
+    );
+
+    // Gone from every interface, then removed: the tables are as before.
+    r.apply(Output::HostEndpointRemoved("z-named".into()))
+        .unwrap();
+    r.set_host_interfaces(addrs(&[]));
+    assert!(r.flush().is_empty());
+    assert_eq!(r.unresolved_host_endpoints(), ["a-by-ip"]);
+    for v in [V4, V6] {
+        assert_eq!(r.desired(v), plain.desired(v), "{v:?}");
+    }
+}

@@ -1,6 +1,7 @@
 //! Host endpoints in mangle (preDNAT) and raw (doNotTrack): Felix's chains, the failsafe copies
 //! (raw's with the reverse direction), the hooks that exist only while such policy does, and
-//! that without it (or after it goes) the state is exactly as before (felix-reference §2.7-§2.9).
+//! that without it (or after it goes) the state is exactly as before (felix-reference §2.7-§2.9);
+//! and every host endpoint's DNAT'd host egress in mangle `cali-POSTROUTING`.
 
 mod render_support;
 
@@ -86,7 +87,10 @@ fn pre_dnat_policy_is_rendered_in_mangle_before_the_dnat() {
     for v in [V4, V6] {
         assert_eq!(
             hooks(&r, v, TableName::Mangle),
-            ["PREROUTING -m comment --comment \"cali:6gwbT8clXdHdC1b1\" -j cali-PREROUTING"],
+            [
+                "POSTROUTING -m comment --comment \"cali:O3lYWMrLQYEMJtB5\" -j cali-POSTROUTING",
+                "PREROUTING -m comment --comment \"cali:6gwbT8clXdHdC1b1\" -j cali-PREROUTING"
+            ],
             "{v:?}"
         );
         assert_eq!(
@@ -123,9 +127,6 @@ fn pre_dnat_policy_is_rendered_in_mangle_before_the_dnat() {
             texts(&r, v, TableName::Filter, "cali-failsafe-in")
         );
         let d = r.desired(v);
-        let mangle = &d.tables[&TableName::Mangle].chains;
-        assert!(!mangle.contains_key("cali-failsafe-out"));
-        assert!(!mangle.contains_key("cali-th-eth0"));
         // The preDNAT policy is never in the filter table.
         assert!(
             !d.tables[&TableName::Filter]
@@ -239,4 +240,143 @@ fn a_changed_pre_dnat_policy_is_re_rendered_in_mangle() {
     assert!(r.flush().is_empty());
     let pi = texts(&r, V4, TableName::Mangle, "cali-pi-gnp/nodeport");
     assert!(pi.iter().any(|t| t.contains("--dports 30081")), "{pi:?}");
+}
+
+/// `node1-eth0` with a normal egress policy denying tcp/8443 and the `allow-all` profile, and
+/// nothing preDNAT or untracked.
+fn egress_only() -> Vec<Output> {
+    let hep = mk_host_endpoint(
+        "node1-eth0",
+        "eth0",
+        vec![mk_tier("default", vec![], vec![mk_gnp("deny-8443")])],
+        vec![],
+        &["allow-all"],
+    );
+    vec![
+        Output::ProfileUpdated(mk_profile("allow-all", vec![mk_allow()], vec![mk_allow()])),
+        Output::PolicyUpdated(mk_policy(
+            mk_gnp("deny-8443"),
+            vec![],
+            vec![deny_port(8443)],
+        )),
+        Output::HostEndpointUpdated(hep),
+        Output::InSync,
+    ]
+}
+
+#[test]
+fn dnat_host_egress_is_policed_in_mangle_postrouting() {
+    let r = rendered(egress_only());
+    for v in [V4, V6] {
+        assert_eq!(
+            hooks(&r, v, TableName::Mangle),
+            ["POSTROUTING -m comment --comment \"cali:O3lYWMrLQYEMJtB5\" -j cali-POSTROUTING"],
+            "{v:?}"
+        );
+        assert_eq!(
+            strip_ids(&texts(&r, v, TableName::Mangle, "cali-POSTROUTING")),
+            [
+                "-m mark --mark 0x10000/0x10000 -j RETURN",
+                "-j MARK --set-xmark 0x0/0x1b0000",
+                "-m conntrack --ctstate DNAT -j cali-to-host-endpoint",
+                "-m comment --comment \"Host endpoint policy accepted packet.\" -m mark --mark 0x10000/0x10000 -j RETURN",
+            ],
+            "{v:?}"
+        );
+        assert_eq!(
+            strip_ids(&texts(&r, v, TableName::Mangle, "cali-to-host-endpoint")),
+            ["-o eth0 -g cali-th-eth0"]
+        );
+        // RETURN is the allow action; failsafe before any policy; end-of-tier and profile drops.
+        let th = strip_ids(&texts(&r, v, TableName::Mangle, "cali-th-eth0"));
+        assert_eq!(
+            th[..5],
+            [
+                "-m conntrack --ctstate RELATED,ESTABLISHED -j MARK --set-xmark 0x10000/0x10000",
+                "-m conntrack --ctstate RELATED,ESTABLISHED -j RETURN",
+                "-m conntrack --ctstate INVALID -j DROP",
+                "-j cali-failsafe-out",
+                "-j MARK --set-xmark 0x0/0x30000",
+            ],
+            "{th:?}"
+        );
+        assert!(
+            th.iter().any(|t| t.ends_with("-j cali-po-gnp/deny-8443")),
+            "{th:?}"
+        );
+        assert!(
+            th.iter().any(|t| t.ends_with("-j cali-pro-allow-all")),
+            "{th:?}"
+        );
+        assert!(!th.iter().any(|t| t.ends_with("-j ACCEPT")), "{th:?}");
+        assert!(th.last().unwrap().ends_with("-j DROP"), "{th:?}");
+        let po = texts(&r, v, TableName::Mangle, "cali-po-gnp/deny-8443");
+        assert!(po.iter().any(|t| t.contains("--dports 8443")), "{po:?}");
+        texts(&r, v, TableName::Mangle, "cali-pro-allow-all");
+        assert_eq!(
+            texts(&r, v, TableName::Mangle, "cali-failsafe-out"),
+            texts(&r, v, TableName::Filter, "cali-failsafe-out")
+        );
+        let d = r.desired(v);
+        let mangle = &d.tables[&TableName::Mangle].chains;
+        // Neither preDNAT's side nor the ingress policy chains.
+        for absent in [
+            "cali-PREROUTING",
+            "cali-failsafe-in",
+            "cali-from-host-endpoint",
+        ] {
+            assert!(!mangle.contains_key(absent), "{absent}");
+        }
+        assert_parses_back(&r, v);
+    }
+}
+
+#[test]
+fn host_egress_shares_cali_postrouting_with_the_dns_hold_and_leaves_it_as_it_was() {
+    let cfg = || RenderConfig {
+        dns_trusted_servers: vec!["10.96.0.10:53".parse().unwrap()],
+        ..RenderConfig::default()
+    };
+    let plain = {
+        let mut r = Renderer::new(cfg()).unwrap();
+        r.apply_all(vec![Output::InSync]);
+        r.flush();
+        r
+    };
+    let mut r = Renderer::new(cfg()).unwrap();
+    assert!(r.apply_all(egress_only()).is_empty());
+    assert!(r.flush().is_empty());
+    let dns = texts(&plain, V4, TableName::Mangle, "cali-POSTROUTING");
+    let both = texts(&r, V4, TableName::Mangle, "cali-POSTROUTING");
+    // The DNS hold rules first: a response to a pod is queued before the forwarded-traffic RETURN.
+    assert_eq!(both[..dns.len()], dns[..]);
+    assert_eq!(both.len(), dns.len() + 4);
+    assert_eq!(hooks(&r, V4, TableName::Mangle).len(), 1);
+    // v6 has no trusted server: the host endpoint rules alone.
+    assert_eq!(
+        texts(&r, V6, TableName::Mangle, "cali-POSTROUTING").len(),
+        4
+    );
+    r.apply(Output::HostEndpointRemoved("node1-eth0".into()))
+        .unwrap();
+    r.apply(Output::PolicyRemoved(mk_gnp("deny-8443"))).unwrap();
+    r.apply(Output::ProfileRemoved("allow-all".into())).unwrap();
+    assert!(r.flush().is_empty());
+    for v in [V4, V6] {
+        assert_eq!(r.desired(v), plain.desired(v), "{v:?}");
+    }
+}
+
+#[test]
+fn a_changed_profile_is_re_rendered_in_mangle() {
+    let mut r = rendered(egress_only());
+    r.apply(Output::ProfileUpdated(mk_profile(
+        "allow-all",
+        vec![mk_allow()],
+        vec![deny_port(9999)],
+    )))
+    .unwrap();
+    assert!(r.flush().is_empty());
+    let pro = texts(&r, V4, TableName::Mangle, "cali-pro-allow-all");
+    assert!(pro.iter().any(|t| t.contains("--dports 9999")), "{pro:?}");
 }

@@ -184,9 +184,9 @@ pub(crate) fn wep_item(
     (parents, ItemData { nets, ports }, local)
 }
 
-/// Parents, IP set data and (if on this node with an `interfaceName`, named or `*`) local-endpoint
-/// data of a host endpoint. A host endpoint without `interfaceName` (Felix matches it to
-/// interfaces by `expectedIPs`) only contributes its addresses to IP sets.
+/// Parents, IP set data and (if on this node) local-endpoint data of a host endpoint. One without
+/// `interfaceName` gets [`crate::proto::BY_EXPECTED_IPS`]: the dataplane applies it to the
+/// interfaces that carry one of its `expectedIPs`, as Felix does.
 pub(crate) fn hep_item(
     key: &ResourceKey,
     h: &HostEndpoint,
@@ -199,9 +199,9 @@ pub(crate) fn hep_item(
         .map(|ip| IpNet::from(*ip))
         .collect();
     let local = match (&h.spec.node, &h.spec.interface_name) {
-        (Some(n), Some(iface)) if n == node => Some(LocalEp {
+        (Some(n), iface) if n == node => Some(LocalEp {
             id: LocalId::Host(key.name.clone()),
-            interface_name: iface.clone(),
+            interface_name: iface.clone().unwrap_or_default(),
             ipv4_nets: nets
                 .iter()
                 .filter(|n| matches!(n, IpNet::V4(_)))

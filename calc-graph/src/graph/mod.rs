@@ -54,8 +54,9 @@
 //!   (`forward_tiers`), `doNotTrack` ones (`untracked_tiers`) and `preDNAT` ones, ingress only
 //!   (`pre_dnat_tiers`). The iptables renderer programs the filter table from the first two;
 //!   the untracked and pre-DNAT lists are recorded for the raw/mangle step and not rendered yet.
-//!   A host endpoint without `interfaceName` (Felix resolves it by `expectedIPs` against the
-//!   host's interfaces) is not local. `doNotTrack` and `preDNAT` policies never appear in a
+//!   A host endpoint of this node without `interfaceName` is local too, with the interface
+//!   [`crate::proto::BY_EXPECTED_IPS`]: the renderer resolves it by `expectedIPs` against the
+//!   host's interfaces (data the agent passes in), as Felix's endpoint manager does. `doNotTrack` and `preDNAT` policies never appear in a
 //!   workload endpoint's tiers.
 //! * Staged policies are ignored; other kinds are ignored.
 //! * A field the agent does not enforce never widens a rule: a rule with a field of

@@ -306,7 +306,7 @@ pub fn expected(res: &BTreeMap<ResourceKey, Resource>, node: &str) -> Dataplane 
     let mut host_locals = Vec::new();
     for (key, r) in res {
         let is_local_hep = matches!(r, Resource::HostEndpoint(h)
-            if h.spec.node.as_deref() == Some(node) && h.spec.interface_name.is_some());
+            if h.spec.node.as_deref() == Some(node));
         if is_local_hep {
             let item = items(
                 &std::iter::once((key.clone(), r.clone()))
@@ -460,7 +460,7 @@ pub fn expected(res: &BTreeMap<ResourceKey, Resource>, node: &str) -> Dataplane 
             key.name.clone(),
             LocalHostEndpoint {
                 name: key.name.clone(),
-                interface_name: h.spec.interface_name.clone().unwrap(),
+                interface_name: h.spec.interface_name.clone().unwrap_or_default(),
                 ipv4_addrs: addrs(false),
                 ipv6_addrs: addrs(true),
                 tiers: naive_tiers(res, &pols, l, |p| !p.untracked && !p.pre_dnat, false),

@@ -186,6 +186,8 @@ pub struct KernelDataplane<R: Runner + Clone + 'static> {
     /// ([`KernelDataplane::settle`]). The first batch is rendered while it runs.
     read_ahead: Option<ReadAhead<R>>,
     backend: Backend,
+    /// The host endpoints without `interfaceName` on no interface, as last logged.
+    unresolved_heps: Vec<String>,
 }
 
 /// The kernel read ahead of the first apply, on its own thread: it hands back the appliers with
@@ -216,6 +218,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             read_ahead_at: None,
             read_ahead: None,
             backend,
+            unresolved_heps: Vec::new(),
         })
     }
 
@@ -328,9 +331,42 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
                 s.spawn(move || read_kernel(runner, detect, appliers, "ahead of the apply"));
             }
             let mut errors = renderer.apply_all(outputs);
+            if renderer.needs_host_interfaces() {
+                set_host_interfaces(renderer, runner);
+            }
             errors.extend(renderer.flush());
             errors
         })
+    }
+
+    /// Re-reads the node's interfaces while a host endpoint is placed by its `expectedIPs`,
+    /// and renders what that changes; whether it changed anything.
+    fn follow_host_interfaces(&mut self) -> bool {
+        if !self.renderer.needs_host_interfaces()
+            || !set_host_interfaces(&mut self.renderer, &self.runner)
+        {
+            return false;
+        }
+        for error in self.renderer.flush() {
+            tracing::warn!(%error, "render error");
+        }
+        self.note_unresolved();
+        true
+    }
+
+    /// Logs the host endpoints without `interfaceName` whose addresses are on no interface
+    /// (not programmed, as in Felix), when that list changes.
+    fn note_unresolved(&mut self) {
+        let now = self.renderer.unresolved_host_endpoints();
+        if now != self.unresolved_heps.as_slice() {
+            if !now.is_empty() {
+                tracing::warn!(
+                    endpoints = ?now,
+                    "host endpoints without interfaceName whose expectedIPs are on no interface are not programmed"
+                );
+            }
+            self.unresolved_heps = now.to_vec();
+        }
     }
 
     fn program(&mut self, refresh: bool) -> Result<ApplyReport, DataplaneError> {
@@ -401,6 +437,18 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
 }
 
 /// The v4 and v6 appliers of `backend`, without a view of the kernel yet.
+/// Reads the node's interfaces into the renderer (for host endpoints without
+/// `interfaceName`); whether that changes what is rendered. A failed read keeps the last one.
+fn set_host_interfaces<R: Runner>(renderer: &mut Renderer, runner: &R) -> bool {
+    match super::host_ifaces::read(runner) {
+        Ok(ifaces) => renderer.set_host_interfaces(ifaces),
+        Err(error) => {
+            tracing::warn!(%error, "reading the host's interfaces for host endpoints");
+            false
+        }
+    }
+}
+
 fn fresh_appliers<R: Runner + Clone + 'static>(runner: &R, backend: Backend) -> [Applier<R>; 2] {
     let [v4, mut v6] = [IpVersion::V4, IpVersion::V6].map(|family| {
         Applier::new(
@@ -513,6 +561,7 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
             // The object was rendered fail-closed (or left out); the rest is applied.
             tracing::warn!(%error, "render error");
         }
+        self.note_unresolved();
         let mut report = self.program(false)?;
         self.remove_stale_flows(&mut report);
         Ok(report)
@@ -553,6 +602,7 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
     }
 
     fn refresh(&mut self) -> Result<ApplyReport, DataplaneError> {
+        self.follow_host_interfaces();
         let mut report = self.program(true)?;
         self.remove_stale_flows(&mut report);
         Ok(report)
@@ -560,6 +610,10 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
 
     fn check_drift(&mut self) -> Result<Drift, DataplaneError> {
         self.settle();
+        if self.follow_host_interfaces() {
+            // An address moved: the endpoints without interfaceName follow it now.
+            self.program(false)?;
+        }
         let mut drift = Drift::default();
         let mut errors = Vec::new();
         // One `ipset save` for both families' set checks (a large node's is most of a check).

@@ -21,6 +21,7 @@ pub mod datastore;
 pub mod fault;
 pub mod federation;
 pub mod felix_config;
+pub mod host_ifaces;
 pub mod kernel;
 pub mod liveness;
 pub mod metrics;

@@ -1,4 +1,4 @@
-//! Host endpoints in the mangle table (`preDNAT` policy) and the raw table (`doNotTrack`
+//! Host endpoints in the mangle table (`preDNAT` policy, DNAT'd host egress) and the raw table (`doNotTrack`
 //! policy), as Felix renders them (felix-reference §2.7, §2.8, §2.9; Felix's
 //! `HostEndpointToMangleIngressChains`, `HostEndpointToRawChains`, `StaticManglePreroutingChain`,
 //! `StaticRawPreroutingChain`, `StaticRawOutputChain`, `failsafeInChain`/`failsafeOutChain`).
@@ -33,16 +33,34 @@
 //! failsafe connections, which would otherwise meet the untracked policy); the mangle copy is
 //! the filter one. Only host endpoint chains jump to them, and with no such endpoint none of
 //! the above exists (the tables are exactly as without host endpoint support).
+//!
+//! **mangle, DNAT'd host egress** (while any host endpoint exists; `*` included): traffic the
+//! host sends that was DNAT'd skips filter `cali-OUTPUT`'s host endpoint dispatch (its output
+//! interface is only known after the DNAT), so Felix polices it in mangle POSTROUTING:
+//! ```text
+//! -A POSTROUTING -j cali-POSTROUTING                                       (hook, top)
+//! cali-POSTROUTING: [the DNS hold rules]; accept bit -> RETURN (forwarded, accepted at the end of
+//!                   filter FORWARD); clear the Calico bits; --ctstate DNAT -j cali-to-host-endpoint;
+//!                   accept bit -> RETURN ("Host endpoint policy accepted packet.")
+//! cali-th-<iface>:  the filter chain's egress side with RETURN as the allow action: RELATED,
+//!                   ESTABLISHED -> accept bit, -> RETURN; INVALID -> DROP; -j cali-failsafe-out;
+//!                   clear accept|pass; the normal tiers; the profiles; "Drop if no profiles matched"
+//! ```
+//! RETURN rather than ACCEPT, as Felix: the mangle table is for packet manipulation that later
+//! rules may still need to apply to allowed traffic.
 
 use calc_graph::proto::{ALL_INTERFACES, IpVersion, LocalHostEndpoint, PortRange, TierInfo};
 use ipnet::IpNet;
 
 use super::build::{CtStates, Match, Rule, Side, Target};
 use super::dispatch;
+use super::dns_hold::MANGLE_POSTROUTING;
+use super::endpoint;
 use super::host::{
     self, FAILSAFE_IN, FAILSAFE_OUT, FROM_HOST_DISPATCH, FailsafePort, HepChain, TO_HOST_DISPATCH,
 };
 use super::marks::MarkBits;
+use super::rule::DenyLog;
 use super::static_chains::{OUTPUT, PREROUTING, wildcard};
 use crate::desired::HookPosition;
 
@@ -149,6 +167,85 @@ pub fn untracked_chains(h: &LocalHostEndpoint, m: &MarkBits) -> Vec<(String, Vec
         .into_iter()
         .map(|k| hep_chain(k, &h.untracked_tiers, &h.interface_name, m, true))
         .collect()
+}
+
+/// The mangle `cali-th-<iface>` of every host endpoint (Felix's
+/// `HostEndpointToMangleEgressChains`): DNAT'd host egress, RETURN as the allow action.
+pub fn mangle_egress_chain(
+    h: &LocalHostEndpoint,
+    m: &MarkBits,
+    deny_log: Option<DenyLog>,
+) -> (String, Vec<Rule>) {
+    let established = Match::Conntrack {
+        states: CtStates::RelatedEstablished,
+        negated: false,
+    };
+    let mut rules = vec![
+        Rule::new(
+            vec![established.clone()],
+            Target::SetMark {
+                value: m.accept,
+                mask: m.accept,
+            },
+        ),
+        Rule::new(vec![established], Target::Return),
+        Rule::new(
+            vec![Match::Conntrack {
+                states: CtStates::Invalid,
+                negated: false,
+            }],
+            Target::Drop,
+        ),
+        Rule::new(vec![], Target::Jump(FAILSAFE_OUT.into())),
+        Rule::new(vec![], Target::ClearMark(m.accept | m.pass)),
+    ];
+    rules.extend(endpoint::tier_rules(&h.tiers, false, m, false, deny_log));
+    rules.extend(endpoint::profile_rules(
+        &h.profile_ids,
+        false,
+        m,
+        false,
+        deny_log,
+    ));
+    (host::hep_chain_name(HepChain::To, &h.interface_name), rules)
+}
+
+/// mangle `cali-to-host-endpoint` over every host endpoint's named interface (`ifaces`: sorted,
+/// unique, without `*`); `all_interfaces`: a `*` endpoint exists (the default goes to its chain).
+pub fn mangle_to_dispatch(ifaces: &[&str], all_interfaces: bool) -> Vec<(String, Vec<Rule>)> {
+    let end = if all_interfaces {
+        vec![Rule::new(
+            vec![],
+            Target::Goto(host::hep_chain_name(HepChain::To, ALL_INTERFACES)),
+        )]
+    } else {
+        Vec::new()
+    };
+    dispatch::felix_tree(
+        TO_HOST_DISPATCH,
+        ifaces,
+        Match::OutIface,
+        |i| Target::Goto(host::hep_chain_name(HepChain::To, i)),
+        &end,
+    )
+}
+
+/// The host endpoint rules of mangle `cali-POSTROUTING` (Felix's
+/// `StaticManglePostroutingChain` without IPVS, DSCP and Istio), after the DNS hold rules.
+pub fn mangle_postrouting_rules(m: &MarkBits) -> Vec<Rule> {
+    vec![
+        Rule::new(vec![accepted(m)], Target::Return),
+        Rule::new(vec![], Target::ClearMark(m.all_calico())),
+        Rule::new(
+            vec![Match::Conntrack {
+                states: CtStates::Dnat,
+                negated: false,
+            }],
+            Target::Jump(TO_HOST_DISPATCH.into()),
+        ),
+        Rule::new(vec![accepted(m)], Target::Return)
+            .with_comment("Host endpoint policy accepted packet."),
+    ]
 }
 
 /// mangle `cali-from-host-endpoint` over the preDNAT endpoints' named interfaces (`ifaces`:
@@ -260,6 +357,15 @@ pub fn mangle_hook() -> (&'static str, HookPosition, Rule) {
         "PREROUTING",
         HookPosition::Top,
         Rule::new(vec![], Target::Jump(PREROUTING.into())),
+    )
+}
+
+/// The mangle `POSTROUTING` hook while host endpoints exist (the DNS hold adds the same one).
+pub fn mangle_postrouting_hook() -> (&'static str, HookPosition, Rule) {
+    (
+        "POSTROUTING",
+        HookPosition::Top,
+        Rule::new(vec![], Target::Jump(MANGLE_POSTROUTING.into())),
     )
 }
 

@@ -463,6 +463,7 @@ impl Renderer {
 
         self.flush_hosts(
             &dirty_policies,
+            &dirty_profiles,
             &mut touched_policies,
             &mut touched_profiles,
             &mut errors,
@@ -552,18 +553,7 @@ impl Renderer {
         errors
     }
 
-    fn ctx<'a>(
-        &'a self,
-        v: IpVersion,
-        owner: char,
-        ingress: bool,
-        owner_id: &'a str,
-        set_name: &'a dyn Fn(&str) -> Option<String>,
-    ) -> RuleCtx<'a> {
-        self.ctx_in(v, owner, ingress, owner_id, set_name, self.cfg.share_chains)
-    }
-
-    /// [`Self::ctx`] with the shared layout's verdict chains and net sets on or off (`shared`):
+    /// The rule context, with the shared layout's verdict chains and net sets on or off (`shared`):
     /// off for the mangle and raw policy chains, which have no verdict chains to go to.
     fn ctx_in<'a>(
         &'a self,
@@ -655,6 +645,28 @@ impl Renderer {
         v: IpVersion,
         errors: &mut Vec<RenderError>,
     ) -> Vec<Rule> {
+        self.render_profile_in(id, ingress, v, errors, self.cfg.share_chains)
+    }
+
+    /// A profile's chain in Felix's form (the mangle table's copy).
+    pub(super) fn render_profile_felix(
+        &mut self,
+        id: &str,
+        ingress: bool,
+        v: IpVersion,
+        errors: &mut Vec<RenderError>,
+    ) -> Vec<Rule> {
+        self.render_profile_in(id, ingress, v, errors, false)
+    }
+
+    fn render_profile_in(
+        &mut self,
+        id: &str,
+        ingress: bool,
+        v: IpVersion,
+        errors: &mut Vec<RenderError>,
+        shared: bool,
+    ) -> Vec<Rule> {
         let direction = if ingress { "ingress" } else { "egress" };
         let comment = format!("Profile {id} {direction}");
         let Some(p) = self.profiles.get(id) else {
@@ -662,7 +674,7 @@ impl Renderer {
         };
         let sets = &self.ip_sets;
         let set_name = |sid: &str| sets.contains_key(sid).then(|| names::ipset_name(v, sid));
-        let ctx = self.ctx(v, 'R', ingress, id, &set_name);
+        let ctx = self.ctx_in(v, 'R', ingress, id, &set_name, shared);
         let rules = if ingress {
             &p.inbound_rules
         } else {
