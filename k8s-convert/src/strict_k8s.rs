@@ -36,6 +36,16 @@ impl StrictNetworkPolicy {
         })
     }
 
+    /// [`Self::from_value`] of a borrowed object (no copy of it first).
+    pub fn from_value_ref(v: &Value) -> Result<Self, serde_json::Error> {
+        let unknown_fields = unknown_fields_in_value(&K8S_NETWORK_POLICY, v);
+        let policy = NetworkPolicy::deserialize(v)?;
+        Ok(StrictNetworkPolicy {
+            policy,
+            unknown_fields,
+        })
+    }
+
     /// Converts the policy, or, if it has unknown fields, reports them and retains its key.
     pub fn convert(&self, opts: &ConvertOptions) -> Converted {
         let converted = convert::network_policy_to_calico(&self.policy, opts);

@@ -74,9 +74,16 @@ fn roundtrip(file: Option<PathBuf>, lenient: bool) -> ExitCode {
     };
     match parsed {
         Ok(rs) => {
+            // Kernel output comes back as it was: its length is the capacity the text needs.
+            let mut rendered = String::with_capacity(text.len() + text.len() / 8 + 64);
+            rs.render_into(&mut rendered);
+            // The process ends right after the write: freeing the model one allocation at a time
+            // (a 90k-rule dump is about a million of them) would cost more than the render; the
+            // kernel reclaims it all at exit.
+            std::mem::forget(rs);
             let mut out = std::io::stdout().lock();
             if let Err(e) = out
-                .write_all(rs.render().as_bytes())
+                .write_all(rendered.as_bytes())
                 .and_then(|()| out.flush())
             {
                 eprintln!("felixrs iptables roundtrip: writing stdout: {e}");

@@ -34,12 +34,12 @@ impl Args {
     }
 
     fn render(self) -> anyhow::Result<Answer> {
-        let node = render_node(&self.source, &self.node_name, &self.dataplane)?;
-        let renderer = node.renderer;
+        let mut node = render_node(&self.source, &self.node_name, &self.dataplane)?;
         let mut out = Answer {
-            problems: node.problems,
+            problems: std::mem::take(&mut node.problems),
             ..Answer::default()
         };
+        let renderer = &node.renderer;
         if let Some(rev) = node.revision {
             let _ = writeln!(
                 out.text,
@@ -55,6 +55,9 @@ impl Args {
             out.text.push_str(&preview.ip_sets);
             out.text.push_str(&preview.tables_text());
         }
+        // The process ends once the answer is printed: freeing the graph's and the renderer's
+        // objects one by one (tens of thousands of endpoints and rules) is left to the kernel.
+        std::mem::forget(node);
         Ok(out)
     }
 }

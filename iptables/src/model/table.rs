@@ -269,6 +269,13 @@ impl Ruleset {
     /// The exact save text.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(self.items.len() * 256);
+        self.render_into(&mut out);
+        out
+    }
+
+    /// [`Self::render`] appended to `out` (give it the capacity, e.g. the parsed text's length, to
+    /// render a large ruleset without growing the buffer).
+    pub fn render_into(&self, out: &mut String) {
         for item in &self.items {
             match item {
                 Item::Comment(c) => {
@@ -276,13 +283,12 @@ impl Ruleset {
                     out.push('\n');
                 }
                 Item::Blank => out.push('\n'),
-                Item::Table(t) => t.render_into(&mut out),
+                Item::Table(t) => t.render_into(out),
             }
         }
         if self.missing_final_newline && out.ends_with('\n') {
             out.pop();
         }
-        out
     }
 }
 
