@@ -19,6 +19,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use felixrs_test_support::binaries::workspace_binary;
 use felixrs_test_support::etcd::Etcd;
 use felixrs_test_support::netns::{Netns, in_netns, veth};
 use serde_json::{Value, json};
@@ -28,20 +29,12 @@ const HOST: &str = "10.96.7.2";
 const PEER: &str = "10.96.7.1";
 const PORT: u16 = 8080;
 
-/// `target/<profile>/policy-controller`, next to this test's `deps` directory.
+/// `target/<profile>/policy-controller`, refused when older than its sources.
 fn controller_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let path = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test executable lives in target/<profile>/deps")
-        .join("policy-controller");
-    assert!(
-        path.exists(),
-        "{} is missing: build the workspace's binaries first (`cargo build --workspace --bins`)",
-        path.display()
-    );
-    path
+    workspace_binary(
+        "policy-controller",
+        &["calc-graph", "k8s-convert", "etcd-tls", "policy-controller"],
+    )
 }
 
 /// Writes the Node `node-1` (labels `role: <role>`, address HOST) as the only manifest, or no
