@@ -14,27 +14,9 @@ pub use felixrs_test_support::etcd::Etcd;
 use felixrs_test_support::http;
 use felixrs_test_support::netns::{Netns, in_netns};
 
-/// The workspace's built binaries, next to this test executable (`target/<profile>/`).
+/// The workspace's built binaries, next to this test executable (`target/<profile>/`); refused when
+/// older than their sources.
 pub fn binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test executable lives in target/<profile>/deps");
-    let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: build the workspace's binaries first (`cargo build --workspace --bins`)",
-        path.display()
-    );
-    // `cargo test -p felixrs-e2e` does not rebuild the binaries it drives: refuse to test an old
-    // one against newer sources (a run that passes on a stale binary proves nothing).
-    let built = std::fs::metadata(&path)
-        .and_then(|m| m.modified())
-        .expect("binary mtime");
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root");
     // The workspace crates each binary is built from.
     let crates: &[&str] = match name {
         "policy-controller" => &["calc-graph", "k8s-convert", "etcd-tls", "policy-controller"],
@@ -46,41 +28,7 @@ pub fn binary(name: &str) -> PathBuf {
             "felixrs",
         ],
     };
-    for krate in crates {
-        if let Some((newest, file)) = newest_file(&root.join(krate).join("src"))
-            && newest > built
-        {
-            panic!(
-                "{} is older than {}: rebuild the binaries (`cargo build --workspace --bins`)",
-                path.display(),
-                file.display()
-            );
-        }
-    }
-    path
-}
-
-/// The most recently modified file under `dir` (recursively), with its time.
-fn newest_file(dir: &Path) -> Option<(std::time::SystemTime, PathBuf)> {
-    let mut newest: Option<(std::time::SystemTime, PathBuf)> = None;
-    for entry in std::fs::read_dir(dir).ok()?.flatten() {
-        let p = entry.path();
-        let candidate = if p.is_dir() {
-            newest_file(&p)
-        } else {
-            entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .ok()
-                .map(|t| (t, p))
-        };
-        if let Some(c) = candidate
-            && newest.as_ref().is_none_or(|n| c.0 > n.0)
-        {
-            newest = Some(c);
-        }
-    }
-    newest
+    felixrs_test_support::binaries::workspace_binary(name, crates)
 }
 
 /// A child process running inside a network namespace, killed on drop; output goes to a log file.
