@@ -115,26 +115,44 @@ impl FelixConfiguration {
     }
 }
 
+/// Why a Go duration was refused; each names the text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    #[error("empty duration")]
+    Empty,
+    #[error("{0:?}: missing unit (e.g. 90s)")]
+    MissingUnit(String),
+    #[error("{0:?} is not a duration (e.g. 90s, 1m30s)")]
+    Number(String),
+    #[error("{text:?}: unknown unit {unit:?} (ns, us, ms, s, m, h)")]
+    Unit { text: String, unit: String },
+    #[error("{text:?}: {error}")]
+    Range {
+        text: String,
+        error: std::time::TryFromFloatSecsError,
+    },
+}
+
 /// A Go duration as Calico writes one (`90s`, `1m30s`, `1.5h`, `500ms`, `0`); negative ones are
 /// refused.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     let t = s.trim();
     if t == "0" {
         return Ok(Duration::ZERO);
     }
     if t.is_empty() {
-        return Err("empty duration".into());
+        return Err(DurationError::Empty);
     }
     let mut total = 0f64;
     let mut rest = t;
     while !rest.is_empty() {
         let n = rest
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| format!("{s:?}: missing unit (e.g. 90s)"))?;
+            .ok_or_else(|| DurationError::MissingUnit(s.to_string()))?;
         let (num, tail) = rest.split_at(n);
         let value: f64 = num
             .parse()
-            .map_err(|_| format!("{s:?} is not a duration (e.g. 90s, 1m30s)"))?;
+            .map_err(|_| DurationError::Number(s.to_string()))?;
         let u = tail
             .find(|c: char| c.is_ascii_digit() || c == '.')
             .unwrap_or(tail.len());
@@ -147,15 +165,19 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             "m" => 60.0,
             "h" => 3600.0,
             _ => {
-                return Err(format!(
-                    "{s:?}: unknown unit {unit:?} (ns, us, ms, s, m, h)"
-                ));
+                return Err(DurationError::Unit {
+                    text: s.to_string(),
+                    unit: unit.to_string(),
+                });
             }
         };
         total += value * scale;
         rest = next;
     }
-    Duration::try_from_secs_f64(total).map_err(|e| format!("{s:?}: {e}"))
+    Duration::try_from_secs_f64(total).map_err(|error| DurationError::Range {
+        text: s.to_string(),
+        error,
+    })
 }
 
 #[cfg(test)]
@@ -200,8 +222,18 @@ mod tests {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("1.5h"), Ok(Duration::from_secs(5400)));
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
-        assert!(parse_duration("90").unwrap_err().contains("missing unit"));
+        assert!(
+            parse_duration("90")
+                .unwrap_err()
+                .to_string()
+                .contains("missing unit")
+        );
         assert!(parse_duration("-5s").is_err());
-        assert!(parse_duration("5d").unwrap_err().contains("unknown unit"));
+        assert!(
+            parse_duration("5d")
+                .unwrap_err()
+                .to_string()
+                .contains("unknown unit")
+        );
     }
 }

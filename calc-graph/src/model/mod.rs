@@ -49,7 +49,7 @@ pub use endpoint::{
 };
 pub use error::{ModelError, ValidationError};
 pub use felixconfig::{
-    FELIX_CONFIGURATION_PLURAL, FelixConfiguration, FelixConfigurationError,
+    DurationError, FELIX_CONFIGURATION_PLURAL, FelixConfiguration, FelixConfigurationError,
     GLOBAL_FELIX_CONFIGURATION, felix_configuration_key, felix_configuration_name,
     node_felix_configuration, parse_duration,
 };

@@ -51,7 +51,7 @@ pub struct Field {
     pub flag: &'static str,
     /// A change applies without a restart.
     pub live: bool,
-    set: fn(&mut Args, &Value) -> Result<(), String>,
+    set: fn(&mut Args, &Value) -> Result<(), ValueError>,
     copy: fn(&mut Args, &Args),
     show: fn(&Args) -> String,
 }
@@ -119,12 +119,52 @@ fn show(v: &dyn std::fmt::Debug) -> String {
     }
 }
 
-fn text(v: &Value) -> Result<&str, String> {
-    v.as_str()
-        .ok_or_else(|| format!("expected a string, got {v}"))
+/// Why a FelixConfiguration value was refused (the caller names the resource and field).
+#[derive(Debug, thiserror::Error)]
+pub enum ValueError {
+    #[error("expected a string, got {0}")]
+    NotText(Value),
+    #[error("{value:?} is not one of {choices}")]
+    NotOneOf { value: String, choices: String },
+    #[error("invalid interface prefix {0:?}: must be 1-14 characters of [A-Za-z0-9._-]")]
+    InterfacePrefix(String),
+    #[error("{0} is not a 32-bit mask")]
+    MaskNumber(serde_json::Number),
+    #[error("{text:?} is not a 32-bit mask: {error}")]
+    MaskText {
+        text: String,
+        error: std::num::ParseIntError,
+    },
+    #[error("mask {0:#x} has fewer than 5 bits (need accept, pass, drop, scratch0, scratch1)")]
+    MaskBits(u32),
+    #[error(transparent)]
+    Duration(#[from] calc_graph::model::DurationError),
+    #[error(
+        "{0:?}: k8s-service entries are not supported (the agent has no Kubernetes client); give \
+         the service's address"
+    )]
+    K8sService(String),
+    #[error(transparent)]
+    TrustedServer(#[from] crate::dns::config::TrustedServerError),
+    #[error("{0} is not an NFQUEUE number (0-65535)")]
+    QueueId(Value),
+    #[error("{0} is not a port")]
+    Port(Value),
+    #[error("port 0")]
+    PortZero,
+    #[error("[{0}].port: missing or not a number")]
+    FailsafePort(usize),
+    #[error(transparent)]
+    Failsafe(#[from] iptables::render::host::FailsafePortError),
+    #[error("{0:?}: the agent implements only DelayDNSResponse (it holds DNS responses)")]
+    DnsPolicyMode(String),
 }
 
-fn one_of<T: Copy>(v: &Value, choices: &[(&str, T)]) -> Result<T, String> {
+fn text(v: &Value) -> Result<&str, ValueError> {
+    v.as_str().ok_or_else(|| ValueError::NotText(v.clone()))
+}
+
+fn one_of<T: Copy>(v: &Value, choices: &[(&str, T)]) -> Result<T, ValueError> {
     let s = text(v)?;
     choices
         .iter()
@@ -132,49 +172,51 @@ fn one_of<T: Copy>(v: &Value, choices: &[(&str, T)]) -> Result<T, String> {
         .map(|(_, t)| *t)
         .ok_or_else(|| {
             let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
-            format!("{s:?} is not one of {}", names.join(", "))
+            ValueError::NotOneOf {
+                value: s.to_string(),
+                choices: names.join(", "),
+            }
         })
 }
 
-fn interface_prefixes(v: &Value) -> Result<Vec<String>, String> {
+fn interface_prefixes(v: &Value) -> Result<Vec<String>, ValueError> {
     let out: Vec<String> = text(v)?.split(',').map(|p| p.trim().to_string()).collect();
     for p in &out {
         let ok = (1..=14).contains(&p.len())
             && p.chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
         if !ok {
-            return Err(format!(
-                "invalid interface prefix {p:?}: must be 1-14 characters of [A-Za-z0-9._-]"
-            ));
+            return Err(ValueError::InterfacePrefix(p.clone()));
         }
     }
     Ok(out)
 }
 
-fn mark_mask(v: &Value) -> Result<u32, String> {
+fn mark_mask(v: &Value) -> Result<u32, ValueError> {
     let mask = match v {
         Value::Number(n) => n
             .as_u64()
             .and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(|| format!("{n} is not a 32-bit mask"))?,
+            .ok_or_else(|| ValueError::MaskNumber(n.clone()))?,
         _ => {
             let s = text(v)?.trim();
             match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
                 Some(hex) => u32::from_str_radix(hex, 16),
                 None => s.parse(),
             }
-            .map_err(|e| format!("{s:?} is not a 32-bit mask: {e}"))?
+            .map_err(|error| ValueError::MaskText {
+                text: s.to_string(),
+                error,
+            })?
         }
     };
     if mask.count_ones() < 5 {
-        return Err(format!(
-            "mask {mask:#x} has fewer than 5 bits (need accept, pass, drop, scratch0, scratch1)"
-        ));
+        return Err(ValueError::MaskBits(mask));
     }
     Ok(mask)
 }
 
-fn endpoint_to_host(v: &Value) -> Result<EndpointToHost, String> {
+fn endpoint_to_host(v: &Value) -> Result<EndpointToHost, ValueError> {
     one_of(
         v,
         &[
@@ -185,7 +227,7 @@ fn endpoint_to_host(v: &Value) -> Result<EndpointToHost, String> {
     )
 }
 
-fn source_spoofing(v: &Value) -> Result<WorkloadSourceSpoofing, String> {
+fn source_spoofing(v: &Value) -> Result<WorkloadSourceSpoofing, ValueError> {
     one_of(
         v,
         &[
@@ -195,7 +237,7 @@ fn source_spoofing(v: &Value) -> Result<WorkloadSourceSpoofing, String> {
     )
 }
 
-fn backend(v: &Value) -> Result<IptablesBackend, String> {
+fn backend(v: &Value) -> Result<IptablesBackend, ValueError> {
     one_of(
         v,
         &[
@@ -206,12 +248,12 @@ fn backend(v: &Value) -> Result<IptablesBackend, String> {
     )
 }
 
-fn refresh(v: &Value) -> Result<Duration, String> {
+fn refresh(v: &Value) -> Result<Duration, ValueError> {
     let d = parse_duration(text(v)?)?;
     Ok(if d.is_zero() { REFRESH_DISABLED } else { d })
 }
 
-fn severity(v: &Value) -> Result<String, String> {
+fn severity(v: &Value) -> Result<String, ValueError> {
     one_of(
         v,
         &[
@@ -226,7 +268,7 @@ fn severity(v: &Value) -> Result<String, String> {
     .map(String::from)
 }
 
-fn trusted_servers(v: &Value) -> Result<Vec<SocketAddr>, String> {
+fn trusted_servers(v: &Value) -> Result<Vec<SocketAddr>, ValueError> {
     let items: Vec<&str> = match v {
         Value::Array(a) => a.iter().map(text).collect::<Result<_, _>>()?,
         _ => text(v)?.split(',').collect(),
@@ -237,31 +279,28 @@ fn trusted_servers(v: &Value) -> Result<Vec<SocketAddr>, String> {
         .filter(|s| !s.is_empty())
         .map(|s| {
             if s.starts_with("k8s-service:") {
-                return Err(format!(
-                    "{s:?}: k8s-service entries are not supported (the agent has no Kubernetes \
-                     client); give the service's address"
-                ));
+                return Err(ValueError::K8sService(s.to_string()));
             }
-            parse_trusted_server(s).map_err(|e| e.to_string())
+            Ok(parse_trusted_server(s)?)
         })
         .collect()
 }
 
-fn queue_id(v: &Value) -> Result<u16, String> {
+fn queue_id(v: &Value) -> Result<u16, ValueError> {
     let n = match v {
         Value::Number(n) => n.as_u64(),
         _ => text(v)?.trim().parse().ok(),
     };
     n.and_then(|n| u16::try_from(n).ok())
-        .ok_or_else(|| format!("{v} is not an NFQUEUE number (0-65535)"))
+        .ok_or_else(|| ValueError::QueueId(v.clone()))
 }
 
 /// `healthPort` sets the port of `--health-listen` (Felix's `healthHost` is not read: the agent
 /// keeps its own address).
-fn health_port(v: &Value) -> Result<SocketAddr, String> {
-    let port = queue_id(v).map_err(|_| format!("{v} is not a port"))?;
+fn health_port(v: &Value) -> Result<SocketAddr, ValueError> {
+    let port = queue_id(v).map_err(|_| ValueError::Port(v.clone()))?;
     if port == 0 {
-        return Err("port 0".into());
+        return Err(ValueError::PortZero);
     }
     // The address is filled in by `resolve` from the flag's.
     Ok(SocketAddr::new(IpAddr::from([0, 0, 0, 0]), port))
@@ -269,7 +308,7 @@ fn health_port(v: &Value) -> Result<SocketAddr, String> {
 
 /// Felix's failsafe list: the v3 resource's `[{"protocol": "TCP", "port": 22, "net": "…"}]`, or
 /// the variable's `tcp:22,udp:68` (`none` or empty: no ports).
-fn failsafe_ports(v: &Value) -> Result<FailsafePorts, String> {
+fn failsafe_ports(v: &Value) -> Result<FailsafePorts, ValueError> {
     let text = match v {
         Value::Array(items) => items
             .iter()
@@ -282,20 +321,18 @@ fn failsafe_ports(v: &Value) -> Result<FailsafePorts, String> {
                     .to_ascii_lowercase();
                 let port = field("port")
                     .and_then(Value::as_u64)
-                    .ok_or_else(|| format!("[{i}].port: missing or not a number"))?;
+                    .ok_or(ValueError::FailsafePort(i))?;
                 Ok(match field("net").and_then(Value::as_str) {
                     Some(net) if net.contains(':') => format!("{proto}:[{net}]:{port}"),
                     Some(net) => format!("{proto}:{net}:{port}"),
                     None => format!("{proto}:{port}"),
                 })
             })
-            .collect::<Result<Vec<_>, String>>()?
+            .collect::<Result<Vec<_>, ValueError>>()?
             .join(","),
         _ => text(v)?.to_string(),
     };
-    parse_failsafe_ports(&text)
-        .map(FailsafePorts)
-        .map_err(|e| e.to_string())
+    Ok(FailsafePorts(parse_failsafe_ports(&text)?))
 }
 
 /// A failsafe list in Felix's variable syntax (`tcp:22,udp:68`; `none`).
@@ -309,12 +346,10 @@ fn show_ports(p: &FailsafePorts) -> String {
         .join(",")
 }
 
-fn dns_policy_mode(v: &Value) -> Result<(), String> {
+fn dns_policy_mode(v: &Value) -> Result<(), ValueError> {
     match text(v)? {
         "DelayDNSResponse" => Ok(()),
-        other => Err(format!(
-            "{other:?}: the agent implements only DelayDNSResponse (it holds DNS responses)"
-        )),
+        other => Err(ValueError::DnsPolicyMode(other.to_string())),
     }
 }
 
