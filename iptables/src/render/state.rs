@@ -16,6 +16,7 @@ use calc_graph::proto::{
 };
 
 use super::domains::{DomainMembers, NothingLearned};
+mod chains;
 mod hosts;
 mod sets;
 
@@ -26,7 +27,6 @@ use super::build::{Rule, Target};
 pub use super::family::{Delta, SetChange};
 use super::family::{Family, hash_hooks};
 use super::marks::MarkBits;
-use super::rule::{RuleCtx, render_profile_rules, render_rules};
 use super::shared::{Inputs, SharedChains};
 use super::{
     RenderConfig, RenderError, SourceSpoofing, dispatch, dns_hold, endpoint, names, static_chains,
@@ -509,7 +509,8 @@ impl Renderer {
                     let present = self.families[fi].has(TableName::Filter, &name);
                     if wanted && (!present || dirty_policies.contains(&id)) {
                         let v = self.families[fi].version;
-                        let rules = self.render_policy(&id, ingress, v, &mut errors);
+                        let rules =
+                            self.render_policy(&id, ingress, v, &mut errors, self.cfg.share_chains);
                         self.families[fi].set_chain(TableName::Filter, name.clone(), rules);
                     } else if !wanted && present {
                         self.families[fi].remove_chain(TableName::Filter, &name);
@@ -528,7 +529,13 @@ impl Renderer {
                     let present = self.families[fi].has(TableName::Filter, &name);
                     if wanted && (!present || dirty_profiles.contains(&id)) {
                         let v = self.families[fi].version;
-                        let rules = self.render_profile(&id, ingress, v, &mut errors);
+                        let rules = self.render_profile(
+                            &id,
+                            ingress,
+                            v,
+                            &mut errors,
+                            self.cfg.share_chains,
+                        );
                         self.families[fi].set_chain(TableName::Filter, name.clone(), rules);
                     } else if !wanted && present {
                         self.families[fi].remove_chain(TableName::Filter, &name);
@@ -551,149 +558,6 @@ impl Renderer {
             }
         }
         errors
-    }
-
-    /// The rule context, with the shared layout's verdict chains and net sets on or off (`shared`):
-    /// off for the mangle and raw policy chains, which have no verdict chains to go to.
-    fn ctx_in<'a>(
-        &'a self,
-        v: IpVersion,
-        owner: char,
-        ingress: bool,
-        owner_id: &'a str,
-        set_name: &'a dyn Fn(&str) -> Option<String>,
-        shared: bool,
-    ) -> RuleCtx<'a> {
-        RuleCtx {
-            version: v,
-            marks: &self.marks,
-            log_action: &self.cfg.log_action,
-            log_prefix: &self.log_prefix,
-            set_name,
-            owner,
-            ingress,
-            owner_id,
-            deny_log: self.cfg.deny_log,
-            verdict_chains: shared,
-            net_sets: shared,
-        }
-    }
-
-    fn render_policy(
-        &mut self,
-        id: &PolicyId,
-        ingress: bool,
-        v: IpVersion,
-        errors: &mut Vec<RenderError>,
-    ) -> Vec<Rule> {
-        self.render_policy_in(id, ingress, v, errors, self.cfg.share_chains)
-    }
-
-    /// A policy's chain in Felix's form (the mangle and raw tables' copies).
-    pub(super) fn render_policy_felix(
-        &mut self,
-        id: &PolicyId,
-        ingress: bool,
-        v: IpVersion,
-        errors: &mut Vec<RenderError>,
-    ) -> Vec<Rule> {
-        self.render_policy_in(id, ingress, v, errors, false)
-    }
-
-    fn render_policy_in(
-        &mut self,
-        id: &PolicyId,
-        ingress: bool,
-        v: IpVersion,
-        errors: &mut Vec<RenderError>,
-        shared: bool,
-    ) -> Vec<Rule> {
-        let direction = if ingress { "ingress" } else { "egress" };
-        let comment = format!("{id} {direction}");
-        let Some(p) = self.policies.get(id) else {
-            return fail_closed(&comment, "Unknown policy: dropping all traffic");
-        };
-        let sets = &self.ip_sets;
-        let set_name = |sid: &str| sets.contains_key(sid).then(|| names::ipset_name(v, sid));
-        let owner_id = names::policy_chain_id(id);
-        let ctx = self.ctx_in(v, 'P', ingress, &owner_id, &set_name, shared);
-        let rules = if ingress {
-            &p.inbound_rules
-        } else {
-            &p.outbound_rules
-        };
-        match render_rules(rules, &comment, &ctx) {
-            Ok(r) => r,
-            Err(reason) => {
-                if matches!(reason, super::RuleError::UnknownIpSet { .. }) {
-                    self.waiting_policies.insert(id.clone());
-                }
-                errors.push(RenderError::Policy {
-                    policy: Box::new(id.clone()),
-                    direction,
-                    reason: Box::new(reason),
-                });
-                fail_closed(&comment, "Failed to render: dropping all traffic")
-            }
-        }
-    }
-
-    fn render_profile(
-        &mut self,
-        id: &str,
-        ingress: bool,
-        v: IpVersion,
-        errors: &mut Vec<RenderError>,
-    ) -> Vec<Rule> {
-        self.render_profile_in(id, ingress, v, errors, self.cfg.share_chains)
-    }
-
-    /// A profile's chain in Felix's form (the mangle table's copy).
-    pub(super) fn render_profile_felix(
-        &mut self,
-        id: &str,
-        ingress: bool,
-        v: IpVersion,
-        errors: &mut Vec<RenderError>,
-    ) -> Vec<Rule> {
-        self.render_profile_in(id, ingress, v, errors, false)
-    }
-
-    fn render_profile_in(
-        &mut self,
-        id: &str,
-        ingress: bool,
-        v: IpVersion,
-        errors: &mut Vec<RenderError>,
-        shared: bool,
-    ) -> Vec<Rule> {
-        let direction = if ingress { "ingress" } else { "egress" };
-        let comment = format!("Profile {id} {direction}");
-        let Some(p) = self.profiles.get(id) else {
-            return fail_closed(&comment, "Unknown profile: dropping all traffic");
-        };
-        let sets = &self.ip_sets;
-        let set_name = |sid: &str| sets.contains_key(sid).then(|| names::ipset_name(v, sid));
-        let ctx = self.ctx_in(v, 'R', ingress, id, &set_name, shared);
-        let rules = if ingress {
-            &p.inbound_rules
-        } else {
-            &p.outbound_rules
-        };
-        match render_profile_rules(rules, &comment, &ctx) {
-            Ok(r) => r,
-            Err(reason) => {
-                if matches!(reason, super::RuleError::UnknownIpSet { .. }) {
-                    self.waiting_profiles.insert(id.to_string());
-                }
-                errors.push(RenderError::Profile {
-                    profile: id.to_string(),
-                    direction,
-                    reason: Box::new(reason),
-                });
-                fail_closed(&comment, "Failed to render: dropping all traffic")
-            }
-        }
     }
 
     /// The full desired state of one family, maintained incrementally: borrowing it costs

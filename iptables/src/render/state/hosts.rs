@@ -304,12 +304,12 @@ impl Renderer {
             let v = self.families[fi].version;
             // Policy chains first: everything that jumps to them is written in the same change.
             for (table, id, ingress) in &policies {
-                let rules = self.render_policy_felix(id, *ingress, v, errors);
+                let rules = self.render_policy(id, *ingress, v, errors, false);
                 let name = names::policy_chain_name(id, *ingress);
                 self.families[fi].set_chain_if_changed(*table, &name, &rules);
             }
             for id in &profiles {
-                let rules = self.render_profile_felix(id, false, v, errors);
+                let rules = self.render_profile(id, false, v, errors, false);
                 let name = names::profile_chain_name(id, false);
                 self.families[fi].set_chain_if_changed(TableName::Mangle, &name, &rules);
             }
