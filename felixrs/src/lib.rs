@@ -6,8 +6,10 @@
 //! * [`cmd`]: the operator commands (`render`, `trace`, `stats`, `flows`, `cleanup`, `iptables`),
 //!   one module each, and what they share (`cmd::shared`).
 //! * [`dns`]: the DNS learner of FQDN egress policy (NFQUEUE, DNS parsing, learned map).
+//! * [`flowlog`]: flow logs: the record every producer and reader shares.
 #![forbid(unsafe_code)]
 
 pub mod agent;
 pub mod cmd;
 pub mod dns;
+pub mod flowlog;
