@@ -1,10 +1,19 @@
 //! Flow logs (issue 27): what is talking to what on this node, and which policy decided.
 //!
-//! [`record`] is the one record type every producer and reader shares: the agent's collector
-//! writes it (JSON lines file, `/flows` stream), `felixrs preview --flows` replays it, and the
-//! web view reads it. Its JSON field names follow Calico's Goldmane/Whisker flows, so an
-//! operator who knows those reads these.
+//! * [`record`]: the one record type every producer and reader shares: the agent's collector
+//!   writes it (JSON lines file, `/flows` stream), `felixrs preview --flows` replays it, and the
+//!   web view reads it. Its JSON field names follow Calico's Goldmane/Whisker flows, so an
+//!   operator who knows those reads these.
+//! * [`hub`]: where the collector publishes records and their readers (the `/flows` stream, the
+//!   web view) take them, bounded.
+//! * [`http`]: `GET /flows`, JSON lines.
+//! * [`pending`]: the seam to the staged-policy evaluator (what staged policies would decide).
 
+pub mod http;
+pub mod hub;
+pub mod pending;
 pub mod record;
 
+pub use hub::FlowHub;
+pub use pending::{Connection, NoPending, PendingPolicies};
 pub use record::{FlowAction, FlowEnd, FlowPolicies, FlowRecord, PolicyHit, Reporter};
