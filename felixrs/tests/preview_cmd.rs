@@ -443,3 +443,32 @@ fn the_agents_state_dir_is_the_source_of_objects_and_flows() {
     let (_, r) = run(&["--static"]);
     assert_eq!(r["mode"], "static");
 }
+
+/// Staged Kubernetes NetworkPolicies: `Delete` removes the policy it stages (db is no longer
+/// isolated: the denied flows to it open), `Set` adds one (the clients keep web on 80).
+#[test]
+fn staged_kubernetes_policies_preview_their_set_and_delete() {
+    let (code, r) = replay("staged-k8s.yaml");
+    assert_eq!(code, 1);
+    assert_eq!(
+        changed(&r).0,
+        [
+            "deny->allow client/c-0=>app/db-0:5432",
+            "deny->allow client/c-1=>app/db-0:5432",
+        ],
+        "{r:#}"
+    );
+    let proposed: Vec<&str> = (r["proposed"].as_array().unwrap().iter())
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    assert!(
+        proposed.iter().any(|p| p.starts_with(
+            "staged StagedKubernetesNetworkPolicy app/db-allow-web (stagedAction Delete): removes "
+        ) && p.ends_with("networkpolicies/app/knp.default.db-allow-web")),
+        "{proposed:?}"
+    );
+    assert!(
+        proposed.contains(&"NetworkPolicy app/knp.default.web-from-clients: new (staged StagedKubernetesNetworkPolicy app/web-from-clients, previewed as enforced)"),
+        "{proposed:?}"
+    );
+}
