@@ -36,6 +36,10 @@ enum Command {
     /// Print the packets our NFLOG rules log (denied with --log-denied, the Log action with
     /// --log-action nflog), with the deciding policy and the pods (root, on the node).
     Flows(felixrs::cmd::flows::Args),
+    /// Show what proposed policies would change on a node before applying them: recorded flows
+    /// replayed (--flows, or the agent's flow log), else the reachability matrix of its pods,
+    /// before and after. Exit status 0: no change, 1: changes, 2: error.
+    Preview(felixrs::cmd::preview::Args),
 }
 
 // `version()`: see scripts/version_string.rs.
@@ -59,5 +63,6 @@ fn main() -> std::process::ExitCode {
         Command::Cleanup(args) => args.run(),
         Command::Stats(args) => args.run(),
         Command::Flows(args) => args.run(),
+        Command::Preview(args) => args.run(),
     }
 }

@@ -3,7 +3,8 @@
 //! the node's namespace. Right after `/status` reports a revision applied, `felixrs trace
 //! --state-dir` answers from what the agent applied (it asks the agent over `agent.sock`): the
 //! new pod is known and the kernel agrees, 30 changes in a row; a `felixrs flows` run started
-//! before a pod is in the datastore names it once it is. Root.
+//! before a pod is in the datastore names it once it is; `felixrs preview --state-dir` previews
+//! against what the agent applied, and its "before" is what the kernel does. Root.
 
 mod node_support;
 mod support;
@@ -289,4 +290,112 @@ fn flows_follows_the_agent_to_a_pod_that_appears() {
             .any(|n| n.contains("names from the agent's snapshot at datastore revision")),
         "{notes:?}"
     );
+}
+
+/// `felixrs preview --state-dir` on the live node: the node's objects are the running agent's
+/// applied view; the "before" verdicts of the matrix are what real connections get from the
+/// kernel; the agent's `flows.jsonl` is replayed: the allowed flow a deny on its port would block
+/// is listed, the denied one is not.
+#[test]
+fn preview_state_dir_previews_against_the_live_agent() {
+    let w = live_node(&[], true);
+    let dir = w.state_dir.to_str().unwrap().to_string();
+    let proposal = w.work.path().join("deny-8080.yaml");
+    std::fs::write(
+        &proposal,
+        "apiVersion: projectcalico.org/v3\nkind: GlobalNetworkPolicy\nmetadata: {name: deny-8080}\n\
+         spec: {order: 1, selector: all(), types: [Ingress], ingress: [{action: Deny, protocol: TCP, \
+         destination: {ports: [8080]}}]}\n",
+    )
+    .unwrap();
+    let proposal = proposal.to_str().unwrap();
+    let base = [
+        "preview",
+        "--state-dir",
+        &dir,
+        "--node-name",
+        NODE,
+        "--manifests",
+        proposal,
+        "--json",
+    ];
+    let (code, out, err) = felixrs(&w, &[&base[..], &["--static"]].concat());
+    assert_eq!(code, Some(1), "{out}\n{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        (r["source"].as_str().unwrap()).contains("(asked the running agent: what it has applied)"),
+        "{r:#}"
+    );
+    let m = &r["matrix"];
+    let col = |name: &str| {
+        (m["columns"].as_array().unwrap().iter())
+            .position(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no column {name}: {m:#}"))
+    };
+    let row = (m["rows"].as_array().unwrap().iter())
+        .find(|r| {
+            r["local"] == "stats/server"
+                && r["direction"] == "ingress"
+                && r["peer"] == "stats/client"
+        })
+        .unwrap_or_else(|| panic!("no client -> server row: {m:#}"));
+    for (name, port) in [("tcp/8080", ALLOWED_PORT), ("tcp/other", 0)] {
+        let c = col(name);
+        let port = if port == 0 {
+            m["columns"][c]["port"].as_u64().unwrap() as u16
+        } else {
+            port
+        };
+        let kernel = connects(&w.client.ns, w.server.v4, port);
+        assert_eq!(
+            row["before"][c] == "allow",
+            kernel,
+            "{name} (port {port}): {row}"
+        );
+    }
+    assert_eq!(
+        (
+            row["before"][col("tcp/8080")].as_str(),
+            row["after"][col("tcp/8080")].as_str()
+        ),
+        (Some("allow"), Some("deny"))
+    );
+    assert!(!connects(&w.client.ns, w.server.v4, DENIED_PORT));
+    // The agent's flow log: one allowed flow to 8080 and one denied one to 9090.
+    let record = |port: u16, action: &str| {
+        json!({"start_time": 1, "end_time": 2, "host": NODE, "reporter": "dst", "proto": "tcp",
+               "source": {"ip": w.client.v4, "port": 40001, "type": "wep", "namespace": "stats", "name": "client"},
+               "dest": {"ip": w.server.v4, "port": port, "type": "wep", "namespace": "stats", "name": "server"},
+               "action": action, "policies": {"enforced": []}, "num_connections_started": 1,
+               "num_connections_completed": 1, "num_connections_live": 0,
+               "packets_in": 3, "packets_out": 3, "bytes_in": 100, "bytes_out": 50})
+        .to_string()
+    };
+    let flows = format!(
+        "{}\n{}\n",
+        record(ALLOWED_PORT, "allow"),
+        record(DENIED_PORT, "deny")
+    );
+    std::fs::write(w.state_dir.join("flows.jsonl"), flows).unwrap();
+    let (code, out, err) = felixrs(&w, &base);
+    assert_eq!(code, Some(1), "{out}\n{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let groups = r["replay"]["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 1, "{r:#}");
+    assert_eq!(
+        (
+            groups[0]["before"]["verdict"].as_str(),
+            groups[0]["after"]["verdict"].as_str()
+        ),
+        (Some("allow"), Some("deny"))
+    );
+    assert_eq!(groups[0]["flows"][0]["port"], ALLOWED_PORT);
+    let after = groups[0]["after"]["decided_by"].as_array().unwrap();
+    assert!(
+        after
+            .iter()
+            .any(|d| d == "dropped by ingress of GlobalNetworkPolicy deny-8080 (tier default)"),
+        "{after:?}"
+    );
+    assert_eq!(r["replay"]["evaluated"], 2);
 }

@@ -6,6 +6,8 @@
 //! * [`stats`]: `felixrs stats`, the kernel's counters of our rules per policy, tier, direction and
 //!   action.
 //! * [`flows`]: `felixrs flows`, the packets our NFLOG rules log, with the deciding policy.
+//! * [`preview`]: `felixrs preview`, what a proposed policy change would do: recorded flows
+//!   replayed, or the reachability matrix, before and after.
 //! * [`cleanup`]: `felixrs cleanup`, removes every chain, hook rule and set of ours.
 //! * [`iptables`](self::iptables): `felixrs iptables`, tools over iptables-save text.
 //! * [`shared`]: what the commands share: the node view and its source flags, the dataplane flags
@@ -14,6 +16,7 @@
 pub mod cleanup;
 pub mod flows;
 pub mod iptables;
+pub mod preview;
 pub mod render;
 pub mod shared;
 pub mod stats;

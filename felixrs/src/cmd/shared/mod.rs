@@ -25,6 +25,11 @@ pub struct Answer {
 
 /// Prints `felixrs <command>`'s answer, or its error on stderr (exit status 1).
 pub fn finish(command: &str, answer: anyhow::Result<Answer>) -> ExitCode {
+    finish_with(command, answer, 1)
+}
+
+/// [`finish`] with the exit status of an error (`preview`'s is 2: its 1 means "changes found").
+pub fn finish_with(command: &str, answer: anyhow::Result<Answer>, error_status: u8) -> ExitCode {
     match answer {
         Ok(a) => {
             for p in &a.problems {
@@ -35,7 +40,7 @@ pub fn finish(command: &str, answer: anyhow::Result<Answer>) -> ExitCode {
         }
         Err(e) => {
             eprintln!("felixrs {command}: {e:#}");
-            ExitCode::FAILURE
+            ExitCode::from(error_status)
         }
     }
 }

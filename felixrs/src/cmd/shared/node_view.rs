@@ -81,33 +81,57 @@ pub fn render_node_learned(
     dataplane: &DataplaneArgs,
     learned: Option<Arc<LearnedFile>>,
 ) -> anyhow::Result<NodeView> {
-    let mut problems = Vec::new();
-    let mut pipeline = GraphPipeline::new(node_name);
-    let mut resources = BTreeMap::new();
-    let mut revision = None;
-    let mut stamp = None;
+    let loaded = load_source(source, dataplane)?;
+    render_loaded(&loaded, node_name, dataplane, learned, &Overlay::default())
+}
+
+/// One object of a loaded source: validated once, or (a snapshot's key the model does not
+/// decode: a remote cluster's, an invalid value) its raw value for the pipeline to judge.
+#[derive(Debug, Clone)]
+pub enum Entry {
+    Valid(Box<Validated>),
+    Raw(Vec<u8>),
+}
+
+/// The cluster's objects as read from a [`SourceArgs`], before they go through the graph: read
+/// once, so two views of the same read (`preview`'s before and after) see the same objects.
+#[derive(Debug, Clone, Default)]
+pub struct Loaded {
+    /// By etcd key.
+    pub entries: BTreeMap<String, Entry>,
+    pub revision: Option<i64>,
+    pub stamp: Option<ViewStamp>,
+    /// Objects that were skipped while reading.
+    pub problems: Vec<String>,
+}
+
+/// Changes laid over a [`Loaded`] source before it is rendered (`preview`'s proposed objects):
+/// `set` adds or replaces objects by etcd key, `delete` removes them.
+#[derive(Debug, Clone, Default)]
+pub struct Overlay {
+    pub set: BTreeMap<String, Validated>,
+    pub delete: std::collections::BTreeSet<String>,
+}
+
+/// Reads the objects of `source` (manifests converted as the controller would, or the state
+/// directory's view).
+pub fn load_source(source: &SourceArgs, dataplane: &DataplaneArgs) -> anyhow::Result<Loaded> {
+    let mut loaded = Loaded::default();
     match &source.state_dir {
         Some(dir) => {
             let read = read_state_dir(dir)?;
-            problems.extend(read.note.clone());
-            revision = Some(read.snapshot.revision);
-            stamp = Some(read.stamp);
-            let kvs: BTreeMap<String, Vec<u8>> = (read.snapshot.kvs.into_iter())
-                .map(|(k, v)| (k.to_string(), v.to_vec()))
-                .collect();
-            for (key, value) in &kvs {
-                let result = match Validated::from_etcd(key, value) {
-                    Ok(valid) => {
-                        resources.insert(key.clone(), valid.resource().clone());
-                        pipeline.update_valid(valid)
-                    }
-                    // A remote cluster's key, a kind the graph does not consume or an invalid
-                    // value: the pipeline decides (and names the problem).
-                    Err(_) => pipeline.update(key, Some(value)),
+            loaded.problems.extend(read.note.clone());
+            loaded.revision = Some(read.snapshot.revision);
+            loaded.stamp = Some(read.stamp);
+            for (k, v) in read.snapshot.kvs {
+                let (key, value) = (k.to_string(), v.to_vec());
+                // A remote cluster's key, a kind the graph does not consume or an invalid value:
+                // the pipeline decides (and names the problem).
+                let entry = match Validated::from_etcd(&key, &value) {
+                    Ok(valid) => Entry::Valid(Box::new(valid)),
+                    Err(_) => Entry::Raw(value),
                 };
-                if let Err(e) = result {
-                    problems.push(format!("skipped {key}: {e}"));
-                }
+                loaded.entries.insert(key, entry);
             }
         }
         None => {
@@ -115,21 +139,47 @@ pub fn render_node_learned(
                 interface_prefix: dataplane.veth_prefix().to_string(),
             };
             let set = load_manifests(&source.manifests, &convert).context("loading manifests")?;
-            problems.extend(set.skipped.iter().map(|s| format!("skipped {s}")));
+            (loaded.problems).extend(set.skipped.iter().map(|s| format!("skipped {s}")));
             // The conversion's typed resources go to the graph as they are: each manifest is
             // decoded and validated once, by the conversion. (A RemoteClusterConfiguration is not
             // a graph resource.)
             for (key, r) in set.resources {
-                let Some(valid) = r.into_valid() else {
-                    continue;
-                };
-                resources.insert(key.clone(), valid.resource().clone());
-                if let Err(e) = pipeline.update_valid(valid) {
-                    problems.push(format!("skipped {key}: {e}"));
+                if let Some(valid) = r.into_valid() {
+                    loaded.entries.insert(key, Entry::Valid(Box::new(valid)));
                 }
             }
         }
     }
+    Ok(loaded)
+}
+
+/// Renders `loaded` with `overlay` laid over it for `node_name`, as the agent would.
+pub fn render_loaded(
+    loaded: &Loaded,
+    node_name: &str,
+    dataplane: &DataplaneArgs,
+    learned: Option<Arc<LearnedFile>>,
+    overlay: &Overlay,
+) -> anyhow::Result<NodeView> {
+    let mut problems = loaded.problems.clone();
+    let mut pipeline = GraphPipeline::new(node_name);
+    let mut resources = BTreeMap::new();
+    let kept = (loaded.entries.iter())
+        .filter(|(k, _)| !overlay.delete.contains(*k) && !overlay.set.contains_key(*k));
+    let laid = (overlay.set.iter()).map(|(k, v)| (k, Entry::Valid(Box::new(v.clone()))));
+    for (key, entry) in kept.map(|(k, e)| (k, e.clone())).chain(laid) {
+        let result = match entry {
+            Entry::Valid(valid) => {
+                resources.insert(key.clone(), valid.resource().clone());
+                pipeline.update_valid(*valid)
+            }
+            Entry::Raw(value) => pipeline.update(key, Some(&value)),
+        };
+        if let Err(e) = result {
+            problems.push(format!("skipped {key}: {e}"));
+        }
+    }
+    let (revision, stamp) = (loaded.revision, loaded.stamp.clone());
     pipeline.in_sync();
     let failed_safe: Vec<String> = (pipeline.failed_safe_rules().iter().map(|r| {
         let fields: Vec<String> = (r.unknown_fields.iter())

@@ -21,12 +21,15 @@ use iptables::render::static_chains::verdict_of_chain;
 use iptables::render::trace::{self, Effect, Outcome, Packet, RendererRules};
 
 mod check;
+mod decision;
 mod hosts;
 pub mod kernel;
 mod traced;
 
 use check::read_kernel;
 pub use check::{check_kernel, check_sets};
+use decision::Deciders;
+pub use decision::{Decision, Explainer};
 pub use hosts::PreTable;
 use traced::End;
 pub use traced::{Path, Traced, Verdict};
@@ -190,9 +193,18 @@ impl Args {
 
 /// Traces one packet through `view`'s rules for `node` (the view must be rendered for it).
 pub fn trace_packet(view: &NodeView, node: &str, p: &PacketArgs) -> anyhow::Result<Traced> {
-    let pods = Pods::of(view);
-    let from = end(view, &pods, node, p.ipv6, &p.from, "--from")?;
-    let to = end(view, &pods, node, p.ipv6, &p.to, "--to")?;
+    trace_packet_with(view, &Pods::of(view), node, p)
+}
+
+/// [`trace_packet`] with the view's pods looked up once, for many packets.
+pub fn trace_packet_with(
+    view: &NodeView,
+    pods: &Pods,
+    node: &str,
+    p: &PacketArgs,
+) -> anyhow::Result<Traced> {
+    let from = end(view, pods, node, p.ipv6, &p.from, "--from")?;
+    let to = end(view, pods, node, p.ipv6, &p.to, "--to")?;
     if from.addr.is_ipv6() != to.addr.is_ipv6() {
         bail!(
             "--from {} and --to {} are of different families",
@@ -503,7 +515,7 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
         iface(&pkt.in_iface),
         iface(&pkt.out_iface)
     );
-    let mut deciders = Vec::new();
+    let mut deciders = Deciders::default();
     let mut mark = pkt.mark;
     for pre in &traced.pre {
         let _ = writeln!(s, "{}", pre.heading());
@@ -584,7 +596,7 @@ fn report(view: &NodeView, traced: &Traced, node: &str) -> String {
         },
     };
     let _ = writeln!(s, "verdict: {verdict}");
-    for d in deciders {
+    for d in deciders.lines {
         let _ = writeln!(s, "  {d}");
     }
     s
@@ -601,7 +613,7 @@ fn report_steps(
     pkt: &Packet,
     t: &trace::Trace,
     mark: &mut u32,
-    deciders: &mut Vec<String>,
+    deciders: &mut Deciders,
 ) {
     let marks = *view.renderer.marks();
     for step in &t.steps {
@@ -655,7 +667,9 @@ fn report_steps(
         };
         if let Some(verb) = verb {
             let what = owner.map_or(step.chain.as_str(), |o| o.what.as_str());
-            let why = decision(verb, owner.and_then(|o| o.tier.as_deref()), verdicts, &text);
+            let tier = owner.and_then(|o| o.tier.as_deref());
+            let why = decision(verb, tier, verdicts, &text);
+            (deciders.decisions).push(Decision::of(verb, what, tier, &why));
             deciders.push(format!(
                 "{verb} by {what} ({} rule {}){why}",
                 step.chain, step.rule
