@@ -77,6 +77,8 @@ pub struct StagedCounts {
 
 /// (kind, tier, namespace, name): one row.
 type Key = (String, Option<String>, Option<String>, String);
+/// A row's kernel counters: (direction, action) → (packets, bytes).
+type ByAction = BTreeMap<(&'static str, &'static str), (u64, u64)>;
 
 /// A counter key as a flow record names the same thing.
 fn counter_identity(k: &CounterKey) -> Key {
@@ -129,8 +131,7 @@ pub fn policies_of(
     records: &[Arc<FlowRecord>],
 ) -> PoliciesDoc {
     let mut rows: BTreeMap<Key, PolicyDoc> = BTreeMap::new();
-    let mut counters: BTreeMap<Key, BTreeMap<(&'static str, &'static str), (u64, u64)>> =
-        BTreeMap::new();
+    let mut counters: BTreeMap<Key, ByAction> = BTreeMap::new();
     for (_, tally) in tallies {
         for (k, c) in &tally.counters {
             let e = counters
@@ -339,9 +340,9 @@ mod tests {
                 would_deny: 1
             }
         );
-        assert_eq!(
-            by("GlobalNetworkPolicy", "pass-all").flows,
-            FlowCounts::default()
+        assert!(
+            !doc.policies.iter().any(|p| p.name == "pass-all"),
+            "a policy that passed decided nothing"
         );
         // Most packets first.
         assert_eq!(doc.policies[0].name, "allow-web");

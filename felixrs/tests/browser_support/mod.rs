@@ -10,7 +10,7 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use chromiumoxide::browser::{Browser, BrowserConfig};
@@ -58,7 +58,7 @@ impl Chromium {
         let (browser, mut handler) = match Browser::launch(config).await {
             Ok(b) => b,
             Err(e) => {
-                kill_profile_processes(&profile.path().to_path_buf());
+                kill_profile_processes(profile.path());
                 panic!("launching {CHROMIUM}: {e}");
             }
         };
@@ -96,13 +96,13 @@ impl Chromium {
 
 impl Drop for Chromium {
     fn drop(&mut self) {
-        kill_profile_processes(&self.profile.path().to_path_buf());
+        kill_profile_processes(self.profile.path());
     }
 }
 
 /// SIGKILLs every process whose command line names `profile` (this test's browser and its
 /// helper processes; no other process names our temporary directory).
-fn kill_profile_processes(profile: &PathBuf) {
+fn kill_profile_processes(profile: &Path) {
     let needle = profile.to_string_lossy().into_owned();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return;
