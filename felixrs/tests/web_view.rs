@@ -622,8 +622,18 @@ fn get(addr: SocketAddr, path: &str) -> (u16, String, String) {
 
 /// Without the web view none of its routes (nor `/flows`) exist; with it, every page and API
 /// carries the strict Content-Security-Policy, and the page holds no inline script or style.
+/// The agent takes the one flag, off by default.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_routes_exist_only_with_the_web_view_and_carry_a_strict_csp() {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_felixrs"))
+        .args(["agent", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("--web-view") && help.contains("FELIXRS_WEB_VIEW"),
+        "{help}"
+    );
     let off = serve(false).await;
     for path in [
         "/ui/",
