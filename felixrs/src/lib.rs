@@ -7,9 +7,11 @@
 //!   one module each, and what they share (`cmd::shared`).
 //! * [`dns`]: the DNS learner of FQDN egress policy (NFQUEUE, DNS parsing, learned map).
 //! * [`flowlog`]: flow logs: the record every producer and reader shares.
+//! * [`web`]: the web view the agent serves with `--web-view` (flows, policies, pods).
 #![forbid(unsafe_code)]
 
 pub mod agent;
 pub mod cmd;
 pub mod dns;
 pub mod flowlog;
+pub mod web;

@@ -84,6 +84,7 @@ async fn run_until_it_stops(
         drift_interval: None,
         snapshot_interval: Duration::from_secs(1),
         felix_config: None,
+        http_routes: axum::Router::new(),
     };
     // Nothing listens there: etcd refuses, the snapshot is the view.
     let etcd: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();

@@ -197,6 +197,11 @@ impl PolicyCounters {
     pub fn set(&self, tallies: Vec<(IpVersion, Tally)>) {
         *self.tallies.lock().expect("policy counters lock") = tallies;
     }
+
+    /// A copy of the last tallies (the web view's per-policy hits).
+    pub fn tallies(&self) -> Vec<(IpVersion, Tally)> {
+        self.tallies.lock().expect("policy counters lock").clone()
+    }
 }
 
 impl Collector for PolicyCounters {

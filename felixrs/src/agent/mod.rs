@@ -186,6 +186,10 @@ pub struct Args {
         value_parser = parse_max_learned
     )]
     pub dns_max_learned: usize,
+    /// Serve the web view on the status port (`/ui/`: live flows, per-policy hits and staged
+    /// differences, the policies of each pod; with `/flows`, `/api/pods`, `/api/policies`).
+    #[arg(long, env = "FELIXRS_WEB_VIEW")]
+    pub web_view: bool,
     /// tracing filter.
     #[arg(long, env = "FELIXRS_LOG", default_value = "info")]
     pub log: String,
@@ -350,6 +354,11 @@ impl Args {
             key: self.etcd_key,
         };
         let datastore = EtcdDatastore::new(self.etcd_endpoints, tls, self.etcd_timeout);
+        // The agent's one flow hub (issue 27): made when something reads or fills it.
+        let flow_hub: Option<Arc<crate::flowlog::FlowHub>> = self
+            .web_view
+            .then(|| crate::flowlog::FlowHub::new(crate::flowlog::hub::DEFAULT_RECENT));
+        let http_routes = http_routes(&hub, flow_hub.as_ref(), self.web_view, &self.node_name);
         let cfg = RuntimeConfig {
             prefix: self.etcd_prefix,
             state_dir: self.state_dir,
@@ -359,6 +368,7 @@ impl Args {
             drift_interval: (!self.drift_interval.is_zero()).then_some(self.drift_interval),
             snapshot_interval: Duration::from_secs(1),
             felix_config: Some(watch),
+            http_routes,
         };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -392,6 +402,25 @@ impl Args {
         }
         result
     }
+}
+
+/// The routes the status port serves beside `/status` & co.: `/flows` when the agent has a flow
+/// hub, and the web view's (`/ui/`, `/api/*`) with `--web-view`; none otherwise.
+pub fn http_routes(
+    hub: &Arc<StatusHub>,
+    flow_hub: Option<&Arc<crate::flowlog::FlowHub>>,
+    web_view: bool,
+    node_name: &str,
+) -> axum::Router {
+    let mut routes = axum::Router::new();
+    if let Some(flows) = flow_hub {
+        routes = routes.merge(crate::flowlog::http::routes(flows.clone()));
+        if web_view {
+            let view = crate::web::WebView::new(hub.clone(), flows.clone(), node_name);
+            routes = routes.merge(crate::web::routes(view));
+        }
+    }
+    routes
 }
 
 /// Replaces this process with a fresh start of the same binary, argv and environment (Felix

@@ -57,6 +57,8 @@ pub struct RuntimeConfig {
     /// The agent's settings from FelixConfiguration, re-read when one of this node's changes;
     /// a restart-needing change stops the runtime like a cancel (the agent then re-execs).
     pub felix_config: Option<Arc<std::sync::Mutex<ConfigWatch>>>,
+    /// Routes served beside the status router's (`/flows`, the web view); empty by default.
+    pub http_routes: axum::Router,
 }
 
 /// Runs the agent until `cancel` fires.
@@ -72,9 +74,9 @@ pub async fn run<D: Datastore, P: Pipeline, DP: Dataplane>(
         .await
         .with_context(|| format!("binding health listener {}", cfg.health_listen))?;
     tracing::info!(addr = %listener.local_addr()?, "serving status, health and metrics");
-    let server = tokio::spawn(status::serve(
+    let server = tokio::spawn(status::serve_routes(
         listener,
-        hub.clone(),
+        status::router(hub.clone()).merge(cfg.http_routes.clone()),
         cancel.clone().cancelled_owned(),
     ));
 

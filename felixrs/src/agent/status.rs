@@ -286,7 +286,17 @@ pub async fn serve(
     hub: Arc<StatusHub>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(hub))
+    serve_routes(listener, router(hub), shutdown).await
+}
+
+/// Serves `routes` (the status router with others merged in: `/flows`, the web view) until
+/// `shutdown` resolves.
+pub async fn serve_routes(
+    listener: tokio::net::TcpListener,
+    routes: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, routes)
         .with_graceful_shutdown(shutdown)
         .await
 }
