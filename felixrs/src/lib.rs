@@ -13,3 +13,4 @@ pub mod agent;
 pub mod cmd;
 pub mod dns;
 pub mod flowlog;
+pub mod staged;
