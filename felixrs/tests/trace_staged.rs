@@ -248,3 +248,59 @@ spec: {stagedAction: Delete}
     assert!(staged_line(&text).unwrap().starts_with("ACCEPT"), "{text}");
     assert!(text.contains("  allowed by profile kns.y"), "{text}");
 }
+
+/// The flow collector's seam: the staged verdict of a connection on the reporter's side, with
+/// the staged policy's identity; `None` where nothing staged changes that side.
+#[test]
+fn pending_policies_answer_for_the_reporters_side_only() {
+    use felixrs::cmd::shared::dataplane_args::DataplaneArgs;
+    use felixrs::cmd::shared::node_view::{SourceArgs, render_node};
+    use felixrs::flowlog::{Connection, FlowAction, PendingPolicies, Reporter};
+    use felixrs::staged::StagedView;
+
+    let dir = manifests(STAGED_DENY_ALL);
+    let source = SourceArgs::manifests(vec![dir.path().to_path_buf()]);
+    let dataplane = DataplaneArgs::default();
+    let view = render_node(&source, "node-1", &dataplane).unwrap();
+    let staged = StagedView::from_outputs(dataplane.render_config(), &view.outputs).unwrap();
+    let conn = Connection {
+        proto: 6,
+        src: "10.65.1.11".parse().unwrap(),
+        dst: "10.65.1.10".parse().unwrap(),
+        src_port: Some(40000),
+        dst_port: Some(8080),
+        icmp: None,
+    };
+    let (action, hits) = staged
+        .pending(&conn, Reporter::Dst)
+        .expect("a's ingress is staged");
+    assert_eq!(action, FlowAction::Deny);
+    let hit = hits.last().unwrap();
+    assert_eq!(
+        (
+            hit.kind.as_str(),
+            hit.name.as_str(),
+            hit.tier.as_deref(),
+            hit.action
+        ),
+        (
+            "StagedGlobalNetworkPolicy",
+            "deny-all",
+            Some("default"),
+            FlowAction::Deny
+        )
+    );
+    // b's egress has no staged policy (the deny-all is ingress only).
+    assert_eq!(staged.pending(&conn, Reporter::Src), None);
+    // Without staged policies nothing is pending, and nothing is rendered.
+    let plain = manifests("");
+    let view = render_node(
+        &SourceArgs::manifests(vec![plain.path().to_path_buf()]),
+        "node-1",
+        &dataplane,
+    )
+    .unwrap();
+    let staged = StagedView::from_outputs(dataplane.render_config(), &view.outputs).unwrap();
+    assert!(staged.is_empty());
+    assert_eq!(staged.pending(&conn, Reporter::Dst), None);
+}
