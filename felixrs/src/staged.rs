@@ -355,3 +355,39 @@ impl PendingPolicies for StagedView {
         Some((v.action, v.hits))
     }
 }
+
+/// A [`StagedView`] the agent updates while the flow collector reads it: the apply loop calls
+/// [`SharedStagedView::apply`] with each batch it flushed from the graph (the same batch the
+/// enforced renderer gets), the collector holds it as `Arc<dyn PendingPolicies>`.
+pub struct SharedStagedView(std::sync::RwLock<StagedView>);
+
+impl SharedStagedView {
+    pub fn new(view: StagedView) -> Self {
+        SharedStagedView(std::sync::RwLock::new(view))
+    }
+
+    /// Takes one flushed batch of graph outputs (see [`StagedView::apply`]).
+    pub fn apply(&self, outputs: impl IntoIterator<Item = Output>) {
+        self.0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .apply(outputs);
+    }
+}
+
+impl PendingPolicies for SharedStagedView {
+    fn pending(
+        &self,
+        conn: &Connection,
+        reporter: Reporter,
+    ) -> Option<(FlowAction, Vec<PolicyHit>)> {
+        let view = self
+            .0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if view.is_empty() {
+            return None;
+        }
+        view.pending(conn, reporter)
+    }
+}

@@ -83,7 +83,10 @@ watched_staged_kind!(
 /// conversion ([`crate::v3_passthrough::convert_v3`]).
 fn convert_watched(kind: &str, meta: &ObjectMeta, spec: &Value) -> Converted {
     let mut m = Map::new();
-    m.insert("name".into(), Value::from(meta.name.clone().unwrap_or_default()));
+    m.insert(
+        "name".into(),
+        Value::from(meta.name.clone().unwrap_or_default()),
+    );
     if let Some(ns) = &meta.namespace {
         m.insert("namespace".into(), Value::from(ns.clone()));
     }
@@ -91,7 +94,10 @@ fn convert_watched(kind: &str, meta: &ObjectMeta, spec: &Value) -> Converted {
         m.insert("labels".into(), serde_json::to_value(l).unwrap_or_default());
     }
     if let Some(a) = &meta.annotations {
-        m.insert("annotations".into(), serde_json::to_value(a).unwrap_or_default());
+        m.insert(
+            "annotations".into(),
+            serde_json::to_value(a).unwrap_or_default(),
+        );
     }
     let doc = serde_json::json!({
         "apiVersion": calc_graph::model::API_VERSION,

@@ -83,7 +83,10 @@ fn mismatches(cases: &[Case], family: Family) -> (Vec<String>, usize) {
             let pkt = &traced.packet;
             let (passes, detail) = if s.applies_to(pkt.src, pkt.dst) {
                 let (_, v) = s.trace(pkt, traced.path.our_chain()).unwrap();
-                (v.action != FlowAction::Deny, format!("staged {:?}", v.action))
+                (
+                    v.action != FlowAction::Deny,
+                    format!("staged {:?}", v.action),
+                )
             } else {
                 (
                     traced.verdict != Verdict::Drop,
@@ -102,6 +105,10 @@ fn mismatches(cases: &[Case], family: Family) -> (Vec<String>, usize) {
 #[test]
 fn staged_verdicts_equal_the_promoted_verdicts_of_every_ipv4_case() {
     // Every step of the suite stages at least one policy somewhere.
-    assert!(cases::all().iter().any(|c| c.steps.iter().any(|s| !s.policies.is_empty())));
+    assert!(
+        cases::all()
+            .iter()
+            .any(|c| c.steps.iter().any(|s| !s.policies.is_empty()))
+    );
     assert_no_mismatches(mismatches(&cases::all(), Family::V4), 1000);
 }
