@@ -146,6 +146,32 @@ impl ParsedRule {
 pub enum PolicyKind {
     NetworkPolicy,
     GlobalNetworkPolicy,
+    /// Staged kinds (Calico's pending policies): active so the staged view can be evaluated,
+    /// never programmed by the enforced renderer.
+    StagedNetworkPolicy,
+    StagedGlobalNetworkPolicy,
+    StagedKubernetesNetworkPolicy,
+}
+
+impl PolicyKind {
+    /// The kind as the datastore names it (`NetworkPolicy`, `StagedGlobalNetworkPolicy`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::NetworkPolicy => "NetworkPolicy",
+            PolicyKind::GlobalNetworkPolicy => "GlobalNetworkPolicy",
+            PolicyKind::StagedNetworkPolicy => "StagedNetworkPolicy",
+            PolicyKind::StagedGlobalNetworkPolicy => "StagedGlobalNetworkPolicy",
+            PolicyKind::StagedKubernetesNetworkPolicy => "StagedKubernetesNetworkPolicy",
+        }
+    }
+
+    /// Whether this is a staged kind: evaluated in the staged view only, never enforced.
+    pub fn is_staged(self) -> bool {
+        !matches!(
+            self,
+            PolicyKind::NetworkPolicy | PolicyKind::GlobalNetworkPolicy
+        )
+    }
 }
 
 /// Identity of a policy. `namespace` is `Some` exactly for namespaced kinds.
@@ -160,10 +186,7 @@ pub struct PolicyId {
 impl fmt::Display for PolicyId {
     /// Human form used in logs and chain comments: `NetworkPolicy prod/web`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = match self.kind {
-            PolicyKind::NetworkPolicy => "NetworkPolicy",
-            PolicyKind::GlobalNetworkPolicy => "GlobalNetworkPolicy",
-        };
+        let kind = self.kind.as_str();
         match &self.namespace {
             Some(ns) => write!(f, "{kind} {ns}/{}", self.name),
             None => write!(f, "{kind} {}", self.name),
@@ -233,6 +256,11 @@ pub struct LocalEndpoint {
     /// host bits cleared, in the resource's order. The dataplane honours them only when the node
     /// allows workload source spoofing (Felix `WorkloadSourceSpoofing=Any`).
     pub allow_spoofed_source_prefixes: Vec<IpNet>,
+    /// The staged view (Calico's pending policies): the tiers as if every staged policy were
+    /// enforced in its tier and order, a staged Set policy replacing the enforced policy it
+    /// shadows, a staged Delete removing it. `None` when no staged policy changes this
+    /// endpoint's view. The enforced renderer never reads it.
+    pub staged_tiers: Option<Vec<TierInfo>>,
 }
 
 /// The interface name of a host endpoint that applies to all of the host's interfaces

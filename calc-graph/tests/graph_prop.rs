@@ -55,6 +55,16 @@ enum Op {
     DelNs {
         ns: u8,
     },
+    /// A staged policy shadowing `p<idx>` (of its namespace, or the global one): Set with a
+    /// selector and a deny or allow ingress rule, Delete, or deleted (`action` 0, 1, 2).
+    Staged {
+        idx: u8,
+        ns: Option<u8>,
+        sel: u8,
+        order: u8,
+        deny: bool,
+        action: u8,
+    },
     Policy {
         idx: u8,
         ns: Option<u8>,
@@ -127,6 +137,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0u8..4, proptest::option::of(0u8..2), 0..SELECTORS.len() as u8, 0u8..3, any::<bool>(),
               proptest::collection::vec(rule, 0..3), any::<bool>(), 0u8..4)
             .prop_map(|(idx, ns, sel, order, sec, rules, egress, flags)| Op::Policy { idx, ns, sel, order, sec, rules, egress, flags }),
+        3 => (0u8..4, proptest::option::of(0u8..2), 0..SELECTORS.len() as u8, 0u8..3, any::<bool>(), 0u8..3)
+            .prop_map(|(idx, ns, sel, order, deny, action)| Op::Staged { idx, ns, sel, order, deny, action }),
         3 => (0u8..3, any::<bool>(), 0u8..3, 0u8..4, any::<bool>())
             .prop_map(|(idx, local, app, iface, profile)| Op::Hep { idx, local, app, iface, profile }),
         1 => (0u8..3).prop_map(|idx| Op::DelHep { idx }),
@@ -303,6 +315,51 @@ fn to_update(op: &Op) -> Option<Update> {
                     }
                     upd(p)
                 }
+            }
+        }
+        Op::Staged {
+            idx,
+            ns,
+            sel,
+            order,
+            deny,
+            action,
+        } => {
+            use calc_graph::model::{
+                StagedAction, StagedGlobalNetworkPolicy, StagedNetworkPolicy, StagedPolicySpec,
+            };
+            let name = policy_name(idx, false);
+            let kind = match ns {
+                Some(_) => Kind::StagedNetworkPolicy,
+                None => Kind::StagedGlobalNetworkPolicy,
+            };
+            let ns = ns.map(|n| NAMESPACES[n as usize]);
+            if action == 2 {
+                return Some(del(kind, ns, &name));
+            }
+            let mut spec = StagedPolicySpec::default();
+            if action == 0 {
+                spec.staged_action = Some(StagedAction::Set);
+                spec.policy.selector = Some(SELECTORS[sel as usize].to_string());
+                spec.policy.order = Some(f64::from(order));
+                spec.policy.types = vec![calc_graph::model::PolicyType::Ingress];
+                spec.policy.ingress = vec![Rule::new(if deny {
+                    calc_graph::model::Action::Deny
+                } else {
+                    calc_graph::model::Action::Allow
+                })];
+            } else {
+                spec.staged_action = Some(StagedAction::Delete);
+            }
+            match ns {
+                Some(ns) => upd(StagedNetworkPolicy {
+                    metadata: calc_graph::model::Metadata::namespaced(ns, name),
+                    spec,
+                }),
+                None => upd(StagedGlobalNetworkPolicy {
+                    metadata: calc_graph::model::Metadata::named(name),
+                    spec,
+                }),
             }
         }
         Op::DelPolicy { idx, ns, sec } => match ns {

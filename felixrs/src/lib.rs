@@ -14,4 +14,5 @@ pub mod agent;
 pub mod cmd;
 pub mod dns;
 pub mod flowlog;
+pub mod staged;
 pub mod web;

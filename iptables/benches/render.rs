@@ -123,6 +123,7 @@ fn endpoint(e: usize) -> LocalEndpoint {
             format!("ksa.ns{}.default", e % 50),
         ],
         allow_spoofed_source_prefixes: vec![],
+        staged_tiers: None,
     }
 }
 

@@ -148,6 +148,7 @@ fn endpoint(e: usize, c: usize) -> LocalEndpoint {
         ],
         profile_ids: vec![format!("kns.ns{c}"), format!("ksa.ns{c}.default")],
         allow_spoofed_source_prefixes: vec![],
+        staged_tiers: None,
     }
 }
 

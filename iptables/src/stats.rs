@@ -160,14 +160,13 @@ impl Attribution {
             _ => None,
         };
         for id in renderer.policy_ids() {
+            // Staged kinds never reach an enforced renderer; they count as their enforced kind.
             let (source, name) = match (&id.kind, &id.namespace) {
-                (PolicyKind::NetworkPolicy, Some(ns)) => {
-                    (Source::NetworkPolicy, format!("{ns}/{}", id.name))
-                }
-                (PolicyKind::NetworkPolicy, None) => (Source::NetworkPolicy, id.name.clone()),
-                (PolicyKind::GlobalNetworkPolicy, _) => {
+                (PolicyKind::GlobalNetworkPolicy | PolicyKind::StagedGlobalNetworkPolicy, _) => {
                     (Source::GlobalNetworkPolicy, id.name.clone())
                 }
+                (_, Some(ns)) => (Source::NetworkPolicy, format!("{ns}/{}", id.name)),
+                (_, None) => (Source::NetworkPolicy, id.name.clone()),
             };
             for ingress in [true, false] {
                 let chain = names::policy_chain_name(id, ingress);

@@ -107,6 +107,7 @@ fn mk_outputs() -> Vec<Output> {
             }],
             profile_ids: vec!["kns.default".into()],
             allow_spoofed_source_prefixes: vec![],
+            staged_tiers: None,
         }),
         Output::InSync,
     ]

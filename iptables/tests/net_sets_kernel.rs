@@ -102,6 +102,7 @@ fn pod() -> Output {
         }],
         profile_ids: vec![],
         allow_spoofed_source_prefixes: vec![],
+        staged_tiers: None,
     })
 }
 

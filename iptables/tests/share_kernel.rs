@@ -75,6 +75,7 @@ fn pod(i: usize, port: u16) -> Output {
         }],
         profile_ids: vec!["kns.default".into()],
         allow_spoofed_source_prefixes: vec![],
+        staged_tiers: None,
     })
 }
 

@@ -12,6 +12,7 @@
 
 pub mod convert;
 pub mod manifests;
+pub mod staged;
 pub mod strict_k8s;
 pub mod v3_passthrough;
 pub mod validate;

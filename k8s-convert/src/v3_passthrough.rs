@@ -128,6 +128,12 @@ pub fn convert_v3(v: &Value) -> Converted {
         Ok(res) => res,
         Err(e) => return Converted::skipped(e.report(&obj), Some(key)),
     };
+    // A StagedKubernetesNetworkPolicy is a Kubernetes NetworkPolicy in waiting: checked as one.
+    if let calc_graph::model::Resource::StagedKubernetesNetworkPolicy(p) = &res
+        && let Err(e) = crate::staged::check_staged_kubernetes(p)
+    {
+        return Converted::skipped(SkipReport::new(&obj, "spec", e), Some(key));
+    }
     let as_written = needs_as_written(&res).then_some(json);
     checked(res, as_written, Vec::new())
 }

@@ -68,6 +68,12 @@ source_kinds! {
         convert::baseline_admin_network_policy_to_calico, optional = true;
     convert::admin::ClusterNetworkPolicy => "ClusterNetworkPolicy",
         convert::cluster_network_policy_to_calico, optional = true;
+    k8s_convert::staged::WatchedStagedNetworkPolicy => "StagedNetworkPolicy",
+        k8s_convert::staged::WatchedStagedNetworkPolicy::convert, optional = true;
+    k8s_convert::staged::WatchedStagedGlobalNetworkPolicy => "StagedGlobalNetworkPolicy",
+        k8s_convert::staged::WatchedStagedGlobalNetworkPolicy::convert, optional = true;
+    k8s_convert::staged::WatchedStagedKubernetesNetworkPolicy => "StagedKubernetesNetworkPolicy",
+        k8s_convert::staged::WatchedStagedKubernetesNetworkPolicy::convert, optional = true;
 }
 
 /// What the desired state was built from, for logs and metrics.

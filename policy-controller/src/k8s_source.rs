@@ -1,11 +1,12 @@
-//! kube-rs watchers for Namespace, ServiceAccount, Node, Pod, NetworkPolicy and the `policy.networking.k8s.io`
-//! kinds (AdminNetworkPolicy, BaselineAdminNetworkPolicy, ClusterNetworkPolicy), feeding the [`Index`].
+//! kube-rs watchers for Namespace, ServiceAccount, Node, Pod, NetworkPolicy, the `policy.networking.k8s.io`
+//! kinds (AdminNetworkPolicy, BaselineAdminNetworkPolicy, ClusterNetworkPolicy) and the staged
+//! policy kinds of `projectcalico.org/v3`, feeding the [`Index`].
 //!
 //! One task per kind. Watcher events map onto the index exactly like kubert's `index::namespaced`:
 //! `Apply` → `apply`, `Delete` → `delete`, and `Init`/`InitApply`/`InitDone` (every relist, including the
 //! one forced by a `410 Gone`) → one `reset` with the complete listing. After each change the writer is
 //! notified. Watch errors are logged and retried with kube's default backoff; the stream never ends.
-//! The admin kinds are CRDs a cluster may not have installed (`SourceKind::OPTIONAL`): a `404 Not Found`
+//! The admin and staged kinds are CRDs a cluster may not have installed (`SourceKind::OPTIONAL`): a `404 Not Found`
 //! for one of them counts
 //! as an empty listing (so the controller does not wait for it forever), and the watcher keeps retrying,
 //! so objects appear once the CRD is installed.
@@ -26,9 +27,13 @@ use tracing::Instrument;
 
 use crate::convert::admin::{AdminNetworkPolicy, BaselineAdminNetworkPolicy, ClusterNetworkPolicy};
 use crate::index::{Index, SourceKind};
+use k8s_convert::staged::{
+    WatchedStagedGlobalNetworkPolicy, WatchedStagedKubernetesNetworkPolicy,
+    WatchedStagedNetworkPolicy,
+};
 
 /// The kinds [`spawn_all`] watches, for [`Index::new`]'s `waiting_for`.
-pub const KINDS: [&str; 8] = [
+pub const KINDS: [&str; 11] = [
     "Namespace",
     "Node",
     "ServiceAccount",
@@ -37,6 +42,9 @@ pub const KINDS: [&str; 8] = [
     "AdminNetworkPolicy",
     "BaselineAdminNetworkPolicy",
     "ClusterNetworkPolicy",
+    "StagedNetworkPolicy",
+    "StagedGlobalNetworkPolicy",
+    "StagedKubernetesNetworkPolicy",
 ];
 
 /// Shared index handle.
@@ -52,7 +60,10 @@ pub fn spawn_all(client: Client, index: SharedIndex, changed: Arc<Notify>) -> Ve
         spawn::<StrictNetworkPolicy>(client.clone(), index.clone(), changed.clone()),
         spawn::<AdminNetworkPolicy>(client.clone(), index.clone(), changed.clone()),
         spawn::<BaselineAdminNetworkPolicy>(client.clone(), index.clone(), changed.clone()),
-        spawn::<ClusterNetworkPolicy>(client, index, changed),
+        spawn::<ClusterNetworkPolicy>(client.clone(), index.clone(), changed.clone()),
+        spawn::<WatchedStagedNetworkPolicy>(client.clone(), index.clone(), changed.clone()),
+        spawn::<WatchedStagedGlobalNetworkPolicy>(client.clone(), index.clone(), changed.clone()),
+        spawn::<WatchedStagedKubernetesNetworkPolicy>(client, index, changed),
     ]
 }
 
@@ -147,7 +158,10 @@ pub async fn list_once(client: Client, index: &SharedIndex) -> Result<(), kube::
     list_kind::<StrictNetworkPolicy>(&client, index).await?;
     list_kind::<AdminNetworkPolicy>(&client, index).await?;
     list_kind::<BaselineAdminNetworkPolicy>(&client, index).await?;
-    list_kind::<ClusterNetworkPolicy>(&client, index).await
+    list_kind::<ClusterNetworkPolicy>(&client, index).await?;
+    list_kind::<WatchedStagedNetworkPolicy>(&client, index).await?;
+    list_kind::<WatchedStagedGlobalNetworkPolicy>(&client, index).await?;
+    list_kind::<WatchedStagedKubernetesNetworkPolicy>(&client, index).await
 }
 
 /// Whether a request failed because the API server does not serve the resource.

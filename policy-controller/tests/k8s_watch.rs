@@ -469,3 +469,94 @@ async fn missing_admin_crds_count_as_empty_until_installed() {
         t.abort();
     }
 }
+
+fn mk_staged(kind: &str, ns: Option<&str>, name: &str, spec: Value) -> Value {
+    let mut meta = json!({"name": name});
+    if let Some(ns) = ns {
+        meta["namespace"] = json!(ns);
+    }
+    json!({"apiVersion": "projectcalico.org/v3", "kind": kind, "metadata": meta, "spec": spec})
+}
+
+/// The staged policy kinds (`projectcalico.org/v3`, optional like the admin CRDs): listed and
+/// watched, each written under its own key as written; a StagedKubernetesNetworkPolicy that is
+/// no valid Kubernetes NetworkPolicy is skipped with the field named.
+#[tokio::test]
+async fn staged_policies_are_watched_and_written_to_their_keys() {
+    let etcd = Etcd::start();
+    let mut c = etcd.client().await;
+    let api = FakeApiServer::start().await;
+    api.apply(mk_namespace("prod"));
+    api.apply(mk_staged(
+        "StagedNetworkPolicy",
+        Some("prod"),
+        "web",
+        json!({"stagedAction": "Set", "selector": "app == 'web'", "types": ["Ingress"],
+               "ingress": [{"action": "Deny"}]}),
+    ));
+    api.apply(mk_staged(
+        "StagedGlobalNetworkPolicy",
+        None,
+        "guard",
+        json!({"stagedAction": "Delete"}),
+    ));
+    api.apply(mk_staged(
+        "StagedKubernetesNetworkPolicy",
+        Some("prod"),
+        "k8s-web",
+        json!({"stagedAction": "Set", "podSelector": {}, "ingress": [{"ports": [{"port": 80}]}]}),
+    ));
+    api.apply(mk_staged(
+        "StagedKubernetesNetworkPolicy",
+        Some("prod"),
+        "typo",
+        json!({"podSelector": {}, "ingres": []}),
+    ));
+    let index = empty_index();
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let tasks = k8s_source::spawn_all(api.client(), index.clone(), changed.clone());
+    let mut writer = Writer::new(c.clone());
+    wait_until("the initial lists", || index.lock().unwrap().is_ready()).await;
+    sync(&index, &mut writer).await;
+    let keys = etcd_keys(&mut c).await;
+    for k in [
+        "stagednetworkpolicies/prod/web",
+        "stagedglobalnetworkpolicies/guard",
+        "stagedkubernetesnetworkpolicies/prod/k8s-web",
+    ] {
+        assert!(keys.contains(&k.to_string()), "{k} missing from {keys:?}");
+    }
+    assert!(!keys.iter().any(|k| k.contains("typo")), "{keys:?}");
+    let web = etcd_value(&mut c, "stagednetworkpolicies/prod/web")
+        .await
+        .unwrap();
+    assert_eq!(web["spec"]["stagedAction"], "Set");
+    assert_eq!(web["spec"]["ingress"][0]["action"], "Deny");
+    let skips = index.lock().unwrap().desired().unwrap().skips;
+    assert!(
+        skips.iter().any(|s| s.to_string().contains("ingres")),
+        "{skips:?}"
+    );
+
+    // Live: a new staged policy arrives through the watch.
+    api.apply(mk_staged(
+        "StagedGlobalNetworkPolicy",
+        None,
+        "late",
+        json!({"selector": "all()", "ingress": [{"action": "Deny"}]}),
+    ));
+    let late = ObjectRef::new("StagedGlobalNetworkPolicy", None, "late");
+    wait_until("the live staged policy", || {
+        index.lock().unwrap().contains(&late)
+    })
+    .await;
+    sync(&index, &mut writer).await;
+    assert!(
+        etcd_keys(&mut c)
+            .await
+            .contains(&"stagedglobalnetworkpolicies/late".to_string())
+    );
+    for t in tasks {
+        t.abort();
+    }
+}

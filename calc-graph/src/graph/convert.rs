@@ -8,8 +8,8 @@ use std::sync::Arc;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use crate::model::{
-    GlobalNetworkPolicy, HostEndpoint, Kind, NetworkPolicy, PolicyType, Resource, ResourceKey,
-    WorkloadEndpoint,
+    GlobalNetworkPolicy, HostEndpoint, Kind, NetworkPolicy, PolicySpec, PolicyType, Resource,
+    ResourceKey, WorkloadEndpoint,
 };
 use crate::proto::{EndpointId, PolicyId, PolicyKind};
 
@@ -72,15 +72,26 @@ pub(crate) fn build_policy(
     key: &ResourceKey,
     r: Resource,
 ) -> Result<(PolicyDraft, Vec<FailedSafeRule>), GraphError> {
-    let (kind, namespace, spec) = match r {
-        Resource::NetworkPolicy(NetworkPolicy { spec, .. }) => {
-            let ns = key.namespace.clone().unwrap_or_default();
-            (PolicyKind::NetworkPolicy, Some(ns), spec)
-        }
+    let (kind, spec) = match r {
+        Resource::NetworkPolicy(NetworkPolicy { spec, .. }) => (PolicyKind::NetworkPolicy, spec),
         Resource::GlobalNetworkPolicy(GlobalNetworkPolicy { spec, .. }) => {
-            (PolicyKind::GlobalNetworkPolicy, None, spec)
+            (PolicyKind::GlobalNetworkPolicy, spec)
         }
         other => return Err(GraphError::NotAPolicy(other.kind())),
+    };
+    build_policy_spec(key, kind, spec)
+}
+
+/// A policy of `kind` (enforced or staged) from its Calico spec: namespaced kinds are scoped to
+/// the key's namespace.
+pub(crate) fn build_policy_spec(
+    key: &ResourceKey,
+    kind: PolicyKind,
+    spec: PolicySpec,
+) -> Result<(PolicyDraft, Vec<FailedSafeRule>), GraphError> {
+    let namespace = match kind {
+        PolicyKind::GlobalNetworkPolicy | PolicyKind::StagedGlobalNetworkPolicy => None,
+        _ => Some(key.namespace.clone().unwrap_or_default()),
     };
     let selector = match &namespace {
         Some(ns) => rules::network_policy_selector(&spec, ns)?,
@@ -89,6 +100,7 @@ pub(crate) fn build_policy(
     let scanned = rules::scan_rules(&spec.ingress, &spec.egress, namespace.as_deref())?;
     let types = spec.effective_types();
     let warnings = scanned.failed_safe.clone();
+    let namespaced = namespace.is_some();
     let draft = PolicyDraft {
         id: PolicyId {
             kind,
@@ -104,7 +116,7 @@ pub(crate) fn build_policy(
         // processor always sets applyOnForward.
         untracked: spec.do_not_track,
         pre_dnat: spec.pre_dnat,
-        apply_on_forward: spec.apply_on_forward || kind == PolicyKind::NetworkPolicy,
+        apply_on_forward: spec.apply_on_forward || namespaced,
         rules: Arc::new(scanned),
     };
     Ok((draft, warnings))

@@ -73,10 +73,31 @@ impl Desired for CalcGraph {
         }
         match &ep.id {
             LocalId::Workload(wid) => {
+                let normal = |p: &&PolicyState| !p.untracked && !p.pre_dnat;
                 let refs = policies
-                    .filter(|p| !p.untracked && !p.pre_dnat)
+                    .clone()
+                    .filter(normal)
+                    .filter(|p| !p.id.kind.is_staged())
                     .map(r)
                     .collect();
+                // The staged view: only when a staged policy selects the endpoint or shadows
+                // one of its policies.
+                let staged_tiers = (!self.staged.is_empty())
+                    .then(|| {
+                        let normal: Vec<&PolicyState> = policies.filter(normal).collect();
+                        let changed = normal
+                            .iter()
+                            .any(|p| p.id.kind.is_staged() || self.is_shadowed(&p.id));
+                        changed.then(|| {
+                            let view = normal
+                                .into_iter()
+                                .filter(|p| p.id.kind.is_staged() || !self.is_shadowed(&p.id))
+                                .map(r)
+                                .collect();
+                            resolver::resolve_tiers(view, &self.tiers)
+                        })
+                    })
+                    .flatten();
                 Some(EpState::Workload(LocalEndpoint {
                     id: wid.clone(),
                     interface_name: ep.interface_name.clone(),
@@ -85,6 +106,7 @@ impl Desired for CalcGraph {
                     tiers: resolver::resolve_tiers(refs, &self.tiers),
                     profile_ids: ep.profiles.clone(),
                     allow_spoofed_source_prefixes: ep.allow_spoofed_source_prefixes.clone(),
+                    staged_tiers,
                 }))
             }
             LocalId::Host(name) => {
@@ -93,7 +115,7 @@ impl Desired for CalcGraph {
                 // Pre-DNAT policies are ingress only.
                 let (mut normal, mut forward, mut untracked, mut pre_dnat) =
                     (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-                for p in policies {
+                for p in policies.filter(|p| !p.id.kind.is_staged()) {
                     if p.untracked {
                         untracked.push(r(p));
                     } else if p.pre_dnat {

@@ -20,6 +20,10 @@ pub enum GraphError {
     /// A policy update carried another kind.
     #[error("expected a policy, got a {0}")]
     NotAPolicy(Kind),
+    /// A staged policy could not be taken into the staged view (e.g. a
+    /// StagedKubernetesNetworkPolicy whose spec does not convert).
+    #[error("staged policy: {0}")]
+    Staged(String),
     /// A remote cluster's name is not a valid name.
     #[error("remote cluster name {cluster:?}: {reason}")]
     RemoteClusterName { cluster: String, reason: NameError },

@@ -58,7 +58,9 @@
 //!   [`crate::proto::BY_EXPECTED_IPS`]: the renderer resolves it by `expectedIPs` against the
 //!   host's interfaces (data the agent passes in), as Felix's endpoint manager does. `doNotTrack` and `preDNAT` policies never appear in a
 //!   workload endpoint's tiers.
-//! * Staged policies are ignored; other kinds are ignored.
+//! * Staged policies ([`staged`]) are active policies of their own staged kinds that only the
+//!   endpoints' staged view (`staged_tiers`) names; the enforced tiers never do. Other kinds are
+//!   ignored.
 //! * A field the agent does not enforce never widens a rule: a rule with a field of
 //!   [`crate::model::UNENFORCED_RULE_FIELDS`] (`http`, `services`, `source.domains`), a
 //!   `destination.domains` outside an egress Allow rule or with a bad name
@@ -81,6 +83,7 @@ mod remote;
 mod resolver;
 mod rules;
 mod sequencer;
+mod staged;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -104,6 +107,7 @@ use sequencer::{Desired, Sequencer};
 pub use error::{GraphError, SelectorFieldError};
 pub use remote::LABEL_CLUSTER;
 pub use rules::{FailedSafeRule, domain_set_id, named_port_set_id};
+pub use staged::StagedK8sConverter;
 
 /// One input of the graph.
 // The agent's API is fixed (`value: Option<Resource>`); `InSync` is rare, so its size is moot.
@@ -209,6 +213,11 @@ pub struct CalcGraph {
     changes_at_reoptimize: u64,
     reoptimizations: u64,
     reoptimize_min_changes: u64,
+    /// Staged policies (Set or Delete) by key, with the enforced policy each shadows.
+    staged: FxMap<ResourceKey, ResourceKey>,
+    /// Enforced policies shadowed by at least one staged policy, with how many.
+    shadows: FxMap<ResourceKey, u32>,
+    staged_k8s: Option<StagedK8sConverter>,
 }
 
 impl CalcGraph {
@@ -240,6 +249,9 @@ impl CalcGraph {
             changes_at_reoptimize: 0,
             reoptimizations: 0,
             reoptimize_min_changes: index::REOPTIMIZE_MIN_CHANGES,
+            staged: FxMap::default(),
+            shadows: FxMap::default(),
+            staged_k8s: None,
         }
     }
 
@@ -469,7 +481,7 @@ impl CalcGraph {
             }
             Kind::StagedNetworkPolicy
             | Kind::StagedGlobalNetworkPolicy
-            | Kind::StagedKubernetesNetworkPolicy => {}
+            | Kind::StagedKubernetesNetworkPolicy => self.apply_staged(key, value),
         }
     }
 

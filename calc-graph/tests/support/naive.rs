@@ -9,7 +9,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use calc_graph::graph::named_port_set_id;
-use calc_graph::model::{Action, Kind, PolicyType, Port, Protocol, Resource, ResourceKey, Rule};
+use calc_graph::model::{
+    Action, Kind, PolicyType, Port, Protocol, Resource, ResourceKey, Rule, StagedAction,
+};
 use calc_graph::proto::{
     ActivePolicy, ActiveProfile, EndpointId, IpSetKind, IpSetMember, LocalEndpoint,
     LocalHostEndpoint, ParsedRule, PolicyId, PolicyKind, PortRange, TierInfo,
@@ -162,6 +164,53 @@ fn policies(res: &BTreeMap<ResourceKey, Resource>) -> Vec<NaivePolicy> {
                     egress: p.spec.egress.clone(),
                 });
             }
+            Resource::StagedNetworkPolicy(p)
+                if p.spec.staged_action.unwrap_or(StagedAction::Set) == StagedAction::Set =>
+            {
+                let ns = key.namespace.clone().unwrap();
+                let spec = &p.spec.policy;
+                let sel = spec.selector.clone().unwrap_or_else(|| "all()".into());
+                out.push(NaivePolicy {
+                    id: PolicyId {
+                        kind: PolicyKind::StagedNetworkPolicy,
+                        tier: spec.tier_name().to_string(),
+                        namespace: Some(ns.clone()),
+                        name: key.name.clone(),
+                    },
+                    selector: parse(&format!("({sel}) && projectcalico.org/namespace == '{ns}'"))
+                        .unwrap(),
+                    order: spec.order,
+                    types: spec.effective_types(),
+                    apply_on_forward: true,
+                    untracked: false,
+                    pre_dnat: false,
+                    ns: Some(ns),
+                    ingress: spec.ingress.clone(),
+                    egress: spec.egress.clone(),
+                });
+            }
+            Resource::StagedGlobalNetworkPolicy(p)
+                if p.spec.staged_action.unwrap_or(StagedAction::Set) == StagedAction::Set =>
+            {
+                let spec = &p.spec.policy;
+                out.push(NaivePolicy {
+                    id: PolicyId {
+                        kind: PolicyKind::StagedGlobalNetworkPolicy,
+                        tier: spec.tier_name().to_string(),
+                        namespace: None,
+                        name: key.name.clone(),
+                    },
+                    selector: parse(spec.selector.as_deref().unwrap_or("all()")).unwrap(),
+                    order: spec.order,
+                    types: spec.effective_types(),
+                    apply_on_forward: spec.apply_on_forward,
+                    untracked: spec.do_not_track,
+                    pre_dnat: spec.pre_dnat,
+                    ns: None,
+                    ingress: spec.ingress.clone(),
+                    egress: spec.egress.clone(),
+                });
+            }
             Resource::GlobalNetworkPolicy(p) => out.push(NaivePolicy {
                 id: PolicyId {
                     kind: PolicyKind::GlobalNetworkPolicy,
@@ -181,6 +230,32 @@ fn policies(res: &BTreeMap<ResourceKey, Resource>) -> Vec<NaivePolicy> {
             }),
             _ => {}
         }
+    }
+    out
+}
+
+/// The enforced policies (kind, namespace, name) a staged Set or Delete policy shadows.
+fn shadowed(
+    res: &BTreeMap<ResourceKey, Resource>,
+) -> BTreeSet<(PolicyKind, Option<String>, String)> {
+    let mut out = BTreeSet::new();
+    for (key, r) in res {
+        let action = match r {
+            Resource::StagedNetworkPolicy(p) => p.spec.staged_action,
+            Resource::StagedGlobalNetworkPolicy(p) => p.spec.staged_action,
+            _ => continue,
+        };
+        if !matches!(
+            action.unwrap_or(StagedAction::Set),
+            StagedAction::Set | StagedAction::Delete
+        ) {
+            continue;
+        }
+        let kind = match key.kind {
+            Kind::StagedNetworkPolicy => PolicyKind::NetworkPolicy,
+            _ => PolicyKind::GlobalNetworkPolicy,
+        };
+        out.insert((kind, key.namespace.clone(), key.name.clone()));
     }
     out
 }
@@ -406,14 +481,34 @@ pub fn expected(res: &BTreeMap<ResourceKey, Resource>, node: &str) -> Dataplane 
             );
         }
     }
+    let shadows = shadowed(res);
+    let is_shadowed = |p: &NaivePolicy| {
+        !p.id.kind.is_staged()
+            && shadows.contains(&(p.id.kind, p.id.namespace.clone(), p.id.name.clone()))
+    };
     for (key, w, it) in &locals {
         let tiers = naive_tiers(
             res,
             &pols,
             &it.labels,
-            |p| !p.untracked && !p.pre_dnat,
+            |p| !p.untracked && !p.pre_dnat && !p.id.kind.is_staged(),
             false,
         );
+        let staged_differs = pols.iter().any(|p| {
+            !p.untracked
+                && !p.pre_dnat
+                && (p.id.kind.is_staged() || is_shadowed(p))
+                && p.selector.matches(&it.labels)
+        });
+        let staged_tiers = staged_differs.then(|| {
+            naive_tiers(
+                res,
+                &pols,
+                &it.labels,
+                |p| !p.untracked && !p.pre_dnat && !is_shadowed(p),
+                false,
+            )
+        });
         let nets: Vec<IpNet> = w.spec.ip_networks.iter().map(|n| n.trunc()).collect();
         let id = EndpointId {
             namespace: key.namespace.clone().unwrap(),
@@ -442,6 +537,7 @@ pub fn expected(res: &BTreeMap<ResourceKey, Resource>, node: &str) -> Dataplane 
                     .iter()
                     .map(|n| n.trunc())
                     .collect(),
+                staged_tiers,
             },
         );
     }
@@ -463,16 +559,34 @@ pub fn expected(res: &BTreeMap<ResourceKey, Resource>, node: &str) -> Dataplane 
                 interface_name: h.spec.interface_name.clone().unwrap_or_default(),
                 ipv4_addrs: addrs(false),
                 ipv6_addrs: addrs(true),
-                tiers: naive_tiers(res, &pols, l, |p| !p.untracked && !p.pre_dnat, false),
+                tiers: naive_tiers(
+                    res,
+                    &pols,
+                    l,
+                    |p| !p.id.kind.is_staged() && !p.untracked && !p.pre_dnat,
+                    false,
+                ),
                 forward_tiers: naive_tiers(
                     res,
                     &pols,
                     l,
-                    |p| !p.untracked && !p.pre_dnat && p.apply_on_forward,
+                    |p| !p.id.kind.is_staged() && !p.untracked && !p.pre_dnat && p.apply_on_forward,
                     false,
                 ),
-                untracked_tiers: naive_tiers(res, &pols, l, |p| p.untracked, false),
-                pre_dnat_tiers: naive_tiers(res, &pols, l, |p| p.pre_dnat, true),
+                untracked_tiers: naive_tiers(
+                    res,
+                    &pols,
+                    l,
+                    |p| !p.id.kind.is_staged() && p.untracked,
+                    false,
+                ),
+                pre_dnat_tiers: naive_tiers(
+                    res,
+                    &pols,
+                    l,
+                    |p| !p.id.kind.is_staged() && p.pre_dnat,
+                    true,
+                ),
                 profile_ids: h.spec.profiles.clone(),
             },
         );

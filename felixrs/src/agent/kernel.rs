@@ -41,9 +41,10 @@ pub struct GraphPipeline {
 
 impl GraphPipeline {
     pub fn new(node_name: &str) -> Self {
-        Self {
-            graph: CalcGraph::new(node_name),
-        }
+        let mut graph = CalcGraph::new(node_name);
+        // StagedKubernetesNetworkPolicy: converted as its promotion would be.
+        graph.set_staged_k8s_converter(k8s_convert::staged::staged_kubernetes_policy_spec);
+        Self { graph }
     }
 
     /// A local resource validated upstream ([`Validated`]): given to the graph as it is.

@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 
 use calc_graph::model::{Action, Resource, Validated};
-use calc_graph::proto::{LocalEndpoint, Output, PolicyId, PolicyKind, TierInfo};
+use calc_graph::proto::{LocalEndpoint, Output, PolicyId, TierInfo};
 use serde::Serialize;
 
 use crate::agent::kernel::GraphPipeline;
@@ -68,14 +68,6 @@ pub struct PolicyRef {
     pub name: String,
 }
 
-/// The datastore's kind name of a policy id.
-pub fn kind_name(kind: PolicyKind) -> &'static str {
-    match kind {
-        PolicyKind::NetworkPolicy => "NetworkPolicy",
-        PolicyKind::GlobalNetworkPolicy => "GlobalNetworkPolicy",
-    }
-}
-
 fn action_name(a: Action) -> &'static str {
     match a {
         Action::Allow => "allow",
@@ -87,7 +79,7 @@ fn action_name(a: Action) -> &'static str {
 
 fn policy_ref(id: &PolicyId) -> PolicyRef {
     PolicyRef {
-        kind: kind_name(id.kind),
+        kind: id.kind.as_str(),
         namespace: id.namespace.clone(),
         name: id.name.clone(),
     }

@@ -134,6 +134,7 @@ pub fn outputs() -> Vec<Output> {
             }],
             profile_ids: vec![format!("kns.ns{}", e % 10)],
             allow_spoofed_source_prefixes: vec![],
+            staged_tiers: None,
         }));
     }
     out.push(Output::InSync);

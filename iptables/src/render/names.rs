@@ -59,11 +59,16 @@ pub fn hashed_id(prefix: &str, suffix: &str, max_len: usize) -> String {
     format!("{prefix}_{}", &hash[..left.min(hash.len())])
 }
 
-/// The v3.32+ `PolicyID.ID()`: `np/<ns>/<name>` or `gnp/<name>`.
+/// The v3.32+ `PolicyID.ID()`: `np/<ns>/<name>` or `gnp/<name>`; the staged kinds (rendered
+/// only in the staged view, never in the kernel) `snp/<ns>/<name>`, `sgnp/<name>`,
+/// `sknp/<ns>/<name>`.
 pub fn policy_chain_id(id: &PolicyId) -> String {
     let short = match id.kind {
         PolicyKind::NetworkPolicy => "np",
         PolicyKind::GlobalNetworkPolicy => "gnp",
+        PolicyKind::StagedNetworkPolicy => "snp",
+        PolicyKind::StagedGlobalNetworkPolicy => "sgnp",
+        PolicyKind::StagedKubernetesNetworkPolicy => "sknp",
     };
     match &id.namespace {
         Some(ns) => format!("{short}/{ns}/{}", id.name),

@@ -79,6 +79,8 @@ pub struct Renderer {
     domain_members: Arc<dyn DomainMembers>,
     /// The patterns of each domain set (also in `ip_sets`, as an empty [`IpSetKind::Domain`]).
     domain_patterns: HashMap<IpSetId, Arc<[DomainPattern]>>,
+    /// Renders the staged view ([`Renderer::new_staged_view`]) instead of the enforced state.
+    staged_view: bool,
 }
 
 fn valid_prefix(p: &str) -> bool {
@@ -139,6 +141,7 @@ impl Renderer {
             in_sync: false,
             hosts: HostState::default(),
             domain_members: Arc::new(NothingLearned),
+            staged_view: false,
             domain_patterns: HashMap::new(),
         };
         for fam in &mut r.families {
@@ -189,6 +192,21 @@ impl Renderer {
     /// The local endpoints the renderer holds.
     pub fn local_endpoints(&self) -> impl Iterator<Item = &LocalEndpoint> {
         self.endpoints.values()
+    }
+
+    /// A renderer of the staged view (Calico's pending policies), never applied to a kernel:
+    /// it takes the staged policies' `PolicyUpdated`s and renders each endpoint with its
+    /// `staged_tiers` where it has them. The enforced renderer ([`Renderer::new`]) ignores both,
+    /// so no staged policy is ever programmed.
+    pub fn new_staged_view(cfg: RenderConfig) -> Result<Self, RenderError> {
+        let mut r = Renderer::new(cfg)?;
+        r.staged_view = true;
+        Ok(r)
+    }
+
+    /// Whether this renders the staged view ([`Renderer::new_staged_view`]).
+    pub fn is_staged_view(&self) -> bool {
+        self.staged_view
     }
 
     /// Whether the graph has reported its initial snapshot complete (`Output::InSync`).
@@ -253,6 +271,8 @@ impl Renderer {
                 self.domain_patterns.remove(&id);
                 self.mark_set_changed(&id);
             }
+            Output::PolicyUpdated(p) if p.id.kind.is_staged() && !self.staged_view => {}
+            Output::PolicyRemoved(id) if id.kind.is_staged() && !self.staged_view => {}
             Output::PolicyUpdated(p) => {
                 self.dirty_policies.insert(p.id.clone());
                 self.policies.insert(p.id.clone(), p);
@@ -269,7 +289,13 @@ impl Renderer {
                 self.profiles.remove(&id);
                 self.dirty_profiles.insert(id);
             }
-            Output::EndpointUpdated(ep) => return self.update_endpoint(ep),
+            Output::EndpointUpdated(mut ep) => {
+                let staged = ep.staged_tiers.take();
+                if let (true, Some(tiers)) = (self.staged_view, staged) {
+                    ep.tiers = tiers;
+                }
+                return self.update_endpoint(ep);
+            }
             Output::EndpointRemoved(id) => self.remove_endpoint(&id),
             Output::IpPoolUpdated(p) => {
                 if self.pools.get(&p.name) != Some(&p) {

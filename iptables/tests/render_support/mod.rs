@@ -80,6 +80,7 @@ pub fn mk_endpoint(
         tiers,
         profile_ids: profiles.iter().map(|s| s.to_string()).collect(),
         allow_spoofed_source_prefixes: vec![],
+        staged_tiers: None,
     }
 }
 

@@ -62,6 +62,9 @@ fn resource_of(obj: &Value) -> String {
         "AdminNetworkPolicy" => "adminnetworkpolicies",
         "BaselineAdminNetworkPolicy" => "baselineadminnetworkpolicies",
         "ClusterNetworkPolicy" => "clusternetworkpolicies",
+        "StagedNetworkPolicy" => "stagednetworkpolicies",
+        "StagedGlobalNetworkPolicy" => "stagedglobalnetworkpolicies",
+        "StagedKubernetesNetworkPolicy" => "stagedkubernetesnetworkpolicies",
         k => panic!("fake API server does not serve kind {k}"),
     }
     .to_string()
@@ -85,6 +88,11 @@ fn list_kind(res: &str) -> (&'static str, &'static str) {
             "ClusterNetworkPolicyList",
             "policy.networking.k8s.io/v1alpha2",
         ),
+        "stagednetworkpolicies" => ("StagedNetworkPolicyList", "projectcalico.org/v3"),
+        "stagedglobalnetworkpolicies" => ("StagedGlobalNetworkPolicyList", "projectcalico.org/v3"),
+        "stagedkubernetesnetworkpolicies" => {
+            ("StagedKubernetesNetworkPolicyList", "projectcalico.org/v3")
+        }
         _ => ("NetworkPolicyList", "networking.k8s.io/v1"),
     }
 }
@@ -125,6 +133,10 @@ impl FakeApiServer {
             )
             .route(
                 "/apis/policy.networking.k8s.io/{version}/{res}",
+                axum::routing::get(handle_crd),
+            )
+            .route(
+                "/apis/projectcalico.org/{version}/{res}",
                 axum::routing::get(handle_crd),
             )
             .with_state(state);
@@ -225,6 +237,9 @@ async fn handle_crd(
     let served = match res.as_str() {
         "adminnetworkpolicies" | "baselineadminnetworkpolicies" => version == "v1alpha1",
         "clusternetworkpolicies" => version == "v1alpha2",
+        "stagednetworkpolicies"
+        | "stagedglobalnetworkpolicies"
+        | "stagedkubernetesnetworkpolicies" => version == "v3",
         _ => false,
     };
     let installed = !state.0.0.lock().unwrap().crds_missing;

@@ -40,6 +40,8 @@ use crate::cmd::shared::pods::Pods;
 use crate::cmd::shared::{Answer, finish};
 use crate::dns::persist::FILE_NAME;
 use crate::dns::trace::{LearnedFile, explain as explain_domain};
+use crate::flowlog::FlowAction;
+use crate::staged::StagedView;
 
 /// `felixrs trace`.
 #[derive(Debug, Clone, clap::Args)]
@@ -123,8 +125,10 @@ impl Args {
             (learned_path.map(|p| LearnedFile::load(&p).map(std::sync::Arc::new))).transpose()?;
         let view = render_node_learned(&self.source, &self.node_name, &self.dataplane, learned)?;
         let traced = trace_packet(&view, &self.node_name, &self.packet)?;
+        let mut text = report(&view, &traced, &self.node_name);
+        text.push_str(&staged_report(&view, &traced, &self.dataplane)?);
         let mut answer = Answer {
-            text: report(&view, &traced, &self.node_name),
+            text,
             problems: view.problems.clone(),
             status: 0,
         };
@@ -189,6 +193,68 @@ impl Args {
         }
         Ok(answer)
     }
+}
+
+/// The packet through the staged view (every staged policy enforced in its tier and order),
+/// beside the enforced verdict: a `staged:` section, or nothing when no staged policy changes
+/// how the packet's endpoints are evaluated.
+fn staged_report(
+    view: &NodeView,
+    traced: &Traced,
+    dataplane: &DataplaneArgs,
+) -> anyhow::Result<String> {
+    let mut s = String::new();
+    let staged = StagedView::from_outputs(dataplane.render_config(), &view.outputs)
+        .map_err(|e| anyhow::anyhow!("staged view renderer: {e}"))?;
+    let pkt = &traced.packet;
+    if staged.is_empty() || !staged.applies_to(pkt.src, pkt.dst) {
+        return Ok(s);
+    }
+    let Some((_, v)) = staged.trace(pkt, traced.path.our_chain()) else {
+        let _ = writeln!(s, "staged: cannot trace the staged view");
+        return Ok(s);
+    };
+    let word = |a: FlowAction| match a {
+        FlowAction::Allow => "ACCEPT",
+        FlowAction::Deny => "DROP",
+        FlowAction::Pass => "PASS",
+    };
+    let enforced = match traced.verdict {
+        Verdict::Drop => FlowAction::Deny,
+        Verdict::Accept | Verdict::NotOurs => FlowAction::Allow,
+    };
+    if v.action == enforced {
+        let _ = writeln!(s, "staged: same as enforced ({})", word(v.action));
+    } else {
+        let _ = writeln!(
+            s,
+            "staged: {} (enforced: {}), with every staged policy enforced in its tier and order",
+            word(v.action),
+            word(enforced)
+        );
+    }
+    for h in &v.hits {
+        let verb = match h.action {
+            FlowAction::Allow => "allowed",
+            FlowAction::Deny => "dropped",
+            FlowAction::Pass => "passed",
+        };
+        let _ = match h.kind.as_str() {
+            "EndOfTier" => writeln!(s, "  {verb} at the end of tier {}", h.name),
+            "NoProfile" => writeln!(s, "  {verb}: no profile allowed the packet"),
+            "Profile" => writeln!(s, "  {verb} by profile {}", h.name),
+            kind => {
+                let ns = h
+                    .namespace
+                    .as_ref()
+                    .map(|n| format!("{n}/"))
+                    .unwrap_or_default();
+                let tier = h.tier.as_deref().unwrap_or("default");
+                writeln!(s, "  {verb} by {kind} {ns}{} (tier {tier})", h.name)
+            }
+        };
+    }
+    Ok(s)
 }
 
 /// Traces one packet through `view`'s rules for `node` (the view must be rendered for it).

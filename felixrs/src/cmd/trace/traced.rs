@@ -37,7 +37,7 @@ impl Path {
         }
     }
 
-    pub(super) fn our_chain(self) -> &'static str {
+    pub fn our_chain(self) -> &'static str {
         match self {
             Path::Forward => static_chains::FORWARD,
             Path::Input => static_chains::INPUT,
