@@ -21,6 +21,7 @@ pub mod datastore;
 pub mod fault;
 pub mod federation;
 pub mod felix_config;
+pub mod flow_logs;
 pub mod host_ifaces;
 pub mod kernel;
 pub mod liveness;
@@ -149,6 +150,8 @@ pub struct Args {
     pub iptables_backend: IptablesBackend,
     #[command(flatten)]
     pub dataplane: DataplaneArgs,
+    #[command(flatten)]
+    pub flow_logs: flow_logs::FlowLogArgs,
     /// Seconds between full re-reads of the kernel (drift repair).
     #[arg(long, env = "FELIXRS_REFRESH_INTERVAL", default_value = "90", value_parser = parse_secs)]
     pub refresh_interval: Duration,
@@ -343,6 +346,26 @@ impl Args {
         if let Some(d) = &dns {
             dataplane = dataplane.with_learner(d.learner.clone());
         }
+        // Flow logs: a failure to start them is logged, never a reason to stop enforcing.
+        let flow_logs = self
+            .dataplane
+            .flow_logs
+            .then(|| {
+                flow_logs::FlowLogs::start(
+                    &self.flow_logs,
+                    &self.node_name,
+                    &self.state_dir,
+                    &self.dataplane,
+                    &hub.metrics.flow_logs,
+                )
+            })
+            .and_then(|r| {
+                r.inspect_err(|e| tracing::error!("flow logs not started: {e:#}"))
+                    .ok()
+            });
+        if let Some(f) = &flow_logs {
+            hub.set_flows(f.hub.clone());
+        }
         let pipeline = kernel::GraphPipeline::new(&self.node_name);
         let tls = EtcdTls {
             ca: self.etcd_ca,
@@ -389,6 +412,9 @@ impl Args {
         counter_thread.stop();
         if let Some(d) = dns {
             d.stop();
+        }
+        if let Some(f) = flow_logs {
+            f.stop();
         }
         result
     }

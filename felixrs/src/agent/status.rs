@@ -136,6 +136,8 @@ pub struct StatusHub {
     pub liveness: Arc<Liveness>,
     /// What the kernel holds, for the operator tools ([`super::view`]).
     applied_view: Mutex<Option<AppliedView>>,
+    /// The flow hub, with `--flow-logs` (`GET /flows`).
+    flows: std::sync::OnceLock<Arc<crate::flowlog::FlowHub>>,
 }
 
 impl StatusHub {
@@ -152,7 +154,13 @@ impl StatusHub {
             metrics,
             liveness: Arc::new(liveness),
             applied_view: Mutex::new(None),
+            flows: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Serves `hub` at `/flows` (flow logs on; set once, before serving).
+    pub fn set_flows(&self, hub: Arc<crate::flowlog::FlowHub>) {
+        let _ = self.flows.set(hub);
     }
 
     /// Applies the changes an apply put in the kernel to the applied view, now at `revision`;
@@ -226,12 +234,17 @@ struct StatusQuery {
 
 /// The HTTP routes.
 pub fn router(hub: Arc<StatusHub>) -> Router {
-    Router::new()
+    let flows = hub.flows.get().cloned();
+    let r = Router::new()
         .route("/status", get(status))
         .route("/readiness", get(readiness))
         .route("/liveness", get(liveness))
         .route("/metrics", get(metrics))
-        .with_state(hub)
+        .with_state(hub);
+    match flows {
+        Some(f) => r.merge(crate::flowlog::http::routes(f)),
+        None => r,
+    }
 }
 
 async fn status(State(hub): State<Arc<StatusHub>>, Query(q): Query<StatusQuery>) -> Json<Status> {
