@@ -151,7 +151,7 @@ pub struct Args {
     #[command(flatten)]
     pub dataplane: DataplaneArgs,
     #[command(flatten)]
-    pub flow_logs: flow_logs::FlowLogArgs,
+    pub flow_logs: Box<flow_logs::FlowLogArgs>,
     /// Seconds between full re-reads of the kernel (drift repair).
     #[arg(long, env = "FELIXRS_REFRESH_INTERVAL", default_value = "90", value_parser = parse_secs)]
     pub refresh_interval: Duration,
