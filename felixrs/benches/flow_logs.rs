@@ -130,7 +130,7 @@ fn main() {
     let mut records = 0;
     for (a, b) in nf_dgrams.iter().zip(&ct_dgrams) {
         for p in nflog::packets(a) {
-            agg.packet(&names, &NoPending, &p);
+            agg.packet(&NoPending, &p);
         }
         for e in conntrack::ended(b) {
             agg.ended(&e);

@@ -64,7 +64,15 @@ fn flows_stream_from_the_agent_with_the_deciding_policy() {
     let host: IpAddr = HOST.parse().unwrap();
     serve(&ns, host, 7001);
     serve(&ns, host, 7002);
+    // Proxy ARP answers only on a forwarding node.
+    ns.sysctl("net.ipv4.ip_forward", "1").unwrap();
+    ns.sysctl("net.ipv4.conf.all.rp_filter", "0").unwrap();
+    ns.sysctl("net.ipv4.conf.default.rp_filter", "0").unwrap();
     let pod = add_pod(&ns, "cali0000000001", "10.70.0.1", "fd70::1");
+    assert!(
+        (0..5).any(|_| connects(&pod.ns, host, 7001)),
+        "no connectivity before any rule"
+    );
 
     let state = tempfile::tempdir().unwrap();
     let file = state.path().join("logs/flows.jsonl");

@@ -67,7 +67,7 @@ pub struct FlowLogs {
 }
 
 /// How often the names are checked against the agent's applied view.
-const NAMES_REFRESH: Duration = Duration::from_secs(1);
+const NAMES_REFRESH: Duration = Duration::from_millis(500);
 
 impl FlowLogs {
     /// Starts the collector and its names refresher (the caller's network namespace).

@@ -63,7 +63,9 @@ struct Key {
 #[derive(Debug)]
 struct Entry {
     action: FlowAction,
-    hits: Vec<PolicyHit>,
+    /// The NFLOG prefixes that acted, in order; named when a record is made, so a name the
+    /// view learns after the packet still shows.
+    hits: Vec<String>,
     pending: Option<(FlowAction, Vec<PolicyHit>)>,
     started: u64,
     completed: u64,
@@ -117,7 +119,7 @@ impl Aggregator {
     }
 
     /// One NFLOG packet of ours; ignored if its prefix or header is not ours.
-    pub fn packet(&mut self, names: &Names, pending: &dyn PendingPolicies, p: &NflogPacket) {
+    pub fn packet(&mut self, pending: &dyn PendingPolicies, p: &NflogPacket) {
         self.stats.nflog_packets.fetch_add(1, Ordering::Relaxed);
         let (Some(prefix), Some(ip)) = (parse_prefix(&p.prefix), decode_ip(&p.payload)) else {
             return;
@@ -138,7 +140,11 @@ impl Aggregator {
             src_port: ip.src_port,
             dst_port: ip.dst_port,
         };
-        let hit = names.hit(&prefix);
+        let action = match prefix.action {
+            "allow" => FlowAction::Allow,
+            "pass" => FlowAction::Pass,
+            _ => FlowAction::Deny,
+        };
         let len = self.entries.len();
         let entry = match self.entries.get_mut(&key) {
             Some(e) => e,
@@ -173,10 +179,10 @@ impl Aggregator {
             }
         };
         entry.dirty = true;
-        if !entry.hits.contains(&hit) {
-            entry.hits.push(hit.clone());
+        if !entry.hits.contains(&p.prefix) {
+            entry.hits.push(p.prefix.clone());
         }
-        match hit.action {
+        match action {
             FlowAction::Allow => {
                 entry.action = FlowAction::Allow;
                 entry.live = true;
@@ -247,7 +253,12 @@ impl Aggregator {
             action: e.action,
             pending_action: e.pending.as_ref().map(|p| p.0),
             policies: FlowPolicies {
-                enforced: e.hits.clone(),
+                enforced: e
+                    .hits
+                    .iter()
+                    .filter_map(|h| parse_prefix(h))
+                    .map(|h| names.hit(&h))
+                    .collect(),
                 pending: e.pending.as_ref().map(|p| p.1.clone()).unwrap_or_default(),
             },
             num_connections_started: e.started,
@@ -406,7 +417,7 @@ impl Collector {
                                 Ok(n) => {
                                     idle = false;
                                     for p in nflog::packets(&buf[..n]) {
-                                        agg.packet(&names, pending.as_ref(), &p);
+                                        agg.packet(pending.as_ref(), &p);
                                     }
                                 }
                                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
