@@ -85,6 +85,8 @@ pub struct Aggregator {
     host: String,
     max_entries: usize,
     entries: HashMap<Key, Entry>,
+    /// Keys of the entries not yet published (so a tick costs what is new, not what is held).
+    fresh_keys: Vec<Key>,
     interval_start: u64,
     stats: Arc<CollectorStats>,
 }
@@ -113,6 +115,7 @@ impl Aggregator {
             host: host.to_string(),
             max_entries,
             entries: HashMap::new(),
+            fresh_keys: Vec::new(),
             interval_start: unix_now(),
             stats,
         }
@@ -154,6 +157,7 @@ impl Aggregator {
                     return;
                 }
                 self.stats.connections.fetch_add(1, Ordering::Relaxed);
+                self.fresh_keys.push(key);
                 let conn = Connection {
                     proto: ip.protocol,
                     src: ip.src,
@@ -275,13 +279,12 @@ impl Aggregator {
     pub fn fresh(&mut self, names: &Names) -> Vec<FlowRecord> {
         let now = unix_now();
         let mut out = Vec::new();
-        for (k, e) in &self.entries {
-            if e.fresh {
-                out.push(self.record(k, e, names, self.interval_start, now));
+        for k in std::mem::take(&mut self.fresh_keys) {
+            if let Some(e) = self.entries.get_mut(&k).filter(|e| e.fresh) {
+                e.fresh = false;
+                let e = &self.entries[&k];
+                out.push(self.record(&k, e, names, self.interval_start, now));
             }
-        }
-        for e in self.entries.values_mut() {
-            e.fresh = false;
         }
         out
     }
@@ -297,6 +300,7 @@ impl Aggregator {
             }
         }
         self.entries.retain(|_, e| e.live);
+        self.fresh_keys.clear();
         for e in self.entries.values_mut() {
             e.started = 0;
             e.completed = 0;
