@@ -135,6 +135,8 @@ metric_fields! {
         pub policy_counters: Arc<PolicyCounters> = Arc::default();
         /// The DNS learner's (`felixrs_dns_*`, FQDN policy).
         pub dns: DnsMetrics = DnsMetrics::default();
+        /// The flow-log collector's (`felixrs_flow_logs_*`; none while flow logs are off).
+        pub flow_logs: super::flow_logs::FlowLogMetrics = Default::default();
         /// Felix's names (`felix_*`, `process_*`), encoded after the registry's.
         pub felix: Arc<felix::FelixMetrics> = Arc::default();
     }
@@ -160,6 +162,7 @@ impl Metrics {
         let m = Self::unregistered();
         m.register_fields(&mut registry);
         registry.register_collector(Box::new(m.policy_counters.clone()));
+        registry.register_collector(Box::new(m.flow_logs.clone()));
         // The DNS learner's, `felixrs_dns_*`.
         m.dns.register_fields(&mut registry);
         Self { registry, ..m }

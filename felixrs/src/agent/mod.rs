@@ -21,6 +21,7 @@ pub mod datastore;
 pub mod fault;
 pub mod federation;
 pub mod felix_config;
+pub mod flow_logs;
 pub mod host_ifaces;
 pub mod kernel;
 pub mod liveness;
@@ -149,6 +150,8 @@ pub struct Args {
     pub iptables_backend: IptablesBackend,
     #[command(flatten)]
     pub dataplane: DataplaneArgs,
+    #[command(flatten)]
+    pub flow_logs: Box<flow_logs::FlowLogArgs>,
     /// Seconds between full re-reads of the kernel (drift repair).
     #[arg(long, env = "FELIXRS_REFRESH_INTERVAL", default_value = "90", value_parser = parse_secs)]
     pub refresh_interval: Duration,
@@ -312,10 +315,14 @@ impl Args {
 
     /// Runs with these (resolved) settings.
     fn run_with(
-        self,
+        mut self,
         hub: Arc<StatusHub>,
         watch: Arc<std::sync::Mutex<felix_config::ConfigWatch>>,
     ) -> anyhow::Result<()> {
+        // The web view shows live flows: one flag turns on the flow logs it reads.
+        if self.web_view {
+            self.dataplane.flow_logs = true;
+        }
         let mut render = self.dataplane.render_config();
         // As Felix's feature detection: MASQUERADE --random-fully where iptables and the kernel
         // support it (`felixrs render` assumes they do).
@@ -347,6 +354,23 @@ impl Args {
         if let Some(d) = &dns {
             dataplane = dataplane.with_learner(d.learner.clone());
         }
+        // Flow logs: a failure to start them is logged, never a reason to stop enforcing.
+        let flow_logs = self
+            .dataplane
+            .flow_logs
+            .then(|| {
+                flow_logs::FlowLogs::start(
+                    &self.flow_logs,
+                    &self.node_name,
+                    &self.state_dir,
+                    &self.dataplane,
+                    &hub.metrics.flow_logs,
+                )
+            })
+            .and_then(|r| {
+                r.inspect_err(|e| tracing::error!("flow logs not started: {e:#}"))
+                    .ok()
+            });
         let pipeline = kernel::GraphPipeline::new(&self.node_name);
         let tls = EtcdTls {
             ca: self.etcd_ca,
@@ -354,10 +378,14 @@ impl Args {
             key: self.etcd_key,
         };
         let datastore = EtcdDatastore::new(self.etcd_endpoints, tls, self.etcd_timeout);
-        // The agent's one flow hub (issue 27): made when something reads or fills it.
-        let flow_hub: Option<Arc<crate::flowlog::FlowHub>> = self
-            .web_view
-            .then(|| crate::flowlog::FlowHub::new(crate::flowlog::hub::DEFAULT_RECENT));
+        // The agent's one flow hub (issue 27): the collector's, or (its start failed) an empty one
+        // the web view can still serve.
+        let flow_hub: Option<Arc<crate::flowlog::FlowHub>> = match &flow_logs {
+            Some(f) => Some(f.hub.clone()),
+            None => self
+                .web_view
+                .then(|| crate::flowlog::FlowHub::new(crate::flowlog::hub::DEFAULT_RECENT)),
+        };
         let http_routes = http_routes(&hub, flow_hub.as_ref(), self.web_view, &self.node_name);
         let cfg = RuntimeConfig {
             prefix: self.etcd_prefix,
@@ -399,6 +427,9 @@ impl Args {
         counter_thread.stop();
         if let Some(d) = dns {
             d.stop();
+        }
+        if let Some(f) = flow_logs {
+            f.stop();
         }
         result
     }

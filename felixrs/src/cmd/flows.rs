@@ -11,18 +11,15 @@
 //! string in `--json` (one object per line), so no name can forge a line.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use iptables::render::names;
-use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
-use netlink_packet_netfilter::nflog::{
-    ConfigCmd, ConfigFlags, ConfigMode, PacketNla, Timeout, ULogMessage, config_request,
-};
-use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily};
-use netlink_sys::{Socket, constants::NETLINK_NETFILTER};
+use netlink_sys::Socket;
 use serde::Serialize;
+
+use crate::flowlog::nflog;
+pub use crate::flowlog::nflog::{IpHeader, decode_ip, decode_prefix};
 
 use crate::cmd::shared::dataplane_args::{DataplaneArgs, LOG_ACTION_NFLOG_GROUP};
 use crate::cmd::shared::node_view::{
@@ -86,84 +83,6 @@ impl Flow {
             && self.prefix.split_once('|').map(|(_, id)| id) == Some(&self.decided_by);
         self.src_pod.is_none() || self.dst_pod.is_none() || raw_policy
     }
-}
-
-/// Decodes an NFLOG prefix of ours: `(action, kind, direction, rule, id)`.
-pub fn decode_prefix(
-    prefix: &str,
-) -> Option<(&'static str, &'static str, &'static str, Option<u32>, &str)> {
-    let (head, id) = prefix.split_once('|')?;
-    let mut c = head.chars();
-    let action = match c.next()? {
-        'D' => "deny",
-        'L' => "log",
-        'A' => "allow",
-        'N' => "pass",
-        _ => return None,
-    };
-    let owner = c.next()?;
-    let direction = match c.next()? {
-        'I' => "ingress",
-        'E' => "egress",
-        _ => return None,
-    };
-    let rest: String = c.collect();
-    let rule = if rest.is_empty() {
-        None
-    } else {
-        Some(rest.parse().ok()?)
-    };
-    let kind = match (owner, rule) {
-        ('P', None) => "tier-end",
-        ('R', None) => "no-profile",
-        ('P', Some(_)) => "policy",
-        ('R', Some(_)) => "profile",
-        _ => return None,
-    };
-    Some((action, kind, direction, rule, id))
-}
-
-/// The addresses, protocol and ports of a packet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IpHeader {
-    pub src: IpAddr,
-    pub dst: IpAddr,
-    pub protocol: u8,
-    pub src_port: Option<u16>,
-    pub dst_port: Option<u16>,
-}
-
-/// The header of an IPv4 or IPv6 packet (ports for TCP, UDP and SCTP).
-pub fn decode_ip(p: &[u8]) -> Option<IpHeader> {
-    let v = p.first()? >> 4;
-    let (src, dst, proto, l4) = match v {
-        4 => {
-            let ihl = usize::from(p[0] & 0x0f) * 4;
-            let a: [u8; 4] = p.get(12..16)?.try_into().ok()?;
-            let b: [u8; 4] = p.get(16..20)?.try_into().ok()?;
-            (IpAddr::from(a), IpAddr::from(b), *p.get(9)?, p.get(ihl..))
-        }
-        6 => {
-            let a: [u8; 16] = p.get(8..24)?.try_into().ok()?;
-            let b: [u8; 16] = p.get(24..40)?.try_into().ok()?;
-            (IpAddr::from(a), IpAddr::from(b), *p.get(6)?, p.get(40..))
-        }
-        _ => return None,
-    };
-    let ports = match (proto, l4) {
-        (6 | 17 | 132, Some(h)) if h.len() >= 4 => (
-            Some(u16::from_be_bytes([h[0], h[1]])),
-            Some(u16::from_be_bytes([h[2], h[3]])),
-        ),
-        _ => (None, None),
-    };
-    Some(IpHeader {
-        src,
-        dst,
-        protocol: proto,
-        src_port: ports.0,
-        dst_port: ports.1,
-    })
 }
 
 /// How often a `--state-dir` run asks whether the view changed while no packet comes, and at
@@ -290,53 +209,9 @@ pub fn text_line(f: &Flow) -> String {
     )
 }
 
-fn send(socket: &Socket, msg: NetlinkMessage<NetfilterMessage>) -> anyhow::Result<()> {
-    let mut buf = vec![0; msg.header.length as usize];
-    msg.serialize(&mut buf[..]);
-    socket.send(&buf[..], 0).context("netlink send")?;
-    let mut rx = vec![0; 4096];
-    let n = socket.recv(&mut &mut rx[..], 0).context("netlink recv")?;
-    let reply = <NetlinkMessage<NetfilterMessage>>::deserialize(&rx[..n])
-        .map_err(|e| anyhow::anyhow!("netlink reply: {e}"))?;
-    if let NetlinkPayload::Error(e) = reply.payload
-        && let Some(code) = e.code
-    {
-        bail!("nflog config refused: error {code}");
-    }
-    Ok(())
-}
-
 /// Binds NFLOG groups 1, 2 and 3 (both families).
 fn open() -> anyhow::Result<Socket> {
-    let mut socket = Socket::new(NETLINK_NETFILTER).context("netlink socket (root needed)")?;
-    socket.bind_auto().context("netlink bind")?;
-    for fam in [NetfilterProtoFamily::IPv4, NetfilterProtoFamily::IPv6] {
-        send(
-            &socket,
-            config_request(fam, 0, vec![ConfigCmd::PfBind.into()]),
-        )?;
-    }
-    let timeout: Timeout = Duration::from_millis(50).into();
-    for group in [1, 2, LOG_ACTION_NFLOG_GROUP] {
-        send(
-            &socket,
-            config_request(
-                NetfilterProtoFamily::Unspec,
-                group,
-                vec![
-                    ConfigCmd::Bind.into(),
-                    ConfigFlags::SEQ_GLOBAL.into(),
-                    ConfigMode::new_packet(256).into(),
-                    timeout.into(),
-                ],
-            ),
-        )
-        .with_context(|| format!("binding NFLOG group {group} (another listener on it?)"))?;
-    }
-    socket
-        .set_non_blocking(true)
-        .context("netlink non-blocking")?;
-    Ok(socket)
+    Ok(nflog::open(&[1, 2, LOG_ACTION_NFLOG_GROUP], 256)?)
 }
 
 impl Args {
@@ -378,51 +253,23 @@ impl Args {
                 }
                 Err(e) => return Err(e).context("netlink recv"),
             };
-            let mut offset = 0;
-            while offset < n {
-                let Ok(msg) = <NetlinkMessage<NetfilterMessage>>::deserialize(&buf[offset..n])
-                else {
-                    break;
-                };
-                let len = msg.header.length as usize;
-                if let NetlinkPayload::InnerMessage(NetfilterMessage {
-                    header,
-                    inner: NetfilterMessageInner::ULog(ULogMessage::Packet(nlas)),
-                    ..
-                }) = &msg.payload
-                {
-                    let prefix = nlas.iter().find_map(|n| match n {
-                        PacketNla::Prefix(p) => Some(p.to_string_lossy().into_owned()),
-                        _ => None,
-                    });
-                    let payload = nlas.iter().find_map(|n| match n {
-                        PacketNla::Payload(p) => Some(p.as_slice()),
-                        _ => None,
-                    });
-                    let decode = |names: &Names| {
-                        let (prefix, payload) = (prefix.as_deref()?, payload?);
-                        flow(names, header.res_id, prefix, payload)
+            for p in nflog::packets(&buf[..n]) {
+                let decode = |names: &Names| flow(names, p.group, &p.prefix, &p.payload);
+                let mut f = decode(&follow.names);
+                // A name it cannot resolve may be one the agent just applied.
+                if f.as_ref().is_some_and(Flow::unresolved) && follow.refresh(FOLLOW_MISS) {
+                    f = decode(&follow.names);
+                }
+                if let Some(f) = f {
+                    let line = if self.json {
+                        serde_json::to_string(&f)?
+                    } else {
+                        text_line(&f)
                     };
-                    let mut f = decode(&follow.names);
-                    // A name it cannot resolve may be one the agent just applied.
-                    if f.as_ref().is_some_and(Flow::unresolved) && follow.refresh(FOLLOW_MISS) {
-                        f = decode(&follow.names);
-                    }
-                    if let Some(f) = f {
-                        let line = if self.json {
-                            serde_json::to_string(&f)?
-                        } else {
-                            text_line(&f)
-                        };
-                        writeln!(out, "{line}")?;
-                        out.flush()?;
-                        seen += 1;
-                    }
+                    writeln!(out, "{line}")?;
+                    out.flush()?;
+                    seen += 1;
                 }
-                if len == 0 {
-                    break;
-                }
-                offset += len;
             }
         }
     }

@@ -8,9 +8,16 @@
 //!   web view) take them, bounded.
 //! * [`http`]: `GET /flows`, JSON lines.
 //! * [`pending`]: the seam to the staged-policy evaluator (what staged policies would decide).
+//! * [`collector`]: kernel → NFLOG ([`nflog`]) and conntrack ([`conntrack`]) → aggregation per
+//!   5-tuple → hub and rotated JSON lines file ([`file`]), names from [`names`].
 
+pub mod collector;
+pub mod conntrack;
+pub mod file;
 pub mod http;
 pub mod hub;
+pub mod names;
+pub mod nflog;
 pub mod pending;
 pub mod record;
 

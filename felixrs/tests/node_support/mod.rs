@@ -90,6 +90,17 @@ pub fn with_manifest(backend: Backend, extra: &str) -> NodeWorld {
     })
 }
 
+/// The node with `extra` (YAML) beside the node's manifests, rendered with `args`.
+pub fn with_manifest_dataplane(backend: Backend, extra: &str, args: &DataplaneArgs) -> NodeWorld {
+    NodeWorld::build(|dir| {
+        std::fs::write(dir.join("extra.yaml"), extra).unwrap();
+        Rendered {
+            renderer: render_with(dir, args),
+            backend,
+        }
+    })
+}
+
 pub fn render_with(dir: &Path, args: &DataplaneArgs) -> Renderer {
     let view =
         render_node(&SourceArgs::manifests(vec![dir.to_path_buf()]), NODE, args).expect("render");

@@ -144,10 +144,12 @@ pub enum Target {
     Log {
         prefix: String,
     },
-    /// `NFLOG --nflog-group g --nflog-prefix p`; non-terminating.
+    /// `NFLOG --nflog-group g --nflog-prefix p [--nflog-size n]`; non-terminating. `size`:
+    /// bytes of the packet copied to the listener (flow logs copy only the headers).
     Nflog {
         group: u16,
         prefix: String,
+        size: Option<u32>,
     },
     /// `MASQUERADE [--random-fully]` (nat table; Felix's `MasqAction`).
     Masquerade {
@@ -492,10 +494,20 @@ impl Rule {
             Target::Log { prefix } => {
                 write!(f, "--jump LOG --log-prefix \"{prefix}: \" --log-level 5")
             }
-            Target::Nflog { group, prefix } => write!(
-                f,
-                "--jump NFLOG --nflog-group {group} --nflog-prefix {prefix}"
-            ),
+            Target::Nflog {
+                group,
+                prefix,
+                size,
+            } => {
+                let _ = write!(
+                    f,
+                    "--jump NFLOG --nflog-group {group} --nflog-prefix {prefix}"
+                );
+                match size {
+                    Some(n) => write!(f, " --nflog-size {n}"),
+                    None => Ok(()),
+                }
+            }
             Target::Masquerade { random_fully } => write!(
                 f,
                 "--jump MASQUERADE{}",
@@ -516,10 +528,14 @@ impl Rule {
                 prefix: Some(model::Text::new(format!("{prefix}: "))?),
                 level: Some(5),
             },
-            Target::Nflog { group, prefix } => model::Target::Nflog {
+            Target::Nflog {
+                group,
+                prefix,
+                size,
+            } => model::Target::Nflog {
                 prefix: Some(model::Text::new(prefix.as_str())?),
                 group: *group,
-                len: None,
+                len: size.map(model::NflogLen::Size),
                 threshold: None,
             },
             Target::Masquerade { random_fully } => model::Target::Generic {

@@ -143,7 +143,7 @@ use calc_graph::proto::{EndpointId, PolicyId};
 
 pub use domains::{ActiveDomainSet, DomainMembers, LearnedAddr, NothingLearned};
 pub use marks::MarkBits;
-pub use rule::{DenyLog, LogAction, RuleError};
+pub use rule::{DenyLog, FLOW_LOG_NFLOG_SIZE, LogAction, RuleError};
 pub use state::{Delta, Renderer, SetChange};
 
 /// What `cali-wl-to-host` does with workload traffic to the host after egress policy allowed it
@@ -193,6 +193,9 @@ pub struct RenderConfig {
     pub masquerade_random_fully: bool,
     /// Log denied packets via NFLOG (off by default, as in Felix without flow logs).
     pub deny_log: Option<DenyLog>,
+    /// Felix's flow-log NFLOG rules on every verdict ([`DenyLog::FLOW_LOGS`]; the agent's
+    /// `--flow-logs`); supersedes `deny_log` (no double log). Off by default.
+    pub flow_logs: bool,
     /// Endpoints with the same tiers → policies and profiles (per direction) share one
     /// content-addressed policy chain (`cali-si-`/`cali-so-`); their own chains keep only the
     /// per-pod preamble and a goto. Off: Felix's inlined endpoint chains.
@@ -212,6 +215,17 @@ pub struct RenderConfig {
     pub failsafe_outbound: Vec<host::FailsafePort>,
 }
 
+impl RenderConfig {
+    /// The NFLOG verdict logging the chains get: flow logs when on, else `deny_log`.
+    pub fn verdict_log(&self) -> Option<DenyLog> {
+        if self.flow_logs {
+            Some(DenyLog::FLOW_LOGS)
+        } else {
+            self.deny_log
+        }
+    }
+}
+
 impl Default for RenderConfig {
     fn default() -> Self {
         RenderConfig {
@@ -224,6 +238,7 @@ impl Default for RenderConfig {
             workload_source_spoofing: SourceSpoofing::Disabled,
             masquerade_random_fully: true,
             deny_log: None,
+            flow_logs: false,
             share_chains: true,
             dns_trusted_servers: Vec::new(),
             dns_queue_num: DEFAULT_DNS_QUEUE_NUM,

@@ -94,11 +94,20 @@ pub struct RuleCtx<'a> {
 /// kernel-rate-limited NFLOG rule right before the DROP of every Deny rule
 /// (`D<P|R><I|E><rule index>|<policy or profile id>`), every tier end (`DP<I|E>|<tier>`) and
 /// every "no profile matched" (`DR<I|E>|__NO_MATCH__`), to group 1 (ingress) or 2 (egress).
+///
+/// With `flow_logs` (`RenderConfig::flow_logs`, [`DenyLog::FLOW_LOGS`]) these are Felix's
+/// flow-log rules instead: unlimited, copying only the first [`FLOW_LOG_NFLOG_SIZE`] bytes
+/// (headers), and on every verdict: also before each Allow (`A…`) and Pass (`N…`, Calico's
+/// next-tier) of a policy or profile rule. Policy chains see only a connection's first packet
+/// (established traffic is accepted before them), so that is one log per connection per
+/// endpoint direction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DenyLog {
-    /// Packets a second each such rule logs at most (after the burst).
+    /// Packets a second each such rule logs at most (after the burst); unused with `flow_logs`.
     pub per_second: u32,
     pub burst: u32,
+    /// Flow logs: every verdict, no rate limit, headers only.
+    pub flow_logs: bool,
 }
 
 impl Default for DenyLog {
@@ -106,15 +115,28 @@ impl Default for DenyLog {
         DenyLog {
             per_second: 10,
             burst: 20,
+            flow_logs: false,
         }
     }
 }
+
+/// Bytes of each packet a flow-log NFLOG rule copies to the collector (`--nflog-size`): the
+/// largest IPv4 header (60) plus the TCP/UDP ports and some, or the IPv6 header plus 40; Felix
+/// copies 80 too.
+pub const FLOW_LOG_NFLOG_SIZE: u32 = 80;
 
 /// Felix's NFLOG groups: 1 for ingress, 2 for egress.
 pub const NFLOG_GROUP_INGRESS: u16 = 1;
 pub const NFLOG_GROUP_EGRESS: u16 = 2;
 
 impl DenyLog {
+    /// Felix's flow-log NFLOG rules (see [`DenyLog`]).
+    pub const FLOW_LOGS: DenyLog = DenyLog {
+        per_second: 0,
+        burst: 0,
+        flow_logs: true,
+    };
+
     /// The rate limit of a deny-log rule.
     pub fn limit(self) -> Match {
         Match::Limit {
@@ -133,12 +155,15 @@ impl DenyLog {
 
     /// The NFLOG rule logging what `matches` selects, with prefix `head|id`.
     pub fn rule(self, mut matches: Vec<Match>, ingress: bool, head: &str, id: &str) -> Rule {
-        matches.push(self.limit());
+        if !self.flow_logs {
+            matches.push(self.limit());
+        }
         Rule::new(
             matches,
             Target::Nflog {
                 group: Self::group(ingress),
                 prefix: nflog_prefix(head, id),
+                size: self.flow_logs.then_some(FLOW_LOG_NFLOG_SIZE),
             },
         )
     }
@@ -532,13 +557,16 @@ pub fn render_rule(
             negated: false,
         }]
     };
-    let deny_log_head = || {
+    let log_head = |verdict: char| {
         format!(
-            "D{}{}{index}",
+            "{verdict}{}{}{index}",
             ctx.owner,
             if ctx.ingress { 'I' } else { 'E' }
         )
     };
+    let deny_log_head = || log_head('D');
+    // Flow logs: the verdicts besides Deny that are logged (Felix's `A…` and `N…` prefixes).
+    let flow_log = ctx.deny_log.filter(|d| d.flow_logs);
     match rule.action() {
         action @ (Action::Allow | Action::Pass | Action::Deny) if ctx.verdict_chains => {
             let chain = match action {
@@ -550,14 +578,26 @@ pub fn render_rule(
                 // The same matches, rate-limited, log first (matches have no side effects).
                 out.push(d.rule(m.clone(), ctx.ingress, &deny_log_head(), ctx.owner_id));
             }
+            if let (Action::Allow | Action::Pass, Some(d)) = (action, flow_log) {
+                let head = log_head(if action == Action::Allow { 'A' } else { 'N' });
+                out.push(d.rule(m.clone(), ctx.ingress, &head, ctx.owner_id));
+            }
             out.push(Rule::new(m, Target::Goto(chain.into())));
         }
         Action::Allow => {
             out.push(mark_rule(ctx.marks.accept, m));
+            if let Some(d) = flow_log {
+                let on = on_bit(ctx.marks.accept);
+                out.push(d.rule(on, ctx.ingress, &log_head('A'), ctx.owner_id));
+            }
             out.push(Rule::new(on_bit(ctx.marks.accept), Target::Return));
         }
         Action::Pass => {
             out.push(mark_rule(ctx.marks.pass, m));
+            if let Some(d) = flow_log {
+                let on = on_bit(ctx.marks.pass);
+                out.push(d.rule(on, ctx.ingress, &log_head('N'), ctx.owner_id));
+            }
             out.push(Rule::new(on_bit(ctx.marks.pass), Target::Return));
         }
         Action::Deny => {
@@ -660,6 +700,7 @@ fn log_target(index: usize, ctx: &RuleCtx<'_>) -> Target {
             Target::Nflog {
                 group: *group,
                 prefix: nflog_prefix(&format!("L{}{dir}{index}", ctx.owner), ctx.owner_id),
+                size: None,
             }
         }
     }

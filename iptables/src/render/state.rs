@@ -425,7 +425,7 @@ impl Renderer {
                                     ingress,
                                     &self.marks,
                                     encap,
-                                    self.cfg.deny_log,
+                                    self.cfg.verdict_log(),
                                 );
                                 // First user (other inputs may render the same rules): the
                                 // chain is created in the same flush (and so the same
@@ -447,7 +447,13 @@ impl Renderer {
                         new.shared.push((ingress, shared));
                         own
                     } else {
-                        endpoint::endpoint_chain(ep, ingress, &self.marks, encap, self.cfg.deny_log)
+                        endpoint::endpoint_chain(
+                            ep,
+                            ingress,
+                            &self.marks,
+                            encap,
+                            self.cfg.verdict_log(),
+                        )
                     };
                     for fam in &mut self.families {
                         fam.set_chain(TableName::Filter, name.clone(), rules.clone());

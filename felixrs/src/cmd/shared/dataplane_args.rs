@@ -68,6 +68,11 @@ pub struct DataplaneArgs {
     /// "no profile matched" DROP (groups 1 ingress, 2 egress; read them with `felixrs flows`).
     #[arg(long, env = "FELIXRS_LOG_DENIED")]
     pub log_denied: bool,
+    /// Flow logs: Felix's flow-log NFLOG rules on every verdict (groups 1 ingress, 2 egress,
+    /// unlimited, headers only; supersede `--log-denied`); the agent collects them (`/flows`,
+    /// `--flow-logs-file`). Off by default.
+    #[arg(long, env = "FELIXRS_FLOW_LOGS")]
+    pub flow_logs: bool,
     /// Where Calico's Log action sends packets: `log` (the kernel log, Felix's default) or `nflog`
     /// (NFLOG group 3 with a prefix naming the policy; `felixrs flows` reads it).
     #[arg(
@@ -149,6 +154,7 @@ impl Default for DataplaneArgs {
             default_endpoint_to_host_action: EndpointToHost::Accept,
             workload_source_spoofing: WorkloadSourceSpoofing::Disabled,
             log_denied: false,
+            flow_logs: false,
             log_action: LogTo::Log,
             share_chains: true,
             dns_trusted_servers: Vec::new(),
@@ -175,6 +181,7 @@ impl DataplaneArgs {
                 WorkloadSourceSpoofing::Any => SourceSpoofing::Any,
             },
             deny_log: self.log_denied.then(DenyLog::default),
+            flow_logs: self.flow_logs,
             log_action: match self.log_action {
                 LogTo::Log => LogAction::Log,
                 LogTo::Nflog => LogAction::Nflog {

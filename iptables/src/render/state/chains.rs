@@ -30,7 +30,7 @@ impl Renderer {
             owner,
             ingress,
             owner_id,
-            deny_log: self.cfg.deny_log,
+            deny_log: self.cfg.verdict_log(),
             verdict_chains: shared,
             net_sets: shared,
         }

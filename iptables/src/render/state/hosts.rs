@@ -139,7 +139,7 @@ impl Renderer {
             chains.extend(host::host_endpoint_chains(
                 h,
                 &self.marks,
-                self.cfg.deny_log,
+                self.cfg.verdict_log(),
             ));
             for t in h.tiers.iter().chain(&h.forward_tiers) {
                 policies.extend(t.ingress_policies.iter().map(|p| (p.clone(), true)));
@@ -232,7 +232,7 @@ impl Renderer {
         let mut profiles = BTreeSet::new();
         // DNAT'd host egress: every endpoint's normal egress side, in mangle.
         for h in &heps {
-            let (n, r) = host_tables::mangle_egress_chain(h, &self.marks, self.cfg.deny_log);
+            let (n, r) = host_tables::mangle_egress_chain(h, &self.marks, self.cfg.verdict_log());
             chains.push((TableName::Mangle, n, r));
             for t in &h.tiers {
                 for p in &t.egress_policies {

@@ -1,0 +1,494 @@
+//! The flow collector: kernel → NFLOG (groups 1 and 2: one packet per connection per endpoint
+//! direction, with the prefixes of the policies that decided it) and conntrack `DESTROY` events
+//! (the end of each allowed connection, with its counts) → an [`Aggregator`] per 5-tuple and
+//! reporter → [`FlowRecord`]s: each new 5-tuple is published to the [`FlowHub`] within
+//! [`FRESH_TICK`] of its first packet, and every interval the aggregates go to the hub and to
+//! the JSON lines file.
+//!
+//! Bounded: at most `max_entries` live 5-tuples (new ones beyond are dropped and counted), one
+//! thread, reading in batches; its work is per packet logged, i.e. per new connection.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use super::conntrack::{self, Ended};
+use super::file::RotatingFile;
+use super::names::Names;
+use super::nflog::{self, NflogPacket, decode_icmp, decode_ip, parse_prefix};
+use super::{
+    Connection, FlowAction, FlowHub, FlowPolicies, FlowRecord, PendingPolicies, PolicyHit, Reporter,
+};
+use iptables::render::FLOW_LOG_NFLOG_SIZE;
+
+/// How often new 5-tuples are published to the hub (a new flow reaches it within this, plus
+/// NFLOG's own 50 ms batching).
+pub const FRESH_TICK: Duration = Duration::from_millis(250);
+/// How long the thread sleeps when neither socket has anything.
+const IDLE_SLEEP: Duration = Duration::from_millis(20);
+
+/// The collector's counters (exported as `felixrs_flow_logs_*` and Felix's names).
+#[derive(Debug, Default)]
+pub struct CollectorStats {
+    /// Flow records written (hub and file).
+    pub records: AtomicU64,
+    /// Connections seen (new 5-tuples and reporters).
+    pub connections: AtomicU64,
+    /// New 5-tuples dropped because `max_entries` were live.
+    pub dropped: AtomicU64,
+    /// 5-tuples held now.
+    pub live_entries: AtomicU64,
+    /// NFLOG packets received (Felix `felix_nflog_*`).
+    pub nflog_packets: AtomicU64,
+    /// Conntrack end events received.
+    pub conntrack_ended: AtomicU64,
+    /// Receive errors (e.g. the socket's buffer overflowed: messages lost).
+    pub receive_errors: AtomicU64,
+}
+
+/// One flow's key: reporter and 5-tuple.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Key {
+    reporter: Reporter,
+    proto: u8,
+    src: IpAddr,
+    dst: IpAddr,
+    src_port: Option<u16>,
+    dst_port: Option<u16>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    action: FlowAction,
+    /// The NFLOG prefixes that acted, in order; named when a record is made, so a name the
+    /// view learns after the packet still shows.
+    hits: Vec<String>,
+    pending: Option<(FlowAction, Vec<PolicyHit>)>,
+    started: u64,
+    completed: u64,
+    live: bool,
+    packets_in: u64,
+    packets_out: u64,
+    bytes_in: u64,
+    bytes_out: u64,
+    /// Not yet published to the hub.
+    fresh: bool,
+    /// Something happened in this interval.
+    dirty: bool,
+}
+
+/// Aggregates per reporter and 5-tuple (pure: no sockets, fed by the runner or a test).
+pub struct Aggregator {
+    host: String,
+    max_entries: usize,
+    entries: HashMap<Key, Entry>,
+    /// Keys of the entries not yet published (so a tick costs what is new, not what is held).
+    fresh_keys: Vec<Key>,
+    interval_start: u64,
+    stats: Arc<CollectorStats>,
+}
+
+fn proto_name(p: u8) -> String {
+    match p {
+        1 => "icmp".into(),
+        6 => "tcp".into(),
+        17 => "udp".into(),
+        58 => "icmp6".into(),
+        132 => "sctp".into(),
+        n => n.to_string(),
+    }
+}
+
+/// Unix seconds now.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Aggregator {
+    pub fn new(host: &str, max_entries: usize, stats: Arc<CollectorStats>) -> Aggregator {
+        Aggregator {
+            host: host.to_string(),
+            max_entries,
+            entries: HashMap::new(),
+            fresh_keys: Vec::new(),
+            interval_start: unix_now(),
+            stats,
+        }
+    }
+
+    /// One NFLOG packet of ours; ignored if its prefix or header is not ours.
+    pub fn packet(&mut self, pending: &dyn PendingPolicies, p: &NflogPacket) {
+        self.stats.nflog_packets.fetch_add(1, Ordering::Relaxed);
+        let (Some(prefix), Some(ip)) = (parse_prefix(&p.prefix), decode_ip(&p.payload)) else {
+            return;
+        };
+        if prefix.action == "log" {
+            return;
+        }
+        let reporter = if prefix.direction == "ingress" {
+            Reporter::Dst
+        } else {
+            Reporter::Src
+        };
+        let key = Key {
+            reporter,
+            proto: ip.protocol,
+            src: ip.src,
+            dst: ip.dst,
+            src_port: ip.src_port,
+            dst_port: ip.dst_port,
+        };
+        let action = match prefix.action {
+            "allow" => FlowAction::Allow,
+            "pass" => FlowAction::Pass,
+            _ => FlowAction::Deny,
+        };
+        let len = self.entries.len();
+        let entry = match self.entries.get_mut(&key) {
+            Some(e) => e,
+            None => {
+                if len >= self.max_entries {
+                    self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                self.stats.connections.fetch_add(1, Ordering::Relaxed);
+                self.fresh_keys.push(key);
+                let conn = Connection {
+                    proto: ip.protocol,
+                    src: ip.src,
+                    dst: ip.dst,
+                    src_port: ip.src_port,
+                    dst_port: ip.dst_port,
+                    icmp: decode_icmp(&p.payload),
+                };
+                self.entries.entry(key).or_insert(Entry {
+                    action: FlowAction::Deny,
+                    hits: Vec::new(),
+                    pending: pending.pending(&conn, reporter),
+                    started: 1,
+                    completed: 0,
+                    live: false,
+                    packets_in: 0,
+                    packets_out: 0,
+                    bytes_in: 0,
+                    bytes_out: 0,
+                    fresh: true,
+                    dirty: true,
+                })
+            }
+        };
+        entry.dirty = true;
+        if !entry.hits.contains(&p.prefix) {
+            entry.hits.push(p.prefix.clone());
+        }
+        match action {
+            FlowAction::Allow => {
+                entry.action = FlowAction::Allow;
+                entry.live = true;
+            }
+            FlowAction::Deny => {
+                entry.action = FlowAction::Deny;
+                entry.live = false;
+                // A denied packet never reaches conntrack's end: count it here.
+                let n = p.payload.len() as u64;
+                match reporter {
+                    Reporter::Dst => (entry.packets_in += 1, entry.bytes_in += n),
+                    Reporter::Src => (entry.packets_out += 1, entry.bytes_out += n),
+                };
+            }
+            FlowAction::Pass => {}
+        }
+        self.stats
+            .live_entries
+            .store(self.entries.len() as u64, Ordering::Relaxed);
+    }
+
+    /// A connection ended: its counts and completion go to both reporters' entries.
+    pub fn ended(&mut self, e: &Ended) {
+        self.stats.conntrack_ended.fetch_add(1, Ordering::Relaxed);
+        for reporter in [Reporter::Src, Reporter::Dst] {
+            let key = Key {
+                reporter,
+                proto: e.orig.proto,
+                src: e.orig.src,
+                dst: e.orig.dst,
+                src_port: e.orig.src_port,
+                dst_port: e.orig.dst_port,
+            };
+            let Some(entry) = self.entries.get_mut(&key) else {
+                continue;
+            };
+            if !entry.live {
+                continue;
+            }
+            let (sent, recv) = (
+                (e.orig_packets, e.orig_bytes),
+                (e.reply_packets, e.reply_bytes),
+            );
+            // Counted from the reporter's endpoint: the source sent the original direction.
+            let ((po, bo), (pi, bi)) = match reporter {
+                Reporter::Src => (sent, recv),
+                Reporter::Dst => (recv, sent),
+            };
+            entry.packets_out += po;
+            entry.bytes_out += bo;
+            entry.packets_in += pi;
+            entry.bytes_in += bi;
+            entry.completed += 1;
+            entry.live = false;
+            entry.dirty = true;
+        }
+    }
+
+    fn record(&self, key: &Key, e: &Entry, names: &Names, start: u64, end: u64) -> FlowRecord {
+        FlowRecord {
+            start_time: start,
+            end_time: end,
+            host: self.host.clone(),
+            reporter: key.reporter,
+            proto: proto_name(key.proto),
+            source: names.end(key.src, key.src_port),
+            dest: names.end(key.dst, key.dst_port),
+            action: e.action,
+            pending_action: e.pending.as_ref().map(|p| p.0),
+            policies: FlowPolicies {
+                enforced: e
+                    .hits
+                    .iter()
+                    .filter_map(|h| parse_prefix(h))
+                    .map(|h| names.hit(&h))
+                    .collect(),
+                pending: e.pending.as_ref().map(|p| p.1.clone()).unwrap_or_default(),
+            },
+            num_connections_started: e.started,
+            num_connections_completed: e.completed,
+            num_connections_live: u64::from(e.live),
+            packets_in: e.packets_in,
+            packets_out: e.packets_out,
+            bytes_in: e.bytes_in,
+            bytes_out: e.bytes_out,
+        }
+    }
+
+    /// Records of the 5-tuples not yet published (each once), for the hub.
+    pub fn fresh(&mut self, names: &Names) -> Vec<FlowRecord> {
+        let now = unix_now();
+        let mut out = Vec::new();
+        for k in std::mem::take(&mut self.fresh_keys) {
+            if let Some(e) = self.entries.get_mut(&k).filter(|e| e.fresh) {
+                e.fresh = false;
+                let e = &self.entries[&k];
+                out.push(self.record(&k, e, names, self.interval_start, now));
+            }
+        }
+        out
+    }
+
+    /// The interval's aggregates (every 5-tuple with activity, and every live one); then the
+    /// counts restart and ended or denied 5-tuples are forgotten.
+    pub fn flush(&mut self, names: &Names) -> Vec<FlowRecord> {
+        let now = unix_now();
+        let mut out = Vec::new();
+        for (k, e) in &self.entries {
+            if e.dirty || e.live {
+                out.push(self.record(k, e, names, self.interval_start, now));
+            }
+        }
+        self.entries.retain(|_, e| e.live);
+        self.fresh_keys.clear();
+        for e in self.entries.values_mut() {
+            e.started = 0;
+            e.completed = 0;
+            e.packets_in = 0;
+            e.packets_out = 0;
+            e.bytes_in = 0;
+            e.bytes_out = 0;
+            e.dirty = false;
+            e.fresh = false;
+        }
+        self.interval_start = now;
+        self.stats
+            .live_entries
+            .store(self.entries.len() as u64, Ordering::Relaxed);
+        out
+    }
+}
+
+/// The collector's settings (the agent's `--flow-logs-*` flags).
+#[derive(Debug, Clone)]
+pub struct CollectorConfig {
+    pub host: String,
+    /// `None`: records go to the hub only.
+    pub file: Option<PathBuf>,
+    pub file_max_bytes: u64,
+    pub file_keep: usize,
+    pub interval: Duration,
+    pub max_entries: usize,
+}
+
+/// A running collector; stops (and flushes) when dropped or [`Collector::stop`]ped.
+pub struct Collector {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    pub stats: Arc<CollectorStats>,
+}
+
+/// Why the collector could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum CollectorError {
+    #[error(transparent)]
+    Nflog(#[from] nflog::NflogError),
+    #[error("conntrack events socket: {0}")]
+    Conntrack(#[source] std::io::Error),
+    #[error("flow log file {path}: {source}")]
+    File {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Collector {
+    /// Binds NFLOG groups 1 and 2 and conntrack events in the calling thread's network
+    /// namespace, then collects on its own thread. `names` is re-read at each use (the agent
+    /// replaces it when its view changes).
+    pub fn start(
+        cfg: CollectorConfig,
+        hub: Arc<FlowHub>,
+        names: Arc<RwLock<Names>>,
+        pending: Arc<dyn PendingPolicies>,
+    ) -> Result<Collector, CollectorError> {
+        let nf = nflog::open(
+            &[
+                iptables::render::DenyLog::group(true),
+                iptables::render::DenyLog::group(false),
+            ],
+            FLOW_LOG_NFLOG_SIZE,
+        )?;
+        if let Err(e) = conntrack::enable_accounting() {
+            tracing::warn!(
+                "flow logs: cannot set {}: {e}; connections get no packet or byte counts",
+                conntrack::ACCT_SYSCTL
+            );
+        }
+        let ct = conntrack::open().map_err(CollectorError::Conntrack)?;
+        let mut file = match &cfg.file {
+            Some(p) => Some(
+                RotatingFile::open(p, cfg.file_max_bytes, cfg.file_keep).map_err(|source| {
+                    CollectorError::File {
+                        path: p.clone(),
+                        source,
+                    }
+                })?,
+            ),
+            None => None,
+        };
+        let stats = Arc::new(CollectorStats::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, st) = (stop.clone(), stats.clone());
+        let thread = std::thread::Builder::new()
+            .name("flow-logs".into())
+            .spawn(move || {
+                let mut agg = Aggregator::new(&cfg.host, cfg.max_entries, st.clone());
+                let mut buf = vec![0u8; 1 << 16];
+                let mut last_fresh = Instant::now();
+                let mut last_flush = Instant::now();
+                let publish = |records: Vec<FlowRecord>, file: &mut Option<RotatingFile>| {
+                    st.records
+                        .fetch_add(records.len() as u64, Ordering::Relaxed);
+                    if let Some(f) = file.as_mut() {
+                        let lines: Vec<String> = records.iter().map(|r| r.to_json_line()).collect();
+                        if let Err(e) = f.write_lines(lines.iter().map(String::as_str)) {
+                            tracing::warn!("flow logs: writing the file: {e}");
+                        }
+                    }
+                    for r in records {
+                        hub.publish(r);
+                    }
+                };
+                loop {
+                    let stopping = s.load(Ordering::Relaxed);
+                    let idle = {
+                        let names = names.read().expect("flow names lock");
+                        let mut idle = true;
+                        loop {
+                            match nf.recv(&mut &mut buf[..], 0) {
+                                Ok(n) => {
+                                    idle = false;
+                                    for p in nflog::packets(&buf[..n]) {
+                                        agg.packet(pending.as_ref(), &p);
+                                    }
+                                }
+                                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                                Err(_) => {
+                                    st.receive_errors.fetch_add(1, Ordering::Relaxed);
+                                    break;
+                                }
+                            }
+                        }
+                        loop {
+                            match ct.recv(&mut &mut buf[..], 0) {
+                                Ok(n) => {
+                                    idle = false;
+                                    for e in conntrack::ended(&buf[..n]) {
+                                        agg.ended(&e);
+                                    }
+                                }
+                                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                                Err(_) => {
+                                    st.receive_errors.fetch_add(1, Ordering::Relaxed);
+                                    break;
+                                }
+                            }
+                        }
+                        if stopping || last_fresh.elapsed() >= FRESH_TICK {
+                            last_fresh = Instant::now();
+                            for r in agg.fresh(&names) {
+                                st.records.fetch_add(1, Ordering::Relaxed);
+                                hub.publish(r);
+                            }
+                        }
+                        if stopping || last_flush.elapsed() >= cfg.interval {
+                            last_flush = Instant::now();
+                            let records = agg.flush(&names);
+                            drop(names);
+                            publish(records, &mut file);
+                        }
+                        idle
+                    };
+                    if stopping {
+                        return;
+                    }
+                    if idle {
+                        // Nothing queued: NFLOG batches for 50 ms anyway.
+                        std::thread::sleep(IDLE_SLEEP);
+                    }
+                }
+            })
+            .expect("spawn the flow-logs thread");
+        Ok(Collector {
+            stop,
+            thread: Some(thread),
+            stats,
+        })
+    }
+
+    /// Stops the thread after a last flush.
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
