@@ -1,8 +1,9 @@
 //! The synchronous source index: every known Kubernetes object, already converted.
 //!
 //! Owned by the watcher tasks through a `std::sync::Mutex` that is never held across an `.await`
-//! (kubert's pattern: plain `apply` / `delete` / `reset`). A relist (`Init…InitDone`) becomes one
-//! `reset` that replaces every object of that kind, so deletions missed while disconnected are applied.
+//! (kubert's pattern: plain `apply` / `delete` / `reset`). A relist (`Init…InitDone`) replaces every
+//! object of that kind (`relist_apply` per object as it arrives, `relist_done` at the end, together a
+//! `reset`), so deletions missed while disconnected are applied.
 //!
 //! A Node also yields its automatic host endpoint (`<node>-auto-hep`), converted with the Node and
 //! part of the desired state only while [`Index::set_auto_host_endpoints`] is on.
@@ -357,9 +358,20 @@ impl Index {
     pub fn reset<K: SourceKind>(&mut self, objs: &[K]) {
         let mut seen = HashSet::with_capacity(objs.len());
         for o in objs {
-            seen.insert(obj_ref(o));
-            self.apply(o);
+            self.relist_apply(&mut seen, o);
         }
+        self.relist_done::<K>(&seen);
+    }
+
+    /// One object of a relist in progress, applied as it arrives (so the listing is never held
+    /// whole); `seen` collects what the relist brought for [`Index::relist_done`].
+    pub fn relist_apply<K: SourceKind>(&mut self, seen: &mut HashSet<ObjectRef>, o: &K) {
+        seen.insert(obj_ref(o));
+        self.apply(o);
+    }
+
+    /// The end of a relist of kind `K`: every object of that kind not `seen` is gone.
+    pub fn relist_done<K: SourceKind>(&mut self, seen: &HashSet<ObjectRef>) {
         let gone: Vec<ObjectRef> = self
             .of_kind(K::KIND)
             .filter(|r| !seen.contains(*r))

@@ -306,3 +306,24 @@ fn index_tracks_changed_keys() {
     assert_eq!(idx.desired_len(), 2);
     assert_eq!(keys(idx.take_changes()), vec![]);
 }
+
+/// A listing larger than a page (500) arrives in pages, and the relist is applied whole.
+#[tokio::test]
+async fn paged_listing_is_applied_whole() {
+    let api = FakeApiServer::start().await;
+    api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "prod"}}));
+    for i in 0..1_201 {
+        api.apply(mk_pod(&format!("p-{i}"), "10.2.0.1", "web"));
+    }
+    let kinds = policy_controller::k8s_source::KINDS;
+    let index = std::sync::Arc::new(std::sync::Mutex::new(Index::new(
+        ConvertOptions::default(),
+        &kinds,
+        ManifestSet::default(),
+    )));
+    policy_controller::k8s_source::list_once(api.client(), &index)
+        .await
+        .unwrap();
+    assert_eq!(index.lock().unwrap().count("Pod"), 1_201);
+    assert_eq!(api.stats().0["pods"], 3, "three pages of at most 500");
+}
