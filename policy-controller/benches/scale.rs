@@ -6,8 +6,8 @@
 //! Measures: the time from the controller's start to every resource in etcd (first full sync), the
 //! controller's RSS (current and peak), and the latency from a watch event to its etcd write, seen
 //! by an etcd watch on the prefix, under 100 pod events/s (80% label changes, 20% deletions) plus
-//! 10 policy changes/s for 30 s. Floor, in the same run: a bare etcd put of an endpoint's value,
-//! seen by the same watch.
+//! 10 policy changes/s for 30 s. Floor, in the same run and during the churn (10/s): a bare etcd put
+//! of an endpoint's value, seen by the same watch.
 //!
 //! Run: `cargo bench -p policy-controller --bench scale` (needs /usr/bin/etcd). Knobs (env):
 //! `SCALE_PODS` (100000), `SCALE_POLICIES` (10000), `SCALE_NAMESPACES` (2000), `SCALE_SECONDS` (30),
@@ -236,16 +236,11 @@ async fn run() {
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    // Floor: a bare put of an endpoint's value, seen by the same kind of watch.
+    // Floor: a bare put of an endpoint's value, seen by the same kind of watch, made during the churn
+    // (10 a second) so it sees the same machine and the same etcd.
     let value = c.get(pod_key(0, namespaces), None).await.unwrap().kvs()[0]
         .value()
         .to_vec();
-    for i in 0..200 {
-        let key = format!("/bench/floor-{i}");
-        pending.lock().unwrap().insert(key.clone(), Instant::now());
-        c.put(key, value.clone(), None).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 
     // Churn: 100 pod events/s (4 label changes to 1 deletion, each on its own pod) and 10 policy
     // changes/s, for `seconds`.
@@ -266,6 +261,12 @@ async fn run() {
             pending.lock().unwrap().insert(key, Instant::now());
             api.apply(pod(next_label, namespaces, 1));
             next_label += 1;
+        }
+        if t % 10 == 4 {
+            let key = format!("/bench/floor-{t}");
+            pending.lock().unwrap().insert(key.clone(), Instant::now());
+            let (mut c, value) = (c.clone(), value.clone());
+            tokio::spawn(async move { c.put(key, value, None).await.unwrap() });
         }
         if t % 10 == 9 {
             let key = policy_key(next_policy, namespaces);
