@@ -2,13 +2,16 @@
 //!
 //! `sync --once` converts everything once, reconciles etcd once, and prints one JSON line (the last
 //! line of stdout) with the revision at which the writes are visible and the counts. Without `--once`
-//! the sources keep watching and the elected replica reconciles after every change and every
-//! `--resync-interval`. Logs go to stderr.
+//! the sources keep watching and the elected replica reconciles: on election a full pass (one ranged
+//! read of etcd, building the writer's index), after every change only the keys that changed
+//! (against the writer's index, nothing read from etcd), and every `--resync-interval` (and after
+//! someone else's write made a compare fail, at most once a second) a full pass again, which repairs
+//! any divergence. Logs go to stderr.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
@@ -17,7 +20,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::convert::ConvertOptions;
-use crate::index::Index;
+use crate::index::{Changed, Index};
 use crate::metrics::Metrics;
 use crate::writer::{SyncStats, Writer, WriterError};
 use crate::{election, k8s_source, manifests};
@@ -85,8 +88,10 @@ pub struct SyncArgs {
     #[arg(long, env = "POLICY_CONTROLLER_ELECTION_TTL", default_value_t = 15,
           value_parser = clap::value_parser!(i64).range(1..=3600))]
     pub election_ttl: i64,
-    /// Full reconcile period in seconds while leading.
-    #[arg(long, env = "POLICY_CONTROLLER_RESYNC_INTERVAL", default_value_t = 60,
+    /// Full reconcile period in seconds while leading: every period the leader re-reads its etcd
+    /// prefix (one ranged read) and repairs whatever differs from the desired state. Between them,
+    /// changes are written against the writer's index of etcd without reading it.
+    #[arg(long, env = "POLICY_CONTROLLER_RESYNC_INTERVAL", default_value_t = 300,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub resync_interval: u64,
     /// Serve Prometheus metrics at http://ADDR/metrics.
@@ -285,6 +290,19 @@ pub async fn run_sync(a: SyncArgs) -> anyhow::Result<()> {
     }
 }
 
+/// How soon a full pass is retried after one failed or someone else's write made a compare fail.
+const RESYNC_RETRY: Duration = Duration::from_secs(1);
+/// How long a burst of watch events may settle into one pass.
+const SETTLE: Duration = Duration::from_millis(2);
+
+/// What one pass of [`lead`] does.
+enum Pass {
+    /// Read etcd and reconcile everything (election, the periodic resync, after a failed compare).
+    Full(crate::index::DesiredState),
+    /// Reconcile against the writer's index, nothing read from etcd.
+    Indexed(Changed),
+}
+
 /// Reconciles while leading. Returns true on shutdown, false when leadership was lost.
 #[allow(clippy::too_many_arguments)]
 async fn lead(
@@ -297,30 +315,82 @@ async fn lead(
     resync: Duration,
     shutdown: &CancellationToken,
 ) -> bool {
+    // When the last full pass succeeded; `None`: one is due.
+    let mut last_full: Option<Instant> = None;
+    // When the last full pass was tried (the retry of a failed one waits RESYNC_RETRY).
+    let mut last_try: Option<Instant> = None;
     loop {
         auto_hep.refresh(index).await;
-        let state = index.lock().expect("index lock poisoned").desired();
-        if let Some(state) = state {
-            metrics.record_desired(state.desired.resources.len(), &state.skips);
-            match writer.sync(&state.desired).await {
-                Ok(s) => log_stats(&s, state.skips.len()),
-                Err(WriterError::Fenced(k)) => {
-                    tracing::warn!(key = %k, "fenced out of the store");
-                    return false;
+        let full_due = !writer.is_indexed() || last_full.is_none_or(|t| t.elapsed() >= resync);
+        let may_resync = last_try.is_none_or(|t| t.elapsed() >= RESYNC_RETRY);
+        let pass = {
+            let mut idx = index.lock().expect("index lock poisoned");
+            if full_due && may_resync {
+                idx.take_desired().map(Pass::Full)
+            } else if writer.is_indexed() {
+                idx.take_changes().map(Pass::Indexed)
+            } else {
+                None
+            }
+        };
+        let (desired_len, skips) = {
+            let idx = index.lock().expect("index lock poisoned");
+            (idx.desired_len(), idx.skips())
+        };
+        let result = match pass {
+            None => None,
+            Some(Pass::Full(state)) => {
+                last_try = Some(Instant::now());
+                let r = writer.sync(&state.desired).await.map(Some);
+                if r.is_ok() {
+                    last_full = last_try;
                 }
-                Err(e) => {
-                    tracing::warn!("reconcile failed, will retry: {:#}", anyhow::Error::new(e))
-                }
+                Some(r)
+            }
+            Some(Pass::Indexed(Changed::Everything(state))) => {
+                Some(writer.sync_indexed(&state.desired).await)
+            }
+            Some(Pass::Indexed(Changed::Keys(changes))) if changes.resources.is_empty() => None,
+            Some(Pass::Indexed(Changed::Keys(changes))) => {
+                Some(writer.sync_changes(&changes).await)
+            }
+        };
+        if result.is_some() {
+            metrics.record_desired(desired_len, &skips);
+        }
+        match result {
+            None | Some(Ok(None)) => {}
+            Some(Ok(Some(s))) => log_stats(&s, skips.len()),
+            Some(Err(WriterError::Fenced(k))) => {
+                tracing::warn!(key = %k, "fenced out of the store");
+                return false;
+            }
+            Some(Err(e)) => {
+                tracing::warn!("reconcile failed, will retry: {:#}", anyhow::Error::new(e))
             }
         }
+        // Changes taken for a pass that did not complete are repaired by the full pass that is
+        // then due (the writer dropped its index, or the full pass never succeeded).
+        let next_full = match (writer.is_indexed(), last_full) {
+            (true, Some(t)) => resync.saturating_sub(t.elapsed()),
+            _ => Duration::ZERO,
+        };
+        let wait = match last_try {
+            _ if !next_full.is_zero() => next_full,
+            Some(t) => RESYNC_RETRY
+                .saturating_sub(t.elapsed())
+                .max(Duration::from_millis(10)),
+            // Never tried: the index is not ready yet, and its first complete listing wakes us.
+            None => resync,
+        };
         tokio::select! {
             _ = leadership.lost.cancelled() => return false,
             _ = shutdown.cancelled() => return true,
             _ = changed.notified() => {
                 // Let a burst of watch events settle into one pass.
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                tokio::time::sleep(SETTLE).await;
             }
-            _ = tokio::time::sleep(resync) => {}
+            _ = tokio::time::sleep(wait) => {}
         }
     }
 }

@@ -4,13 +4,15 @@
 //!
 //! One task per kind. Watcher events map onto the index exactly like kubert's `index::namespaced`:
 //! `Apply` → `apply`, `Delete` → `delete`, and `Init`/`InitApply`/`InitDone` (every relist, including the
-//! one forced by a `410 Gone`) → one `reset` with the complete listing. After each change the writer is
+//! one forced by a `410 Gone`) → `relist_apply` per object as it arrives and `relist_done` at the end
+//! (together one `reset`: whatever of the kind the listing did not bring is gone). After each change the writer is
 //! notified. Watch errors are logged and retried with kube's default backoff; the stream never ends.
 //! The admin and staged kinds are CRDs a cluster may not have installed (`SourceKind::OPTIONAL`): a `404 Not Found`
 //! for one of them counts
 //! as an empty listing (so the controller does not wait for it forever), and the watcher keeps retrying,
 //! so objects appear once the CRD is installed.
 
+use std::collections::HashSet;
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 
@@ -25,6 +27,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+use crate::ObjectRef;
 use crate::convert::admin::{AdminNetworkPolicy, BaselineAdminNetworkPolicy, ClusterNetworkPolicy};
 use crate::index::{Index, SourceKind};
 use k8s_convert::staged::{
@@ -92,7 +95,8 @@ where
     S: futures::Stream<Item = Result<Event<K>, watcher::Error>>,
 {
     let mut events = std::pin::pin!(events);
-    let mut relist: Vec<K> = Vec::new();
+    // What the relist in progress brought: its objects are applied as they arrive.
+    let mut relist: HashSet<ObjectRef> = HashSet::new();
     while let Some(ev) = events.next().await {
         let ev = match ev {
             Ok(ev) => ev,
@@ -133,12 +137,12 @@ where
                     false
                 }
                 Event::InitApply(o) => {
-                    relist.push(o);
+                    idx.relist_apply(&mut relist, &o);
                     false
                 }
                 Event::InitDone => {
                     tracing::info!(objects = relist.len(), "relisted");
-                    idx.reset(&std::mem::take(&mut relist));
+                    idx.relist_done::<K>(&std::mem::take(&mut relist));
                     true
                 }
             }

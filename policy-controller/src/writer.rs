@@ -30,8 +30,21 @@
 //! default `--max-txn-ops`). If a [`Fence`] is set (the elected leader's key), every transaction also
 //! requires that key to still exist with its creation revision, so a deposed leader cannot write.
 //! A failed compare means someone else wrote concurrently: the pass re-reads and starts again.
+//! A transaction also stays under [`MAX_TXN_BYTES`] (etcd's default `--max-request-bytes` is 1.5 MiB).
+//!
+//! # The writer's index
+//! A full pass ([`Writer::sync`]) reads the prefix and the markers (one ranged read each) and leaves
+//! the writer an index of what etcd holds: for every key a hash of its value, its mod revision and
+//! whether its label makes it ours, and the markers' mod revisions. Every successful transaction
+//! updates it with the transaction's revision. The passes in between ([`Writer::sync_changes`] for
+//! the keys that changed, [`Writer::sync_indexed`] for a whole desired state) plan against that index
+//! and read nothing from etcd, so their cost is proportional to what changed. Invariant: after every
+//! successful pass the index equals etcd (for the keys it covers). A write by someone else makes a
+//! compare fail: the index is dropped and those passes answer `None`, asking for a full pass, which
+//! repairs any divergence; so does the periodic resync.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::Hasher;
 use std::time::Instant;
 
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
@@ -43,6 +56,9 @@ use crate::convert::{CREATED_BY_LABEL, CREATED_BY_VALUE, RESOURCE_PREFIX};
 
 /// etcd's default maximum number of operations in one transaction.
 pub const MAX_TXN_OPS: usize = 128;
+/// The most bytes (keys, values and compares, roughly) one transaction carries; etcd's default
+/// `--max-request-bytes` is 1.5 MiB.
+pub const MAX_TXN_BYTES: usize = 1024 * 1024;
 /// Prefix of ownership markers for resources written from v3 manifests.
 pub const OWNER_MARKER_PREFIX: &str = "/felixrs/policy-controller/owned";
 /// How many times a pass restarts after losing a compare-and-swap race.
@@ -72,6 +88,15 @@ pub struct Desired {
     /// etcd key → JSON value.
     pub resources: BTreeMap<String, String>,
     /// Owned keys to leave alone even though nothing desires them (objects that failed validation).
+    pub retain: BTreeSet<String>,
+}
+
+/// Changes to some keys only ([`Writer::sync_changes`]): each key's desired value (`None` when
+/// nothing desires it), and which of them are retained (owned keys to leave alone even though
+/// nothing desires them).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Changes {
+    pub resources: BTreeMap<String, Option<String>>,
     pub retain: BTreeSet<String>,
 }
 
@@ -138,6 +163,102 @@ struct Current {
     revision: i64,
 }
 
+/// The writer's index of etcd: what [`Current`] holds, with each value reduced to a hash.
+#[derive(Debug, Default)]
+struct Known {
+    values: HashMap<String, KnownValue>,
+    markers: HashMap<String, i64>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct KnownValue {
+    hash: u64,
+    rev: i64,
+    /// [`owned_by_label`] of the stored value.
+    label_owned: bool,
+}
+
+fn value_hash(v: &[u8]) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    h.write(v);
+    h.finish()
+}
+
+impl Known {
+    fn from_current(c: &Current) -> Self {
+        Known {
+            values: (c.values.iter())
+                .map(|(k, (v, rev))| {
+                    let kv = KnownValue {
+                        hash: value_hash(v),
+                        rev: *rev,
+                        label_owned: owned_by_label(k, v),
+                    };
+                    (k.clone(), kv)
+                })
+                .collect(),
+            markers: (c.markers.iter()).map(|(k, r)| (k.clone(), *r)).collect(),
+        }
+    }
+
+    fn have(&self, key: &str, want: Option<&str>) -> Option<Have> {
+        self.values.get(key).map(|kv| Have {
+            rev: kv.rev,
+            same: want.is_some_and(|w| kv.hash == value_hash(w.as_bytes())),
+            label_owned: kv.label_owned,
+        })
+    }
+
+    /// Records a transaction that succeeded at `revision`.
+    fn record(&mut self, effects: Vec<Effect>, revision: i64) {
+        for e in effects {
+            match e {
+                Effect::Put {
+                    key,
+                    hash,
+                    label_owned,
+                } => {
+                    let kv = KnownValue {
+                        hash,
+                        rev: revision,
+                        label_owned,
+                    };
+                    self.values.insert(key, kv);
+                }
+                Effect::Delete(key) => {
+                    self.values.remove(&key);
+                }
+                Effect::Marker(key) => {
+                    self.markers.insert(key, revision);
+                }
+                Effect::Unmarker(key) => {
+                    self.markers.remove(&key);
+                }
+            }
+        }
+    }
+}
+
+/// A stored key as the plan sees it.
+struct Have {
+    rev: i64,
+    /// Whether the stored value equals the desired one.
+    same: bool,
+    label_owned: bool,
+}
+
+/// What a change does to the writer's index once its transaction succeeds.
+enum Effect {
+    Put {
+        key: String,
+        hash: u64,
+        label_owned: bool,
+    },
+    Delete(String),
+    Marker(String),
+    Unmarker(String),
+}
+
 /// One planned change: its compares and operations travel in the same transaction.
 struct Change {
     compares: Vec<Compare>,
@@ -145,6 +266,9 @@ struct Change {
     kind: ChangeKind,
     /// Dependency rank of the key's resource type ([`rank`]).
     rank: u8,
+    effects: Vec<Effect>,
+    /// Roughly what the change adds to the request.
+    bytes: usize,
 }
 
 /// Dependency rank: tiers, then sets, then policies, then profiles, then endpoints. Creates and
@@ -182,6 +306,11 @@ pub struct Writer {
     fence: Option<Fence>,
     metrics: Option<crate::metrics::Metrics>,
     prefix: EtcdPrefix,
+    /// What etcd holds, as of the last successful pass; `None` until a full pass, and after a failed
+    /// compare or an etcd error (then only a full pass rebuilds it).
+    known: Option<Known>,
+    /// The revision of the last read or successful write.
+    revision: i64,
 }
 
 impl Writer {
@@ -191,12 +320,15 @@ impl Writer {
             fence: None,
             metrics: None,
             prefix: EtcdPrefix::default(),
+            known: None,
+            revision: 0,
         }
     }
 
     /// Writes the cluster whose keys live under `prefix` (default: Calico's).
     pub fn set_prefix(&mut self, prefix: EtcdPrefix) {
         self.prefix = prefix;
+        self.known = None;
     }
 
     /// Requires the given leader key for every write from now on.
@@ -209,13 +341,34 @@ impl Writer {
         self.metrics = Some(metrics);
     }
 
-    /// One full reconcile pass.
+    /// Whether the writer has an index of etcd (a full pass succeeded and nothing has invalidated it
+    /// since), so [`Writer::sync_changes`] and [`Writer::sync_indexed`] can run.
+    pub fn is_indexed(&self) -> bool {
+        self.known.is_some()
+    }
+
+    /// One full reconcile pass: reads the prefix (one ranged read, and one for the markers), writes
+    /// the differences and rebuilds the writer's index.
     pub async fn sync(&mut self, desired: &Desired) -> Result<SyncStats, WriterError> {
         let mut stats = SyncStats::default();
         for _ in 0..MAX_ATTEMPTS {
             let current = self.read().await?;
             stats.revision = current.revision;
+            self.revision = current.revision;
+            let mut known = Known::from_current(&current);
+            // A stored value equal as JSON but written differently is known as the desired one.
+            for (key, want) in &desired.resources {
+                if let (Some((old, _)), Some(kv)) =
+                    (current.values.get(key), known.values.get_mut(key))
+                    && old.as_slice() != want.as_bytes()
+                    && json_equal(old, want)
+                {
+                    kv.hash = value_hash(want.as_bytes());
+                }
+            }
+            self.known = Some(known);
             let changes = plan(desired, &current, &self.prefix);
+            drop(current);
             if changes.is_empty() {
                 return Ok(stats);
             }
@@ -228,6 +381,91 @@ impl Writer {
             }
         }
         Err(WriterError::Conflict(MAX_ATTEMPTS))
+    }
+
+    /// Writes what differs between the given keys' desired values and the writer's index, without
+    /// reading etcd. `Ok(None)` when there is no index or a compare failed (someone else wrote):
+    /// run a full [`Writer::sync`].
+    pub async fn sync_changes(
+        &mut self,
+        changes: &Changes,
+    ) -> Result<Option<SyncStats>, WriterError> {
+        let Some(known) = &self.known else {
+            return Ok(None);
+        };
+        let p = &self.prefix;
+        let planned: Vec<Change> = (changes.resources.iter())
+            .filter_map(|(key, want)| {
+                let want = want.as_deref();
+                let retained = changes.retain.contains(key);
+                let marker = known.markers.get(key).copied();
+                plan_key(key, want, retained, known.have(key, want), marker, p)
+            })
+            .collect();
+        self.apply_indexed(planned).await
+    }
+
+    /// Writes what differs between a whole desired state and the writer's index, without reading
+    /// etcd. `Ok(None)` as for [`Writer::sync_changes`].
+    pub async fn sync_indexed(
+        &mut self,
+        desired: &Desired,
+    ) -> Result<Option<SyncStats>, WriterError> {
+        let Some(known) = &self.known else {
+            return Ok(None);
+        };
+        let p = &self.prefix;
+        let mut planned = Vec::new();
+        for (key, want) in &desired.resources {
+            let marker = known.markers.get(key).copied();
+            let have = known.have(key, Some(want));
+            planned.extend(plan_key(key, Some(want), false, have, marker, p));
+        }
+        let mut stored: Vec<&String> = (known.values.keys())
+            .filter(|k| !desired.resources.contains_key(*k))
+            .collect();
+        stored.sort();
+        for key in stored {
+            let retained = desired.retain.contains(key);
+            let marker = known.markers.get(key).copied();
+            planned.extend(plan_key(
+                key,
+                None,
+                retained,
+                known.have(key, None),
+                marker,
+                p,
+            ));
+        }
+        let mut orphans: Vec<(&String, &i64)> = (known.markers.iter())
+            .filter(|(k, _)| !known.values.contains_key(*k) && !desired.resources.contains_key(*k))
+            .collect();
+        orphans.sort();
+        for (key, mrev) in orphans {
+            planned.extend(plan_key(key, None, false, None, Some(*mrev), p));
+        }
+        self.apply_indexed(planned).await
+    }
+
+    async fn apply_indexed(
+        &mut self,
+        mut planned: Vec<Change>,
+    ) -> Result<Option<SyncStats>, WriterError> {
+        let mut stats = SyncStats {
+            revision: self.revision,
+            ..SyncStats::default()
+        };
+        if planned.is_empty() {
+            return Ok(Some(stats));
+        }
+        sort_changes(&mut planned);
+        if self.apply(planned, &mut stats).await? {
+            Ok(Some(stats))
+        } else {
+            tracing::info!("concurrent write detected, the writer's index is stale");
+            self.check_fence().await?;
+            Ok(None)
+        }
     }
 
     async fn read(&mut self) -> Result<Current, WriterError> {
@@ -247,6 +485,7 @@ impl Writer {
                 values.insert(k, (kv.value().to_vec(), kv.mod_revision()));
             }
         }
+        drop(resp);
         // Read markers at the same revision so both views are consistent.
         let marker_prefix = self.prefix.private_key(OWNER_MARKER_PREFIX);
         let resp = self
@@ -289,7 +528,8 @@ impl Writer {
         }
     }
 
-    /// Sends the changes in batches; `Ok(false)` when a compare failed.
+    /// Sends the changes in batches; `Ok(false)` when a compare failed. Each successful batch is
+    /// recorded in the writer's index; a failed one (or an etcd error) drops the index.
     async fn apply(
         &mut self,
         changes: Vec<Change>,
@@ -300,16 +540,22 @@ impl Writer {
             .as_ref()
             .map(|f| Compare::create_revision(f.key.clone(), CompareOp::Equal, f.create_revision));
         let reserved = usize::from(fence_cmp.is_some());
+        let reserved_bytes = self.fence.as_ref().map_or(0, |f| f.key.len() + 16);
         let mut batch: Vec<Change> = Vec::new();
         let mut batches = Vec::new();
-        let (mut n_cmp, mut n_ops) = (reserved, 0);
+        let (mut n_cmp, mut n_ops, mut n_bytes) = (reserved, 0, reserved_bytes);
         for c in changes {
-            if n_cmp + c.compares.len() > MAX_TXN_OPS || n_ops + c.ops.len() > MAX_TXN_OPS {
+            if !batch.is_empty()
+                && (n_cmp + c.compares.len() > MAX_TXN_OPS
+                    || n_ops + c.ops.len() > MAX_TXN_OPS
+                    || n_bytes + c.bytes > MAX_TXN_BYTES)
+            {
                 batches.push(std::mem::take(&mut batch));
-                (n_cmp, n_ops) = (reserved, 0);
+                (n_cmp, n_ops, n_bytes) = (reserved, 0, reserved_bytes);
             }
             n_cmp += c.compares.len();
             n_ops += c.ops.len();
+            n_bytes += c.bytes;
             batch.push(c);
         }
         if !batch.is_empty() {
@@ -318,25 +564,38 @@ impl Writer {
         for batch in batches {
             let mut compares: Vec<Compare> = fence_cmp.iter().cloned().collect();
             let mut ops = Vec::new();
+            let mut effects = Vec::new();
             let kinds: Vec<ChangeKind> = batch.iter().map(|c| c.kind).collect();
             for c in batch {
                 compares.extend(c.compares);
                 ops.extend(c.ops);
+                effects.extend(c.effects);
             }
             let started = Instant::now();
-            let resp = self
+            let resp = match self
                 .client
                 .txn(Txn::new().when(compares).and_then(ops))
                 .await
-                .map_err(|source| WriterError::Etcd { op: "txn", source })?;
+            {
+                Ok(r) => r,
+                Err(source) => {
+                    self.known = None;
+                    return Err(WriterError::Etcd { op: "txn", source });
+                }
+            };
             if let Some(m) = &self.metrics {
                 m.observe_write(started.elapsed());
             }
             if !resp.succeeded() {
+                self.known = None;
                 return Ok(false);
             }
             if let Some(h) = resp.header() {
                 stats.revision = h.revision();
+                self.revision = h.revision();
+            }
+            if let Some(known) = &mut self.known {
+                known.record(effects, stats.revision);
             }
             for k in kinds {
                 match k {
@@ -364,100 +623,159 @@ fn json_equal(a: &[u8], b: &str) -> bool {
     }
 }
 
-/// Works out the changes that take `current` to `desired`.
-fn plan(desired: &Desired, current: &Current, p: &EtcdPrefix) -> Vec<Change> {
+/// The change (if any) that takes one key from what is stored (`have`, and its marker's mod
+/// revision) to what is desired (`want`; `retained`: leave it even though nothing desires it).
+fn plan_key(
+    key: &str,
+    want: Option<&str>,
+    retained: bool,
+    have: Option<Have>,
+    marker: Option<i64>,
+    p: &EtcdPrefix,
+) -> Option<Change> {
     // Keys are canonical until they reach etcd.
-    let k = |key: &str| p.from_canonical(key);
-    let marker_key = |key: &str| marker_key(p, key);
-    let mut changes = Vec::new();
-    for (key, value) in &desired.resources {
-        let auto_hep = owned_by_label(key, value.as_bytes());
-        let needs_marker = !owned_by_pattern(key) && !auto_hep;
-        let has_marker = current.markers.contains_key(key);
-        if let Some((old, _)) = current.values.get(key)
-            && auto_hep
-            && !has_marker
-            && !owned_by_label(key, old)
-        {
-            // Someone else's host endpoint with the automatic one's name: never taken over.
-            tracing::warn!(%key, "not writing the automatic host endpoint: a host endpoint without the {CREATED_BY_LABEL} label has its name");
-            continue;
-        }
-        match current.values.get(key) {
-            None => {
-                let mut ops = vec![TxnOp::put(k(key), value.as_str(), None)];
-                if needs_marker {
-                    ops.push(TxnOp::put(marker_key(key), "", None));
-                }
-                changes.push(Change {
-                    compares: vec![Compare::create_revision(k(key), CompareOp::Equal, 0)],
-                    ops,
-                    kind: ChangeKind::Create,
-                    rank: rank(key),
-                });
+    let k = p.from_canonical(key);
+    let m = marker_key(p, key);
+    let has_marker = marker.is_some();
+    let overhead = 16;
+    match (want, have) {
+        (Some(value), have) => {
+            let auto_hep = owned_by_label(key, value.as_bytes());
+            let needs_marker = !owned_by_pattern(key) && !auto_hep;
+            if let Some(h) = &have
+                && auto_hep
+                && !has_marker
+                && !h.label_owned
+            {
+                // Someone else's host endpoint with the automatic one's name: never taken over.
+                tracing::warn!(%key, "not writing the automatic host endpoint: a host endpoint without the {CREATED_BY_LABEL} label has its name");
+                return None;
             }
-            Some((old, rev)) => {
-                let same = json_equal(old, value);
-                let mut ops = Vec::new();
-                if !same {
-                    ops.push(TxnOp::put(k(key), value.as_str(), None));
-                }
-                if needs_marker && !has_marker {
-                    ops.push(TxnOp::put(marker_key(key), "", None));
-                }
-                if ops.is_empty() {
-                    continue;
-                }
-                changes.push(Change {
-                    compares: vec![Compare::mod_revision(k(key), CompareOp::Equal, *rev)],
-                    ops,
-                    kind: if same {
+            let put = Effect::Put {
+                key: key.to_string(),
+                hash: value_hash(value.as_bytes()),
+                label_owned: auto_hep,
+            };
+            let mut ops = Vec::new();
+            let mut effects = Vec::new();
+            let mut bytes = 2 * (k.len() + overhead);
+            let same = have.as_ref().is_some_and(|h| h.same);
+            if !same {
+                ops.push(TxnOp::put(k.as_str(), value, None));
+                effects.push(put);
+                bytes += value.len();
+            }
+            if needs_marker && (have.is_none() || !has_marker) {
+                ops.push(TxnOp::put(m.as_str(), "", None));
+                effects.push(Effect::Marker(key.to_string()));
+                bytes += m.len() + overhead;
+            }
+            if ops.is_empty() {
+                return None;
+            }
+            let (compare, kind) = match &have {
+                None => (
+                    Compare::create_revision(k.as_str(), CompareOp::Equal, 0),
+                    ChangeKind::Create,
+                ),
+                Some(h) => (
+                    Compare::mod_revision(k.as_str(), CompareOp::Equal, h.rev),
+                    if h.same {
                         ChangeKind::Adopt
                     } else {
                         ChangeKind::Update
                     },
-                    rank: rank(key),
-                });
+                ),
+            };
+            Some(Change {
+                compares: vec![compare],
+                ops,
+                kind,
+                rank: rank(key),
+                effects,
+                bytes,
+            })
+        }
+        (None, Some(h)) => {
+            if retained || (!owned_by_pattern(key) && !has_marker && !h.label_owned) {
+                return None;
             }
+            let mut ops = vec![TxnOp::delete(k.as_str(), None)];
+            let mut effects = vec![Effect::Delete(key.to_string())];
+            let mut bytes = 2 * (k.len() + overhead);
+            if has_marker {
+                ops.push(TxnOp::delete(m.as_str(), None));
+                effects.push(Effect::Unmarker(key.to_string()));
+                bytes += m.len() + overhead;
+            }
+            Some(Change {
+                compares: vec![Compare::mod_revision(k.as_str(), CompareOp::Equal, h.rev)],
+                ops,
+                kind: ChangeKind::Delete,
+                rank: rank(key),
+                effects,
+                bytes,
+            })
         }
-    }
-    for (key, (value, rev)) in &current.values {
-        if desired.resources.contains_key(key) || desired.retain.contains(key) {
-            continue;
-        }
-        let has_marker = current.markers.contains_key(key);
-        if !owned_by_pattern(key) && !has_marker && !owned_by_label(key, value) {
-            continue;
-        }
-        let mut ops = vec![TxnOp::delete(k(key), None)];
-        if has_marker {
-            ops.push(TxnOp::delete(marker_key(key), None));
-        }
-        changes.push(Change {
-            compares: vec![Compare::mod_revision(k(key), CompareOp::Equal, *rev)],
-            ops,
-            kind: ChangeKind::Delete,
-            rank: rank(key),
-        });
-    }
-    // Markers whose resource is gone (deleted by someone else) and not desired.
-    for (key, mrev) in &current.markers {
-        if !current.values.contains_key(key) && !desired.resources.contains_key(key) {
-            let m = marker_key(key);
-            changes.push(Change {
-                compares: vec![Compare::mod_revision(m.as_str(), CompareOp::Equal, *mrev)],
-                ops: vec![TxnOp::delete(m, None)],
+        // A marker whose resource is gone (deleted by someone else) and not desired.
+        (None, None) => {
+            let mrev = marker?;
+            Some(Change {
+                compares: vec![Compare::mod_revision(m.as_str(), CompareOp::Equal, mrev)],
+                ops: vec![TxnOp::delete(m.as_str(), None)],
                 kind: ChangeKind::Cleanup,
                 rank: 0,
-            });
+                effects: vec![Effect::Unmarker(key.to_string())],
+                bytes: 2 * (m.len() + overhead),
+            })
         }
     }
-    // Stable sort: upserts by rising rank, then deletes by falling rank, then marker cleanup.
+}
+
+/// Stable sort: upserts by rising rank, then deletes by falling rank, then marker cleanup.
+fn sort_changes(changes: &mut [Change]) {
     changes.sort_by_key(|c| match c.kind {
         ChangeKind::Create | ChangeKind::Update | ChangeKind::Adopt => (0, c.rank),
         ChangeKind::Delete => (1, u8::MAX - c.rank),
         ChangeKind::Cleanup => (2, 0),
     });
+}
+
+/// Works out the changes that take `current` to `desired`.
+fn plan(desired: &Desired, current: &Current, p: &EtcdPrefix) -> Vec<Change> {
+    let have = |key: &str, want: Option<&str>| {
+        current.values.get(key).map(|(old, rev)| Have {
+            rev: *rev,
+            same: want.is_some_and(|w| old.as_slice() == w.as_bytes() || json_equal(old, w)),
+            label_owned: owned_by_label(key, old),
+        })
+    };
+    let mut changes = Vec::new();
+    for (key, value) in &desired.resources {
+        let marker = current.markers.get(key).copied();
+        changes.extend(plan_key(
+            key,
+            Some(value),
+            false,
+            have(key, Some(value)),
+            marker,
+            p,
+        ));
+    }
+    for key in current.values.keys() {
+        if desired.resources.contains_key(key) {
+            continue;
+        }
+        let retained = desired.retain.contains(key);
+        let marker = current.markers.get(key).copied();
+        changes.extend(plan_key(key, None, retained, have(key, None), marker, p));
+    }
+    for (key, mrev) in &current.markers {
+        if !current.values.contains_key(key) && !desired.resources.contains_key(key) {
+            changes.extend(plan_key(key, None, false, None, Some(*mrev), p));
+        }
+    }
+    sort_changes(&mut changes);
     changes
 }
 

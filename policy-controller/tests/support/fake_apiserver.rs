@@ -7,7 +7,7 @@
 //! one counter; a watch replays logged events newer than its resourceVersion, sends a BOOKMARK, then
 //! streams live events. [`FakeApiServer::disconnect_and`] ends every open watch, applies a change
 //! without telling anyone and compacts the event log, so a reconnecting watcher gets the in-stream
-//! `410 Gone` error and must relist.
+//! `410 Gone` error and must relist. Lists are paged when the client asks (`limit`, `continue`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -269,15 +269,35 @@ async fn handle(
     if !watch {
         let mut g = inner.lock().unwrap();
         *g.lists.entry(res.clone()).or_default() += 1;
-        let items: Vec<Value> = g
-            .objects
-            .iter()
-            .filter(|((r, _, _), _)| *r == res)
-            .map(|(_, v)| v.clone())
-            .collect();
+        // Paged like the real server when asked (`limit`, `continue`: here the last key returned).
+        let limit: usize = (q.get("limit").and_then(|l| l.parse().ok())).unwrap_or(usize::MAX);
+        let after = q.get("continue").and_then(|c| c.split_once('/'));
+        use std::ops::Bound;
+        let start = match after {
+            Some((ns, name)) => Bound::Excluded((res.clone(), ns.to_string(), name.to_string())),
+            None => Bound::Included((res.clone(), String::new(), String::new())),
+        };
+        let mut items: Vec<Value> = Vec::new();
+        let mut last = None;
+        let mut more = false;
+        for ((r, ns, name), v) in g.objects.range((start, Bound::Unbounded)) {
+            if *r != res {
+                break;
+            }
+            if items.len() == limit {
+                more = true;
+                break;
+            }
+            items.push(v.clone());
+            last = Some(format!("{ns}/{name}"));
+        }
+        let mut metadata = json!({"resourceVersion": g.rv.to_string()});
+        if more {
+            metadata["continue"] = json!(last);
+        }
         let body = json!({
             "kind": kind, "apiVersion": api,
-            "metadata": {"resourceVersion": g.rv.to_string()},
+            "metadata": metadata,
             "items": items,
         });
         return Response::builder()

@@ -711,7 +711,7 @@ fn node_selector(labels: &str) -> String {
 }
 
 /// Whether a converted admin policy (its stored JSON) has a `nodes` peer.
-fn uses_node_sets(json: &str) -> bool {
+pub fn uses_node_sets(json: &str) -> bool {
     json.contains(&format!("has({})", super::NODE_MARKER_LABEL))
 }
 
