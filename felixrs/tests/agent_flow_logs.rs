@@ -148,6 +148,9 @@ fn flows_stream_from_the_agent_with_the_deciding_policy() {
     assert_eq!(denied.action, FlowAction::Deny, "{denied:#?}");
     assert_eq!(denied.policies.enforced[0].rule_index, Some(1));
 
+    // Flow logs without `--web-view`: no web view.
+    assert_eq!(agent.get("/ui/").unwrap().0, 404);
+
     let (_, metrics) = agent.get("/metrics").unwrap();
     for name in [
         "felixrs_flow_logs_records_total",
@@ -196,6 +199,11 @@ fn without_the_flag_there_is_no_flows_route_nor_metric() {
     agent.wait_applied(rev);
     let (code, _) = agent.get("/flows?follow=false").unwrap();
     assert_eq!(code, 404);
+    assert_eq!(
+        agent.get("/ui/").unwrap().0,
+        404,
+        "no web view without --web-view"
+    );
     let (_, metrics) = agent.get("/metrics").unwrap();
     assert!(!metrics.contains("flow_logs"), "{metrics}");
     assert!(!state.path().join("state/flows.jsonl").exists());

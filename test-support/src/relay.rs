@@ -57,6 +57,17 @@ impl Relay {
         let listener = in_netns(listen_ns, move || {
             TcpListener::bind(SocketAddr::new(host, 0)).expect("bind relay listener")
         });
+        Self::serve(listener, upstream_ns, upstream)
+    }
+
+    /// Like [`Relay::start`], listening in the test process's own namespace (the host's), e.g. for
+    /// a browser the test runs there to reach a server inside a test namespace.
+    pub fn start_here(host: IpAddr, upstream_ns: &str, upstream: SocketAddr) -> Relay {
+        let listener = TcpListener::bind(SocketAddr::new(host, 0)).expect("bind relay listener");
+        Self::serve(listener, upstream_ns, upstream)
+    }
+
+    fn serve(listener: TcpListener, upstream_ns: &str, upstream: SocketAddr) -> Relay {
         listener
             .set_nonblocking(true)
             .expect("nonblocking relay listener");

@@ -21,6 +21,9 @@ pub struct Names {
     nets: Vec<(IpNet, FlowEnd)>,
     /// Policy chain id (what our prefixes carry) -> (kind, tier, namespace, name).
     policies: HashMap<String, (String, String, Option<String>, String)>,
+    /// `_` + the full base64url SHA-256 of each policy chain id -> that id: a prefix too long for
+    /// the kernel carries this hash cut to fit instead of the id (`render::rule::nflog_prefix`).
+    hashed: BTreeMap<String, String>,
 }
 
 fn end(kind: &str, ns: Option<&str>, name: &str, labels: &BTreeMap<String, String>) -> FlowEnd {
@@ -78,8 +81,13 @@ impl Names {
             .sort_by_key(|(n, _)| std::cmp::Reverse(n.prefix_len()));
         for id in renderer.policy_ids() {
             let kind = id.kind.as_str();
+            let chain_id = names::policy_chain_id(id);
+            out.hashed.insert(
+                names::hashed_id("", &chain_id, usize::MAX),
+                chain_id.clone(),
+            );
             out.policies.insert(
-                names::policy_chain_id(id),
+                chain_id,
                 (
                     kind.to_string(),
                     id.tier.clone(),
@@ -113,6 +121,18 @@ impl Names {
         e
     }
 
+    /// The policy whose chain id hashes to `id`, a hash cut to fit a prefix (long enough to name
+    /// one policy: at least 16 characters).
+    fn unhashed(&self, id: &str) -> Option<&(String, String, Option<String>, String)> {
+        if !id.starts_with('_') || id.len() < 16 {
+            return None;
+        }
+        let (hash, chain_id) = self.hashed.range(id.to_string()..).next()?;
+        hash.starts_with(id)
+            .then(|| self.policies.get(chain_id))
+            .flatten()
+    }
+
     /// The policy hit a prefix names.
     pub fn hit(&self, p: &Prefix<'_>) -> PolicyHit {
         let action = match p.action {
@@ -121,7 +141,7 @@ impl Names {
             _ => FlowAction::Deny,
         };
         let (kind, tier, namespace, name) = match p.kind {
-            "policy" => match self.policies.get(p.id) {
+            "policy" => match self.policies.get(p.id).or_else(|| self.unhashed(p.id)) {
                 Some((k, t, ns, n)) => (k.clone(), Some(t.clone()), ns.clone(), n.clone()),
                 // Not (yet) in the view: the prefix's id, as the kernel has it.
                 None => ("Policy".into(), None, None, p.id.to_string()),
