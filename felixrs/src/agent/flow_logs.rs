@@ -204,6 +204,34 @@ impl PromCollector for FlowLogMetrics {
             None,
             g.metric_type(),
         )?)?;
+        let staged = s
+            .staged
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if !staged.is_empty() {
+            let mut family = encoder.encode_descriptor(
+                "staged_policy_connections",
+                "Connections each staged policy decided in the staged view, by its action",
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (k, v) in staged {
+                let action = match k.action {
+                    crate::flowlog::FlowAction::Allow => "allow",
+                    crate::flowlog::FlowAction::Deny => "deny",
+                    crate::flowlog::FlowAction::Pass => "pass",
+                };
+                let labels = [
+                    ("kind", k.kind.as_str()),
+                    ("namespace", k.namespace.as_str()),
+                    ("name", k.name.as_str()),
+                    ("tier", k.tier.as_str()),
+                    ("action", action),
+                ];
+                ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
+            }
+        }
         Ok(())
     }
 }

@@ -300,7 +300,8 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
                 self.stale_flows
                     .extend(self.endpoints.remove(id).into_iter().flatten());
             }
-            Output::PolicyUpdated(p) => {
+            // Felix counts enforced policies only as active local policies, never staged ones.
+            Output::PolicyUpdated(p) if !p.id.kind.is_staged() => {
                 self.policies.insert(p.id.clone());
             }
             Output::PolicyRemoved(id) => {
