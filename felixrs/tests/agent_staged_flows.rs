@@ -129,11 +129,11 @@ fn staged_deny_is_predicted_in_flows_and_counters_then_enforced_when_promoted() 
         let ip = format!("10.71.0.{}", i + 1);
         rev = put_pod(&etcd, name, &iface, &ip);
         let pod = add_pod(&ns, &iface, &ip, &format!("fd71::{}", i + 1));
-        serve(&pod.ns, pod.v4.into(), PORT);
+        serve(&pod.ns, pod.v4, PORT);
         pods.push(pod);
     }
     let (a, b, c, d) = (&pods[0], &pods[1], &pods[2], &pods[3]);
-    let (b_ip, d_ip): (IpAddr, IpAddr) = (b.v4.into(), d.v4.into());
+    let (b_ip, d_ip): (IpAddr, IpAddr) = (b.v4, d.v4);
 
     let state = tempfile::tempdir().unwrap();
     let agent = Agent::start_with(
