@@ -18,7 +18,7 @@ use crate::cmd::shared::node_view::{SourceArgs, render_node, state_dir_changed};
 use crate::flowlog::collector::{Collector, CollectorConfig, CollectorStats};
 use crate::flowlog::hub::DEFAULT_RECENT;
 use crate::flowlog::names::Names;
-use crate::flowlog::{FlowHub, NoPending, PendingPolicies};
+use crate::flowlog::{FlowHub, PendingPolicies};
 
 /// The flow log flags (with `--flow-logs`, which is a dataplane flag: it changes the rules).
 #[derive(Debug, Clone, clap::Args)]
@@ -77,6 +77,7 @@ impl FlowLogs {
         state_dir: &std::path::Path,
         dataplane: &DataplaneArgs,
         stats_sink: &FlowLogMetrics,
+        pending: Arc<dyn PendingPolicies>,
     ) -> anyhow::Result<FlowLogs> {
         let hub = FlowHub::new(DEFAULT_RECENT);
         let names = Arc::new(RwLock::new(Names::default()));
@@ -92,7 +93,6 @@ impl FlowLogs {
             interval: args.flow_logs_interval,
             max_entries: args.flow_logs_max_entries,
         };
-        let pending: Arc<dyn PendingPolicies> = Arc::new(NoPending);
         let collector = Collector::start(cfg, hub.clone(), names.clone(), pending)?;
         stats_sink.attach(collector.stats.clone());
         let stop = Arc::new(AtomicBool::new(false));
@@ -204,6 +204,34 @@ impl PromCollector for FlowLogMetrics {
             None,
             g.metric_type(),
         )?)?;
+        let staged = s
+            .staged
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if !staged.is_empty() {
+            let mut family = encoder.encode_descriptor(
+                "staged_policy_connections",
+                "Connections each staged policy decided in the staged view, by its action",
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (k, v) in staged {
+                let action = match k.action {
+                    crate::flowlog::FlowAction::Allow => "allow",
+                    crate::flowlog::FlowAction::Deny => "deny",
+                    crate::flowlog::FlowAction::Pass => "pass",
+                };
+                let labels = [
+                    ("kind", k.kind.as_str()),
+                    ("namespace", k.namespace.as_str()),
+                    ("name", k.name.as_str()),
+                    ("tier", k.tier.as_str()),
+                    ("action", action),
+                ];
+                ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
+            }
+        }
         Ok(())
     }
 }

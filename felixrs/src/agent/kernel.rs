@@ -189,6 +189,8 @@ pub struct KernelDataplane<R: Runner + Clone + 'static> {
     backend: Backend,
     /// The host endpoints without `interfaceName` on no interface, as last logged.
     unresolved_heps: Vec<String>,
+    /// The staged view (flow logs on): fed every batch the enforced renderer gets.
+    staged: Option<Arc<crate::staged::SharedStagedView>>,
 }
 
 /// The kernel read ahead of the first apply, on its own thread: it hands back the appliers with
@@ -220,6 +222,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             read_ahead: None,
             backend,
             unresolved_heps: Vec::new(),
+            staged: None,
         })
     }
 
@@ -248,6 +251,13 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
     pub fn with_learner(mut self, learner: Arc<Learner>) -> Self {
         self.renderer.set_domain_members(learner.clone());
         self.learner = Some(learner);
+        self
+    }
+
+    /// Feeds `view` every batch of graph outputs the enforced renderer gets (the flow collector
+    /// reads it as its pending policies).
+    pub fn with_staged_view(mut self, view: Arc<crate::staged::SharedStagedView>) -> Self {
+        self.staged = Some(view);
         self
     }
 
@@ -290,7 +300,8 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
                 self.stale_flows
                     .extend(self.endpoints.remove(id).into_iter().flatten());
             }
-            Output::PolicyUpdated(p) => {
+            // Felix counts enforced policies only as active local policies, never staged ones.
+            Output::PolicyUpdated(p) if !p.id.kind.is_staged() => {
                 self.policies.insert(p.id.clone());
             }
             Output::PolicyRemoved(id) => {
@@ -557,6 +568,9 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
     fn apply(&mut self, outputs: Vec<Output>) -> Result<ApplyReport, DataplaneError> {
         for o in &outputs {
             self.track(o);
+        }
+        if let Some(staged) = &self.staged {
+            staged.apply(outputs.iter().cloned());
         }
         for error in self.render(outputs) {
             // The object was rendered fail-closed (or left out); the rest is applied.

@@ -342,7 +342,7 @@ impl Args {
             hub.liveness.clone(),
         );
         let mut dataplane =
-            kernel::KernelDataplane::new(runner, self.iptables_backend.into(), render)?
+            kernel::KernelDataplane::new(runner, self.iptables_backend.into(), render.clone())?
                 .with_counters(counter_hub.clone());
         let dns = crate::dns::agent::start(
             &self.dataplane,
@@ -353,6 +353,24 @@ impl Args {
         );
         if let Some(d) = &dns {
             dataplane = dataplane.with_learner(d.learner.clone());
+        }
+        // The staged view (issue 27): with flow logs on, fed every batch the enforced renderer
+        // gets and read by the collector as its pending policies.
+        let staged = self
+            .dataplane
+            .flow_logs
+            .then(|| crate::staged::StagedView::new(render.clone()))
+            .and_then(|r| {
+                r.inspect_err(|e| tracing::error!("staged view not built: {e}"))
+                    .ok()
+            })
+            .map(|v| Arc::new(crate::staged::SharedStagedView::new(v)));
+        let pending: Arc<dyn crate::flowlog::PendingPolicies> = match &staged {
+            Some(s) => s.clone(),
+            None => Arc::new(crate::flowlog::NoPending),
+        };
+        if let Some(s) = &staged {
+            dataplane = dataplane.with_staged_view(s.clone());
         }
         // Flow logs: a failure to start them is logged, never a reason to stop enforcing.
         let flow_logs = self
@@ -365,6 +383,7 @@ impl Args {
                     &self.state_dir,
                     &self.dataplane,
                     &hub.metrics.flow_logs,
+                    pending,
                 )
             })
             .and_then(|r| {

@@ -47,6 +47,41 @@ pub struct CollectorStats {
     pub conntrack_ended: AtomicU64,
     /// Receive errors (e.g. the socket's buffer overflowed: messages lost).
     pub receive_errors: AtomicU64,
+    /// Connections (5-tuple and reporter) each staged policy decided in the staged view, by
+    /// policy and its staged action (`felixrs_staged_policy_connections_total`).
+    pub staged: std::sync::Mutex<std::collections::BTreeMap<StagedCount, u64>>,
+}
+
+/// A staged policy and what it decided: a [`CollectorStats::staged`] key.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct StagedCount {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    pub tier: String,
+    pub action: FlowAction,
+}
+
+impl CollectorStats {
+    /// Counts one connection's staged verdict for each staged policy among its `hits`.
+    fn count_staged(&self, hits: &[PolicyHit]) {
+        let mut staged = None;
+        for h in hits.iter().filter(|h| h.kind.starts_with("Staged")) {
+            let map = staged.get_or_insert_with(|| {
+                self.staged
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+            });
+            let key = StagedCount {
+                kind: h.kind.clone(),
+                namespace: h.namespace.clone().unwrap_or_default(),
+                name: h.name.clone(),
+                tier: h.tier.clone().unwrap_or_default(),
+                action: h.action,
+            };
+            *map.entry(key).or_default() += 1;
+        }
+    }
 }
 
 /// One flow's key: reporter and 5-tuple.
@@ -166,10 +201,14 @@ impl Aggregator {
                     dst_port: ip.dst_port,
                     icmp: decode_icmp(&p.payload),
                 };
+                let pending = pending.pending(&conn, reporter);
+                if let Some((_, hits)) = &pending {
+                    self.stats.count_staged(hits);
+                }
                 self.entries.entry(key).or_insert(Entry {
                     action: FlowAction::Deny,
                     hits: Vec::new(),
-                    pending: pending.pending(&conn, reporter),
+                    pending,
                     started: 1,
                     completed: 0,
                     live: false,
