@@ -2,7 +2,7 @@
 //! real etcd: pods a, b, c, d on one node, all traffic allowed by their profile. A staged
 //! deny-all selecting b's ingress changes nothing in the datapath (every connection succeeds),
 //! but the flow records of exactly the connections to b carry `pending_action: deny` naming the
-//! staged policy, and `felixrs_staged_policy_connections_total` counts them. Promoted (the
+//! staged policy, and `felixrs_staged_policy_connections_total` and `felixrs stats` count them. Promoted (the
 //! staged policy deleted, the same spec written as a GlobalNetworkPolicy), exactly those
 //! connections are dropped, and their records carry `action: deny` naming the policy. Root.
 
@@ -187,6 +187,44 @@ fn staged_deny_is_predicted_in_flows_and_counters_then_enforced_when_promoted() 
         staged_counter(&metrics),
         Some(predicted.len() as u64),
         "{metrics}"
+    );
+    // `felixrs stats --state-dir` asks the running agent for the same counts (JSON and table).
+    let dir = state.path().join("state");
+    let dir = dir.to_str().unwrap();
+    let bin = env!("CARGO_BIN_EXE_felixrs");
+    let args = [
+        "stats",
+        "--state-dir",
+        dir,
+        "--node-name",
+        "node-1",
+        "--flow-logs",
+    ];
+    let out = ns.ok(bin, &[&args[..], &["--json"]].concat());
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(
+        v["staged"],
+        json!([{"kind": "StagedGlobalNetworkPolicy", "namespace": "", "name": POLICY,
+                "tier": "default", "action": "deny", "connections": predicted.len()}]),
+        "{out}"
+    );
+    let table = ns.ok(bin, &args);
+    let line = table
+        .lines()
+        .skip_while(|l| !l.starts_with("staged policies"))
+        .find(|l| l.contains(POLICY))
+        .unwrap_or_else(|| panic!("no staged row: {table}"));
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(
+        cells,
+        [
+            &predicted.len().to_string(),
+            "deny",
+            "StagedGlobalNetworkPolicy",
+            "default",
+            POLICY
+        ],
+        "{table}"
     );
     // The staged policy is not an active local policy (Felix counts enforced ones only).
     assert_eq!(

@@ -154,6 +154,11 @@ impl FlowLogMetrics {
     pub fn attach(&self, stats: Arc<CollectorStats>) {
         let _ = self.stats.set(stats);
     }
+
+    /// The staged counts; `None` while no collector runs (flow logs off).
+    pub fn staged_rows(&self) -> Option<Vec<crate::flowlog::collector::StagedRow>> {
+        self.stats.get().map(|s| s.staged_rows())
+    }
 }
 
 impl PromCollector for FlowLogMetrics {

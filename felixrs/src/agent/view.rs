@@ -13,8 +13,10 @@
 //! Protocol (one request per connection): the client writes `view <revision>\n` (the revision it
 //! already holds, `-1` for none); the agent answers one byte, then closes: `U` (unchanged: the
 //! applied view is at that revision), `N` (nothing applied yet), or `V` followed by the view in
-//! the snapshot file's format ([`super::snapshot::encode`], checksummed). The socket is only for
-//! this node's root (mode 0600, in the state directory), as the snapshot file is.
+//! the snapshot file's format ([`super::snapshot::encode`], checksummed). `staged\n` asks for the
+//! flow collector's staged counts (`felixrs stats`): `S` followed by a JSON array of
+//! [`StagedRow`]s, or `N` when flow logs are off. The socket is only for this node's root (mode
+//! 0600, in the state directory), as the snapshot file is.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -24,6 +26,7 @@ use std::time::Duration;
 
 use super::snapshot::{KvMap, Snapshot, SnapshotError, decode, encode};
 use super::status::StatusHub;
+use crate::flowlog::collector::StagedRow;
 
 /// The socket's file name inside `--state-dir`.
 pub const SOCKET_NAME: &str = "agent.sock";
@@ -113,8 +116,24 @@ async fn answer(mut stream: tokio::net::UnixStream, hub: Arc<StatusHub>) {
     ) {
         return;
     }
-    let Some(have) = parse_request(&req) else {
+    let Some(request) = parse_request(&req) else {
         return;
+    };
+    let have = match request {
+        Request::View(have) => have,
+        Request::Staged => {
+            let reply = match hub.metrics.flow_logs.staged_rows() {
+                Some(rows) => {
+                    let mut out = vec![b'S'];
+                    out.extend(serde_json::to_vec(&rows).unwrap_or_else(|_| b"[]".to_vec()));
+                    out
+                }
+                None => vec![b'N'],
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(10), stream.write_all(&reply)).await;
+            let _ = stream.shutdown().await;
+            return;
+        }
     };
     let reply = match hub.applied_view_revision() {
         None => vec![b'N'],
@@ -141,10 +160,20 @@ async fn answer(mut stream: tokio::net::UnixStream, hub: Arc<StatusHub>) {
     let _ = stream.shutdown().await;
 }
 
-/// `view <revision>\n` → the revision the client holds.
-fn parse_request(req: &[u8]) -> Option<i64> {
+/// A tool's request.
+enum Request {
+    /// `view <revision>\n`: the applied view, unless the client holds that revision.
+    View(i64),
+    /// `staged\n`: the staged counts.
+    Staged,
+}
+
+fn parse_request(req: &[u8]) -> Option<Request> {
     let line = std::str::from_utf8(req).ok()?.strip_suffix('\n')?;
-    line.strip_prefix("view ")?.parse().ok()
+    if line == "staged" {
+        return Some(Request::Staged);
+    }
+    line.strip_prefix("view ")?.parse().ok().map(Request::View)
 }
 
 /// What the running agent answered.
@@ -214,6 +243,47 @@ pub fn fetch(state_dir: &Path, have: Option<i64>) -> Result<Fetched, FetchError>
                     source,
                 })
         }
+        other => Err(FetchError::Answer {
+            path: path.clone(),
+            first: other.map(|(b, _)| *b),
+        }),
+    }
+}
+
+/// Asks the agent of `state_dir` for its flow collector's staged counts (blocking); `None` when
+/// no agent answers or its flow logs are off.
+pub fn fetch_staged(state_dir: &Path) -> Result<Option<Vec<StagedRow>>, FetchError> {
+    let path = socket_path(state_dir);
+    let io = |source| FetchError::Io {
+        path: path.clone(),
+        source,
+    };
+    let mut stream = match UnixStream::connect(&path) {
+        Ok(s) => s,
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            return Ok(None);
+        }
+        Err(e) => return Err(io(e)),
+    };
+    let timeout = Some(Duration::from_secs(10));
+    stream.set_read_timeout(timeout).map_err(io)?;
+    stream.set_write_timeout(timeout).map_err(io)?;
+    writeln!(stream, "staged").map_err(io)?;
+    let mut reply = Vec::new();
+    stream.read_to_end(&mut reply).map_err(io)?;
+    match reply.split_first() {
+        Some((b'N', [])) => Ok(None),
+        Some((b'S', body)) => serde_json::from_slice(body)
+            .map(Some)
+            .map_err(|e| FetchError::Io {
+                path: path.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            }),
         other => Err(FetchError::Answer {
             path: path.clone(),
             first: other.map(|(b, _)| *b),

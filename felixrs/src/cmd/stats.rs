@@ -24,6 +24,7 @@ use crate::agent::IptablesBackend;
 use crate::cmd::shared::dataplane_args::DataplaneArgs;
 use crate::cmd::shared::node_view::{SourceArgs, render_node};
 use crate::cmd::shared::{Answer, finish};
+use crate::flowlog::collector::StagedRow;
 
 /// `felixrs stats`.
 #[derive(Debug, Clone, clap::Args)]
@@ -71,6 +72,10 @@ pub struct Stats {
     pub rules_missing: usize,
     /// Most packets first.
     pub counters: Vec<Row>,
+    /// Connections each staged policy decided in the staged view (allow, deny or pass), counted
+    /// by the running agent's flow collector (`--state-dir` of an agent with flow logs on).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub staged: Vec<StagedRow>,
 }
 
 fn family_name(v: IpVersion) -> &'static str {
@@ -140,6 +145,7 @@ pub fn collect(renderer: &Renderer, runner: &dyn Runner, mode: Mode) -> anyhow::
         rules_found: found,
         rules_missing: missing,
         counters: all,
+        staged: Vec::new(),
     })
 }
 
@@ -186,20 +192,48 @@ pub fn cell(s: &str) -> String {
     out
 }
 
-/// The human table, most packets first.
+/// Rows of cells, columns aligned; the first `right` columns right-aligned (numbers).
+fn aligned(rows: &[Vec<String>], right: usize) -> String {
+    let mut widths = vec![0usize; rows.first().map_or(0, Vec::len)];
+    for row in rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (i, (c, w)) in row.iter().zip(&widths).enumerate() {
+            if i < right {
+                let _ = write!(line, "{c:>w$}  ");
+            } else {
+                let _ = write!(line, "{c:<w$}  ");
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// The human table, most packets first; then the staged policies' counts, if any.
 pub fn table(stats: &Stats) -> String {
-    let mut rows: Vec<[String; 8]> = vec![[
-        "PACKETS".into(),
-        "BYTES".into(),
-        "FAMILY".into(),
-        "DIRECTION".into(),
-        "ACTION".into(),
-        "KIND".into(),
-        "TIER".into(),
-        "POLICY".into(),
-    ]];
+    let mut rows: Vec<Vec<String>> = vec![
+        [
+            "PACKETS",
+            "BYTES",
+            "FAMILY",
+            "DIRECTION",
+            "ACTION",
+            "KIND",
+            "TIER",
+            "POLICY",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
     for r in &stats.counters {
-        rows.push([
+        rows.push(vec![
             r.packets.to_string(),
             r.bytes.to_string(),
             r.family.to_string(),
@@ -210,25 +244,7 @@ pub fn table(stats: &Stats) -> String {
             cell(&r.policy),
         ]);
     }
-    let mut widths = [0usize; 8];
-    for row in &rows {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for row in &rows {
-        let mut line = String::new();
-        for (i, (c, w)) in row.iter().zip(widths).enumerate() {
-            if i < 2 {
-                let _ = write!(line, "{c:>w$}  ");
-            } else {
-                let _ = write!(line, "{c:<w$}  ");
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
+    let mut out = aligned(&rows, 2);
     let _ = writeln!(
         out,
         "({} backend; {} of our rules read{})",
@@ -243,6 +259,34 @@ pub fn table(stats: &Stats) -> String {
             String::new()
         }
     );
+    if !stats.staged.is_empty() {
+        let mut rows: Vec<Vec<String>> = vec![
+            ["CONNECTIONS", "STAGED ACTION", "KIND", "TIER", "POLICY"]
+                .map(String::from)
+                .to_vec(),
+        ];
+        for r in &stats.staged {
+            let p = &r.policy;
+            let name = if p.namespace.is_empty() {
+                p.name.clone()
+            } else {
+                format!("{}/{}", p.namespace, p.name)
+            };
+            let action = serde_json::to_value(p.action)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            rows.push(vec![
+                r.connections.to_string(),
+                action,
+                cell(&p.kind),
+                cell(&p.tier),
+                cell(&name),
+            ]);
+        }
+        out.push_str("\nstaged policies (connections each would have decided so, from the agent's flow logs):\n");
+        out.push_str(&aligned(&rows, 1));
+    }
     out
 }
 
@@ -256,7 +300,14 @@ impl Args {
         let runner = ExecRunner::new();
         let mode = backend::resolve(&runner, Backend::from(self.iptables_backend))
             .map_err(|e| anyhow::anyhow!("detecting the iptables backend: {e}"))?;
-        let stats = collect(&view.renderer, &runner, mode)?;
+        let mut stats = collect(&view.renderer, &runner, mode)?;
+        let mut problems = view.problems;
+        if let Some(dir) = &self.source.state_dir {
+            match crate::agent::view::fetch_staged(dir) {
+                Ok(rows) => stats.staged = rows.unwrap_or_default(),
+                Err(e) => problems.push(format!("staged policy counts: {e}")),
+            }
+        }
         let text = if self.json {
             let mut s = serde_json::to_string_pretty(&stats)?;
             s.push('\n');
@@ -266,7 +317,7 @@ impl Args {
         };
         Ok(Answer {
             text,
-            problems: view.problems,
+            problems,
             status: 0,
         })
     }
@@ -300,6 +351,7 @@ mod tests {
             rules_found: 2,
             rules_missing: 0,
             counters: vec![row(100, "ns/web"), row(3, "ns/evil\nrow")],
+            staged: Vec::new(),
         };
         let t = table(&s);
         let lines: Vec<&str> = t.lines().collect();

@@ -53,7 +53,7 @@ pub struct CollectorStats {
 }
 
 /// A staged policy and what it decided: a [`CollectorStats::staged`] key.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct StagedCount {
     pub kind: String,
     pub namespace: String,
@@ -62,7 +62,29 @@ pub struct StagedCount {
     pub action: FlowAction,
 }
 
+/// One staged policy's count, as `felixrs stats` shows it (over `agent.sock`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StagedRow {
+    #[serde(flatten)]
+    pub policy: StagedCount,
+    /// Connections (5-tuple and reporter) it decided so in the staged view since the agent started.
+    pub connections: u64,
+}
+
 impl CollectorStats {
+    /// The staged counts, by policy and action.
+    pub fn staged_rows(&self) -> Vec<StagedRow> {
+        self.staged
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(policy, n)| StagedRow {
+                policy: policy.clone(),
+                connections: *n,
+            })
+            .collect()
+    }
+
     /// Counts one connection's staged verdict for each staged policy among its `hits`.
     fn count_staged(&self, hits: &[PolicyHit]) {
         let mut staged = None;
