@@ -214,9 +214,7 @@ fn thread_stat(pid: u32, name: &str) -> Option<String> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .ok()?
         .flatten()
-        .find(|t| {
-            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name)
-        })
+        .find(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
         .map(|t| t.path().join("stat").display().to_string())
 }
 
@@ -312,7 +310,11 @@ fn run(node: &Node, flow_logs: bool, rate: u64, secs: u64) {
     println!(
         "{}: target {rate}/s for {secs} s: {} flows in {:.1} s = {:.0}/s ({tcp} tcp allowed, \
          {udp} udp denied, {failed} failed)",
-        if flow_logs { "flow logs on" } else { "floor (flow logs off)" },
+        if flow_logs {
+            "flow logs on"
+        } else {
+            "floor (flow logs off)"
+        },
         tcp + udp,
         took.as_secs_f64(),
         (tcp + udp) as f64 / took.as_secs_f64(),
@@ -384,8 +386,7 @@ fn main() {
     // The pod reaches the node before any rule.
     let host: IpAddr = HOST.parse().unwrap();
     let reached = in_netns(node.pod.ns.name(), move || {
-        TcpStream::connect_timeout(&SocketAddr::new(host, TCP_PORT), Duration::from_secs(2))
-            .is_ok()
+        TcpStream::connect_timeout(&SocketAddr::new(host, TCP_PORT), Duration::from_secs(2)).is_ok()
     });
     assert!(reached, "the pod cannot reach the node's server");
     run(&node, false, rate, secs);
