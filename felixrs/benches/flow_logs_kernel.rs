@@ -233,6 +233,21 @@ fn rss_kib(pid: u32) -> (u64, u64) {
     (field("VmHWM:"), field("VmRSS:"))
 }
 
+/// Messages the kernel dropped at full receive buffers, summed over the NETLINK_NETFILTER (12)
+/// sockets of `pid`'s namespace (`/proc/<pid>/net/netlink` `Drops`): only the agent holds such
+/// sockets open there (NFLOG and conntrack events).
+fn netfilter_socket_drops(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/net/netlink"))
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(1) == Some(&"12")).then(|| f.get(8)?.parse::<u64>().ok())?
+        })
+        .sum()
+}
+
 /// The agent's `felixrs_flow_logs_*` samples.
 fn counters(agent: &Agent) -> Vec<(String, u64)> {
     let (_, body) = agent.get("/metrics").expect("GET /metrics");
@@ -366,6 +381,10 @@ fn run(node: &Node, flow_logs: bool, rate: u64, secs: u64) {
             .count();
     }
     println!("  records in the file {lines}");
+    println!(
+        "  kernel drops at the agent's netfilter sockets' receive buffers: {}",
+        netfilter_socket_drops(pid)
+    );
     let (hwm, rss) = rss_kib(pid);
     println!(
         "  after the drain: VmHWM {:.1} MiB, rss {:.1} MiB",
