@@ -259,3 +259,19 @@ fn flows_carry_the_deciding_policies_legacy() {
 fn flows_carry_the_deciding_policies_nft() {
     flows_carry_the_deciding_policies(Backend::Nft);
 }
+
+/// The flow-log sockets get their 32 MiB receive buffer past `net.core.rmem_max`
+/// (`SO_RCVBUFFORCE`, root): the load bench lost 61% of NFLOG messages to the capped
+/// `SO_RCVBUF` (BENCHMARKS.md, "Issue 27: flow logs under load").
+#[test]
+fn flow_log_sockets_get_their_receive_buffer_past_rmem_max() {
+    felixrs_test_support::require_root();
+    let s = netlink_sys::Socket::new(netlink_sys::constants::NETLINK_NETFILTER).unwrap();
+    felixrs::flowlog::size_receive_buffer(&s);
+    // The kernel reports twice what was set (its bookkeeping), so at least the size asked for.
+    let got = rustix::net::sockopt::socket_recv_buffer_size(&s).unwrap();
+    assert!(
+        got >= felixrs::flowlog::SOCKET_RCVBUF,
+        "receive buffer {got}"
+    );
+}

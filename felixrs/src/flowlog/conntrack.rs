@@ -63,7 +63,7 @@ pub fn enable_accounting() -> std::io::Result<()> {
 pub fn open() -> std::io::Result<Socket> {
     let mut socket = Socket::new(NETLINK_NETFILTER)?;
     socket.bind_auto()?;
-    let _ = socket.set_rx_buf_sz(8 << 20);
+    super::size_receive_buffer(&socket);
     socket.add_membership(GROUP_DESTROY)?;
     socket.set_non_blocking(true)?;
     Ok(socket)

@@ -24,3 +24,17 @@ pub mod record;
 pub use hub::FlowHub;
 pub use pending::{Connection, NoPending, PendingPolicies};
 pub use record::{FlowAction, FlowEnd, FlowPolicies, FlowRecord, PolicyHit, Reporter};
+
+/// Receive buffer of the flow-log netlink sockets: a burst of new connections (10k/s, two
+/// NFLOG messages each, batched by the kernel for up to 50 ms) must not overflow it between two
+/// drains of the collector thread on a loaded node.
+pub const SOCKET_RCVBUF: usize = 32 << 20;
+
+/// Sets a netlink socket's receive buffer to [`SOCKET_RCVBUF`]: `SO_RCVBUFFORCE` (the agent has
+/// CAP_NET_ADMIN; `SO_RCVBUF` alone is capped by `net.core.rmem_max`, 208 KiB by default, and the
+/// load bench lost 61% of NFLOG messages to that cap), else the capped `SO_RCVBUF`.
+pub fn size_receive_buffer(socket: &netlink_sys::Socket) {
+    if rustix::net::sockopt::set_socket_recv_buffer_size_force(socket, SOCKET_RCVBUF).is_err() {
+        let _ = socket.set_rx_buf_sz(SOCKET_RCVBUF);
+    }
+}

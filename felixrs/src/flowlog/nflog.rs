@@ -201,7 +201,7 @@ pub fn open(groups: &[u16], copy: u32) -> Result<Socket, NflogError> {
         source,
     })?;
     // The kernel's receive buffer: bursts of new connections must not overflow it.
-    let _ = socket.set_rx_buf_sz(4 << 20);
+    super::size_receive_buffer(&socket);
     for fam in [NetfilterProtoFamily::IPv4, NetfilterProtoFamily::IPv6] {
         send(
             &socket,
