@@ -27,59 +27,8 @@ use iptables::render::FLOW_LOG_NFLOG_SIZE;
 /// How often new 5-tuples are published to the hub (a new flow reaches it within this, plus
 /// NFLOG's own 50 ms batching).
 pub const FRESH_TICK: Duration = Duration::from_millis(250);
-/// How long the reader sleeps when neither socket has anything.
+/// How long the thread sleeps when neither socket has anything.
 const IDLE_SLEEP: Duration = Duration::from_millis(20);
-/// Datagrams the reader may hold for the aggregating thread (NFLOG batches are at most a few
-/// KiB, a conntrack event a few hundred bytes).
-const QUEUE: usize = 8192;
-
-/// A datagram read from one of the collector's sockets.
-enum Datagram {
-    Nflog(Vec<u8>),
-    Conntrack(Vec<u8>),
-}
-
-/// The reader thread: copies every datagram of both sockets to `tx` until `stop` is set or the
-/// aggregating thread is gone.
-fn read_sockets(
-    nf: &netlink_sys::Socket,
-    ct: &netlink_sys::Socket,
-    tx: &std::sync::mpsc::SyncSender<Datagram>,
-    stop: &AtomicBool,
-    st: &CollectorStats,
-) {
-    let mut buf = vec![0u8; 1 << 16];
-    while !stop.load(Ordering::Relaxed) {
-        let mut idle = true;
-        for (socket, nflog) in [(nf, true), (ct, false)] {
-            loop {
-                match socket.recv(&mut &mut buf[..], 0) {
-                    Ok(n) => {
-                        idle = false;
-                        let b = buf[..n].to_vec();
-                        let d = if nflog {
-                            Datagram::Nflog(b)
-                        } else {
-                            Datagram::Conntrack(b)
-                        };
-                        if tx.send(d).is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                    Err(_) => {
-                        st.receive_errors.fetch_add(1, Ordering::Relaxed);
-                        break;
-                    }
-                }
-            }
-        }
-        if idle {
-            // Nothing queued: NFLOG batches for 50 ms anyway.
-            std::thread::sleep(IDLE_SLEEP);
-        }
-    }
-}
 
 /// The collector's counters (exported as `felixrs_flow_logs_*` and Felix's names).
 #[derive(Debug, Default)]
@@ -507,6 +456,7 @@ impl Collector {
             .name("flow-logs".into())
             .spawn(move || {
                 let mut agg = Aggregator::new(&cfg.host, cfg.max_entries, st.clone());
+                let mut buf = vec![0u8; 1 << 16];
                 let mut last_fresh = Instant::now();
                 let mut last_flush = Instant::now();
                 let publish = |records: Vec<FlowRecord>, file: &mut Option<RotatingFile>| {
@@ -522,45 +472,39 @@ impl Collector {
                         hub.publish(r);
                     }
                 };
-                // The sockets are read on a thread of their own that only copies datagrams, so
-                // a long flush (serialising and writing an interval's records) never leaves the
-                // kernel's receive buffers undrained: ctnetlink events fill even 32 MiB in under
-                // a second at 10k connections/s. Bounded: the reader waits when QUEUE datagrams
-                // are held (the kernel's buffer then takes the burst, and counts its drops).
-                let (tx, rx) = std::sync::mpsc::sync_channel::<Datagram>(QUEUE);
-                let reader = {
-                    let (s, st) = (s.clone(), st.clone());
-                    std::thread::Builder::new()
-                        .name("flow-logs-rx".into())
-                        .spawn(move || read_sockets(&nf, &ct, &tx, &s, &st))
-                        .expect("spawn the flow-logs reader")
-                };
                 loop {
                     let stopping = s.load(Ordering::Relaxed);
-                    let first = rx.recv_timeout(FRESH_TICK);
-                    if let Err(std::sync::mpsc::RecvTimeoutError::Disconnected) = first {
-                        // The reader is gone (it only leaves when stopped): no busy loop.
-                        std::thread::sleep(FRESH_TICK);
-                    }
-                    {
+                    let idle = {
                         let names = names.read().expect("flow names lock");
-                        let mut handle = |d: Datagram| match d {
-                            Datagram::Nflog(b) => {
-                                for p in nflog::packets(&b) {
-                                    agg.packet(pending.as_ref(), &p);
+                        let mut idle = true;
+                        loop {
+                            match nf.recv(&mut &mut buf[..], 0) {
+                                Ok(n) => {
+                                    idle = false;
+                                    for p in nflog::packets(&buf[..n]) {
+                                        agg.packet(pending.as_ref(), &p);
+                                    }
+                                }
+                                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                                Err(_) => {
+                                    st.receive_errors.fetch_add(1, Ordering::Relaxed);
+                                    break;
                                 }
                             }
-                            Datagram::Conntrack(b) => {
-                                for e in conntrack::ended(&b) {
-                                    agg.ended(&e);
+                        }
+                        loop {
+                            match ct.recv(&mut &mut buf[..], 0) {
+                                Ok(n) => {
+                                    idle = false;
+                                    for e in conntrack::ended(&buf[..n]) {
+                                        agg.ended(&e);
+                                    }
                                 }
-                            }
-                        };
-                        if let Ok(d) = first {
-                            handle(d);
-                            // What is queued, but not so much that the ticks below run late.
-                            for d in rx.try_iter().take(QUEUE) {
-                                handle(d);
+                                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                                Err(_) => {
+                                    st.receive_errors.fetch_add(1, Ordering::Relaxed);
+                                    break;
+                                }
                             }
                         }
                         if stopping || last_fresh.elapsed() >= FRESH_TICK {
@@ -576,11 +520,14 @@ impl Collector {
                             drop(names);
                             publish(records, &mut file);
                         }
-                    }
+                        idle
+                    };
                     if stopping {
-                        drop(rx);
-                        let _ = reader.join();
                         return;
+                    }
+                    if idle {
+                        // Nothing queued: NFLOG batches for 50 ms anyway.
+                        std::thread::sleep(IDLE_SLEEP);
                     }
                 }
             })
