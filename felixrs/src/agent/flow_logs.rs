@@ -61,14 +61,17 @@ impl Default for FlowLogArgs {
 /// The running flow logs: the hub (`/flows`), the collector and the names refresher.
 pub struct FlowLogs {
     pub hub: Arc<FlowHub>,
+    /// What the collector names flows with: endpoints refreshed here, policies set by the
+    /// dataplane.
+    pub names: Arc<RwLock<Names>>,
     collector: Collector,
     stop: Arc<AtomicBool>,
     refresher: Option<std::thread::JoinHandle<()>>,
 }
 
-/// How often the names are checked against the agent's applied view (an unchanged view costs one
-/// `agent.sock` round trip): a flow's first record, made within 250 ms of its first packet, names
-/// the policies the agent applied just before it.
+/// How often the endpoint names are checked against the agent's applied view (an unchanged view
+/// costs one `agent.sock` round trip). Policy names need no polling: the dataplane sets them
+/// before the kernel has the rules that log them.
 const NAMES_REFRESH: Duration = Duration::from_millis(100);
 
 impl FlowLogs {
@@ -96,6 +99,7 @@ impl FlowLogs {
             max_entries: args.flow_logs_max_entries,
         };
         let collector = Collector::start(cfg, hub.clone(), names.clone(), pending)?;
+        let names_out = names.clone();
         stats_sink.attach(collector.stats.clone());
         let stop = Arc::new(AtomicBool::new(false));
         let (s, dir, node, dp) = (
@@ -117,8 +121,12 @@ impl FlowLogs {
                     if changed {
                         match render_node(&source, &node, &dp) {
                             Ok(view) => {
-                                *names.write().expect("flow names lock") =
-                                    Names::of(&view.resources, &view.renderer);
+                                // Endpoints only: the policy names come from the dataplane,
+                                // ahead of the kernel (`KernelDataplane::with_flow_names`).
+                                names
+                                    .write()
+                                    .expect("flow names lock")
+                                    .set_endpoints(&view.resources);
                                 stamp = view.stamp;
                             }
                             Err(e) => tracing::debug!("flow logs: names not refreshed: {e:#}"),
@@ -129,6 +137,7 @@ impl FlowLogs {
             })?;
         Ok(FlowLogs {
             hub,
+            names: names_out,
             collector,
             stop,
             refresher: Some(refresher),

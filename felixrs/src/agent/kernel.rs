@@ -191,6 +191,9 @@ pub struct KernelDataplane<R: Runner + Clone + 'static> {
     unresolved_heps: Vec<String>,
     /// The staged view (flow logs on): fed every batch the enforced renderer gets.
     staged: Option<Arc<crate::staged::SharedStagedView>>,
+    /// The flow collector's names (flow logs on): their policy names are set from the renderer
+    /// after each render that changed a policy, before the kernel gets its rules.
+    flow_names: Option<Arc<std::sync::RwLock<crate::flowlog::names::Names>>>,
 }
 
 /// The kernel read ahead of the first apply, on its own thread: it hands back the appliers with
@@ -223,6 +226,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             backend,
             unresolved_heps: Vec::new(),
             staged: None,
+            flow_names: None,
         })
     }
 
@@ -258,6 +262,20 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
     /// reads it as its pending policies).
     pub fn with_staged_view(mut self, view: Arc<crate::staged::SharedStagedView>) -> Self {
         self.staged = Some(view);
+        self
+    }
+
+    /// Names the enforced policies to the flow collector: set after every render that changed a
+    /// policy and before the kernel has its rules, so no NFLOG prefix arrives unnamed.
+    pub fn with_flow_names(
+        mut self,
+        names: Arc<std::sync::RwLock<crate::flowlog::names::Names>>,
+    ) -> Self {
+        names
+            .write()
+            .expect("flow names lock")
+            .set_policies(&self.renderer);
+        self.flow_names = Some(names);
         self
     }
 
@@ -572,9 +590,18 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
         if let Some(staged) = &self.staged {
             staged.apply(outputs.iter().cloned());
         }
+        let policies_changed = outputs
+            .iter()
+            .any(|o| matches!(o, Output::PolicyUpdated(_) | Output::PolicyRemoved(_)));
         for error in self.render(outputs) {
             // The object was rendered fail-closed (or left out); the rest is applied.
             tracing::warn!(%error, "render error");
+        }
+        if let Some(names) = self.flow_names.as_ref().filter(|_| policies_changed) {
+            names
+                .write()
+                .expect("flow names lock")
+                .set_policies(&self.renderer);
         }
         self.note_unresolved();
         let mut report = self.program(false)?;

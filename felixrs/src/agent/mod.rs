@@ -390,6 +390,9 @@ impl Args {
                 r.inspect_err(|e| tracing::error!("flow logs not started: {e:#}"))
                     .ok()
             });
+        if let Some(f) = &flow_logs {
+            dataplane = dataplane.with_flow_names(f.names.clone());
+        }
         let pipeline = kernel::GraphPipeline::new(&self.node_name);
         let tls = EtcdTls {
             ca: self.etcd_ca,

@@ -475,7 +475,6 @@ impl Collector {
                 loop {
                     let stopping = s.load(Ordering::Relaxed);
                     let idle = {
-                        let names = names.read().expect("flow names lock");
                         let mut idle = true;
                         loop {
                             match nf.recv(&mut &mut buf[..], 0) {
@@ -509,15 +508,17 @@ impl Collector {
                         }
                         if stopping || last_fresh.elapsed() >= FRESH_TICK {
                             last_fresh = Instant::now();
-                            for r in agg.fresh(&names) {
+                            // The names are locked only to make records: the dataplane
+                            // sets them on its apply path and must never wait for a drain.
+                            let records = agg.fresh(&names.read().expect("flow names lock"));
+                            for r in records {
                                 st.records.fetch_add(1, Ordering::Relaxed);
                                 hub.publish(r);
                             }
                         }
                         if stopping || last_flush.elapsed() >= cfg.interval {
                             last_flush = Instant::now();
-                            let records = agg.flush(&names);
-                            drop(names);
+                            let records = agg.flush(&names.read().expect("flow names lock"));
                             publish(records, &mut file);
                         }
                         idle
