@@ -157,6 +157,8 @@ fn flows_stream_from_the_agent_with_the_deciding_policy() {
         "felixrs_flow_logs_connections_total",
         "felixrs_flow_logs_dropped_total 0",
         "felixrs_flow_logs_live_entries",
+        "felixrs_flow_logs_nflog_socket_drops_total 0",
+        "felixrs_flow_logs_conntrack_socket_drops_total 0",
     ] {
         assert!(metrics.contains(name), "no {name} in:\n{metrics}");
     }

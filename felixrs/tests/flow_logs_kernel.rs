@@ -275,3 +275,45 @@ fn flow_log_sockets_get_their_receive_buffer_past_rmem_max() {
         "receive buffer {got}"
     );
 }
+
+/// The kernel's drops at a full netlink socket are read as the kernel counts them (what
+/// `felixrs_flow_logs_*_socket_drops_total` export): a route socket with the smallest buffer,
+/// never read while 300 links come up (150 veth pairs) in a namespace of the test's, has drops, and the reader
+/// finds exactly that socket's.
+#[test]
+fn a_full_netlink_sockets_kernel_drops_are_read_by_its_inode() {
+    use felixrs::flowlog::drops;
+    use std::io::Write;
+    felixrs_test_support::require_root();
+    let ns = felixrs_test_support::netns::Netns::with_tag("fldrops");
+    let (own, other) = ns.in_thread(|| {
+        let mut s = netlink_sys::Socket::new(netlink_sys::constants::NETLINK_ROUTE).unwrap();
+        s.bind_auto().unwrap();
+        s.set_rx_buf_sz(1).unwrap();
+        s.add_membership(1).unwrap(); // RTNLGRP_LINK
+        let mut quiet = netlink_sys::Socket::new(netlink_sys::constants::NETLINK_ROUTE).unwrap();
+        quiet.bind_auto().unwrap();
+        let mut ip = std::process::Command::new("ip")
+            .args(["-batch", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let script: String = (0..150)
+            .map(|i| format!("link add va{i} type veth peer name vb{i}\n"))
+            .collect();
+        ip.stdin
+            .take()
+            .unwrap()
+            .write_all(script.as_bytes())
+            .unwrap();
+        assert!(ip.wait().unwrap().success(), "ip -batch");
+        let table = drops::read_table().expect("/proc/thread-self/net/netlink");
+        let read = |s: &netlink_sys::Socket| drops::drops_in(&table, drops::socket_inode(s)?);
+        (read(&s), read(&quiet))
+    });
+    assert!(
+        own.is_some_and(|n| n > 0),
+        "the subscribed socket's drops: {own:?}"
+    );
+    assert_eq!(other, Some(0), "a socket in no group drops nothing");
+}

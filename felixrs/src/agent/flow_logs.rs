@@ -209,6 +209,16 @@ impl PromCollector for FlowLogMetrics {
                 "Netlink receive errors (buffer overruns: messages lost)",
                 get(&s.receive_errors),
             ),
+            (
+                "flow_logs_nflog_socket_drops",
+                "NFLOG messages the kernel dropped at the collector's full socket buffer",
+                get(&s.nflog_socket_drops),
+            ),
+            (
+                "flow_logs_conntrack_socket_drops",
+                "Conntrack events the kernel dropped at the collector's full socket buffer",
+                get(&s.conntrack_socket_drops),
+            ),
         ] {
             let c = ConstCounter::new(v);
             c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;

@@ -16,6 +16,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::conntrack::{self, Ended};
+use super::drops;
 use super::file::RotatingFile;
 use super::names::Names;
 use super::nflog::{self, NflogPacket, decode_icmp, decode_ip, parse_prefix};
@@ -47,6 +48,11 @@ pub struct CollectorStats {
     pub conntrack_ended: AtomicU64,
     /// Receive errors (e.g. the socket's buffer overflowed: messages lost).
     pub receive_errors: AtomicU64,
+    /// Messages the kernel dropped at the NFLOG socket (its buffer full), as the kernel counts
+    /// them ([`super::drops`]).
+    pub nflog_socket_drops: AtomicU64,
+    /// The same at the conntrack events socket.
+    pub conntrack_socket_drops: AtomicU64,
     /// Connections (5-tuple and reporter) each staged policy decided in the staged view, by
     /// policy and its staged action (`felixrs_staged_policy_connections_total`).
     pub staged: std::sync::Mutex<std::collections::BTreeMap<StagedCount, u64>>,
@@ -450,6 +456,7 @@ impl Collector {
             None => None,
         };
         let stats = Arc::new(CollectorStats::default());
+        let inodes = (drops::socket_inode(&nf), drops::socket_inode(&ct));
         let stop = Arc::new(AtomicBool::new(false));
         let (s, st) = (stop.clone(), stats.clone());
         let thread = std::thread::Builder::new()
@@ -508,6 +515,17 @@ impl Collector {
                         }
                         if stopping || last_fresh.elapsed() >= FRESH_TICK {
                             last_fresh = Instant::now();
+                            if let Some(table) = drops::read_table() {
+                                for (inode, counter) in [
+                                    (inodes.0, &st.nflog_socket_drops),
+                                    (inodes.1, &st.conntrack_socket_drops),
+                                ] {
+                                    if let Some(n) = inode.and_then(|i| drops::drops_in(&table, i))
+                                    {
+                                        counter.store(n, Ordering::Relaxed);
+                                    }
+                                }
+                            }
                             // The names are locked only to make records: the dataplane
                             // sets them on its apply path and must never wait for a drain.
                             let records = agg.fresh(&names.read().expect("flow names lock"));

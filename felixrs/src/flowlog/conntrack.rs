@@ -64,6 +64,7 @@ pub fn open() -> std::io::Result<Socket> {
     let mut socket = Socket::new(NETLINK_NETFILTER)?;
     socket.bind_auto()?;
     super::size_receive_buffer(&socket);
+    super::tolerate_overruns(&socket);
     socket.add_membership(GROUP_DESTROY)?;
     socket.set_non_blocking(true)?;
     Ok(socket)

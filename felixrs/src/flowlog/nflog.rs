@@ -202,6 +202,7 @@ pub fn open(groups: &[u16], copy: u32) -> Result<Socket, NflogError> {
     })?;
     // The kernel's receive buffer: bursts of new connections must not overflow it.
     super::size_receive_buffer(&socket);
+    super::tolerate_overruns(&socket);
     for fam in [NetfilterProtoFamily::IPv4, NetfilterProtoFamily::IPv6] {
         send(
             &socket,
