@@ -60,6 +60,27 @@ pub struct StagedView {
     stale: bool,
 }
 
+/// The `--nflog-prefix` of a rule's text, unquoted (`iptables-save` quotes it when it holds
+/// a space or a quote; ours never do, but the text is read as the kernel would print it).
+fn nflog_prefix(body: &str) -> Option<String> {
+    let rest = body.split_once("--nflog-prefix ")?.1;
+    match rest.strip_prefix('"') {
+        Some(quoted) => {
+            let mut out = String::new();
+            let mut chars = quoted.chars();
+            while let Some(c) = chars.next() {
+                match c {
+                    '\\' => out.push(chars.next()?),
+                    '"' => return Some(out),
+                    c => out.push(c),
+                }
+            }
+            None
+        }
+        None => rest.split_whitespace().next().map(str::to_string),
+    }
+}
+
 fn policy_lists(tiers: &[TierInfo], ingress: bool) -> Vec<(&str, &[PolicyId])> {
     tiers
         .iter()
@@ -203,7 +224,21 @@ impl StagedView {
         let marks = *self.renderer.marks();
         let mut mark = pkt.mark;
         let mut hits = Vec::new();
+        // The rule index the last flow-log NFLOG rule passed named, with its chain: the policy
+        // rule a verdict that follows in the same chain belongs to (as the enforced hits carry
+        // it). Only a renderer with flow logs on writes these rules.
+        let mut logged: Option<(&str, Option<u32>)> = None;
         for step in &t.steps {
+            if step.effect == Effect::Continue {
+                let body = self.rule_body(pkt, &step.chain, step.rule);
+                if let Some(prefix) = nflog_prefix(&body) {
+                    let rule = crate::flowlog::nflog::parse_prefix(&prefix).and_then(|p| p.rule);
+                    logged = Some((&step.chain, rule));
+                }
+            }
+            let rule_index = logged
+                .filter(|(chain, _)| *chain == step.chain)
+                .and_then(|(_, rule)| rule);
             let owner = owners.get(&step.chain);
             let newly = |bit: u32| matches!(step.effect, Effect::Mark(m) if m & bit != 0 && mark & bit == 0);
             let verdict = if verdict_of_chain(&step.chain).is_some() {
@@ -233,7 +268,7 @@ impl StagedView {
                         namespace: id.namespace.clone(),
                         name: id.name.clone(),
                         action,
-                        rule_index: None,
+                        rule_index,
                     },
                     Some(Owner::Profile(p)) => PolicyHit {
                         kind: "Profile".into(),
@@ -241,7 +276,7 @@ impl StagedView {
                         namespace: None,
                         name: p.clone(),
                         action,
-                        rule_index: None,
+                        rule_index,
                     },
                     // An endpoint chain's own DROP: the end of a tier, or no profile allowed
                     // (told apart by the rule's comment, as Felix writes it).
@@ -389,5 +424,30 @@ impl PendingPolicies for SharedStagedView {
             return None;
         }
         view.pending(conn, reporter)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nflog_prefix;
+
+    #[test]
+    fn the_nflog_prefix_is_read_quoted_or_bare() {
+        assert_eq!(
+            nflog_prefix(
+                "-m mark --mark 0x0/0x20000 -j NFLOG --nflog-prefix DPI2|gnp/x --nflog-group 1"
+            )
+            .as_deref(),
+            Some("DPI2|gnp/x")
+        );
+        assert_eq!(
+            nflog_prefix(r#"-j NFLOG --nflog-prefix "API0|np/a b\"c" --nflog-group 1"#).as_deref(),
+            Some("API0|np/a b\"c")
+        );
+        assert_eq!(
+            nflog_prefix(r#"-j NFLOG --nflog-prefix "unterminated"#),
+            None
+        );
+        assert_eq!(nflog_prefix("-j MARK --set-xmark 0x10000/0x10000"), None);
     }
 }

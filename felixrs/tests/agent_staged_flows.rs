@@ -175,6 +175,8 @@ fn staged_deny_is_predicted_in_flows_and_counters_then_enforced_when_promoted() 
                 "{r:#?}"
             );
             assert_eq!(hit.action, FlowAction::Deny, "{r:#?}");
+            // The staged rule that would decide, numbered as the enforced hit numbers it.
+            assert_eq!(hit.rule_index, Some(0), "{r:#?}");
             predicted.insert(key(r).unwrap());
         } else {
             assert_eq!(r.pending_action, None, "{r:#?}");
@@ -264,6 +266,7 @@ fn staged_deny_is_predicted_in_flows_and_counters_then_enforced_when_promoted() 
                 ("GlobalNetworkPolicy", POLICY),
                 "{r:#?}"
             );
+            assert_eq!(hit.rule_index, Some(0), "{r:#?}");
             denied += 1;
         } else {
             assert_eq!(r.action, FlowAction::Allow, "{r:#?}");
