@@ -1,6 +1,7 @@
 //! The flow collector: kernel → NFLOG (groups 1 and 2: one packet per connection per endpoint
 //! direction, with the prefixes of the policies that decided it) and conntrack `DESTROY` events
-//! (the end of each allowed connection, with its counts) → an [`Aggregator`] per 5-tuple and
+//! (the end of each allowed connection, with its counts; a table dump each interval for the live
+//! ones' counts so far) → an [`Aggregator`] per 5-tuple and
 //! reporter → [`FlowRecord`]s: each new 5-tuple is published to the [`FlowHub`] within
 //! [`FRESH_TICK`] of its first packet, and every interval the aggregates go to the hub and to
 //! the JSON lines file.
@@ -137,6 +138,9 @@ struct Entry {
     packets_out: u64,
     bytes_in: u64,
     bytes_out: u64,
+    /// The live connection's conntrack counters already added (orig packets, orig bytes,
+    /// reply packets, reply bytes), from the last table dump: its end adds only the rest.
+    counted: [u64; 4],
     /// Not yet published to the hub.
     fresh: bool,
     /// Something happened in this interval.
@@ -244,6 +248,7 @@ impl Aggregator {
                     packets_out: 0,
                     bytes_in: 0,
                     bytes_out: 0,
+                    counted: [0; 4],
                     fresh: true,
                     dirty: true,
                 })
@@ -275,9 +280,22 @@ impl Aggregator {
             .store(self.entries.len() as u64, Ordering::Relaxed);
     }
 
-    /// A connection ended: its counts and completion go to both reporters' entries.
+    /// A connection ended: its counts (what a dump has not already added) and its completion go
+    /// to both reporters' entries.
     pub fn ended(&mut self, e: &Ended) {
         self.stats.conntrack_ended.fetch_add(1, Ordering::Relaxed);
+        self.count(e, true);
+    }
+
+    /// A live connection's counts so far, from a table dump: what is new since the last dump
+    /// goes to both reporters' entries (so an interval's record of a long connection carries
+    /// the traffic of that interval, not nothing until the connection ends).
+    pub fn live(&mut self, e: &Ended) {
+        self.count(e, false);
+    }
+
+    fn count(&mut self, e: &Ended, end: bool) {
+        let total = [e.orig_packets, e.orig_bytes, e.reply_packets, e.reply_bytes];
         for reporter in [Reporter::Src, Reporter::Dst] {
             let key = Key {
                 reporter,
@@ -293,23 +311,35 @@ impl Aggregator {
             if !entry.live {
                 continue;
             }
-            let (sent, recv) = (
-                (e.orig_packets, e.orig_bytes),
-                (e.reply_packets, e.reply_bytes),
-            );
+            // Counters below what was added: a new connection on the same 5-tuple (the old
+            // one's end was not seen): all of it is new.
+            let behind = total.iter().zip(&entry.counted).any(|(t, c)| t < c);
+            let base = if behind { [0; 4] } else { entry.counted };
+            let [op, ob, rp, rb] = std::array::from_fn(|i| total[i] - base[i]);
             // Counted from the reporter's endpoint: the source sent the original direction.
             let ((po, bo), (pi, bi)) = match reporter {
-                Reporter::Src => (sent, recv),
-                Reporter::Dst => (recv, sent),
+                Reporter::Src => ((op, ob), (rp, rb)),
+                Reporter::Dst => ((rp, rb), (op, ob)),
             };
             entry.packets_out += po;
             entry.bytes_out += bo;
             entry.packets_in += pi;
             entry.bytes_in += bi;
-            entry.completed += 1;
-            entry.live = false;
-            entry.dirty = true;
+            if end {
+                entry.completed += 1;
+                entry.live = false;
+                entry.counted = [0; 4];
+                entry.dirty = true;
+            } else {
+                entry.counted = total;
+                entry.dirty |= op + rp > 0;
+            }
         }
+    }
+
+    /// Whether a live connection is held (a dump would add something).
+    pub fn has_live(&self) -> bool {
+        self.entries.values().any(|e| e.live)
     }
 
     fn record(&self, key: &Key, e: &Entry, names: &Names, start: u64, end: u64) -> FlowRecord {
@@ -444,6 +474,12 @@ impl Collector {
             );
         }
         let ct = conntrack::open().map_err(CollectorError::Conntrack)?;
+        // Live connections' counts each interval; without it they come only at the end.
+        let dump = conntrack::open_dump()
+            .inspect_err(|e| {
+                tracing::warn!("flow logs: no conntrack dump socket ({e}): counts only at ends")
+            })
+            .ok();
         let mut file = match &cfg.file {
             Some(p) => Some(
                 RotatingFile::open(p, cfg.file_max_bytes, cfg.file_keep).map_err(|source| {
@@ -536,6 +572,15 @@ impl Collector {
                         }
                         if stopping || last_flush.elapsed() >= cfg.interval {
                             last_flush = Instant::now();
+                            if let Some(d) = dump.as_ref().filter(|_| agg.has_live()) {
+                                match conntrack::dump(d) {
+                                    Ok(all) => all.iter().for_each(|c| agg.live(c)),
+                                    Err(e) => {
+                                        st.receive_errors.fetch_add(1, Ordering::Relaxed);
+                                        tracing::debug!("flow logs: conntrack dump: {e}");
+                                    }
+                                }
+                            }
                             let records = agg.flush(&names.read().expect("flow names lock"));
                             publish(records, &mut file);
                         }
@@ -570,5 +615,95 @@ impl Collector {
 impl Drop for Collector {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+    use crate::flowlog::NoPending;
+
+    const SRC: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+    const DST: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+
+    /// The first packet of a TCP connection SRC:40000 → DST:80, as an ingress allow logged it.
+    fn first_packet() -> NflogPacket {
+        let mut p = vec![0u8; 40];
+        p[0] = 0x45;
+        p[9] = 6;
+        p[12..16].copy_from_slice(&SRC.octets());
+        p[16..20].copy_from_slice(&DST.octets());
+        p[20..22].copy_from_slice(&40000u16.to_be_bytes());
+        p[22..24].copy_from_slice(&80u16.to_be_bytes());
+        NflogPacket {
+            group: 1,
+            prefix: "API0|gnp/allow".into(),
+            payload: p,
+        }
+    }
+
+    fn counts(orig: (u64, u64), reply: (u64, u64)) -> Ended {
+        Ended {
+            orig: conntrack::Tuple5 {
+                proto: 6,
+                src: SRC.into(),
+                dst: DST.into(),
+                src_port: Some(40000),
+                dst_port: Some(80),
+            },
+            orig_packets: orig.0,
+            orig_bytes: orig.1,
+            reply_packets: reply.0,
+            reply_bytes: reply.1,
+        }
+    }
+
+    #[test]
+    fn a_live_connection_is_counted_per_interval_and_its_end_adds_only_the_rest() {
+        let mut agg = Aggregator::new("node", 10, Arc::new(CollectorStats::default()));
+        agg.packet(&NoPending, &first_packet());
+        assert!(agg.has_live());
+        let names = Names::default();
+        // Interval 1: a dump sees 3 packets / 180 bytes sent, 2 / 120 received.
+        agg.live(&counts((3, 180), (2, 120)));
+        let r = agg.flush(&names);
+        assert_eq!(r.len(), 1, "{r:#?}");
+        let r = &r[0];
+        assert_eq!(r.reporter, Reporter::Dst);
+        assert_eq!(
+            (r.packets_in, r.bytes_in),
+            (3, 180),
+            "the destination received orig"
+        );
+        assert_eq!((r.packets_out, r.bytes_out), (2, 120));
+        assert_eq!(r.num_connections_live, 1);
+        // Interval 2: nothing new by the dump, then the end with the totals: only the rest.
+        agg.live(&counts((3, 180), (2, 120)));
+        agg.ended(&counts((5, 300), (4, 240)));
+        let r = agg.flush(&names);
+        assert_eq!(r.len(), 1, "{r:#?}");
+        assert_eq!((r[0].packets_in, r[0].bytes_in), (2, 120));
+        assert_eq!((r[0].packets_out, r[0].bytes_out), (2, 120));
+        assert_eq!(
+            (r[0].num_connections_completed, r[0].num_connections_live),
+            (1, 0)
+        );
+        // Ended and forgotten: a later dump adds nothing anywhere.
+        agg.live(&counts((9, 900), (9, 900)));
+        assert!(agg.flush(&names).is_empty());
+    }
+
+    #[test]
+    fn counters_below_what_was_counted_are_a_new_connection_counted_whole() {
+        let mut agg = Aggregator::new("node", 10, Arc::new(CollectorStats::default()));
+        agg.packet(&NoPending, &first_packet());
+        agg.live(&counts((10, 1000), (10, 1000)));
+        agg.flush(&Names::default());
+        // The 5-tuple's entry was replaced in the kernel (its end not seen): counted whole.
+        agg.live(&counts((2, 100), (1, 60)));
+        let r = agg.flush(&Names::default());
+        assert_eq!((r[0].packets_in, r[0].bytes_in), (2, 100), "{r:#?}");
     }
 }

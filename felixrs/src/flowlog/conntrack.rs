@@ -10,11 +10,16 @@
 
 use std::net::IpAddr;
 
-use netlink_packet_core::{NetlinkMessage, NetlinkPayload, Nla, NlasIterator};
+use netlink_packet_core::{
+    NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NetlinkMessage, NetlinkPayload, Nla,
+    NlasIterator,
+};
 use netlink_packet_netfilter::conntrack::{
     ConntrackAttribute, ConntrackMessage, IPTuple, ProtoTuple, Tuple,
 };
-use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner};
+use netlink_packet_netfilter::{
+    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
+};
 use netlink_sys::{Socket, constants::NETLINK_NETFILTER};
 
 /// `NFNLGRP_CONNTRACK_DESTROY`.
@@ -129,6 +134,17 @@ fn tuple(parts: &[Tuple]) -> Option<Tuple5> {
 
 /// The ended connections in one datagram read from the socket.
 pub fn ended(datagram: &[u8]) -> Vec<Ended> {
+    connections(datagram, false)
+}
+
+/// The connections (and their counts so far) in one datagram of a table dump.
+pub fn dumped(datagram: &[u8]) -> Vec<Ended> {
+    connections(datagram, true)
+}
+
+/// The counted connections of a datagram: `DESTROY` events, or the `NEW` messages a dump
+/// replies with.
+fn connections(datagram: &[u8], dump: bool) -> Vec<Ended> {
     let mut out = Vec::new();
     let mut offset = 0;
     while offset < datagram.len() {
@@ -136,39 +152,19 @@ pub fn ended(datagram: &[u8]) -> Vec<Ended> {
             break;
         };
         let len = msg.header.length as usize;
-        if let NetlinkPayload::InnerMessage(NetfilterMessage {
-            inner: NetfilterMessageInner::Conntrack(ConntrackMessage::Delete(attrs)),
-            ..
-        }) = &msg.payload
-        {
-            let mut e = None;
-            let (mut op, mut ob, mut rp, mut rb) = (0, 0, 0, 0);
-            for a in attrs {
-                match a {
-                    ConntrackAttribute::CtaTupleOrig(t) => e = tuple(t),
-                    // The raw attribute's kind keeps the kernel's NLA_F_NESTED flag.
-                    ConntrackAttribute::Other(o)
-                        if o.kind() & NLA_TYPE_MASK == CTA_COUNTERS_ORIG =>
-                    {
-                        (op, ob) = counters(&raw(o));
-                    }
-                    ConntrackAttribute::Other(o)
-                        if o.kind() & NLA_TYPE_MASK == CTA_COUNTERS_REPLY =>
-                    {
-                        (rp, rb) = counters(&raw(o));
-                    }
-                    _ => {}
-                }
-            }
-            if let Some(orig) = e {
-                out.push(Ended {
-                    orig,
-                    orig_packets: op,
-                    orig_bytes: ob,
-                    reply_packets: rp,
-                    reply_bytes: rb,
-                });
-            }
+        let attrs = match &msg.payload {
+            NetlinkPayload::InnerMessage(NetfilterMessage {
+                inner: NetfilterMessageInner::Conntrack(ConntrackMessage::Delete(attrs)),
+                ..
+            }) if !dump => Some(attrs),
+            NetlinkPayload::InnerMessage(NetfilterMessage {
+                inner: NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)),
+                ..
+            }) if dump => Some(attrs),
+            _ => None,
+        };
+        if let Some(e) = attrs.and_then(|a| counted(a)) {
+            out.push(e);
         }
         if len == 0 {
             break;
@@ -176,6 +172,97 @@ pub fn ended(datagram: &[u8]) -> Vec<Ended> {
         offset += len.next_multiple_of(4);
     }
     out
+}
+
+fn counted(attrs: &[ConntrackAttribute]) -> Option<Ended> {
+    let mut e = None;
+    let (mut op, mut ob, mut rp, mut rb) = (0, 0, 0, 0);
+    for a in attrs {
+        match a {
+            ConntrackAttribute::CtaTupleOrig(t) => e = tuple(t),
+            // The raw attribute's kind keeps the kernel's NLA_F_NESTED flag.
+            ConntrackAttribute::Other(o) if o.kind() & NLA_TYPE_MASK == CTA_COUNTERS_ORIG => {
+                (op, ob) = counters(&raw(o));
+            }
+            ConntrackAttribute::Other(o) if o.kind() & NLA_TYPE_MASK == CTA_COUNTERS_REPLY => {
+                (rp, rb) = counters(&raw(o));
+            }
+            _ => {}
+        }
+    }
+    Some(Ended {
+        orig: e?,
+        orig_packets: op,
+        orig_bytes: ob,
+        reply_packets: rp,
+        reply_bytes: rb,
+    })
+}
+
+/// A socket for dumping the conntrack table (blocking, with a receive timeout so a dump can
+/// never hang the collector).
+pub fn open_dump() -> std::io::Result<Socket> {
+    let mut socket = Socket::new(NETLINK_NETFILTER)?;
+    socket.bind_auto()?;
+    rustix::net::sockopt::set_socket_timeout(
+        &socket,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(DUMP_TIMEOUT),
+    )?;
+    Ok(socket)
+}
+
+/// The longest a dump waits for the kernel's next datagram.
+const DUMP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Every connection in the namespace's conntrack table (both families) with its counts so far:
+/// `IPCTNL_MSG_CT_GET` with `NLM_F_DUMP`, read to `NLMSG_DONE`. How live connections get their
+/// packets and bytes each interval, as Felix's collector polls conntrack, instead of only at
+/// their end.
+pub fn dump(socket: &Socket) -> std::io::Result<Vec<Ended>> {
+    let mut msg = NetlinkMessage::from(NetfilterMessage::new(
+        NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, 0),
+        ConntrackMessage::Get(Vec::new()),
+    ));
+    msg.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+    msg.finalize();
+    let mut buf = vec![0; msg.header.length as usize];
+    msg.serialize(&mut buf[..]);
+    socket.send(&buf, 0)?;
+    let mut out = Vec::new();
+    let mut rx = vec![0u8; 1 << 16];
+    loop {
+        let n = socket.recv(&mut &mut rx[..], 0)?;
+        let datagram = &rx[..n];
+        out.extend(dumped(datagram));
+        // The dump ends with NLMSG_DONE (or an error) in the datagram's last message.
+        let mut offset = 0;
+        while offset + 16 <= n {
+            let len = u32::from_ne_bytes(datagram[offset..offset + 4].try_into().unwrap()) as usize;
+            let kind = u16::from_ne_bytes(datagram[offset + 4..offset + 6].try_into().unwrap());
+            match kind {
+                NLMSG_DONE => return Ok(out),
+                NLMSG_ERROR => {
+                    let code = datagram
+                        .get(offset + 16..offset + 20)
+                        .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
+                        .unwrap_or(0);
+                    if code != 0 {
+                        return Err(std::io::Error::from_raw_os_error(-code));
+                    }
+                    return Ok(out);
+                }
+                _ => {}
+            }
+            if len < 16 {
+                break;
+            }
+            offset += len.next_multiple_of(4);
+        }
+        if n == 0 {
+            return Ok(out);
+        }
+    }
 }
 
 #[cfg(test)]
