@@ -1,7 +1,9 @@
-//! Test support only the agent's tests use: the Calico key prefix, state dirs and the `felixrs agent`
-//! process wrapper. Namespaces, etcd, HTTP and free ports come from `felixrs-test-support`; every
-//! resource is released on drop (also on panic).
+//! Test support only felixrs's tests use: the Calico key prefix, state dirs and the `felixrs agent`
+//! process wrapper; [`trace`], the offline tools' fixture. Namespaces, etcd, HTTP and free ports
+//! come from `felixrs-test-support`; every resource is released on drop (also on panic).
 #![allow(dead_code)]
+
+pub mod trace;
 
 use std::ffi::OsStr;
 use std::net::SocketAddr;
