@@ -27,11 +27,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use felixrs_test_support::etcd::Etcd;
 use felixrs_test_support::netns::{Netns, enter, in_netns};
-use felixrs_test_support::node::{Pod, add_pod, exec};
+use felixrs_test_support::node::Pod;
 use serde_json::json;
-use support::{Agent, put_default_tier, put_json, put_web_endpoint};
+use support::{Agent, WebNode};
 
 const HOST: &str = "10.70.255.1";
 const TCP_PORT: u16 = 7001;
@@ -41,62 +40,28 @@ const WORKERS: usize = 6;
 /// One flow in `DENY_EVERY` is a denied UDP datagram.
 const DENY_EVERY: u64 = 10;
 
-/// Fields drop in order: etcd and the pod before the node's namespace.
+/// Fields drop in order: the pod before the node (its etcd, then its namespace).
 struct Node {
-    etcd: Etcd,
     pod: Pod,
-    ns: Netns,
-    rev: i64,
+    web: WebNode,
 }
 
 fn node() -> Node {
-    let ns = Netns::new();
-    let etcd = Etcd::start_in(ns.name());
-    put_default_tier(&etcd);
-    put_json(
-        &etcd,
-        "profiles/kns.ns1",
-        json!({"apiVersion":"projectcalico.org/v3","kind":"Profile",
-               "metadata":{"name":"kns.ns1"},
-               "spec":{"ingress":[{"action":"Allow"}],"egress":[{"action":"Allow"}]}}),
+    let web = WebNode::start(
+        "web-egress",
+        json!({"tier":"default","order":1000,"selector":"app == 'web'",
+               "types":["Egress"],
+               "egress":[{"action":"Allow","protocol":"TCP",
+                          "destination":{"ports":[TCP_PORT]}},
+                         {"action":"Deny","protocol":"UDP",
+                          "destination":{"ports":[UDP_PORT]}}]}),
     );
-    put_web_endpoint(&etcd, "cali0000000001", &["kns.ns1"]);
-    let rev = put_json(
-        &etcd,
-        "networkpolicies/ns1/web-egress",
-        json!({"apiVersion":"projectcalico.org/v3","kind":"NetworkPolicy",
-               "metadata":{"name":"web-egress","namespace":"ns1"},
-               "spec":{"tier":"default","order":1000,"selector":"app == 'web'",
-                       "types":["Egress"],
-                       "egress":[{"action":"Allow","protocol":"TCP",
-                                  "destination":{"ports":[TCP_PORT]}},
-                                 {"action":"Deny","protocol":"UDP",
-                                  "destination":{"ports":[UDP_PORT]}}]}}),
-    );
-    exec(
-        &ns,
-        &["ip", "addr", "add", &format!("{HOST}/32"), "dev", "lo"],
-    );
-    exec(&ns, &["ip", "link", "set", "lo", "up"]);
-    // Proxy ARP answers for the pod's gateway only if the node routes it elsewhere.
-    for argv in [
-        "ip link add up0 type veth peer name up1",
-        "ip addr add 10.70.254.1/24 dev up0",
-        "ip link set up0 up",
-        "ip link set up1 up",
-        "ip route add default via 10.70.254.2",
-    ] {
-        exec(&ns, &argv.split(' ').collect::<Vec<_>>());
-    }
-    ns.sysctl("net.ipv4.ip_forward", "1").unwrap();
-    ns.sysctl("net.ipv4.conf.all.rp_filter", "0").unwrap();
-    ns.sysctl("net.ipv4.conf.default.rp_filter", "0").unwrap();
-    let pod = add_pod(&ns, "cali0000000001", "10.70.0.1", "fd70::1");
+    let pod = web.add_web_pod(HOST);
     pod.ns
         .sysctl("net.ipv4.ip_local_port_range", "1024 65535")
         .unwrap();
-    serve(&ns, HOST.parse().unwrap());
-    Node { ns, etcd, pod, rev }
+    serve(&web.ns, HOST.parse().unwrap());
+    Node { pod, web }
 }
 
 /// Accepts and closes on `TCP_PORT` (backlog 4096, two accept threads) for the whole process.
@@ -281,12 +246,12 @@ fn run(node: &Node, flow_logs: bool, rate: u64, secs: u64) {
         );
     }
     let agent = Agent::start_with(
-        node.ns.name(),
-        &node.etcd.client_url(),
+        node.web.ns.name(),
+        &node.web.etcd.client_url(),
         &state.path().join("state"),
         extra.as_slice(),
     );
-    agent.wait_applied(node.rev);
+    agent.wait_applied(node.web.rev);
     let pid = agent.pid().expect("agent pid");
     // Settle after programming; then the window.
     std::thread::sleep(Duration::from_secs(2));

@@ -6,10 +6,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use felixrs_test_support::etcd::Etcd;
-use felixrs_test_support::netns::Netns;
 use serde_json::json;
-use support::{Agent, put_default_tier, put_json, put_web_endpoint};
+use support::{Agent, WebNode};
 
 fn metric(text: &str, name: &str) -> Option<u64> {
     text.lines()
@@ -20,37 +18,23 @@ fn metric(text: &str, name: &str) -> Option<u64> {
 
 #[test]
 fn metrics_carry_per_policy_counters_read_on_the_interval() {
-    let ns = Netns::new();
-    let etcd = Etcd::start_in(ns.name());
-    put_default_tier(&etcd);
-    put_json(
-        &etcd,
-        "profiles/kns.ns1",
-        json!({"apiVersion":"projectcalico.org/v3","kind":"Profile",
-               "metadata":{"name":"kns.ns1"},
-               "spec":{"ingress":[{"action":"Allow"}],"egress":[{"action":"Allow"}]}}),
-    );
-    put_web_endpoint(&etcd, "cali0000000001", &["kns.ns1"]);
-    let rev = put_json(
-        &etcd,
-        "networkpolicies/ns1/web-ingress",
-        json!({"apiVersion":"projectcalico.org/v3","kind":"NetworkPolicy",
-               "metadata":{"name":"web-ingress","namespace":"ns1"},
-               "spec":{"tier":"default","order":1000,"selector":"app == 'web'",
-                       "types":["Ingress"],
-                       "ingress":[{"action":"Allow","protocol":"TCP",
-                                   "destination":{"ports":[7001]}},
-                                  {"action":"Deny","protocol":"TCP",
-                                   "destination":{"ports":[7002]}}]}}),
+    let node = WebNode::start(
+        "web-ingress",
+        json!({"tier":"default","order":1000,"selector":"app == 'web'",
+               "types":["Ingress"],
+               "ingress":[{"action":"Allow","protocol":"TCP",
+                           "destination":{"ports":[7001]}},
+                          {"action":"Deny","protocol":"TCP",
+                           "destination":{"ports":[7002]}}]}),
     );
     let state = tempfile::tempdir().unwrap();
     let agent = Agent::start_with(
-        ns.name(),
-        &etcd.client_url(),
+        node.ns.name(),
+        &node.etcd.client_url(),
         &state.path().join("state"),
         &["--counters-interval", "0.2"],
     );
-    agent.wait_applied(rev);
+    agent.wait_applied(node.rev);
 
     let series = |action: &str| {
         format!(

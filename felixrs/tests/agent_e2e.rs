@@ -8,20 +8,14 @@ use std::time::Duration;
 use felixrs_test_support::etcd::Etcd;
 use felixrs_test_support::netns::Netns;
 use serde_json::json;
-use support::{Agent, PREFIX, put_default_tier, put_json, put_web_endpoint};
+use support::{Agent, PREFIX, put_default_tier, put_json, put_ns1_profile, put_web_endpoint};
 
 const IFACE: &str = "cali0000000001";
 
 /// A local endpoint with its namespace profile, and the default tier.
 fn seed(etcd: &Etcd) -> i64 {
     put_default_tier(etcd);
-    put_json(
-        etcd,
-        "profiles/kns.ns1",
-        json!({"apiVersion":"projectcalico.org/v3","kind":"Profile",
-               "metadata":{"name":"kns.ns1"},
-               "spec":{"ingress":[{"action":"Allow"}],"egress":[{"action":"Allow"}]}}),
-    );
+    put_ns1_profile(etcd);
     put_web_endpoint(etcd, IFACE, &["kns.ns1"])
 }
 

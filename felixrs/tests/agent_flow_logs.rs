@@ -13,62 +13,29 @@ use std::time::{Duration, Instant};
 use felixrs::flowlog::{FlowAction, FlowRecord, Reporter};
 use felixrs_test_support::etcd::Etcd;
 use felixrs_test_support::netns::Netns;
-use felixrs_test_support::node::{add_pod, connects, exec, serve};
+use felixrs_test_support::node::{connects, serve};
 use serde_json::json;
-use support::{Agent, put_default_tier, put_json, put_web_endpoint};
+use support::{Agent, WebNode, put_default_tier};
 
 const HOST: &str = "10.70.255.1";
 
 #[test]
 fn flows_stream_from_the_agent_with_the_deciding_policy() {
     felixrs_test_support::require_root();
-    let ns = Netns::new();
-    let etcd = Etcd::start_in(ns.name());
-    put_default_tier(&etcd);
-    put_json(
-        &etcd,
-        "profiles/kns.ns1",
-        json!({"apiVersion":"projectcalico.org/v3","kind":"Profile",
-               "metadata":{"name":"kns.ns1"},
-               "spec":{"ingress":[{"action":"Allow"}],"egress":[{"action":"Allow"}]}}),
+    let node = WebNode::start(
+        "web-egress",
+        json!({"tier":"default","order":1000,"selector":"app == 'web'",
+               "types":["Egress"],
+               "egress":[{"action":"Allow","protocol":"TCP",
+                          "destination":{"ports":[7001]}},
+                         {"action":"Deny","protocol":"TCP",
+                          "destination":{"ports":[7002]}}]}),
     );
-    put_web_endpoint(&etcd, "cali0000000001", &["kns.ns1"]);
-    let rev = put_json(
-        &etcd,
-        "networkpolicies/ns1/web-egress",
-        json!({"apiVersion":"projectcalico.org/v3","kind":"NetworkPolicy",
-               "metadata":{"name":"web-egress","namespace":"ns1"},
-               "spec":{"tier":"default","order":1000,"selector":"app == 'web'",
-                       "types":["Egress"],
-                       "egress":[{"action":"Allow","protocol":"TCP",
-                                  "destination":{"ports":[7001]}},
-                                 {"action":"Deny","protocol":"TCP",
-                                  "destination":{"ports":[7002]}}]}}),
-    );
-    exec(
-        &ns,
-        &["ip", "addr", "add", &format!("{HOST}/32"), "dev", "lo"],
-    );
-    exec(&ns, &["ip", "link", "set", "lo", "up"]);
-    // Proxy ARP answers for the pod's gateway 169.254.1.1 only if the node routes it elsewhere:
-    // a default route out of a veth pair of its own (nothing is sent there).
-    for argv in [
-        "ip link add up0 type veth peer name up1",
-        "ip addr add 10.70.254.1/24 dev up0",
-        "ip link set up0 up",
-        "ip link set up1 up",
-        "ip route add default via 10.70.254.2",
-    ] {
-        exec(&ns, &argv.split(' ').collect::<Vec<_>>());
-    }
+    let (ns, etcd, rev) = (&node.ns, &node.etcd, node.rev);
+    let pod = node.add_web_pod(HOST);
     let host: IpAddr = HOST.parse().unwrap();
-    serve(&ns, host, 7001);
-    serve(&ns, host, 7002);
-    // Proxy ARP answers only on a forwarding node.
-    ns.sysctl("net.ipv4.ip_forward", "1").unwrap();
-    ns.sysctl("net.ipv4.conf.all.rp_filter", "0").unwrap();
-    ns.sysctl("net.ipv4.conf.default.rp_filter", "0").unwrap();
-    let pod = add_pod(&ns, "cali0000000001", "10.70.0.1", "fd70::1");
+    serve(ns, host, 7001);
+    serve(ns, host, 7002);
     assert!(
         (0..5).any(|_| connects(&pod.ns, host, 7001)),
         "no connectivity before any rule"

@@ -24,7 +24,7 @@ use felixrs::agent::status::{self, StatusHub};
 use felixrs_test_support::etcd::Etcd;
 use felixrs_test_support::netns::Netns;
 use felixrs_test_support::{free_port, http};
-use support::{Agent, put_default_tier, put_json, put_web_endpoint};
+use support::{Agent, put_default_tier, put_ns1_profile, put_web_endpoint};
 
 /// What the test dataplane's first apply does.
 #[derive(Clone, Copy)]
@@ -142,13 +142,7 @@ fn agent_with(env: &[(&str, &str)]) -> (Netns, Etcd, tempfile::TempDir, Agent) {
     let ns = Netns::new();
     let etcd = Etcd::start_in(ns.name());
     put_default_tier(&etcd);
-    put_json(
-        &etcd,
-        "profiles/kns.ns1",
-        serde_json::json!({"apiVersion":"projectcalico.org/v3","kind":"Profile",
-               "metadata":{"name":"kns.ns1"},
-               "spec":{"ingress":[{"action":"Allow"}],"egress":[{"action":"Allow"}]}}),
-    );
+    put_ns1_profile(&etcd);
     put_web_endpoint(&etcd, "cali0000000001", &["kns.ns1"]);
     let (dir, state_dir) = support::state_dir();
     let agent = Agent::spawn(

@@ -17,7 +17,7 @@ use felixrs_test_support::etcd::Etcd;
 use felixrs_test_support::netns::Netns;
 use felixrs_test_support::node::{Pod, add_pod, connects, exec, serve};
 use serde_json::json;
-use support::{Agent, put_default_tier, put_json};
+use support::{Agent, put_default_tier, put_json, put_ns1_profile};
 
 const PORT: u16 = 8080;
 /// Connections per client and server.
@@ -100,13 +100,7 @@ fn staged_deny_is_predicted_in_flows_and_counters_then_enforced_when_promoted() 
     let ns = Netns::new();
     let etcd = Etcd::start_in(ns.name());
     put_default_tier(&etcd);
-    put_json(
-        &etcd,
-        "profiles/kns.ns1",
-        json!({"apiVersion":"projectcalico.org/v3","kind":"Profile",
-               "metadata":{"name":"kns.ns1"},
-               "spec":{"ingress":[{"action":"Allow"}],"egress":[{"action":"Allow"}]}}),
-    );
+    put_ns1_profile(&etcd);
     let names = ["a", "b", "c", "d"];
     let mut rev = 0;
     let mut pods: Vec<Pod> = Vec::new();

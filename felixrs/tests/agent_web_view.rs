@@ -25,7 +25,7 @@ use felixrs_test_support::netns::Netns;
 use felixrs_test_support::node::{add_pod, connects, exec, serve};
 use felixrs_test_support::relay::Relay;
 use serde_json::json;
-use support::{Agent, put_default_tier, put_json, put_web_endpoint};
+use support::{Agent, put_default_tier, put_json, put_ns1_profile, put_web_endpoint};
 
 const DB: &str = "10.70.0.2";
 const ALLOWED: u16 = 7001;
@@ -87,13 +87,7 @@ fn put_cluster(etcd: &Etcd, hostile: &str) -> i64 {
                        "ingress":[{"action":"Pass","protocol":"TCP",
                                    "destination":{"ports":[ALLOWED, DENIED]}}]}}),
     );
-    put_json(
-        etcd,
-        "profiles/kns.ns1",
-        json!({"apiVersion":"projectcalico.org/v3","kind":"Profile",
-               "metadata":{"name":"kns.ns1"},
-               "spec":{"ingress":[{"action":"Allow"}],"egress":[{"action":"Allow"}]}}),
-    );
+    put_ns1_profile(etcd);
     put_web_endpoint(etcd, "cali0000000001", &["kns.ns1"]);
     put_db_endpoint(etcd, "cali0000000002");
     put_json(

@@ -17,7 +17,7 @@ use felixrs_test_support::netns::{Netns, in_netns};
 use felixrs_test_support::{free_port, http};
 use felixrs_test_support::{require_root, require_tools};
 use serde_json::{Value, json};
-use support::{Agent, put_default_tier, put_json, put_web_endpoint};
+use support::{Agent, put_default_tier, put_json, put_ns1_profile, put_web_endpoint};
 
 /// Prefixes of the series of parts felixrs does not have: the Go runtime (felixrs is not a Go
 /// program), the BPF dataplane and Felix's flow-log collector (NFLOG reader). Felix's iptables
@@ -188,13 +188,7 @@ fn calicos_felix_dashboard_queries_return_series_from_felixrs() {
     let ns = Netns::new();
     let etcd = Etcd::start_in(ns.name());
     put_default_tier(&etcd);
-    put_json(
-        &etcd,
-        "profiles/kns.ns1",
-        json!({"apiVersion":"projectcalico.org/v3","kind":"Profile",
-               "metadata":{"name":"kns.ns1"},
-               "spec":{"ingress":[{"action":"Allow"}],"egress":[{"action":"Allow"}]}}),
-    );
+    put_ns1_profile(&etcd);
     // One pod on this node (node-1), one on node-2, and node-3 known only as a Node: 3 hosts.
     put_web_endpoint(&etcd, "cali0000000001", &["kns.ns1"]);
     put_json(

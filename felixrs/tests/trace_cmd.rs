@@ -1,7 +1,11 @@
 //! `felixrs trace` on the demo cluster: verdicts and the policies named for them.
 
+mod support;
+
 use std::path::PathBuf;
 use std::process::Command;
+
+use support::trace::verdict;
 
 /// Runs `felixrs trace` on the demo cluster for node-1 with `args` (split at spaces).
 fn trace(args: &str) -> (bool, String, String) {
@@ -17,12 +21,6 @@ fn trace(args: &str) -> (bool, String, String) {
         String::from_utf8(out.stdout).unwrap(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-fn verdict(text: &str) -> &str {
-    text.lines()
-        .find_map(|l| l.strip_prefix("verdict: "))
-        .unwrap_or_else(|| panic!("no verdict in:\n{text}"))
 }
 
 #[test]

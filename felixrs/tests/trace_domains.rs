@@ -3,9 +3,13 @@
 //! is allowed "by domain rule api.example.com (learned 12 s ago, TTL 60 s)", and an address never
 //! learned (or expired) is not.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use support::trace::verdict;
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -79,12 +83,6 @@ fn trace(manifests: &[PathBuf], extra: &[&str], to: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()
-}
-
-fn verdict(text: &str) -> &str {
-    text.lines()
-        .find_map(|l| l.strip_prefix("verdict: "))
-        .unwrap_or_else(|| panic!("no verdict in:\n{text}"))
 }
 
 #[test]

@@ -2,8 +2,11 @@
 //! expectedIPs 10.0.0.1) with a deny-all host policy, a doNotTrack allow (udp 4789) and a preDNAT
 //! allow (tcp 30080).
 
+mod support;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
+use support::trace::{felixrs, verdict};
 
 const HOST_ENDPOINT: &str = r#"
 apiVersion: projectcalico.org/v3
@@ -53,25 +56,7 @@ fn manifests() -> tempfile::TempDir {
 }
 
 fn trace_in(dir: &Path, args: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_felixrs"))
-        .args(["trace", "--node-name", "node-1", "--manifests"])
-        .arg(dir)
-        .args(args.split_whitespace())
-        .output()
-        .unwrap();
-    let text = String::from_utf8(out.stdout).unwrap();
-    assert!(
-        out.status.success(),
-        "{args}: {}\n{text}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
-
-fn verdict(text: &str) -> &str {
-    text.lines()
-        .find_map(|l| l.strip_prefix("verdict: "))
-        .unwrap_or_else(|| panic!("no verdict in:\n{text}"))
+    felixrs(dir, &format!("trace {args}"))
 }
 
 fn has(text: &str, want: &str) {

@@ -2,8 +2,11 @@
 //! its CIDRs, so the trace lists them under the rule; with `--share-chains false` the same packet
 //! gets the same verdict through Felix's OR block.
 
+mod support;
+
 use std::path::PathBuf;
-use std::process::Command;
+
+use support::trace::{felixrs, verdict};
 
 /// The demo cluster plus a security-tier policy (before the tier's Pass-everything policy)
 /// denying a list of ranges to every pod, except
@@ -40,26 +43,10 @@ spec:
 }
 
 fn trace(dir: &tempfile::TempDir, extra: &str, from: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_felixrs"))
-        .args(["trace", "--node-name", "node-1", "--manifests"])
-        .arg(dir.path())
-        .args(["--from", from, "--to", "shop/web-0", "--port", "8080"])
-        .args(extra.split_whitespace())
-        .output()
-        .unwrap();
-    let text = String::from_utf8(out.stdout).unwrap();
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
-
-fn verdict(text: &str) -> &str {
-    text.lines()
-        .find_map(|l| l.strip_prefix("verdict: "))
-        .unwrap_or_else(|| panic!("no verdict in:\n{text}"))
+    felixrs(
+        dir,
+        &format!("trace --from {from} --to shop/web-0 --port 8080 {extra}"),
+    )
 }
 
 #[test]

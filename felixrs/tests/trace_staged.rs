@@ -3,7 +3,9 @@
 //! and order, would give, naming the staged policy that decides. Each staged kind and both
 //! staged actions; and a staged policy never changes a rendered byte.
 
-use std::process::Command;
+mod support;
+
+use support::trace::{felixrs, verdict};
 
 const CLUSTER: &str = r#"
 apiVersion: v1
@@ -54,33 +56,11 @@ spec:
 "#;
 
 fn manifests(staged: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("cluster.yaml"), CLUSTER).unwrap();
+    let mut files = vec![("cluster.yaml", CLUSTER)];
     if !staged.is_empty() {
-        std::fs::write(dir.path().join("staged.yaml"), staged).unwrap();
+        files.push(("staged.yaml", staged));
     }
-    dir
-}
-
-fn felixrs(dir: &tempfile::TempDir, args: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_felixrs"))
-        .args(args.split_whitespace())
-        .args(["--node-name", "node-1", "--manifests"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "felixrs {args}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn verdict(text: &str) -> &str {
-    text.lines()
-        .find_map(|l| l.strip_prefix("verdict: "))
-        .unwrap_or_else(|| panic!("no verdict in:\n{text}"))
+    support::trace::manifests(&files)
 }
 
 fn staged_line(text: &str) -> Option<&str> {

@@ -3,7 +3,9 @@
 //! action that decided, a Pass and the tier it left, and "end of tier" drops; `render` prints the
 //! tier comments.
 
-use std::process::Command;
+mod support;
+
+use support::trace::{assert_contains, felixrs, verdict};
 
 const CLUSTER: &str = r#"
 apiVersion: v1
@@ -76,36 +78,7 @@ spec:
 "#;
 
 fn manifests() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("cluster.yaml"), CLUSTER).unwrap();
-    dir
-}
-
-fn felixrs(dir: &tempfile::TempDir, args: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_felixrs"))
-        .args(args.split_whitespace())
-        .args(["--node-name", "node-1", "--manifests"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "felixrs {args}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn verdict(text: &str) -> &str {
-    text.lines()
-        .find_map(|l| l.strip_prefix("verdict: "))
-        .unwrap_or_else(|| panic!("no verdict in:\n{text}"))
-}
-
-fn assert_contains(text: &str, wants: &[&str]) {
-    for want in wants {
-        assert!(text.contains(want), "missing {want:?} in:\n{text}");
-    }
+    support::trace::manifests(&[("cluster.yaml", CLUSTER)])
 }
 
 #[test]

@@ -6,6 +6,7 @@
 //! schema, the same conversion) and converted to the Calico policy spec it would be promoted to:
 //! the graph's [`calc_graph::graph::StagedK8sConverter`].
 
+use calc_graph::graph::StagedK8sError;
 use calc_graph::model::{PolicySpec, Resource, StagedAction, StagedKubernetesNetworkPolicy};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
@@ -110,7 +111,7 @@ fn convert_watched(kind: &str, meta: &ObjectMeta, spec: &Value) -> Converted {
 
 /// Whether a `StagedKubernetesNetworkPolicy` converts as a Kubernetes NetworkPolicy would (a
 /// `Delete` has nothing to convert); `Err` names the field.
-pub fn check_staged_kubernetes(p: &StagedKubernetesNetworkPolicy) -> Result<(), String> {
+pub fn check_staged_kubernetes(p: &StagedKubernetesNetworkPolicy) -> Result<(), StagedK8sError> {
     if p.spec.staged_action == Some(StagedAction::Delete) {
         return Ok(());
     }
@@ -140,16 +141,17 @@ fn as_network_policy(p: &StagedKubernetesNetworkPolicy) -> Value {
 /// field, or a rule that does not convert: a staged policy is all or nothing).
 pub fn staged_kubernetes_policy_spec(
     p: &StagedKubernetesNetworkPolicy,
-) -> Result<PolicySpec, String> {
+) -> Result<PolicySpec, StagedK8sError> {
     let v = as_network_policy(p);
-    let strict = StrictNetworkPolicy::from_value(v).map_err(|e| format!("spec: {e}"))?;
+    let strict =
+        StrictNetworkPolicy::from_value(v).map_err(|e| StagedK8sError::Spec(e.to_string()))?;
     let converted = strict.convert(&ConvertOptions::default());
     if let Some(s) = converted.skips.first() {
-        return Err(s.to_string());
+        return Err(StagedK8sError::Unconvertible(s.to_string()));
     }
     match converted.resource.as_ref().and_then(|r| r.resource()) {
         Some(Resource::NetworkPolicy(np)) => Ok(np.spec.clone()),
-        _ => Err("spec: does not convert to a NetworkPolicy".into()),
+        _ => Err(StagedK8sError::NotANetworkPolicy),
     }
 }
 
@@ -181,6 +183,7 @@ mod tests {
     fn an_unknown_field_is_refused_with_its_name() {
         let p = staged(json!({"podSelector": {}, "ingres": []}));
         let e = staged_kubernetes_policy_spec(&p).unwrap_err();
-        assert!(e.contains("ingres"), "{e}");
+        assert!(matches!(e, StagedK8sError::Unconvertible(_)), "{e:?}");
+        assert!(e.to_string().contains("ingres"), "{e}");
     }
 }

@@ -88,31 +88,74 @@ async fn sync(index: &Arc<Mutex<Index>>, writer: &mut Writer) {
     writer.sync(&state.desired).await.unwrap();
 }
 
-#[tokio::test]
-async fn watch_relist_after_gone_applies_missed_deletion() {
-    let etcd = Etcd::start();
-    let mut c = etcd.client().await;
-    let api = FakeApiServer::start().await;
-    api.apply(mk_namespace("prod"));
-    api.apply(mk_sa("prod", "default"));
-    api.apply(mk_pod("web-1", "10.0.0.1"));
-    api.apply(mk_pod("web-2", "10.0.0.2"));
-    api.apply(mk_np("prod", "allow-web"));
+/// The watchers of [`start`]; stopped on drop (also when a test fails).
+struct Watchers(Vec<tokio::task::JoinHandle<()>>);
 
+impl Drop for Watchers {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
+/// What every test here starts from: etcd, the fake API server, the watchers over an empty
+/// index, and a writer that has written one pass after the initial lists.
+struct Started {
+    _etcd: Etcd,
+    c: etcd_client::Client,
+    api: FakeApiServer,
+    index: Arc<Mutex<Index>>,
+    writer: Writer,
+    _watchers: Watchers,
+}
+
+/// Starts etcd and the API server, lets `setup` fill the API server, starts the watchers and
+/// writes the first pass once every kind is listed.
+async fn start(setup: impl FnOnce(&FakeApiServer)) -> Started {
+    let etcd = Etcd::start();
+    let c = etcd.client().await;
+    let api = FakeApiServer::start().await;
+    setup(&api);
     let index = empty_index();
     assert!(
         index.lock().unwrap().desired().is_none(),
         "not ready before the first list"
     );
     let changed = Arc::new(tokio::sync::Notify::new());
-    let tasks = k8s_source::spawn_all(api.client(), index.clone(), changed.clone());
+    let watchers = Watchers(k8s_source::spawn_all(api.client(), index.clone(), changed));
     let mut writer = Writer::new(c.clone());
-
-    // Initial list.
     wait_until("the initial lists", || index.lock().unwrap().is_ready()).await;
     sync(&index, &mut writer).await;
+    Started {
+        _etcd: etcd,
+        c,
+        api,
+        index,
+        writer,
+        _watchers: watchers,
+    }
+}
+
+impl Started {
+    /// One full pass of the index's desired state.
+    async fn sync(&mut self) {
+        sync(&self.index, &mut self.writer).await;
+    }
+}
+
+#[tokio::test]
+async fn watch_relist_after_gone_applies_missed_deletion() {
+    let mut w = start(|api| {
+        api.apply(mk_namespace("prod"));
+        api.apply(mk_sa("prod", "default"));
+        api.apply(mk_pod("web-1", "10.0.0.1"));
+        api.apply(mk_pod("web-2", "10.0.0.2"));
+        api.apply(mk_np("prod", "allow-web"));
+    })
+    .await;
     assert_eq!(
-        etcd_keys(&mut c).await,
+        etcd_keys(&mut w.c).await,
         vec![
             "networkpolicies/prod/knp.default.allow-web",
             "profiles/kns.prod",
@@ -124,22 +167,22 @@ async fn watch_relist_after_gone_applies_missed_deletion() {
 
     // Live events over the watch.
     let pod3 = ObjectRef::new("Pod", Some("prod"), "web-3");
-    api.apply(mk_pod("web-3", "10.0.0.3"));
+    w.api.apply(mk_pod("web-3", "10.0.0.3"));
     wait_until("web-3 from the watch", || {
-        index.lock().unwrap().contains(&pod3)
+        w.index.lock().unwrap().contains(&pod3)
     })
     .await;
-    api.delete(mk_np("prod", "allow-web"));
+    w.api.delete(mk_np("prod", "allow-web"));
     let np = ObjectRef::new("NetworkPolicy", Some("prod"), "allow-web");
     wait_until("the policy deletion from the watch", || {
-        !index.lock().unwrap().contains(&np)
+        !w.index.lock().unwrap().contains(&np)
     })
     .await;
-    sync(&index, &mut writer).await;
-    let keys = etcd_keys(&mut c).await;
+    w.sync().await;
+    let keys = etcd_keys(&mut w.c).await;
     assert!(keys.contains(&"workloadendpoints/prod/node--1-k8s-web--3-eth0".to_string()));
     assert!(!keys.iter().any(|k| k.contains("knp.default.allow-web")));
-    let (lists_before, gone_before, bookmarks) = api.stats();
+    let (lists_before, gone_before, bookmarks) = w.api.stats();
     assert_eq!(gone_before, 0);
     assert!(
         bookmarks >= 4,
@@ -148,19 +191,19 @@ async fn watch_relist_after_gone_applies_missed_deletion() {
 
     // Disconnect; web-2 is deleted while nobody watches and the history is compacted.
     let pod2 = ObjectRef::new("Pod", Some("prod"), "web-2");
-    api.disconnect_and_delete(mk_pod("web-2", "10.0.0.2"));
+    w.api.disconnect_and_delete(mk_pod("web-2", "10.0.0.2"));
     wait_until("the relist to drop web-2", || {
-        !index.lock().unwrap().contains(&pod2)
+        !w.index.lock().unwrap().contains(&pod2)
     })
     .await;
-    let (lists_after, gone, _) = api.stats();
+    let (lists_after, gone, _) = w.api.stats();
     assert!(gone >= 1, "the reconnecting watch got 410 Gone");
     assert!(
         lists_after["pods"] > lists_before["pods"],
         "pods were relisted"
     );
-    sync(&index, &mut writer).await;
-    let keys = etcd_keys(&mut c).await;
+    w.sync().await;
+    let keys = etcd_keys(&mut w.c).await;
     assert!(
         !keys.iter().any(|k| k.contains("web--2")),
         "missed deletion applied: {keys:?}"
@@ -176,34 +219,25 @@ async fn watch_relist_after_gone_applies_missed_deletion() {
 
     // Watching resumes after the relist.
     let pod4 = ObjectRef::new("Pod", Some("prod"), "web-4");
-    api.apply(mk_pod("web-4", "10.0.0.4"));
+    w.api.apply(mk_pod("web-4", "10.0.0.4"));
     wait_until("web-4 after the relist", || {
-        index.lock().unwrap().contains(&pod4)
+        w.index.lock().unwrap().contains(&pod4)
     })
     .await;
-    for t in tasks {
-        t.abort();
-    }
 }
 
 /// A NetworkPolicy from the API with an unknown field (k8s-openapi would drop it silently) is
 /// reported with its path and its last good version stays in etcd.
 #[tokio::test]
 async fn unknown_field_from_the_api_keeps_the_last_good_version() {
-    let etcd = Etcd::start();
-    let mut c = etcd.client().await;
-    let api = FakeApiServer::start().await;
-    api.apply(mk_namespace("prod"));
-    api.apply(mk_sa("prod", "default"));
-    api.apply(mk_np("prod", "allow-web"));
-    let index = empty_index();
-    let changed = Arc::new(tokio::sync::Notify::new());
-    let tasks = k8s_source::spawn_all(api.client(), index.clone(), changed.clone());
-    let mut writer = Writer::new(c.clone());
-    wait_until("the initial lists", || index.lock().unwrap().is_ready()).await;
-    sync(&index, &mut writer).await;
+    let mut w = start(|api| {
+        api.apply(mk_namespace("prod"));
+        api.apply(mk_sa("prod", "default"));
+        api.apply(mk_np("prod", "allow-web"));
+    })
+    .await;
     let key = format!("{RESOURCE_PREFIX}networkpolicies/prod/knp.default.allow-web");
-    let good = c.get(key.as_str(), None).await.unwrap().kvs()[0]
+    let good = w.c.get(key.as_str(), None).await.unwrap().kvs()[0]
         .value()
         .to_vec();
     assert!(String::from_utf8_lossy(&good).contains("80"));
@@ -212,18 +246,18 @@ async fn unknown_field_from_the_api_keeps_the_last_good_version() {
     // allow every source on port 81.
     let mut typo = mk_np("prod", "allow-web");
     typo["spec"]["ingress"][0] = json!({"ports": [{"port": 81}], "from": [{"podSelectr": {}}]});
-    api.apply(typo);
+    w.api.apply(typo);
     let field = "spec.ingress[0].from[0].podSelectr";
     wait_until("the typo reported", || {
-        index
+        w.index
             .lock()
             .unwrap()
             .desired()
             .is_some_and(|s| s.skips.iter().any(|r| r.field == field))
     })
     .await;
-    sync(&index, &mut writer).await;
-    let now = c.get(key.as_str(), None).await.unwrap().kvs()[0]
+    w.sync().await;
+    let now = w.c.get(key.as_str(), None).await.unwrap().kvs()[0]
         .value()
         .to_vec();
     assert_eq!(
@@ -231,9 +265,6 @@ async fn unknown_field_from_the_api_keeps_the_last_good_version() {
         String::from_utf8_lossy(&good),
         "the last good version is kept"
     );
-    for t in tasks {
-        t.abort();
-    }
 }
 
 fn mk_anp(name: &str, priority: i64, action: &str) -> Value {
@@ -278,21 +309,15 @@ async fn etcd_value(c: &mut etcd_client::Client, key: &str) -> Option<Value> {
 /// skipped while the others apply, and a relist after `410 Gone` that applies a missed deletion.
 #[tokio::test]
 async fn admin_policies_watch_and_relist_after_gone() {
-    let etcd = Etcd::start();
-    let mut c = etcd.client().await;
-    let api = FakeApiServer::start().await;
-    api.apply(mk_namespace("prod"));
-    api.apply(mk_anp("first", 10, "Deny"));
-    api.apply(mk_anp("second", 20, "Pass"));
-    api.apply(mk_banp());
-    api.apply(mk_cnp("web"));
-    let index = empty_index();
-    let changed = Arc::new(tokio::sync::Notify::new());
-    let tasks = k8s_source::spawn_all(api.client(), index.clone(), changed.clone());
-    let mut writer = Writer::new(c.clone());
-    wait_until("the initial lists", || index.lock().unwrap().is_ready()).await;
-    sync(&index, &mut writer).await;
-    let keys = etcd_keys(&mut c).await;
+    let mut w = start(|api| {
+        api.apply(mk_namespace("prod"));
+        api.apply(mk_anp("first", 10, "Deny"));
+        api.apply(mk_anp("second", 20, "Pass"));
+        api.apply(mk_banp());
+        api.apply(mk_cnp("web"));
+    })
+    .await;
+    let keys = etcd_keys(&mut w.c).await;
     for k in [
         "globalnetworkpolicies/kanp.adminnetworkpolicy.first",
         "globalnetworkpolicies/kanp.adminnetworkpolicy.second",
@@ -304,7 +329,7 @@ async fn admin_policies_watch_and_relist_after_gone() {
         assert!(keys.contains(&k.to_string()), "{k} missing from {keys:?}");
     }
     let first = etcd_value(
-        &mut c,
+        &mut w.c,
         "globalnetworkpolicies/kanp.adminnetworkpolicy.first",
     )
     .await
@@ -312,26 +337,26 @@ async fn admin_policies_watch_and_relist_after_gone() {
     assert_eq!(first["spec"]["tier"], "kube-admin");
     assert_eq!(first["spec"]["order"], 10);
     assert_eq!(first["spec"]["ingress"][0]["action"], "Deny");
-    let tier = etcd_value(&mut c, "tiers/kube-admin").await.unwrap();
+    let tier = etcd_value(&mut w.c, "tiers/kube-admin").await.unwrap();
     assert_eq!(tier["spec"]["defaultAction"], "Pass");
 
     // Nodes: watched, but their network sets are stored only once a policy has a nodes peer.
-    api.apply(json!({
+    w.api.apply(json!({
         "apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"zone": "a"}},
         "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.1"}]},
     }));
     let n1 = ObjectRef::new("Node", None, "n1");
     wait_until("the node from the watch", || {
-        index.lock().unwrap().contains(&n1)
+        w.index.lock().unwrap().contains(&n1)
     })
     .await;
-    sync(&index, &mut writer).await;
+    w.sync().await;
     assert!(
-        etcd_value(&mut c, "globalnetworksets/knode.n1")
+        etcd_value(&mut w.c, "globalnetworksets/knode.n1")
             .await
             .is_none()
     );
-    api.apply(json!({
+    w.api.apply(json!({
         "apiVersion": "policy.networking.k8s.io/v1alpha1", "kind": "AdminNetworkPolicy",
         "metadata": {"name": "to-zone-a"},
         "spec": {"priority": 50, "subject": {"namespaces": {}},
@@ -339,39 +364,40 @@ async fn admin_policies_watch_and_relist_after_gone() {
     }));
     let to_zone_a = ObjectRef::new("AdminNetworkPolicy", None, "to-zone-a");
     wait_until("the nodes policy from the watch", || {
-        index.lock().unwrap().contains(&to_zone_a)
+        w.index.lock().unwrap().contains(&to_zone_a)
     })
     .await;
-    sync(&index, &mut writer).await;
-    let set = etcd_value(&mut c, "globalnetworksets/knode.n1")
+    w.sync().await;
+    let set = etcd_value(&mut w.c, "globalnetworksets/knode.n1")
         .await
         .expect("the node's set once a nodes peer uses it");
     assert_eq!(set["spec"]["nets"], json!(["192.0.2.1/32"]));
-    api.delete(
+    w.api.delete(
         json!({"apiVersion": "policy.networking.k8s.io/v1alpha1", "kind": "AdminNetworkPolicy",
                       "metadata": {"name": "to-zone-a"}}),
     );
-    api.delete(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+    w.api
+        .delete(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
 
     // Live: an update, and an invalid object (unknown field) that is skipped, not fatal.
-    api.apply(mk_anp("first", 5, "Allow"));
+    w.api.apply(mk_anp("first", 5, "Allow"));
     let mut bad = mk_anp("bad", 1, "Deny");
     bad["spec"]["ingress"][0]["prots"] = json!([]);
-    api.apply(bad);
+    w.api.apply(bad);
     let bad_ref = ObjectRef::new("AdminNetworkPolicy", None, "bad");
     wait_until("the invalid policy from the watch", || {
-        index.lock().unwrap().contains(&bad_ref)
+        w.index.lock().unwrap().contains(&bad_ref)
     })
     .await;
     wait_until("the update from the watch", || {
-        let s = index.lock().unwrap().desired().unwrap();
+        let s = w.index.lock().unwrap().desired().unwrap();
         s.desired
             .resources
             .iter()
             .any(|(k, v)| k.ends_with("kanp.adminnetworkpolicy.first") && v.contains("Allow"))
     })
     .await;
-    let state = index.lock().unwrap().desired().unwrap();
+    let state = w.index.lock().unwrap().desired().unwrap();
     let skip = state
         .skips
         .iter()
@@ -379,95 +405,81 @@ async fn admin_policies_watch_and_relist_after_gone() {
         .expect("the invalid policy is reported");
     assert_eq!(skip.kind, "AdminNetworkPolicy");
     assert_eq!(skip.field, "spec.ingress[0].prots");
-    sync(&index, &mut writer).await;
+    w.sync().await;
     let first = etcd_value(
-        &mut c,
+        &mut w.c,
         "globalnetworkpolicies/kanp.adminnetworkpolicy.first",
     )
     .await
     .unwrap();
     assert_eq!(first["spec"]["order"], 5);
     assert!(
-        !etcd_keys(&mut c).await.iter().any(|k| k.contains(".bad")),
+        !etcd_keys(&mut w.c).await.iter().any(|k| k.contains(".bad")),
         "the invalid policy is not written"
     );
 
     // Missed deletion across a 410 Gone.
     let second = ObjectRef::new("AdminNetworkPolicy", None, "second");
-    api.disconnect_and_delete(mk_anp("second", 20, "Pass"));
+    w.api.disconnect_and_delete(mk_anp("second", 20, "Pass"));
     wait_until("the relist to drop the second policy", || {
-        !index.lock().unwrap().contains(&second)
+        !w.index.lock().unwrap().contains(&second)
     })
     .await;
-    let (lists, gone, _) = api.stats();
+    let (lists, gone, _) = w.api.stats();
     assert!(gone >= 1, "the reconnecting watch got 410 Gone");
     assert!(lists["adminnetworkpolicies"] >= 2, "relisted: {lists:?}");
-    sync(&index, &mut writer).await;
-    let keys = etcd_keys(&mut c).await;
+    w.sync().await;
+    let keys = etcd_keys(&mut w.c).await;
     assert!(!keys.iter().any(|k| k.contains("adminnetworkpolicy.second")));
     assert!(keys.iter().any(|k| k.contains("adminnetworkpolicy.first")));
 
     // All admin policies deleted: their tiers go too.
-    api.delete(mk_anp("first", 5, "Allow"));
-    api.delete(mk_banp());
-    api.delete(mk_cnp("web"));
-    api.delete(mk_anp("bad", 1, "Deny"));
+    w.api.delete(mk_anp("first", 5, "Allow"));
+    w.api.delete(mk_banp());
+    w.api.delete(mk_cnp("web"));
+    w.api.delete(mk_anp("bad", 1, "Deny"));
     wait_until("the deletions", || {
-        index.lock().unwrap().count("AdminNetworkPolicy") == 0
-            && index.lock().unwrap().count("ClusterNetworkPolicy") == 0
-            && index.lock().unwrap().count("BaselineAdminNetworkPolicy") == 0
+        w.index.lock().unwrap().count("AdminNetworkPolicy") == 0
+            && w.index.lock().unwrap().count("ClusterNetworkPolicy") == 0
+            && w.index.lock().unwrap().count("BaselineAdminNetworkPolicy") == 0
     })
     .await;
-    sync(&index, &mut writer).await;
-    let keys = etcd_keys(&mut c).await;
+    w.sync().await;
+    let keys = etcd_keys(&mut w.c).await;
     assert!(
         !keys
             .iter()
             .any(|k| k.starts_with("tiers/") || k.starts_with("globalnetworkpolicies/")),
         "{keys:?}"
     );
-    for t in tasks {
-        t.abort();
-    }
 }
 
 /// A cluster without the network-policy-api CRDs: the controller does not wait for them forever, and
 /// picks the objects up once the CRDs are installed.
 #[tokio::test]
 async fn missing_admin_crds_count_as_empty_until_installed() {
-    let etcd = Etcd::start();
-    let mut c = etcd.client().await;
-    let api = FakeApiServer::start().await;
-    api.set_crds_installed(false);
-    api.apply(mk_namespace("prod"));
-    let index = empty_index();
-    let changed = Arc::new(tokio::sync::Notify::new());
-    let tasks = k8s_source::spawn_all(api.client(), index.clone(), changed.clone());
-    let mut writer = Writer::new(c.clone());
-    wait_until("ready without the CRDs", || {
-        index.lock().unwrap().is_ready()
+    let mut w = start(|api| {
+        api.set_crds_installed(false);
+        api.apply(mk_namespace("prod"));
     })
     .await;
-    assert!(api.not_found() >= 3, "the CRD paths answered 404");
-    sync(&index, &mut writer).await;
-    assert_eq!(etcd_keys(&mut c).await, vec!["profiles/kns.prod"]);
+    // Ready (the first pass is written) without the CRDs.
+    assert!(w.api.not_found() >= 3, "the CRD paths answered 404");
+    assert_eq!(etcd_keys(&mut w.c).await, vec!["profiles/kns.prod"]);
 
-    api.set_crds_installed(true);
-    api.apply(mk_anp("late", 1, "Deny"));
+    w.api.set_crds_installed(true);
+    w.api.apply(mk_anp("late", 1, "Deny"));
     let late = ObjectRef::new("AdminNetworkPolicy", None, "late");
     wait_until("the policy once the CRD is served", || {
-        index.lock().unwrap().contains(&late)
+        w.index.lock().unwrap().contains(&late)
     })
     .await;
-    sync(&index, &mut writer).await;
+    w.sync().await;
     assert!(
-        etcd_keys(&mut c)
+        etcd_keys(&mut w.c)
             .await
             .contains(&"globalnetworkpolicies/kanp.adminnetworkpolicy.late".to_string())
     );
-    for t in tasks {
-        t.abort();
-    }
 }
 
 fn mk_staged(kind: &str, ns: Option<&str>, name: &str, spec: Value) -> Value {
@@ -483,42 +495,36 @@ fn mk_staged(kind: &str, ns: Option<&str>, name: &str, spec: Value) -> Value {
 /// no valid Kubernetes NetworkPolicy is skipped with the field named.
 #[tokio::test]
 async fn staged_policies_are_watched_and_written_to_their_keys() {
-    let etcd = Etcd::start();
-    let mut c = etcd.client().await;
-    let api = FakeApiServer::start().await;
-    api.apply(mk_namespace("prod"));
-    api.apply(mk_staged(
-        "StagedNetworkPolicy",
-        Some("prod"),
-        "web",
-        json!({"stagedAction": "Set", "selector": "app == 'web'", "types": ["Ingress"],
-               "ingress": [{"action": "Deny"}]}),
-    ));
-    api.apply(mk_staged(
-        "StagedGlobalNetworkPolicy",
-        None,
-        "guard",
-        json!({"stagedAction": "Delete"}),
-    ));
-    api.apply(mk_staged(
-        "StagedKubernetesNetworkPolicy",
-        Some("prod"),
-        "k8s-web",
-        json!({"stagedAction": "Set", "podSelector": {}, "ingress": [{"ports": [{"port": 80}]}]}),
-    ));
-    api.apply(mk_staged(
-        "StagedKubernetesNetworkPolicy",
-        Some("prod"),
-        "typo",
-        json!({"podSelector": {}, "ingres": []}),
-    ));
-    let index = empty_index();
-    let changed = Arc::new(tokio::sync::Notify::new());
-    let tasks = k8s_source::spawn_all(api.client(), index.clone(), changed.clone());
-    let mut writer = Writer::new(c.clone());
-    wait_until("the initial lists", || index.lock().unwrap().is_ready()).await;
-    sync(&index, &mut writer).await;
-    let keys = etcd_keys(&mut c).await;
+    let mut w = start(|api| {
+        api.apply(mk_namespace("prod"));
+        api.apply(mk_staged(
+            "StagedNetworkPolicy",
+            Some("prod"),
+            "web",
+            json!({"stagedAction": "Set", "selector": "app == 'web'", "types": ["Ingress"],
+                   "ingress": [{"action": "Deny"}]}),
+        ));
+        api.apply(mk_staged(
+            "StagedGlobalNetworkPolicy",
+            None,
+            "guard",
+            json!({"stagedAction": "Delete"}),
+        ));
+        api.apply(mk_staged(
+            "StagedKubernetesNetworkPolicy",
+            Some("prod"),
+            "k8s-web",
+            json!({"stagedAction": "Set", "podSelector": {}, "ingress": [{"ports": [{"port": 80}]}]}),
+        ));
+        api.apply(mk_staged(
+            "StagedKubernetesNetworkPolicy",
+            Some("prod"),
+            "typo",
+            json!({"podSelector": {}, "ingres": []}),
+        ));
+    })
+    .await;
+    let keys = etcd_keys(&mut w.c).await;
     for k in [
         "stagednetworkpolicies/prod/web",
         "stagedglobalnetworkpolicies/guard",
@@ -527,19 +533,19 @@ async fn staged_policies_are_watched_and_written_to_their_keys() {
         assert!(keys.contains(&k.to_string()), "{k} missing from {keys:?}");
     }
     assert!(!keys.iter().any(|k| k.contains("typo")), "{keys:?}");
-    let web = etcd_value(&mut c, "stagednetworkpolicies/prod/web")
+    let web = etcd_value(&mut w.c, "stagednetworkpolicies/prod/web")
         .await
         .unwrap();
     assert_eq!(web["spec"]["stagedAction"], "Set");
     assert_eq!(web["spec"]["ingress"][0]["action"], "Deny");
-    let skips = index.lock().unwrap().desired().unwrap().skips;
+    let skips = w.index.lock().unwrap().desired().unwrap().skips;
     assert!(
         skips.iter().any(|s| s.to_string().contains("ingres")),
         "{skips:?}"
     );
 
     // Live: a new staged policy arrives through the watch.
-    api.apply(mk_staged(
+    w.api.apply(mk_staged(
         "StagedGlobalNetworkPolicy",
         None,
         "late",
@@ -547,16 +553,13 @@ async fn staged_policies_are_watched_and_written_to_their_keys() {
     ));
     let late = ObjectRef::new("StagedGlobalNetworkPolicy", None, "late");
     wait_until("the live staged policy", || {
-        index.lock().unwrap().contains(&late)
+        w.index.lock().unwrap().contains(&late)
     })
     .await;
-    sync(&index, &mut writer).await;
+    w.sync().await;
     assert!(
-        etcd_keys(&mut c)
+        etcd_keys(&mut w.c)
             .await
             .contains(&"stagedglobalnetworkpolicies/late".to_string())
     );
-    for t in tasks {
-        t.abort();
-    }
 }

@@ -23,7 +23,7 @@ pub enum GraphError {
     /// A staged policy could not be taken into the staged view (e.g. a
     /// StagedKubernetesNetworkPolicy whose spec does not convert).
     #[error("staged policy: {0}")]
-    Staged(String),
+    Staged(#[from] super::StagedK8sError),
     /// A remote cluster's name is not a valid name.
     #[error("remote cluster name {cluster:?}: {reason}")]
     RemoteClusterName { cluster: String, reason: NameError },

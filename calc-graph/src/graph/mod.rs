@@ -107,7 +107,7 @@ use sequencer::{Desired, Sequencer};
 pub use error::{GraphError, SelectorFieldError};
 pub use remote::LABEL_CLUSTER;
 pub use rules::{FailedSafeRule, domain_set_id, named_port_set_id};
-pub use staged::StagedK8sConverter;
+pub use staged::{StagedK8sConverter, StagedK8sError};
 
 /// One input of the graph.
 // The agent's API is fixed (`value: Option<Resource>`); `InSync` is rare, so its size is moot.

@@ -25,7 +25,27 @@ use super::*;
 
 /// Converts a `StagedKubernetesNetworkPolicy`'s spec (as a Kubernetes NetworkPolicy of the key's
 /// namespace) to the Calico policy spec it would be promoted to; `Err` names the field.
-pub type StagedK8sConverter = fn(&StagedKubernetesNetworkPolicy) -> Result<PolicySpec, String>;
+pub type StagedK8sConverter =
+    fn(&StagedKubernetesNetworkPolicy) -> Result<PolicySpec, StagedK8sError>;
+
+/// Why a `StagedKubernetesNetworkPolicy` `Set` has no Calico policy spec; each names the field.
+/// The texts are those of the converter (`k8s-convert`), which knows Kubernetes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StagedK8sError {
+    /// The spec is not a Kubernetes NetworkPolicy spec (a wrong type, a missing field).
+    #[error("spec: {0}")]
+    Spec(String),
+    /// A field or rule does not convert (a staged policy is all or nothing): the converter's
+    /// report, which names the object and the field.
+    #[error("{0}")]
+    Unconvertible(String),
+    /// The conversion gave something other than a NetworkPolicy.
+    #[error("spec: does not convert to a NetworkPolicy")]
+    NotANetworkPolicy,
+    /// The graph has no converter ([`CalcGraph::set_staged_k8s_converter`]).
+    #[error("no Kubernetes converter is set")]
+    NoConverter,
+}
 
 /// The Calico name Kubernetes NetworkPolicy `name` is converted to (`k8s-convert`'s
 /// `KNP_PREFIX`).
@@ -78,7 +98,7 @@ impl CalcGraph {
                 } else {
                     let converted = match self.staged_k8s {
                         Some(f) => f(&p),
-                        None => Err("no Kubernetes converter is set".into()),
+                        None => Err(StagedK8sError::NoConverter),
                     };
                     match converted {
                         Ok(spec) => (

@@ -530,7 +530,18 @@ pub fn decode(
 }
 
 /// Applies a new log filter live.
-pub type ReloadLog = Box<dyn Fn(&str) -> Result<(), String> + Send>;
+pub type ReloadLog = Box<dyn Fn(&str) -> Result<(), ReloadLogError> + Send>;
+
+/// Why a new log filter was not applied (shown after `logSeverityScreen: `).
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadLogError {
+    /// The filter does not parse.
+    #[error(transparent)]
+    Filter(#[from] tracing_subscriber::filter::ParseError),
+    /// The subscriber is gone.
+    #[error(transparent)]
+    Reload(#[from] tracing_subscriber::reload::Error),
+}
 
 /// The running agent's view of its settings: re-resolved whenever a FelixConfiguration of this
 /// node changes; live fields applied at once, restart-needing ones recorded in [`Self::restart`]

@@ -242,9 +242,8 @@ impl Args {
         let mut watch = felix_config::ConfigWatch::new(
             layers,
             Box::new(move |filter: &str| {
-                let f =
-                    tracing_subscriber::EnvFilter::try_new(filter).map_err(|e| e.to_string())?;
-                reload.reload(f).map_err(|e| e.to_string())
+                let f = tracing_subscriber::EnvFilter::try_new(filter)?;
+                Ok(reload.reload(f)?)
             }),
         );
         let initial = self.initial_felix_configuration();

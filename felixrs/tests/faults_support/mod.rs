@@ -29,7 +29,7 @@ use felixrs_test_support::prober;
 use iptables::apply::{Applier, ApplierConfig, Backend, ExecRunner};
 use serde_json::json;
 
-use crate::support::{put_default_tier, put_json};
+use crate::support::{put_default_tier, put_json, put_ns1_profile};
 
 pub const CLIENT_IF: &str = "cali0client";
 pub const SERVER_IF: &str = "cali0server";
@@ -89,13 +89,7 @@ impl World {
     fn seed(&self) {
         let etcd = &self.etcd;
         put_default_tier(etcd);
-        put_json(
-            etcd,
-            "profiles/kns.ns1",
-            json!({"apiVersion":"projectcalico.org/v3","kind":"Profile",
-                   "metadata":{"name":"kns.ns1"},
-                   "spec":{"ingress":[{"action":"Allow"}],"egress":[{"action":"Allow"}]}}),
-        );
+        put_ns1_profile(etcd);
         for (pod, iface, v4, v6) in [
             ("client", CLIENT_IF, "10.79.0.1", "fd79::1"),
             ("server", SERVER_IF, "10.79.0.2", "fd79::2"),

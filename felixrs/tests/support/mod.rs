@@ -1,7 +1,9 @@
-//! Test support only the agent's tests use: the Calico key prefix, state dirs and the `felixrs agent`
-//! process wrapper. Namespaces, etcd, HTTP and free ports come from `felixrs-test-support`; every
-//! resource is released on drop (also on panic).
+//! Test support only felixrs's tests use: the Calico key prefix, state dirs and the `felixrs agent`
+//! process wrapper; [`trace`], the offline tools' fixture. Namespaces, etcd, HTTP and free ports
+//! come from `felixrs-test-support`; every resource is released on drop (also on panic).
 #![allow(dead_code)]
+
+pub mod trace;
 
 use std::ffi::OsStr;
 use std::net::SocketAddr;
@@ -10,7 +12,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use felixrs_test_support::etcd::Etcd;
-use felixrs_test_support::netns::in_netns;
+use felixrs_test_support::netns::{Netns, in_netns};
+use felixrs_test_support::node::{Pod, add_pod, exec};
 use felixrs_test_support::{free_port, http};
 use serde_json::json;
 
@@ -44,6 +47,74 @@ pub fn put_web_endpoint(etcd: &Etcd, iface: &str, profiles: &[&str]) -> i64 {
                        "interfaceName":iface,"ipNetworks":["10.70.0.1/32"],
                        "profiles":profiles}}),
     )
+}
+
+/// Profile `kns.ns1`, the `ns1` pods' namespace profile: everything allowed both ways.
+pub fn put_ns1_profile(etcd: &Etcd) -> i64 {
+    put_json(
+        etcd,
+        "profiles/kns.ns1",
+        json!({"apiVersion":"projectcalico.org/v3","kind":"Profile",
+               "metadata":{"name":"kns.ns1"},
+               "spec":{"ingress":[{"action":"Allow"}],"egress":[{"action":"Allow"}]}}),
+    )
+}
+
+/// The node of the agent's one-pod tests: a new namespace with etcd in it holding the default
+/// tier, [`put_ns1_profile`], pod `ns1/web` behind `cali0000000001` ([`put_web_endpoint`]) and
+/// the pod's policy. Fields drop in order: etcd before the namespace.
+pub struct WebNode {
+    pub etcd: Etcd,
+    pub ns: Netns,
+    /// The revision of the policy, written last.
+    pub rev: i64,
+}
+
+/// The interface of pod `ns1/web` ([`put_web_endpoint`]'s 10.70.0.1).
+pub const WEB_IFACE: &str = "cali0000000001";
+
+impl WebNode {
+    /// The node with NetworkPolicy `ns1/<policy>` of v3 spec `spec`.
+    pub fn start(policy: &str, spec: serde_json::Value) -> Self {
+        let ns = Netns::new();
+        let etcd = Etcd::start_in(ns.name());
+        put_default_tier(&etcd);
+        put_ns1_profile(&etcd);
+        put_web_endpoint(&etcd, WEB_IFACE, &["kns.ns1"]);
+        let rev = put_json(
+            &etcd,
+            &format!("networkpolicies/ns1/{policy}"),
+            json!({"apiVersion":"projectcalico.org/v3","kind":"NetworkPolicy",
+                   "metadata":{"name":policy,"namespace":"ns1"},"spec":spec}),
+        );
+        WebNode { etcd, ns, rev }
+    }
+
+    /// Wires pod `ns1/web` (10.70.0.1, fd70::1) behind its veth and makes the node answer it on
+    /// `host` (a /32 on lo). Proxy ARP answers for the pod's gateway 169.254.1.1 only on a
+    /// forwarding node that routes it elsewhere: a default route out of a veth pair of its own
+    /// (nothing is sent there).
+    pub fn add_web_pod(&self, host: &str) -> Pod {
+        let ns = &self.ns;
+        exec(
+            ns,
+            &["ip", "addr", "add", &format!("{host}/32"), "dev", "lo"],
+        );
+        for argv in [
+            "ip link set lo up",
+            "ip link add up0 type veth peer name up1",
+            "ip addr add 10.70.254.1/24 dev up0",
+            "ip link set up0 up",
+            "ip link set up1 up",
+            "ip route add default via 10.70.254.2",
+        ] {
+            exec(ns, &argv.split(' ').collect::<Vec<_>>());
+        }
+        ns.sysctl("net.ipv4.ip_forward", "1").unwrap();
+        ns.sysctl("net.ipv4.conf.all.rp_filter", "0").unwrap();
+        ns.sysctl("net.ipv4.conf.default.rp_filter", "0").unwrap();
+        add_pod(ns, WEB_IFACE, "10.70.0.1", "fd70::1")
+    }
 }
 
 /// A temp directory path that lives as long as the returned guard.

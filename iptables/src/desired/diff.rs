@@ -277,11 +277,49 @@ pub fn render(table: TableName, ops: &[Op]) -> String {
     s
 }
 
+/// An op [`simulate`] refused, as the kernel would: the op (as debug-printed) and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{op}: {refusal}")]
+pub struct SimulateError {
+    pub op: String,
+    pub refusal: Refusal,
+}
+
+impl SimulateError {
+    fn new(op: &Op, refusal: Refusal) -> Self {
+        SimulateError {
+            op: format!("{op:?}"),
+            refusal,
+        }
+    }
+}
+
+/// Why the kernel would refuse an op.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("target {0} does not exist")]
+    MissingTarget(String),
+    #[error("no chain")]
+    NoChain,
+    #[error("index out of range")]
+    IndexOutOfRange,
+    #[error("no such rule")]
+    NoSuchRule,
+    #[error("chain not empty")]
+    ChainNotEmpty,
+    #[error("chain still referenced")]
+    ChainReferenced,
+}
+
 /// Applies ops to a model of the table with iptables-restore's semantics, so the applier can keep
 /// its view of the kernel current after a successful write without re-reading. Fails (without
 /// guaranteeing the model is unchanged) on anything the kernel would refuse: a bad index, a
 /// missing chain, deleting a non-empty or still-referenced chain, a jump to a missing `cali-` chain.
-pub fn simulate(table: TableName, actual: &mut ActualTable, ops: &[Op]) -> Result<(), String> {
+pub fn simulate(
+    table: TableName,
+    actual: &mut ActualTable,
+    ops: &[Op],
+) -> Result<(), SimulateError> {
     let chain_ok =
         |t: &ActualTable, c: &str| t.chains.contains_key(c) || table.builtin_chains().contains(&c);
     for op in ops {
@@ -290,7 +328,10 @@ pub fn simulate(table: TableName, actual: &mut ActualTable, ops: &[Op]) -> Resul
             && is_our_chain(target)
             && !actual.chains.contains_key(target)
         {
-            return Err(format!("{op:?}: target {target} does not exist"));
+            return Err(SimulateError::new(
+                op,
+                Refusal::MissingTarget(target.clone()),
+            ));
         }
         match op {
             Op::Declare(c) => actual.chains.entry(c.clone()).or_default().clear(),
@@ -298,16 +339,16 @@ pub fn simulate(table: TableName, actual: &mut ActualTable, ops: &[Op]) -> Resul
                 let rules = actual
                     .chains
                     .get_mut(chain)
-                    .ok_or(format!("{op:?}: no chain"))?;
+                    .ok_or_else(|| SimulateError::new(op, Refusal::NoChain))?;
                 let slot = index
                     .checked_sub(1)
                     .and_then(|i| rules.get_mut(i))
-                    .ok_or(format!("{op:?}: index out of range"))?;
+                    .ok_or_else(|| SimulateError::new(op, Refusal::IndexOutOfRange))?;
                 *slot = rule.clone().into_actual(chain);
             }
             Op::Append { chain, rule } | Op::Insert { chain, rule } => {
                 if !chain_ok(actual, chain) {
-                    return Err(format!("{op:?}: no chain"));
+                    return Err(SimulateError::new(op, Refusal::NoChain));
                 }
                 let rules = actual.chains.entry(chain.clone()).or_default();
                 let r = rule.clone().into_actual(chain);
@@ -321,9 +362,9 @@ pub fn simulate(table: TableName, actual: &mut ActualTable, ops: &[Op]) -> Resul
                 let rules = actual
                     .chains
                     .get_mut(chain)
-                    .ok_or(format!("{op:?}: no chain"))?;
+                    .ok_or_else(|| SimulateError::new(op, Refusal::NoChain))?;
                 if *index == 0 || *index > rules.len() {
-                    return Err(format!("{op:?}: index out of range"));
+                    return Err(SimulateError::new(op, Refusal::IndexOutOfRange));
                 }
                 rules.remove(index - 1);
             }
@@ -331,17 +372,19 @@ pub fn simulate(table: TableName, actual: &mut ActualTable, ops: &[Op]) -> Resul
                 let rules = actual
                     .chains
                     .get_mut(chain)
-                    .ok_or(format!("{op:?}: no chain"))?;
+                    .ok_or_else(|| SimulateError::new(op, Refusal::NoChain))?;
                 let i = rules
                     .iter()
                     .position(|r| &r.spec == spec)
-                    .ok_or(format!("{op:?}: no such rule"))?;
+                    .ok_or_else(|| SimulateError::new(op, Refusal::NoSuchRule))?;
                 rules.remove(i);
             }
             Op::DeleteChain(c) => {
                 match actual.chains.get(c) {
-                    None => return Err(format!("{op:?}: no chain")),
-                    Some(r) if !r.is_empty() => return Err(format!("{op:?}: chain not empty")),
+                    None => return Err(SimulateError::new(op, Refusal::NoChain)),
+                    Some(r) if !r.is_empty() => {
+                        return Err(SimulateError::new(op, Refusal::ChainNotEmpty));
+                    }
                     Some(_) => {}
                 }
                 if actual
@@ -350,7 +393,7 @@ pub fn simulate(table: TableName, actual: &mut ActualTable, ops: &[Op]) -> Resul
                     .flatten()
                     .any(|r| r.target.as_deref() == Some(c))
                 {
-                    return Err(format!("{op:?}: chain still referenced"));
+                    return Err(SimulateError::new(op, Refusal::ChainReferenced));
                 }
                 actual.chains.remove(c);
             }

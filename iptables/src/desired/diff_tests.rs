@@ -318,7 +318,7 @@ proptest! {
         let foreign_before = foreign_view(&actual);
         let before = actual.clone();
         let ops = plan_table(TableName::Filter, desired.as_ref(), &actual).unwrap();
-        simulate(TableName::Filter, &mut actual, &ops).map_err(TestCaseError::fail)?;
+        simulate(TableName::Filter, &mut actual, &ops).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let empty = DesiredTable::default();
         let d = desired.as_ref().unwrap_or(&empty);
         for (name, rules) in &d.chains {
@@ -390,7 +390,7 @@ proptest! {
         let none = plan_chains(TableName::Filter, Some(&first), &actual, &Default::default()).unwrap();
         prop_assert!(none.is_empty(), "{:?}", none);
         let mut after = actual.clone();
-        simulate(TableName::Filter, &mut after, &scoped).map_err(TestCaseError::fail)?;
+        simulate(TableName::Filter, &mut after, &scoped).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert!(plan_table(TableName::Filter, Some(&second), &after).unwrap().is_empty());
     }
 }

@@ -132,7 +132,8 @@ pub fn replay(views: &Views, path: &Path) -> anyhow::Result<ReplayReport> {
         }
         let (src, dst, proto) = match resolve(r) {
             Ok(t) => t,
-            Err(reason) => {
+            Err(e) => {
+                let reason = e.to_string();
                 out.unresolvable.push(Unresolvable { line: *n, reason });
                 continue;
             }
@@ -219,14 +220,25 @@ pub fn replay(views: &Views, path: &Path) -> anyhow::Result<ReplayReport> {
     Ok(out)
 }
 
+/// Why a record cannot be evaluated (the reason an [`Unresolvable`] lists).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    #[error("the record has no source address")]
+    NoSource,
+    #[error("the record has no destination address")]
+    NoDestination,
+    #[error("source {src} and destination {dst} are of different families")]
+    MixedFamilies { src: IpAddr, dst: IpAddr },
+    #[error("unknown protocol {0:?}")]
+    UnknownProtocol(String),
+}
+
 /// The record's addresses and protocol number, or why it cannot be evaluated.
-fn resolve(r: &FlowRecord) -> Result<(IpAddr, IpAddr, u8), String> {
-    let src = r.source.ip.ok_or("the record has no source address")?;
-    let dst = r.dest.ip.ok_or("the record has no destination address")?;
+fn resolve(r: &FlowRecord) -> Result<(IpAddr, IpAddr, u8), ResolveError> {
+    let src = r.source.ip.ok_or(ResolveError::NoSource)?;
+    let dst = r.dest.ip.ok_or(ResolveError::NoDestination)?;
     if src.is_ipv6() != dst.is_ipv6() {
-        return Err(format!(
-            "source {src} and destination {dst} are of different families"
-        ));
+        return Err(ResolveError::MixedFamilies { src, dst });
     }
     let proto = match r.proto.to_ascii_lowercase().as_str() {
         "tcp" => 6,
@@ -236,7 +248,7 @@ fn resolve(r: &FlowRecord) -> Result<(IpAddr, IpAddr, u8), String> {
         "icmp6" | "icmpv6" => 58,
         other => other
             .parse()
-            .map_err(|_| format!("unknown protocol {:?}", r.proto))?,
+            .map_err(|_| ResolveError::UnknownProtocol(r.proto.clone()))?,
     };
     Ok((src, dst, proto))
 }
