@@ -161,6 +161,10 @@ struct Row {
     list_all: Duration,
     bench_cpu: f64,
     load: String,
+    /// Connections the syncers lost during the window (etcd 3.4's grpc-proxy closes a client's
+    /// connection for "too many pings" about every 20 s: it accepts keepalive pings no more often
+    /// than every 5 minutes, and the agent pings every 5 s).
+    reconnects: usize,
 }
 
 /// Peaks of CPU (cores, summed over a group of processes) and RSS (MiB, summed), sampled every
@@ -412,6 +416,7 @@ async fn run(
     let me0 = self_cpu();
     let window_start = Instant::now();
     let mut lat = Vec::with_capacity(n * CHANGES);
+    let mut reconnects = 0;
     for c in 0..CHANGES {
         let tag = round * 100 + c;
         let put_at = Instant::now();
@@ -427,6 +432,8 @@ async fn run(
             if got == What::Change(tag) {
                 seen += 1;
                 lat.push(at - put_at);
+            } else if got == What::Disconnected {
+                reconnects += 1;
             }
         }
     }
@@ -434,6 +441,10 @@ async fn run(
         tokio::time::sleep(rest).await;
     }
     let secs = window_start.elapsed().as_secs_f64();
+    while let Ok((id, what, _)) = rx.try_recv() {
+        assert!(what != What::Ended, "syncer {id} gave up (its task ended)");
+        reconnects += usize::from(what == What::Disconnected);
+    }
     let etcd_cpu = (member_pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>() - cpu0) / secs;
     let proxy_cpu = (proxies.iter().map(|p| cpu_seconds(p.pid())).sum::<f64>() - pcpu0) / secs;
     let bench_cpu = (self_cpu() - me0) / secs;
@@ -477,6 +488,7 @@ async fn run(
         list_all,
         bench_cpu,
         load,
+        reconnects,
     };
     (row, storm_rows)
 }
@@ -555,9 +567,9 @@ fn main() {
         .build()
         .expect("runtime");
     println!(
-        "| N | mode | etcd watchers | etcd CPU (cores) | etcd RSS (MiB, 3 members) | proxy CPU | proxy RSS (MiB) | p50 | p99 | all listed | bench CPU (cores) | load |"
+        "| N | mode | etcd watchers | etcd CPU (cores) | etcd RSS (MiB, 3 members) | proxy CPU | proxy RSS (MiB) | p50 | p99 | all listed | bench CPU (cores) | load | reconnects in window |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut round = 0;
     let mut storm_rows = Vec::new();
     for n in ns {
@@ -576,7 +588,7 @@ fn main() {
                 &storms,
             ));
             println!(
-                "| {} | {} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.1} ms | {:.1} ms | {:.1} s | {:.2} | {} |",
+                "| {} | {} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.1} ms | {:.1} ms | {:.1} s | {:.2} | {} | {} |",
                 r.n,
                 r.mode,
                 r.watchers,
@@ -589,6 +601,7 @@ fn main() {
                 r.list_all.as_secs_f64(),
                 r.bench_cpu,
                 r.load,
+                r.reconnects,
             );
             storm_rows.extend(s.into_iter().map(|s| (r.n, r.mode.clone(), s)));
             // Let the cancelled syncers' connections close before the next run.
