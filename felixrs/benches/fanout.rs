@@ -3,6 +3,14 @@
 //!
 //! `cargo bench -p felixrs --bench fanout [-- N...]` (default N = 100 500 2000)
 //!
+//! Knobs (environment): `FANOUT_PROXIES=k` (default 1) starts k proxies and spreads the syncers of
+//! the proxy mode over them (syncer i → proxy i mod k); `FANOUT_MODES=direct,proxy` (default both)
+//! picks the modes; `FANOUT_STORM=etcd,proxy` (default none) adds, after each window, a reconnect
+//! storm per kind named (see `storm`) and prints a second table. The process raises its own
+//! open-file limit to the hard limit (each syncer holds a connection; etcd and the proxies inherit
+//! it). The bench's own CPU (the load generator, from /proc/self/stat) and the load average are
+//! printed beside the numbers, because generator, etcd and proxies share the machine's cores.
+//!
 //! Fixed inputs: 200 keys (100 global network sets, 100 policies) under Calico's prefix. Per run:
 //! all N syncers listed; then a 10 s window with 5 policy changes (one put each, waiting until all
 //! N syncers saw it); reported: etcd watchers (sum of `etcd_debugging_mvcc_watcher_total` over the
@@ -10,8 +18,10 @@
 //! propagation latency of a change to all N (p50/p99 over N x 5 deliveries). The syncers ask for a
 //! progress notification every second, as agents do, so the window includes that load.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use calc_graph::model::{CALICO_PREFIX, EtcdPrefix};
@@ -29,8 +39,28 @@ fn change_key() -> String {
     format!("{CALICO_PREFIX}globalnetworkpolicies/bench-change")
 }
 
-/// (syncer, change number) when a syncer saw change `n`; `usize::MAX` when it listed.
-type Seen = (usize, usize, Instant);
+/// What a syncer did, as the bench sees it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum What {
+    /// It delivered a complete listing.
+    Listed,
+    /// It delivered change number n (as an event, or inside a listing that holds it).
+    Change(usize),
+    /// It lost its connection (and will reconnect).
+    Disconnected,
+    /// Its task ended: it gave up (never expected before the bench cancels it).
+    Ended,
+}
+
+/// (syncer, what, when).
+type Seen = (usize, What, Instant);
+
+fn tag_of(value: &[u8]) -> usize {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|v| v.trim_matches('"').parse().ok())
+        .unwrap_or(usize::MAX)
+}
 
 fn spawn(url: String, id: usize, tx: mpsc::UnboundedSender<Seen>, cancel: &CancellationToken) {
     let ds = EtcdDatastore::new(vec![url], EtcdTls::default(), Duration::from_secs(10));
@@ -47,23 +77,26 @@ fn spawn(url: String, id: usize, tx: mpsc::UnboundedSender<Seen>, cancel: &Cance
     tokio::spawn(async move {
         while let Some(ev) = erx.recv().await {
             match ev {
-                SyncEvent::Listed { .. } => {
-                    let _ = tx.send((id, usize::MAX, Instant::now()));
+                SyncEvent::Listed { kvs, .. } => {
+                    let now = Instant::now();
+                    let _ = tx.send((id, What::Listed, now));
+                    if let Some((_, v)) = kvs.iter().find(|(k, _)| *k == key) {
+                        let _ = tx.send((id, What::Change(tag_of(v)), now));
+                    }
                 }
                 SyncEvent::Changes { changes, .. } => {
                     for c in changes.iter().filter(|c| c.key == key) {
-                        let n = c
-                            .value
-                            .as_deref()
-                            .and_then(|v| std::str::from_utf8(v).ok())
-                            .and_then(|v| v.trim_matches('"').parse().ok())
-                            .unwrap_or(usize::MAX - 1);
-                        let _ = tx.send((id, n, Instant::now()));
+                        let n = c.value.as_deref().map_or(usize::MAX, tag_of);
+                        let _ = tx.send((id, What::Change(n), Instant::now()));
                     }
+                }
+                SyncEvent::Disconnected { .. } => {
+                    let _ = tx.send((id, What::Disconnected, Instant::now()));
                 }
                 _ => {}
             }
         }
+        let _ = tx.send((id, What::Ended, Instant::now()));
     });
 }
 
@@ -106,8 +139,17 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
+fn load_average() -> String {
+    let l = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+}
+
+fn self_cpu() -> f64 {
+    cpu_seconds(std::process::id())
+}
+
 struct Row {
-    mode: &'static str,
+    mode: String,
     n: usize,
     watchers: f64,
     etcd_cpu: f64,
@@ -117,21 +159,244 @@ struct Row {
     p50: Duration,
     p99: Duration,
     list_all: Duration,
+    bench_cpu: f64,
+    load: String,
+    /// Connections the syncers lost during the window (etcd 3.4's grpc-proxy closes a client's
+    /// connection for "too many pings" about every 20 s: it accepts keepalive pings no more often
+    /// than every 5 minutes, and the agent pings every 5 s).
+    reconnects: usize,
+}
+
+/// Peaks of CPU (cores, summed over a group of processes) and RSS (MiB, summed), sampled every
+/// 250 ms from /proc by a thread; the groups' pids may change (a restarted member).
+#[derive(Default, Clone, Copy)]
+struct Peak {
+    etcd_cpu: f64,
+    etcd_rss: f64,
+    proxy_cpu: f64,
+    proxy_rss: f64,
+    bench_cpu: f64,
+}
+
+struct Sampler {
+    pids: Arc<Mutex<(Vec<u32>, Vec<u32>)>>,
+    stop: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<Peak>,
+}
+
+impl Sampler {
+    fn start(etcd: Vec<u32>, proxies: Vec<u32>) -> Sampler {
+        let pids = Arc::new(Mutex::new((etcd, proxies)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (p, st) = (pids.clone(), stop.clone());
+        let handle = std::thread::spawn(move || {
+            const TICK: Duration = Duration::from_millis(250);
+            let mut last: HashMap<u32, f64> = HashMap::new();
+            let mut peak = Peak::default();
+            let mut me = self_cpu();
+            while !st.load(Ordering::Relaxed) {
+                std::thread::sleep(TICK);
+                let (etcd, proxies) = p.lock().expect("sampler pids").clone();
+                let mut group = |pids: &[u32]| -> (f64, f64) {
+                    let (mut cores, mut rss) = (0.0, 0.0);
+                    for &pid in pids {
+                        let now = cpu_seconds(pid);
+                        if let Some(prev) = last.insert(pid, now) {
+                            cores += (now - prev).max(0.0) / TICK.as_secs_f64();
+                        }
+                        let r = rss_mib(pid);
+                        if r.is_finite() {
+                            rss += r;
+                        }
+                    }
+                    (cores, rss)
+                };
+                let (ec, er) = group(&etcd);
+                let (pc, pr) = group(&proxies);
+                let me_now = self_cpu();
+                peak.etcd_cpu = peak.etcd_cpu.max(ec);
+                peak.etcd_rss = peak.etcd_rss.max(er);
+                peak.proxy_cpu = peak.proxy_cpu.max(pc);
+                peak.proxy_rss = peak.proxy_rss.max(pr);
+                peak.bench_cpu = peak.bench_cpu.max((me_now - me) / TICK.as_secs_f64());
+                me = me_now;
+            }
+            peak
+        });
+        Sampler { pids, stop, handle }
+    }
+
+    fn set_pids(&self, etcd: Vec<u32>, proxies: Vec<u32>) {
+        *self.pids.lock().expect("sampler pids") = (etcd, proxies);
+    }
+
+    fn finish(self) -> Peak {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join().expect("sampler thread")
+    }
+}
+
+fn member_pids(cluster: &EtcdCluster) -> Vec<u32> {
+    (0..cluster.len()).filter_map(|i| cluster.pid(i)).collect()
+}
+
+fn proxy_pids(proxies: &[GrpcProxy]) -> Vec<u32> {
+    proxies.iter().map(GrpcProxy::pid).collect()
+}
+
+/// The next event, or a loud failure: a syncer whose task ended gave up, which must never happen.
+async fn next_seen(rx: &mut mpsc::UnboundedReceiver<Seen>, deadline: Duration, what: &str) -> Seen {
+    let seen = tokio::time::timeout(deadline, rx.recv())
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within {deadline:?}"))
+        .expect("channel open");
+    assert!(
+        seen.1 != What::Ended,
+        "{what}: syncer {} gave up (its task ended)",
+        seen.0
+    );
+    seen
+}
+
+/// How a reconnect storm is caused.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum StormKind {
+    /// SIGKILL every etcd member, keep them down for `OUTAGE`, start them again on their data
+    /// (a whole-cluster restart: every connection to etcd gets a reset, as a real restart gives;
+    /// SIGSTOP would not model it, the kernel keeps the TCP connections up and nothing
+    /// reconnects). Then one change is written and etcd compacted past it, so every syncer that
+    /// had not yet resumed its watch must list again.
+    Etcd,
+    /// SIGKILL every proxy; during the outage one change is written and etcd compacted past it;
+    /// the proxies start again: every syncer reconnects at once and must list again (all N relist).
+    Proxy,
+}
+
+const OUTAGE: Duration = Duration::from_secs(3);
+
+/// How long the storm may take before the bench calls the syncers that are still out wedged
+/// (`FANOUT_STORM_DEADLINE` seconds, default 180).
+fn storm_deadline() -> Duration {
+    let secs = std::env::var("FANOUT_STORM_DEADLINE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(180);
+    Duration::from_secs(secs)
+}
+
+struct StormRow {
+    kind: StormKind,
+    restart: Duration,
+    in_sync: Duration,
+    disconnected: usize,
+    relisted: usize,
+    peak: Peak,
+    load: String,
+}
+
+/// With all N syncers in sync, causes a storm of `kind` and waits until every syncer holds the
+/// change written during it; fails loudly when one gave up or is still out after `STORM_DEADLINE`.
+#[allow(clippy::too_many_arguments)]
+async fn storm(
+    cluster: &mut EtcdCluster,
+    proxies: &mut [GrpcProxy],
+    rx: &mut mpsc::UnboundedReceiver<Seen>,
+    n: usize,
+    kind: StormKind,
+    tag: usize,
+) -> StormRow {
+    let sampler = Sampler::start(member_pids(cluster), proxy_pids(proxies));
+    let write_and_compact = |cluster: &EtcdCluster| {
+        let rev = cluster.put_rev(&change_key(), &format!("\"{tag}\""));
+        // A write outside the prefix, so the compaction can be past the change: a watch that
+        // resumes at the change's revision (or earlier) is then told to list again.
+        let rev2 = cluster.put_rev("/felixrs-bench/storm-filler", &tag.to_string());
+        assert!(rev2 > rev, "filler after the change ({rev2} > {rev})");
+        cluster.compact(rev2);
+    };
+    let t_kill = Instant::now();
+    match kind {
+        StormKind::Etcd => {
+            for i in 0..cluster.len() {
+                cluster.kill(i);
+            }
+            std::thread::sleep(OUTAGE);
+            cluster.start_stopped();
+        }
+        StormKind::Proxy => {
+            for p in proxies.iter_mut() {
+                p.kill();
+            }
+            write_and_compact(cluster);
+            std::thread::sleep(OUTAGE.saturating_sub(t_kill.elapsed()));
+            for p in proxies.iter_mut() {
+                p.restart();
+            }
+        }
+    }
+    let t_up = Instant::now();
+    sampler.set_pids(member_pids(cluster), proxy_pids(proxies));
+    if kind == StormKind::Etcd {
+        write_and_compact(cluster);
+    }
+    let (mut disconnected, mut relisted) = (vec![false; n], vec![false; n]);
+    let mut synced = vec![false; n];
+    let mut in_sync = 0;
+    let deadline = storm_deadline();
+    while in_sync < n {
+        let left = deadline.saturating_sub(t_up.elapsed());
+        let got = tokio::time::timeout(left, rx.recv()).await;
+        let Ok(Some((id, what, _))) = got else {
+            let out: Vec<usize> = (0..n).filter(|i| !synced[*i]).collect();
+            let out_disc = out.iter().filter(|i| disconnected[**i]).count();
+            let out_list = out.iter().filter(|i| relisted[**i]).count();
+            panic!(
+                "storm {kind:?}: {} of {n} syncers wedged (not in sync {deadline:?} after the restart; \
+                 {out_disc} of them saw the disconnect, {out_list} listed again), e.g. {:?}",
+                out.len(),
+                &out[..out.len().min(10)]
+            );
+        };
+        match what {
+            What::Ended => panic!("storm {kind:?}: syncer {id} gave up (its task ended)"),
+            What::Disconnected => disconnected[id] = true,
+            What::Listed => relisted[id] = true,
+            What::Change(t) if t == tag && !synced[id] => {
+                synced[id] = true;
+                in_sync += 1;
+            }
+            What::Change(_) => {}
+        }
+    }
+    let in_sync_at = t_up.elapsed();
+    // Keep sampling a little after the last syncer, so the peak includes the tail.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let peak = sampler.finish();
+    StormRow {
+        kind,
+        restart: t_up - t_kill,
+        in_sync: in_sync_at,
+        disconnected: disconnected.iter().filter(|d| **d).count(),
+        relisted: relisted.iter().filter(|d| **d).count(),
+        peak,
+        load: load_average(),
+    }
 }
 
 async fn run(
-    cluster: &EtcdCluster,
-    proxy: &GrpcProxy,
+    cluster: &mut EtcdCluster,
+    proxies: &mut [GrpcProxy],
     n: usize,
     via_proxy: bool,
     round: usize,
-) -> Row {
+    storms: &[StormKind],
+) -> (Row, Vec<StormRow>) {
     let cancel = CancellationToken::new();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let started = Instant::now();
     for id in 0..n {
         let url = if via_proxy {
-            proxy.url()
+            proxies[id % proxies.len()].url()
         } else {
             cluster.client_url(id % cluster.len())
         };
@@ -139,33 +404,36 @@ async fn run(
     }
     let mut listed = 0;
     while listed < n {
-        let (_, c, _) = tokio::time::timeout(Duration::from_secs(120), rx.recv())
-            .await
-            .expect("all syncers list within 120 s")
-            .expect("channel open");
-        if c == usize::MAX {
+        let (_, what, _) = next_seen(&mut rx, Duration::from_secs(120), "all syncers list").await;
+        if what == What::Listed {
             listed += 1;
         }
     }
     let list_all = started.elapsed();
-    let member_pids: Vec<u32> = (0..cluster.len()).filter_map(|i| cluster.pid(i)).collect();
+    let member_pids = member_pids(cluster);
     let cpu0: f64 = member_pids.iter().map(|p| cpu_seconds(*p)).sum();
-    let pcpu0 = cpu_seconds(proxy.pid());
+    let pcpu0: f64 = proxies.iter().map(|p| cpu_seconds(p.pid())).sum();
+    let me0 = self_cpu();
     let window_start = Instant::now();
     let mut lat = Vec::with_capacity(n * CHANGES);
+    let mut reconnects = 0;
     for c in 0..CHANGES {
         let tag = round * 100 + c;
         let put_at = Instant::now();
         cluster.put(&change_key(), &format!("\"{tag}\""));
         let mut seen = 0;
         while seen < n {
-            let (_, got, at) = tokio::time::timeout(Duration::from_secs(60), rx.recv())
-                .await
-                .expect("every syncer sees the change within 60 s")
-                .expect("channel open");
-            if got == tag {
+            let (_, got, at) = next_seen(
+                &mut rx,
+                Duration::from_secs(60),
+                "every syncer sees the change",
+            )
+            .await;
+            if got == What::Change(tag) {
                 seen += 1;
                 lat.push(at - put_at);
+            } else if got == What::Disconnected {
+                reconnects += 1;
             }
         }
     }
@@ -173,8 +441,13 @@ async fn run(
         tokio::time::sleep(rest).await;
     }
     let secs = window_start.elapsed().as_secs_f64();
+    while let Ok((id, what, _)) = rx.try_recv() {
+        assert!(what != What::Ended, "syncer {id} gave up (its task ended)");
+        reconnects += usize::from(what == What::Disconnected);
+    }
     let etcd_cpu = (member_pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>() - cpu0) / secs;
-    let proxy_cpu = (cpu_seconds(proxy.pid()) - pcpu0) / secs;
+    let proxy_cpu = (proxies.iter().map(|p| cpu_seconds(p.pid())).sum::<f64>() - pcpu0) / secs;
+    let bench_cpu = (self_cpu() - me0) / secs;
     let watchers: f64 = (0..cluster.len())
         .map(|i| {
             let url = cluster.client_url(i);
@@ -185,11 +458,25 @@ async fn run(
         })
         .sum();
     let etcd_rss = member_pids.iter().map(|p| rss_mib(*p)).sum();
-    let proxy_rss = rss_mib(proxy.pid());
+    let proxy_rss = proxies.iter().map(|p| rss_mib(p.pid())).sum();
+    let load = load_average();
+    let mut storm_rows = Vec::new();
+    for (i, kind) in storms.iter().enumerate() {
+        if *kind == StormKind::Proxy && !via_proxy {
+            continue;
+        }
+        let tag = round * 100 + CHANGES + i;
+        storm_rows.push(storm(cluster, proxies, &mut rx, n, *kind, tag).await);
+    }
     cancel.cancel();
     lat.sort();
-    Row {
-        mode: if via_proxy { "grpc-proxy" } else { "direct" },
+    let mode = match (via_proxy, proxies.len()) {
+        (false, _) => "direct".to_string(),
+        (true, 1) => "grpc-proxy".to_string(),
+        (true, k) => format!("grpc-proxy x{k}"),
+    };
+    let row = Row {
+        mode,
         n,
         watchers,
         etcd_cpu,
@@ -199,7 +486,11 @@ async fn run(
         p50: pct(&lat, 0.5),
         p99: pct(&lat, 0.99),
         list_all,
-    }
+        bench_cpu,
+        load,
+        reconnects,
+    };
+    (row, storm_rows)
 }
 
 fn raise_fd_limit() {
@@ -216,6 +507,15 @@ fn raise_fd_limit() {
     }
 }
 
+fn env_list(name: &str, default: &str) -> Vec<String> {
+    std::env::var(name)
+        .unwrap_or_else(|_| default.to_string())
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
 fn main() {
     let ns: Vec<usize> = std::env::args()
         .skip(1)
@@ -226,9 +526,31 @@ fn main() {
     } else {
         ns
     };
+    let k: usize = std::env::var("FANOUT_PROXIES")
+        .ok()
+        .map(|v| v.parse().expect("FANOUT_PROXIES is a number"))
+        .unwrap_or(1)
+        .max(1);
+    let modes = env_list("FANOUT_MODES", "direct,proxy");
+    let storms: Vec<StormKind> = env_list("FANOUT_STORM", "")
+        .iter()
+        .map(|s| match s.as_str() {
+            "etcd" => StormKind::Etcd,
+            "proxy" => StormKind::Proxy,
+            other => panic!("FANOUT_STORM: unknown storm {other:?} (etcd, proxy)"),
+        })
+        .collect();
+    if std::env::var_os("FANOUT_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_max_level(tracing::Level::DEBUG)
+            .init();
+    }
     raise_fd_limit();
-    let cluster = EtcdCluster::start(3);
-    let proxy = GrpcProxy::start(&cluster.endpoints());
+    let mut cluster = EtcdCluster::start(3);
+    let mut proxies: Vec<GrpcProxy> = (0..k)
+        .map(|_| GrpcProxy::start(&cluster.endpoints()))
+        .collect();
     for i in 0..100 {
         cluster.put(
             &format!("{CALICO_PREFIX}globalnetworksets/s{i}"),
@@ -245,16 +567,28 @@ fn main() {
         .build()
         .expect("runtime");
     println!(
-        "| N | mode | etcd watchers | etcd CPU (cores) | etcd RSS (MiB, 3 members) | proxy CPU | proxy RSS (MiB) | p50 | p99 | all listed |"
+        "| N | mode | etcd watchers | etcd CPU (cores) | etcd RSS (MiB, 3 members) | proxy CPU | proxy RSS (MiB) | p50 | p99 | all listed | bench CPU (cores) | load | reconnects in window |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut round = 0;
+    let mut storm_rows = Vec::new();
     for n in ns {
         for via_proxy in [false, true] {
+            let name = if via_proxy { "proxy" } else { "direct" };
+            if !modes.iter().any(|m| m == name) {
+                continue;
+            }
             round += 1;
-            let r = rt.block_on(run(&cluster, &proxy, n, via_proxy, round));
+            let (r, s) = rt.block_on(run(
+                &mut cluster,
+                &mut proxies,
+                n,
+                via_proxy,
+                round,
+                &storms,
+            ));
             println!(
-                "| {} | {} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.1} ms | {:.1} ms | {:.1} s |",
+                "| {} | {} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.1} ms | {:.1} ms | {:.1} s | {:.2} | {} | {} |",
                 r.n,
                 r.mode,
                 r.watchers,
@@ -264,10 +598,40 @@ fn main() {
                 r.proxy_rss,
                 r.p50.as_secs_f64() * 1e3,
                 r.p99.as_secs_f64() * 1e3,
-                r.list_all.as_secs_f64()
+                r.list_all.as_secs_f64(),
+                r.bench_cpu,
+                r.load,
+                r.reconnects,
             );
+            storm_rows.extend(s.into_iter().map(|s| (r.n, r.mode.clone(), s)));
             // Let the cancelled syncers' connections close before the next run.
             std::thread::sleep(Duration::from_secs(3));
+        }
+    }
+    if !storm_rows.is_empty() {
+        println!();
+        println!(
+            "| N | mode | storm | down → up | up → all in sync | disconnected | relisted | etcd peak CPU (cores) | etcd peak RSS (MiB) | proxy peak CPU | proxy peak RSS (MiB) | bench peak CPU | load |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        for (n, mode, s) in storm_rows {
+            println!(
+                "| {n} | {mode} | {} | {:.1} s | {:.2} s | {} | {} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {} |",
+                match s.kind {
+                    StormKind::Etcd => "etcd restart",
+                    StormKind::Proxy => "proxy restart",
+                },
+                s.restart.as_secs_f64(),
+                s.in_sync.as_secs_f64(),
+                s.disconnected,
+                s.relisted,
+                s.peak.etcd_cpu,
+                s.peak.etcd_rss,
+                s.peak.proxy_cpu,
+                s.peak.proxy_rss,
+                s.peak.bench_cpu,
+                s.load,
+            );
         }
     }
 }

@@ -1,6 +1,8 @@
 //! Fan-out through `etcd grpc-proxy` (issue 14): the agent's real syncers, connected through one
 //! proxy in front of a 3-member etcd cluster, keep exactly the cluster's contents while each member
-//! in turn is killed (SIGKILL) and restarted with writes going on.
+//! in turn is killed (SIGKILL) and restarted with writes going on; and list again when the proxy
+//! restarts after etcd compacted past what they hold (etcd-io/etcd#10650: without the syncer's
+//! compaction probe, watches reopened through the restarted proxy deliver nothing, ever).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -188,4 +190,36 @@ async fn syncers_through_a_grpc_proxy_survive_each_member_being_killed() {
     }
     cancel.cancel();
     drop(proxy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn syncers_list_again_when_the_proxy_restarts_after_a_compaction() {
+    let cluster = EtcdCluster::start(3);
+    let mut proxy = GrpcProxy::start(&cluster.endpoints());
+    for i in 0..10 {
+        cluster.put(&key(i), &format!("{{\"v\":{i}}}"));
+    }
+    let cancel = CancellationToken::new();
+    // More syncers than the other test: the proxy bug needs several watches reopened at the same
+    // compacted revision (the first is told; the later ones joined its dead broadcast).
+    let views: Vec<_> = (0..SYNCERS * 4)
+        .map(|_| spawn_syncer(&proxy.url(), &cancel))
+        .collect();
+    wait_in_sync(&cluster, &views, "initial list").await;
+
+    for round in 0..2 {
+        proxy.kill();
+        // While the proxy is down: a change under the prefix, a delete, and a compaction past both,
+        // so every syncer's watch would resume in compacted history.
+        cluster.put(&key(100 + round), "{\"v\":\"while the proxy was down\"}");
+        cluster.delete(&key(round));
+        let rev = cluster.put_rev("/felixrs-test/outside-the-prefix", "x");
+        cluster.compact(rev);
+        proxy.restart();
+        wait_in_sync(&cluster, &views, &format!("proxy restart {round}")).await;
+    }
+    // And the watches reopened through the proxy deliver again.
+    cluster.put(&key(200), "{\"v\":\"after\"}");
+    wait_in_sync(&cluster, &views, "a change after the restarts").await;
+    cancel.cancel();
 }

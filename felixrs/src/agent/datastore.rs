@@ -288,6 +288,15 @@ impl Datastore for EtcdDatastore {
         start_revision: i64,
     ) -> Result<EtcdWatch, DatastoreError> {
         let mut client = self.client().await?;
+        if let Some(compacted) = self
+            .probe_compacted(&mut client, prefix, start_revision)
+            .await?
+        {
+            return Ok(EtcdWatch {
+                stream: None,
+                compacted: Some(compacted),
+            });
+        }
         let opts = WatchOptions::new()
             .with_prefix()
             .with_start_revision(start_revision)
@@ -297,18 +306,69 @@ impl Datastore for EtcdDatastore {
             .map_err(|_| DatastoreError::Timeout(self.timeout))
             .and_then(|r| r.map_err(DatastoreError::from))
             .map_err(|e| self.failed(e))?;
-        Ok(EtcdWatch { stream })
+        Ok(EtcdWatch {
+            stream: Some(stream),
+            compacted: None,
+        })
     }
 }
 
-/// An open etcd watch stream.
+impl EtcdDatastore {
+    /// Whether a watch from `start_revision` would start in compacted history, asked of etcd with a
+    /// linearizable read of one key at `start_revision - 1` (the last revision the caller holds):
+    /// `Some(start_revision)` when it is compacted. etcd 3.4's grpc-proxy does not reliably pass a
+    /// watch's compaction on: a watch at a compacted revision, opened while the proxy (re)starts,
+    /// can join the proxy's dead broadcast for that revision and then deliver nothing, ever
+    /// (etcd-io/etcd#10650, seen in the fan-out bench's proxy-restart storm). Asking first costs one
+    /// small read per watch (a reconnect or a relist), and a relist is always correct. A read
+    /// cannot tell a revision compacted exactly at `start_revision` from an older one, so that case
+    /// lists again too.
+    async fn probe_compacted(
+        &mut self,
+        client: &mut Client,
+        prefix: &str,
+        start_revision: i64,
+    ) -> Result<Option<i64>, DatastoreError> {
+        if start_revision <= 1 {
+            return Ok(None);
+        }
+        let opts = GetOptions::new()
+            .with_revision(start_revision - 1)
+            .with_keys_only()
+            .with_limit(1);
+        let got = tokio::time::timeout(self.timeout, client.get(prefix, Some(opts)))
+            .await
+            .map_err(|_| DatastoreError::Timeout(self.timeout))
+            .and_then(|r| r.map_err(DatastoreError::from));
+        match got {
+            Ok(_) => Ok(None),
+            Err(DatastoreError::Etcd(etcd_client::Error::GRpcStatus(s)))
+                // etcd's ErrCompacted, "etcdserver: mvcc: required revision has been compacted".
+                if s.message().contains("required revision has been compacted") =>
+            {
+                Ok(Some(start_revision))
+            }
+            Err(e) => Err(self.failed(e)),
+        }
+    }
+}
+
+/// An open etcd watch stream, or a watch that would start in compacted history (it reports the
+/// compaction and nothing else).
 pub struct EtcdWatch {
-    stream: WatchStream,
+    stream: Option<WatchStream>,
+    compacted: Option<i64>,
 }
 
 impl DatastoreWatch for EtcdWatch {
     async fn next(&mut self) -> Result<WatchMessage, DatastoreError> {
-        let Some(resp) = self.stream.message().await? else {
+        if let Some(compact_revision) = self.compacted.take() {
+            return Ok(WatchMessage::Compacted { compact_revision });
+        }
+        let Some(stream) = self.stream.as_mut() else {
+            return Err(DatastoreError::WatchEnded);
+        };
+        let Some(resp) = stream.message().await? else {
             return Err(DatastoreError::WatchEnded);
         };
         if resp.canceled() {
@@ -352,7 +412,10 @@ impl DatastoreWatch for EtcdWatch {
     }
 
     async fn request_progress(&mut self) -> Result<(), DatastoreError> {
-        Ok(self.stream.request_progress().await?)
+        match self.stream.as_mut() {
+            Some(stream) => Ok(stream.request_progress().await?),
+            None => Ok(()),
+        }
     }
 }
 

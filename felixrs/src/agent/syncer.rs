@@ -15,6 +15,10 @@
 //!   to be synced: it started at the store's head, or it delivered events up to the revision the
 //!   store had when it was created, or `SYNC_GRACE` passed (etcd syncs catching-up watchers every
 //!   100 ms and reports compaction on the first pass).
+//! * Reconnect attempts back off exponentially (`min_backoff` doubling to `max_backoff`) and each
+//!   pause is drawn uniformly from its upper half ([`jittered`]), so thousands of agents that lost
+//!   etcd at the same instant (an etcd restart) do not retry in lockstep; no pause is longer than
+//!   `max_backoff`.
 //! * Keys leave the syncer canonical (under Calico's default layout, whatever the cluster's
 //!   `--etcd-prefix`), so the state, the snapshot and the graph never depend on the prefix.
 
@@ -92,16 +96,25 @@ pub async fn run<D: Datastore>(
                 Err(error) => error.to_string(),
             },
         };
-        tracing::warn!(%reason, ?backoff, "datastore connection lost; keeping current state");
+        let pause = jittered(backoff, fastrand::f64());
+        tracing::warn!(%reason, ?pause, "datastore connection lost; keeping current state");
         if tx.send(SyncEvent::Disconnected { reason }).await.is_err() {
             return;
         }
         tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(backoff) => {}
+            _ = tokio::time::sleep(pause) => {}
         }
         backoff = (backoff * 2).min(cfg.max_backoff);
     }
+}
+
+/// The pause before a reconnect: `backoff` scaled into its upper half by `unit` (in `[0, 1)`),
+/// i.e. uniform in `[backoff / 2, backoff)` for a uniform `unit` ("equal jitter"). Half the pause
+/// stays, so the attempt rate still falls exponentially; the other half spreads agents that failed
+/// together. `unit` outside `[0, 1]` is clamped, so the pause never exceeds `backoff`.
+pub fn jittered(backoff: Duration, unit: f64) -> Duration {
+    backoff / 2 + (backoff / 2).mul_f64(unit.clamp(0.0, 1.0))
 }
 
 /// One connection's life: (list if needed,) watch, forward. `Ok(())` means the receiver is gone.
@@ -232,5 +245,50 @@ async fn pump<W: DatastoreWatch>(
         if tx.send(ev).await.is_err() {
             return Ok(Pumped::ReceiverGone);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jittered_pause_stays_in_the_upper_half_of_the_backoff() {
+        let b = Duration::from_millis(800);
+        assert_eq!(jittered(b, 0.0), Duration::from_millis(400));
+        assert_eq!(jittered(b, 0.5), Duration::from_millis(600));
+        assert_eq!(jittered(b, 1.0), b);
+        assert_eq!(jittered(b, -3.0), Duration::from_millis(400));
+        assert_eq!(jittered(b, 7.0), b);
+        assert_eq!(jittered(Duration::ZERO, 0.7), Duration::ZERO);
+    }
+
+    #[test]
+    fn backoff_sequence_is_bounded_by_max_and_spread_by_jitter() {
+        let cfg = SyncerConfig::new(EtcdPrefix::default());
+        let mut backoff = cfg.min_backoff;
+        let mut pauses = Vec::new();
+        for _ in 0..1000 {
+            let p = jittered(backoff, fastrand::f64());
+            assert!(
+                p >= backoff / 2 && p <= backoff,
+                "{p:?} outside [{backoff:?}/2, {backoff:?}]"
+            );
+            assert!(p <= cfg.max_backoff, "{p:?} over max {:?}", cfg.max_backoff);
+            pauses.push(p);
+            backoff = (backoff * 2).min(cfg.max_backoff);
+        }
+        // At the cap, 1,000 draws are not all the same pause (the point of the jitter), and they
+        // cover most of [max/2, max].
+        let capped = &pauses[10..];
+        let (lo, hi) = (capped.iter().min().unwrap(), capped.iter().max().unwrap());
+        assert!(
+            *lo < cfg.max_backoff * 6 / 10,
+            "smallest capped pause {lo:?}"
+        );
+        assert!(
+            *hi > cfg.max_backoff * 9 / 10,
+            "largest capped pause {hi:?}"
+        );
     }
 }

@@ -195,6 +195,21 @@ impl EtcdCluster {
         self.wait_healthy(i);
     }
 
+    /// Starts every killed member again on its data and ports, all at once (one member alone has
+    /// no quorum), and waits until each is healthy: with [`EtcdCluster::kill`] on every member, a
+    /// whole-cluster restart.
+    pub fn start_stopped(&mut self) {
+        let stopped: Vec<usize> = (0..self.len())
+            .filter(|i| self.members[*i].child.is_none())
+            .collect();
+        for &i in &stopped {
+            self.launch(i);
+        }
+        for &i in &stopped {
+            self.wait_healthy(i);
+        }
+    }
+
     /// `etcdctl` against the members that run (any of them may answer).
     pub fn etcdctl(&self, args: &[&str]) -> Command {
         let eps: Vec<String> = (0..self.len())
@@ -249,6 +264,8 @@ impl Drop for EtcdCluster {
 /// `etcd grpc-proxy start` in front of some endpoints; killed on drop.
 pub struct GrpcProxy {
     child: Child,
+    endpoints: String,
+    netns: Option<String>,
     host: IpAddr,
     port: u16,
     metrics_port: u16,
@@ -268,10 +285,35 @@ impl GrpcProxy {
             .prefix("felixrs-grpc-proxy")
             .tempdir()
             .expect("create proxy temp dir");
-        let port = free_port();
-        let metrics_port = free_port();
-        let log = std::fs::File::create(tmp.path().join("proxy.log")).expect("create proxy log");
-        let child = command_in(netns, &etcd_bin())
+        let (port, metrics_port) = (free_port(), free_port());
+        let child = Self::spawn(endpoints, netns, host, port, metrics_port, tmp.path());
+        let p = GrpcProxy {
+            child,
+            endpoints: endpoints.to_string(),
+            netns: netns.map(String::from),
+            host,
+            port,
+            metrics_port,
+            _tmp: tmp,
+        };
+        p.wait_ready();
+        p
+    }
+
+    fn spawn(
+        endpoints: &str,
+        netns: Option<&str>,
+        host: IpAddr,
+        port: u16,
+        metrics_port: u16,
+        dir: &std::path::Path,
+    ) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("proxy.log"))
+            .expect("create proxy log");
+        command_in(netns, &etcd_bin())
             .args(["grpc-proxy", "start", "--endpoints", endpoints])
             .args(["--listen-addr", &format!("{host}:{port}")])
             .args(["--advertise-client-url", &format!("{host}:{port}")])
@@ -280,24 +322,21 @@ impl GrpcProxy {
                 &format!("http://127.0.0.1:{metrics_port}"),
             ])
             .arg("--data-dir")
-            .arg(tmp.path().join("proxy.data"))
+            .arg(dir.join("proxy.data"))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("clone log fd"))
             .stderr(log)
             .spawn()
-            .expect("start etcd grpc-proxy");
-        let p = GrpcProxy {
-            child,
-            host,
-            port,
-            metrics_port,
-            _tmp: tmp,
-        };
+            .expect("start etcd grpc-proxy")
+    }
+
+    fn wait_ready(&self) {
+        let netns = self.netns.as_deref();
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             let ok = command_in(netns, "etcdctl")
                 .env("ETCDCTL_API", "3")
-                .args(["--endpoints", &p.url(), "--dial-timeout", "1s"])
+                .args(["--endpoints", &self.url(), "--dial-timeout", "1s"])
                 .args(["--command-timeout", "3s", "get", "/felixrs-proxy-probe"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -305,15 +344,37 @@ impl GrpcProxy {
                 .expect("run etcdctl")
                 .success();
             if ok {
-                return p;
+                return;
             }
             assert!(
                 Instant::now() < deadline,
                 "grpc-proxy not answering after {READY_TIMEOUT:?}:\n{}",
-                p.log_tail(30)
+                self.log_tail(30)
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// SIGKILLs the proxy, as a crash or a rolled pod would: every client connection breaks.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the proxy again on the same ports (after [`GrpcProxy::kill`]) and waits until it
+    /// answers.
+    pub fn restart(&mut self) {
+        self.kill();
+        let netns = self.netns.clone();
+        self.child = Self::spawn(
+            &self.endpoints,
+            netns.as_deref(),
+            self.host,
+            self.port,
+            self.metrics_port,
+            self._tmp.path(),
+        );
+        self.wait_ready();
     }
 
     /// The URL clients connect to.
