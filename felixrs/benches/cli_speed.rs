@@ -139,16 +139,26 @@ fn generated_dump() -> String {
     s
 }
 
-fn write_inputs(dir: &Path) -> (PathBuf, PathBuf) {
+/// The dump, and the manifests as JSON documents and as block-style YAML (the same objects).
+fn write_inputs(dir: &Path) -> (PathBuf, [(&'static str, PathBuf); 2]) {
     let dump = dir.join("dump.txt");
     std::fs::write(&dump, generated_dump()).unwrap();
-    let manifests = dir.join("manifests");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gen-render-manifests.py");
-    run(Command::new("python3")
-        .arg(script)
-        .arg(&manifests)
-        .arg(PODS.to_string())
-        .arg(POLICIES.to_string()));
+    let manifests = [
+        ("JSON", dir.join("manifests")),
+        ("YAML", dir.join("manifests-yaml")),
+    ];
+    for (form, path) in &manifests {
+        let mut cmd = Command::new("python3");
+        cmd.arg(&script);
+        if *form == "YAML" {
+            cmd.arg("--yaml");
+        }
+        run(cmd
+            .arg(path)
+            .arg(PODS.to_string())
+            .arg(POLICIES.to_string()));
+    }
     (dump, manifests)
 }
 
@@ -216,6 +226,12 @@ fn main() {
         let rs = iptables::parse::parse_save(&t).unwrap();
         std::hint::black_box(rs.render());
     });
+    let (stream_b, stream_m) = timed(runs, || {
+        let t = std::fs::read_to_string(&dump).unwrap();
+        let mut out = String::with_capacity(t.len() + t.len() / 8 + 64);
+        iptables::parse::roundtrip_save(&t, &mut out).unwrap();
+        std::hint::black_box(out);
+    });
     let mut bins = vec![("felixrs".to_string(), FELIXRS.to_string())];
     if let Ok(b) = std::env::var("FXB_BEFORE") {
         bins.push(("before".to_string(), b));
@@ -235,6 +251,13 @@ fn main() {
         rate(lib_b),
         rate(lib_m)
     );
+    println!(
+        "library: read + roundtrip_save   {} / {}  = {:.2} / {:.2} M rules/s",
+        ms(stream_b),
+        ms(stream_m),
+        rate(stream_b),
+        rate(stream_m)
+    );
     for ((label, _), (pr_b, pr_m)) in bins.iter().zip(procs) {
         println!(
             "{label:<8} iptables roundtrip      {} / {}  = {:.2} / {:.2} M rules/s  ({:.2}x / {:.2}x the library, {:.2}x / {:.2}x library + cat)",
@@ -249,41 +272,43 @@ fn main() {
         );
     }
 
-    println!(
-        "\n## render: {PODS} pods, {POLICIES} policies, 100 namespaces, best / median of {runs}"
-    );
-    let files = manifest_files(&manifests);
-    let (cat_b, cat_m) = timed(runs, || run(Command::new("cat").args(&files)));
     let opts = k8s_convert::ConvertOptions {
         interface_prefix: "cali".to_string(),
     };
-    let (load_b, load_m) = timed(runs, || {
-        let set = k8s_convert::load_manifests(std::slice::from_ref(&manifests), &opts).unwrap();
-        assert!(set.skipped.is_empty(), "{:?}", set.skipped.first());
-        std::hint::black_box(set);
-    });
-    let procs = timed_bins(runs, &bins, |c| {
-        c.args(["render", "--manifests"])
-            .arg(&manifests)
-            .args(["--node-name", "node-0"])
-    });
-    println!(
-        "floor: cat of the manifests      {} / {}",
-        ms(cat_b),
-        ms(cat_m)
-    );
-    println!(
-        "library: load_manifests          {} / {}",
-        ms(load_b),
-        ms(load_m)
-    );
-    for ((label, _), (r_b, r_m)) in bins.iter().zip(procs) {
+    for (form, manifests) in &manifests {
         println!(
-            "{label:<8} render                  {} / {}  ({:.2}x / {:.2}x load_manifests)",
-            ms(r_b),
-            ms(r_m),
-            r_b.as_secs_f64() / load_b.as_secs_f64(),
-            r_m.as_secs_f64() / load_m.as_secs_f64(),
+            "\n## render ({form} manifests): {PODS} pods, {POLICIES} policies, 100 namespaces, best / median of {runs}"
         );
+        let files = manifest_files(manifests);
+        let (cat_b, cat_m) = timed(runs, || run(Command::new("cat").args(&files)));
+        let (load_b, load_m) = timed(runs, || {
+            let set = k8s_convert::load_manifests(std::slice::from_ref(manifests), &opts).unwrap();
+            assert!(set.skipped.is_empty(), "{:?}", set.skipped.first());
+            std::hint::black_box(set);
+        });
+        let procs = timed_bins(runs, &bins, |c| {
+            c.args(["render", "--manifests"])
+                .arg(manifests)
+                .args(["--node-name", "node-0"])
+        });
+        println!(
+            "floor: cat of the manifests      {} / {}",
+            ms(cat_b),
+            ms(cat_m)
+        );
+        println!(
+            "library: load_manifests          {} / {}",
+            ms(load_b),
+            ms(load_m)
+        );
+        for ((label, _), (r_b, r_m)) in bins.iter().zip(procs) {
+            println!(
+                "{label:<8} render                  {} / {}  ({:.2}x / {:.2}x load_manifests)",
+                ms(r_b),
+                ms(r_m),
+                r_b.as_secs_f64() / load_b.as_secs_f64(),
+                r_m.as_secs_f64() / load_m.as_secs_f64(),
+            );
+        }
     }
 }

@@ -72,6 +72,20 @@ fn broken_input_exits_1_with_line_and_column() {
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.starts_with("3:13: old negation syntax"), "{err}");
 
+    // Lines are rendered as they are parsed; an error in a later table still prints nothing.
+    let out = run_stdin(b"*raw\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -j ACCEPT\n");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        out.stdout.is_empty(),
+        "{:?}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.starts_with("6:19: COMMIT expected for table filter started at line 4"),
+        "{err}"
+    );
+
     let out = felixrs()
         .args(["iptables", "roundtrip"])
         .arg(corpus("006-netnet-vsrv-ufw-fail2ban.txt"))

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use iptables::parse::parse_save;
+use iptables::parse::{parse_save, parse_save_lenient, roundtrip_save, roundtrip_save_lenient};
 
 fn corpus_dir() -> PathBuf {
     let dir = felixrs_test_support::iptables_corpus_dir();
@@ -185,4 +185,31 @@ fn kernel_dumps_are_mostly_typed() {
         generic * 10 < total,
         "{generic} of {total} matches in 002 stayed generic"
     );
+}
+
+/// The streaming roundtrip (`felixrs iptables roundtrip`) gives what rendering the parsed model
+/// gives, or the same error, for every file of the corpus, strict and lenient.
+#[test]
+fn streaming_roundtrip_matches_the_model_on_every_corpus_file() {
+    let files: Vec<_> = corpus_files(true)
+        .into_iter()
+        .chain(corpus_files(false))
+        .collect();
+    assert_eq!(files.len(), 92);
+    for (name, text) in &files {
+        let mut out = String::new();
+        let streamed = roundtrip_save(text, &mut out).map(|()| out);
+        assert_eq!(
+            streamed,
+            parse_save(text).map(|rs| rs.render()),
+            "{name} (strict)"
+        );
+        let mut out = String::new();
+        let streamed = roundtrip_save_lenient(text, &mut out).map(|w| (out, w));
+        assert_eq!(
+            streamed,
+            parse_save_lenient(text).map(|(rs, w)| (rs.render(), w)),
+            "{name} (lenient)"
+        );
+    }
 }

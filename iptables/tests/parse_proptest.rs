@@ -5,7 +5,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use iptables::model::*;
-use iptables::parse::parse_save;
+use iptables::parse::{parse_save, parse_save_lenient, roundtrip_save, roundtrip_save_lenient};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -324,4 +324,55 @@ proptest! {
         // Jumps to undeclared chains come back as generic targets with the same text.
         prop_assert_eq!(back.render(), line);
     }
+
+    /// The streaming roundtrip equals render∘parse, errors included, on soups of good and bad lines.
+    #[test]
+    fn streaming_roundtrip_is_render_of_parse(
+        rs in a_ruleset(),
+        junk in vec((any::<prop::sample::Index>(), select(JUNK_LINES)), 0..4),
+        final_newline in any::<bool>(),
+    ) {
+        let mut lines: Vec<String> = rs.render().split('\n').map(str::to_string).collect();
+        for (at, line) in junk {
+            let i = at.index(lines.len() + 1);
+            lines.insert(i, line.to_string());
+        }
+        let mut text = lines.join("\n");
+        if !final_newline && text.ends_with('\n') {
+            text.pop();
+        }
+        let mut out = String::new();
+        let streamed = roundtrip_save(&text, &mut out).map(|()| out);
+        prop_assert_eq!(streamed, parse_save(&text).map(|rs| rs.render()), "{:?}", text);
+        let mut out = String::new();
+        let streamed = roundtrip_save_lenient(&text, &mut out).map(|w| (out, w));
+        prop_assert_eq!(
+            streamed,
+            parse_save_lenient(&text).map(|(rs, w)| (rs.render(), w)),
+            "{:?}", text
+        );
+    }
 }
+
+/// Lines inserted anywhere into a rendered ruleset: structure, rules good and bad, quotes left open.
+const JUNK_LINES: &[&str] = &[
+    "",
+    "# a comment",
+    "*filter",
+    "*nat",
+    "COMMIT",
+    ":INPUT ACCEPT [0:0]",
+    ":cali-x - [0:0]",
+    ":bad POLICY",
+    "-A INPUT -j ACCEPT",
+    "-A INPUT -j cali-x",
+    "-I INPUT 2 -p tcp --dport 22 -j DROP",
+    "[1:2] -A INPUT -s 10.0.0.0/8 -j RETURN",
+    "-A INPUT -m comment --comment \"open",
+    "quote\" -j ACCEPT",
+    "-A INPUT -m tcp --bogus 1 -j ACCEPT",
+    "-N chain",
+    "   ",
+    "-A INPUT -d ! 10.0.0.1 -j DROP",
+    "-A INPUT\r",
+];

@@ -138,10 +138,12 @@ fn split_documents(text: &str) -> Vec<&str> {
 }
 
 /// One document as a JSON value. A document that is JSON (what `kubectl get -o json` and generators
-/// write) is read by the JSON parser, several times faster than the YAML one; any other document,
-/// and any JSON the JSON parser refuses (a duplicate key included), goes to the YAML parser as
-/// before, so what is accepted and the error a bad document gets do not depend on the fast path.
-/// An empty document is `Null`.
+/// write) is read by the JSON parser, several times faster than the YAML one; any other document is
+/// read by the YAML parser straight into the JSON value. Whatever either fast path refuses (a
+/// duplicate key, a tag, a key that is not a string, an error) goes to the YAML parser's
+/// `serde_yaml::Value` tree and its conversion as before, so what is accepted, the value it
+/// becomes and the error a bad document gets do not depend on the fast paths. An empty document is
+/// `Null`.
 fn decode_document(doc: &str) -> Result<Value, SkipReport> {
     let unknown = ObjectRef::new("", None, "");
     let trimmed = doc.trim_start();
@@ -152,6 +154,10 @@ fn decode_document(doc: &str) -> Result<Value, SkipReport> {
         {
             return Ok(v);
         }
+    } else if let Ok(v) =
+        serde::de::DeserializeSeed::deserialize(StrictJson, serde_yaml::Deserializer::from_str(doc))
+    {
+        return Ok(v);
     }
     match serde_yaml::from_str::<serde_yaml::Value>(doc) {
         Ok(serde_yaml::Value::Null) => Ok(Value::Null),
@@ -162,8 +168,34 @@ fn decode_document(doc: &str) -> Result<Value, SkipReport> {
 }
 
 /// A JSON value with every object's keys unique, as the YAML reader demands (serde_json's own
-/// `Value` keeps the last of duplicate keys silently).
+/// `Value` keeps the last of duplicate keys silently). From YAML it takes only what the
+/// `serde_yaml::Value` path turns into the same JSON value: plain data with string keys; a tagged
+/// value (`visit_enum`) or a key that is a number, bool, null or collection is an error, which
+/// sends the document to that path.
 struct StrictJson;
+
+/// A map key that is a string scalar (not one that only converts to a string).
+struct StrKey;
+
+impl<'de> serde::de::DeserializeSeed<'de> for StrKey {
+    type Value = String;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<String, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl serde::de::Visitor<'_> for StrKey {
+    type Value = String;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a string key")
+    }
+    fn visit_str<E>(self, v: &str) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+    fn visit_string<E>(self, v: String) -> Result<String, E> {
+        Ok(v)
+    }
+}
 
 impl<'de> serde::de::DeserializeSeed<'de> for StrictJson {
     type Value = Value;
@@ -207,12 +239,18 @@ impl<'de> serde::de::Visitor<'de> for StrictJson {
     }
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut out = serde_json::Map::new();
-        while let Some(k) = map.next_key::<String>()? {
-            if out.contains_key(&k) {
-                return Err(serde::de::Error::custom(format!("duplicate key {k}")));
+        while let Some(k) = map.next_key_seed(StrKey)? {
+            match out.entry(k) {
+                serde_json::map::Entry::Occupied(e) => {
+                    return Err(serde::de::Error::custom(format!(
+                        "duplicate key {}",
+                        e.key()
+                    )));
+                }
+                serde_json::map::Entry::Vacant(e) => {
+                    e.insert(map.next_value_seed(StrictJson)?);
+                }
             }
-            let v = map.next_value_seed(StrictJson)?;
-            out.insert(k, v);
         }
         Ok(Value::Object(out))
     }
@@ -397,5 +435,63 @@ mod tests {
         let doc = "{\"a\": 1}\nb: 2";
         assert!(decode_document(doc).is_err());
         assert_eq!(decode_document("\n# nothing\n").unwrap(), Value::Null);
+    }
+
+    /// YAML read straight into the JSON value gives what the `serde_yaml::Value` tree and its
+    /// conversion give; what only that path takes (tags, non-string keys) still goes there, and
+    /// what it refuses is refused with its error.
+    #[test]
+    fn yaml_documents_decode_as_the_value_tree_does() {
+        let tree = |d: &str| match serde_yaml::from_str::<serde_yaml::Value>(d) {
+            Ok(v) => serde_json::to_value(v).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        for doc in [
+            "kind: Pod\nmetadata:\n  name: a\n  labels: {app: x, 'n': \"1\"}\nspec:\n  ports: [80, -1, 1.5, .inf, 0x10, 18446744073709551615]\n",
+            "a: ~\nb: null\nc: true\nd: yes\ne: [!!str 12, !!int \"7\"]\nf: |\n  two\n  lines\n",
+            "base: &b {x: 1}\nuse: *b\nmerged:\n  <<: *b\n  y: 2\n",
+            "1: a\ntrue: b\n0x10: c\n",
+            "tagged: !Custom {a: 1}\n",
+            "- a\n- {b: [c]}\n",
+            "plain scalar\n",
+            "",
+        ] {
+            let want = tree(doc).expect(doc);
+            let got = decode_document(doc).unwrap_or_else(|e| panic!("{doc}: {e}"));
+            assert_eq!(got, want, "{doc}");
+        }
+        // Which documents the direct read takes (the rest go to the tree).
+        let direct = |d: &str| {
+            serde::de::DeserializeSeed::deserialize(
+                StrictJson,
+                serde_yaml::Deserializer::from_str(d),
+            )
+            .is_ok()
+        };
+        assert!(direct(
+            "kind: Pod\nmetadata: {name: a}\nspec:\n  ports: [80, 1.5]\n"
+        ));
+        assert!(direct("base: &b {x: 1}\nmerged:\n  <<: *b\n"));
+        for doc in [
+            "1: a\n",
+            "true: b\n",
+            "tagged: !Custom {a: 1}\n",
+            "a: 1\na: 2\n",
+        ] {
+            assert!(!direct(doc), "{doc}");
+        }
+        // Refused as before, with the YAML reader's message.
+        for (doc, part) in [
+            ("a: 1\na: 2\n", "duplicate entry"),
+            ("a: [1\n", "invalid YAML"),
+            ("? [a]\n: b\n", "not representable as JSON"),
+            ("a: *nope\n", "unknown anchor"),
+        ] {
+            let e = decode_document(doc).unwrap_err().to_string();
+            assert!(e.contains(part), "{doc}: {e}");
+            if let Err(want) = tree(doc) {
+                assert!(e.contains(&want), "{doc}: {e} vs {want}");
+            }
+        }
     }
 }

@@ -62,25 +62,21 @@ fn roundtrip(file: Option<PathBuf>, lenient: bool) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Kernel output comes back as it was: its length is the capacity the text needs. Each line is
+    // rendered as soon as it is parsed (the model of a 90k-rule dump is never held whole); the
+    // text is written only once all of it parsed, so an error prints no partial output.
+    let mut rendered = String::with_capacity(text.len() + text.len() / 8 + 64);
     let parsed = if lenient {
-        iptables::parse::parse_save_lenient(&text).map(|(rs, warnings)| {
+        iptables::parse::roundtrip_save_lenient(&text, &mut rendered).map(|warnings| {
             for w in warnings {
                 eprintln!("warning: {w}");
             }
-            rs
         })
     } else {
-        iptables::parse::parse_save(&text)
+        iptables::parse::roundtrip_save(&text, &mut rendered)
     };
     match parsed {
-        Ok(rs) => {
-            // Kernel output comes back as it was: its length is the capacity the text needs.
-            let mut rendered = String::with_capacity(text.len() + text.len() / 8 + 64);
-            rs.render_into(&mut rendered);
-            // The process ends right after the write: freeing the model one allocation at a time
-            // (a 90k-rule dump is about a million of them) would cost more than the render; the
-            // kernel reclaims it all at exit.
-            std::mem::forget(rs);
+        Ok(()) => {
             let mut out = std::io::stdout().lock();
             if let Err(e) = out
                 .write_all(rendered.as_bytes())

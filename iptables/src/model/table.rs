@@ -148,6 +148,31 @@ pub enum TableLine {
     Opaque(OpaqueRule),
 }
 
+impl TableLine {
+    /// The line's text, without its `\n`.
+    pub fn render_into(&self, out: &mut String) {
+        match self {
+            Self::Chain(c) => c.render_into(out),
+            Self::Rule(r) => r.render_into(out),
+            Self::Insert { position, rule } => {
+                if let Some(c) = rule.counters {
+                    out.push_str(&c.to_string());
+                    out.push(' ');
+                }
+                out.push_str("-I ");
+                out.push_str(rule.chain.as_str());
+                if let Some(p) = position {
+                    out.push_str(&format!(" {p}"));
+                }
+                rule.render_spec_into(out);
+            }
+            Self::Comment(c) => out.push_str(c.as_str()),
+            Self::Opaque(o) => out.push_str(o.as_str()),
+            Self::Blank => {}
+        }
+    }
+}
+
 /// `*name` … `COMMIT`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Table {
@@ -212,25 +237,7 @@ impl Table {
         out.push_str(self.name.as_str());
         out.push('\n');
         for line in &self.lines {
-            match line {
-                TableLine::Chain(c) => c.render_into(out),
-                TableLine::Rule(r) => r.render_into(out),
-                TableLine::Insert { position, rule } => {
-                    if let Some(c) = rule.counters {
-                        out.push_str(&c.to_string());
-                        out.push(' ');
-                    }
-                    out.push_str("-I ");
-                    out.push_str(rule.chain.as_str());
-                    if let Some(p) = position {
-                        out.push_str(&format!(" {p}"));
-                    }
-                    rule.render_spec_into(out);
-                }
-                TableLine::Comment(c) => out.push_str(c.as_str()),
-                TableLine::Opaque(o) => out.push_str(o.as_str()),
-                TableLine::Blank => {}
-            }
+            line.render_into(out);
             out.push('\n');
         }
         out.push_str("COMMIT\n");

@@ -96,7 +96,9 @@ impl Cursor<'_> {
 
 /// Parses a whole save file.
 pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
-    parse(text, None)
+    let mut b = Builder::new(text);
+    parse(text, None, &mut b)?;
+    Ok(b.rs)
 }
 
 /// Parses the kernel's own output, never failing on a rule line: a rule the typed parser cannot
@@ -106,25 +108,138 @@ pub fn parse_save(text: &str) -> Result<Ruleset, ParseError> {
 /// (tables, chain lines, `COMMIT`, CR/NUL bytes) can still fail.
 pub fn parse_save_lenient(text: &str) -> Result<(Ruleset, Vec<ParseError>), ParseError> {
     let mut warnings = Vec::new();
-    let rs = parse(text, Some(&mut warnings))?;
-    for w in &warnings {
+    let mut b = Builder::new(text);
+    parse(text, Some(&mut warnings), &mut b)?;
+    warn_opaque(&warnings);
+    Ok((b.rs, warnings))
+}
+
+/// `parse_save(text)?.render()` appended to `out`, without holding the model: each line is
+/// rendered as soon as it is parsed and dropped, so a 90k-rule dump never has its ~1M allocations
+/// alive at once. The same parser and the same errors as [`parse_save`]; on an error `out` holds a
+/// prefix of the rendering (callers that must not print partial output write `out` only on `Ok`).
+/// The text is the same as rendering the parsed [`Ruleset`]: jump resolution at `COMMIT` changes
+/// the type of a target, never its text (`-j NAME` either way).
+pub fn roundtrip_save(text: &str, out: &mut String) -> Result<(), ParseError> {
+    let mut r = Renderer { out };
+    parse(text, None, &mut r)?;
+    r.finish(text);
+    Ok(())
+}
+
+/// [`roundtrip_save`] with the leniency of [`parse_save_lenient`]; returns its warnings.
+pub fn roundtrip_save_lenient(text: &str, out: &mut String) -> Result<Vec<ParseError>, ParseError> {
+    let mut warnings = Vec::new();
+    let mut r = Renderer { out };
+    parse(text, Some(&mut warnings), &mut r)?;
+    r.finish(text);
+    warn_opaque(&warnings);
+    Ok(warnings)
+}
+
+fn warn_opaque(warnings: &[ParseError]) {
+    for w in warnings {
         tracing::warn!(warning = %w, "iptables-save line kept verbatim (opaque rule)");
     }
-    Ok((rs, warnings))
+}
+
+/// Where the parser puts what it has read, in file order: [`Builder`] makes the [`Ruleset`],
+/// [`Renderer`] renders each line and drops it.
+trait Sink {
+    /// A comment or blank line outside any table.
+    fn item(&mut self, item: Item);
+    /// `*name`; `section` is the text from that line to the table's `COMMIT` (a size hint).
+    fn table(&mut self, name: TableName, section: &str);
+    fn line(&mut self, line: TableLine);
+    fn commit(&mut self);
+}
+
+struct Builder {
+    rs: Ruleset,
+    table: Option<Table>,
+}
+
+impl Builder {
+    fn new(text: &str) -> Self {
+        Self {
+            rs: Ruleset {
+                items: Vec::new(),
+                missing_final_newline: !text.is_empty() && !text.ends_with('\n'),
+            },
+            table: None,
+        }
+    }
+}
+
+impl Sink for Builder {
+    fn item(&mut self, item: Item) {
+        self.rs.items.push(item);
+    }
+    fn table(&mut self, name: TableName, section: &str) {
+        // Size the table's line vector once: growing a 100k-rule vector by doubling copies it.
+        let mut t = Table::new(name);
+        t.lines.reserve_exact(count_newlines(section.as_bytes()));
+        self.table = Some(t);
+    }
+    fn line(&mut self, line: TableLine) {
+        if let Some(t) = &mut self.table {
+            t.lines.push(line);
+        }
+    }
+    fn commit(&mut self) {
+        if let Some(t) = self.table.take() {
+            self.rs.items.push(Item::Table(resolve_jumps(t)));
+        }
+    }
+}
+
+/// Renders as [`Ruleset::render_into`] and [`Table::render_into`] do, one line at a time.
+struct Renderer<'o> {
+    out: &'o mut String,
+}
+
+impl Renderer<'_> {
+    fn finish(&mut self, text: &str) {
+        if !text.is_empty() && !text.ends_with('\n') && self.out.ends_with('\n') {
+            self.out.pop();
+        }
+    }
+}
+
+impl Sink for Renderer<'_> {
+    fn item(&mut self, item: Item) {
+        if let Item::Comment(c) = &item {
+            self.out.push_str(c.as_str());
+        }
+        self.out.push('\n');
+    }
+    fn table(&mut self, name: TableName, _section: &str) {
+        self.out.push('*');
+        self.out.push_str(name.as_str());
+        self.out.push('\n');
+    }
+    fn line(&mut self, line: TableLine) {
+        line.render_into(self.out);
+        self.out.push('\n');
+    }
+    fn commit(&mut self) {
+        self.out.push_str("COMMIT\n");
+    }
 }
 
 /// Lines a quoted string may span in lenient mode.
 const MAX_CONTINUATION_LINES: usize = 16;
 
-fn parse(text: &str, mut lenient: Option<&mut Vec<ParseError>>) -> Result<Ruleset, ParseError> {
-    let mut rs = Ruleset {
-        items: Vec::new(),
-        missing_final_newline: !text.is_empty() && !text.ends_with('\n'),
-    };
+fn parse(
+    text: &str,
+    mut lenient: Option<&mut Vec<ParseError>>,
+    sink: &mut impl Sink,
+) -> Result<(), ParseError> {
     let body = text.strip_suffix('\n').unwrap_or(text);
-    let mut table: Option<(Table, usize)> = None;
+    // The open table's name and first line.
+    let mut table: Option<(TableName, usize)> = None;
     if text.is_empty() {
-        return Ok(rs);
+        return Ok(());
     }
     let has_cr_or_nul = has_cr_or_nul(body.as_bytes());
     let mut state = RuleState::default();
@@ -144,17 +259,17 @@ fn parse(text: &str, mut lenient: Option<&mut Vec<ParseError>>) -> Result<Rulese
             return Err(cur.err(off, what));
         }
         if line.is_empty() {
-            match &mut table {
-                Some((t, _)) => t.lines.push(TableLine::Blank),
-                None => rs.items.push(Item::Blank),
+            match &table {
+                Some(_) => sink.line(TableLine::Blank),
+                None => sink.item(Item::Blank),
             }
             continue;
         }
         if line.starts_with('#') {
             let c = CommentLine::new(line).map_err(|e| cur.err(0, e.to_string()))?;
-            match &mut table {
-                Some((t, _)) => t.lines.push(TableLine::Comment(c)),
-                None => rs.items.push(Item::Comment(c)),
+            match &table {
+                Some(_) => sink.line(TableLine::Comment(c)),
+                None => sink.item(Item::Comment(c)),
             }
             continue;
         }
@@ -166,45 +281,40 @@ fn parse(text: &str, mut lenient: Option<&mut Vec<ParseError>>) -> Result<Rulese
         }
         if let Some(name) = line.strip_prefix('*') {
             if let Some((t, _)) = &table {
-                return Err(cur.err(
-                    0,
-                    format!("table {} is not committed (COMMIT expected)", t.name),
-                ));
+                return Err(cur.err(0, format!("table {t} is not committed (COMMIT expected)")));
             }
             let name: TableName = name
                 .parse()
                 .map_err(|e: crate::model::ModelError| cur.err(1, e.to_string()))?;
-            // Size the table's line vector once: growing a 100k-rule vector by doubling copies it.
             let start = line.as_ptr() as usize - body.as_ptr() as usize;
             let section = &body[start..];
             let section = section
                 .find("\nCOMMIT")
                 .map_or(section, |end| &section[..end]);
-            let mut t = Table::new(name);
-            t.lines.reserve_exact(count_newlines(section.as_bytes()));
-            table = Some((t, idx + 1));
+            sink.table(name, section);
+            table = Some((name, idx + 1));
             continue;
         }
         if line == "COMMIT" {
-            let Some((t, _)) = table.take() else {
+            if table.take().is_none() {
                 return Err(cur.err(0, "COMMIT outside a table"));
-            };
-            rs.items.push(Item::Table(resolve_jumps(t)));
+            }
+            sink.commit();
             continue;
         }
-        let Some((t, _)) = &mut table else {
+        if table.is_none() {
             return Err(cur.err(
                 0,
                 "line outside a table (expected *filter, *nat, *mangle, *raw or *security)",
             ));
-        };
+        }
         if line.starts_with(':') {
-            t.lines.push(TableLine::Chain(chain_line(&cur)?));
+            sink.line(TableLine::Chain(chain_line(&cur)?));
             continue;
         }
         let err = match rule_line(&cur, &mut state, &mut toks) {
             Ok(l) => {
-                t.lines.push(l);
+                sink.line(l);
                 continue;
             }
             Err(e) => e,
@@ -237,21 +347,18 @@ fn parse(text: &str, mut lenient: Option<&mut Vec<ParseError>>) -> Result<Rulese
             message: format!("kept verbatim{lines_note}: {}", err.message),
             ..err
         });
-        t.lines.push(TableLine::Opaque(OpaqueRule::new(raw)));
+        sink.line(TableLine::Opaque(OpaqueRule::new(raw)));
     }
-    if let Some((t, start)) = table {
+    if let Some((name, start)) = table {
         let last = body.split('\n').count();
         let last_line = body.rsplit('\n').next().unwrap_or("");
         return Err(ParseError {
             line: last,
             column: last_line.chars().count() + 1,
-            message: format!(
-                "COMMIT expected for table {} started at line {start}",
-                t.name
-            ),
+            message: format!("COMMIT expected for table {name} started at line {start}"),
         });
     }
-    Ok(rs)
+    Ok(())
 }
 
 /// Mask of the high bit of every byte of `x` that is zero (exact, no false positives).
