@@ -23,7 +23,7 @@ mod node_load;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use felixrs_test_support::etcd::Etcd;
 use felixrs_test_support::http;
@@ -150,6 +150,27 @@ fn applied_lines(log: &str) -> Vec<(u8, FamilyPayloads)> {
     out
 }
 
+/// Seconds since midnight UTC (the agent's log timestamps' clock).
+fn utc_secs_of_day(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH).unwrap().as_secs_f64() % 86_400.0
+}
+
+/// The apply loop's `applying revision=R` debug lines: (seconds since midnight UTC, R).
+fn applying_lines(log: &str) -> Vec<(f64, i64)> {
+    strip_ansi(log)
+        .lines()
+        .filter_map(|line| {
+            let (_, rev) = line.split_once(" applying revision=")?;
+            let rev = rev.split(' ').next()?.parse().ok()?;
+            // `2026-11-27T06:28:36.123456Z DEBUG …`
+            let time = line.split_once('T')?.1.split('Z').next()?;
+            let mut hms = time.split(':').map(|x| x.parse::<f64>().unwrap());
+            let secs = hms.next()? * 3600.0 + hms.next()? * 60.0 + hms.next()?;
+            Some((secs, rev))
+        })
+        .collect()
+}
+
 /// `felixrs_<name>`'s `_count` and `_sum` in `/metrics`.
 fn histogram(agent: &Agent, name: &str) -> (f64, f64) {
     let (_, metrics) = agent.get("/metrics").unwrap();
@@ -182,7 +203,10 @@ fn main() {
         ns.name(),
         &etcd.client_url(),
         &state_dir,
-        &["--log", "info,felixrs::agent::kernel=debug"],
+        &[
+            "--log",
+            "info,felixrs::agent::kernel=debug,felixrs::agent::apply_loop=debug",
+        ],
     );
     agent.wait_applied(rev);
     // Idle, then the kernel the churn starts from.
@@ -224,7 +248,7 @@ fn main() {
     // The churn: pod `ENDPOINTS + k` added at k/rate, pod `k` deleted half a period later.
     let n = (secs * rate) as usize;
     let url = etcd.admin_url();
-    let adds: Vec<(Instant, i64)> = in_netns(ns.name(), move || {
+    let adds: Vec<(Instant, f64, i64)> = in_netns(ns.name(), move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -237,16 +261,16 @@ fn main() {
             for k in 0..n {
                 tokio::time::sleep_until(start + period * k as u32).await;
                 let (key, value) = wep(ENDPOINTS + k);
-                let t = Instant::now();
+                let (t, wall) = (Instant::now(), utc_secs_of_day(SystemTime::now()));
                 let r = c.put(key, value, None).await.unwrap();
-                adds.push((t, r.header().unwrap().revision()));
+                adds.push((t, wall, r.header().unwrap().revision()));
                 tokio::time::sleep_until(start + period * k as u32 + period / 2).await;
                 c.delete(wep(k).0, None).await.unwrap();
             }
             adds
         })
     });
-    let last_rev = adds.last().unwrap().1 + 1;
+    let last_rev = adds.last().unwrap().2 + 1;
     agent.wait_applied(last_rev);
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
@@ -255,19 +279,28 @@ fn main() {
     let (apply1, apply_sum1) = histogram(&agent, "apply_seconds");
     let status = agent.status();
 
-    let mut lat: Vec<f64> = adds
-        .iter()
-        .map(|(t, rev)| {
-            let (at, _) = seen
-                .iter()
-                .find(|(_, r)| r >= rev)
-                .expect("every add was seen applied");
-            at.duration_since(*t).as_secs_f64() * 1000.0
-        })
-        .collect();
+    // Each add's latency, split at the start of the apply that covered it (the agent's
+    // `applying` debug line): the wait for the apply before it, and its own apply to `/status`.
+    let log = agent.log();
+    let starts = applying_lines(&log[log_start..]);
+    let (mut lat, mut waits, mut own) = (Vec::new(), Vec::new(), Vec::new());
+    for (t, wall, rev) in &adds {
+        let (at, _) = seen
+            .iter()
+            .find(|(_, r)| r >= rev)
+            .expect("every add was seen applied");
+        let ms = at.duration_since(*t).as_secs_f64() * 1000.0;
+        let (start, _) = starts
+            .iter()
+            .find(|(_, r)| r >= rev)
+            .expect("every add was applied");
+        let wait = ((start - wall) * 1000.0).clamp(0.0, ms);
+        lat.push(ms);
+        waits.push(wait);
+        own.push(ms - wait);
+    }
 
     // The applies of the churn, paired by family (v4 then v6 per apply).
-    let log = agent.log();
     let lines = applied_lines(&log[log_start..]);
     let mut applies: Vec<[FamilyPayloads; 2]> = Vec::new();
     let mut it = lines.into_iter();
@@ -330,6 +363,11 @@ fn main() {
         2.0 * n as f64 / applies_n
     );
     println!("pod add -> programmed (put -> /status)  p50 {p50:.1} ms  p99 {p99:.1} ms");
+    let (w50, w99) = (pct(&mut waits, 0.5), pct(&mut waits, 0.99));
+    let (o50, o99) = (pct(&mut own, 0.5), pct(&mut own, 0.99));
+    println!(
+        "  of which waiting for the apply before it: p50 {w50:.1} ms  p99 {w99:.1} ms; its own apply start -> /status: p50 {o50:.1} ms  p99 {o99:.1} ms"
+    );
     println!(
         "felixrs_endpoint_programming_seconds: {programmed} observations, mean {:.1} ms",
         (prog_sum1 - prog_sum0) / programmed * 1000.0
@@ -338,9 +376,11 @@ fn main() {
         "floor: bare replay of each apply's payloads  p50 {f50:.1} ms  p99 {f99:.1} ms  mean {floor_mean:.1} ms"
     );
     println!(
-        "ratio pod add / floor: p50 {:.2}x  p99 {:.2}x; agent apply mean / floor mean {:.2}x",
+        "ratio pod add / floor: p50 {:.2}x  p99 {:.2}x; own apply / floor: p50 {:.2}x  p99 {:.2}x; agent apply mean / floor mean {:.2}x",
         p50 / f50,
         p99 / f99,
+        o50 / f50,
+        o99 / f99,
         apply_mean / floor_mean
     );
 }
