@@ -13,125 +13,23 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::io::Write;
-use std::process::Stdio;
+#[path = "node_load/mod.rs"]
+mod node_load;
+
 use std::time::{Duration, Instant};
 
 use felixrs_test_support::etcd::Etcd;
 use felixrs_test_support::http;
 use felixrs_test_support::netns::{Netns, in_netns};
-use serde_json::json;
-use support::{Agent, PREFIX};
+use node_load::{ENDPOINTS, POLICIES, combos, pct, policy, put_all, restore};
+use support::Agent;
 
-const ENDPOINTS: usize = 250;
-const POLICIES: usize = 2000;
 const CHANGES: usize = 200;
-
-/// Distinct `app` labels, so distinct policy combinations on the node: 50, or
-/// `AGENT_BENCH_COMBOS` (a divisor of 50, e.g. 25: issue 13's node). Namespaces: a fifth of it
-/// (policies select within their namespace, so every combination stays in one).
-fn combos() -> usize {
-    std::env::var("AGENT_BENCH_COMBOS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(50)
-}
-
-fn namespaces() -> usize {
-    combos() / 5
-}
-
-fn wep(i: usize) -> (String, String) {
-    let ns = format!("ns{}", i % namespaces());
-    let name = format!("node--1-k8s-pod{i}-eth0");
-    let v = json!({"apiVersion":"projectcalico.org/v3","kind":"WorkloadEndpoint",
-        "metadata":{"name":name,"namespace":ns,
-            "labels":{"app":format!("app{}", i % combos()),"projectcalico.org/namespace":ns,
-                      "projectcalico.org/orchestrator":"k8s"}},
-        "spec":{"orchestrator":"k8s","node":"node-1","pod":format!("pod{i}"),"endpoint":"eth0",
-            "interfaceName":format!("cali{i:011x}"),
-            "ipNetworks":[format!("10.80.{}.{}/32", i / 200, i % 200 + 1)],
-            "profiles":[format!("kns.{ns}")]}});
-    (
-        format!("{PREFIX}workloadendpoints/{ns}/{name}"),
-        v.to_string(),
-    )
-}
-
-fn policy(i: usize, port: u16) -> (String, String) {
-    let ns = format!("ns{}", i % namespaces());
-    let v = json!({"apiVersion":"projectcalico.org/v3","kind":"NetworkPolicy",
-        "metadata":{"name":format!("p{i}"),"namespace":ns},
-        "spec":{"tier":"default","order":1000,"selector":format!("app == 'app{}'", i % combos()),
-            "types":["Ingress"],
-            "ingress":[{"action":"Allow","protocol":"TCP",
-                "source":{"selector":format!("app == 'app{}'", (i + 1) % combos())},
-                "destination":{"ports":[port]}}]}});
-    (format!("{PREFIX}networkpolicies/{ns}/p{i}"), v.to_string())
-}
-
-/// Puts through etcd-client from a thread inside the netns; returns each put's revision.
-fn put_all(ns: &str, url: &str, kvs: Vec<(String, String)>) -> Vec<i64> {
-    let url = url.to_string();
-    in_netns(ns, move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let mut c = etcd_client::Client::connect([url], None).await.unwrap();
-            let mut revs = Vec::new();
-            for (k, v) in kvs {
-                let r = c.put(k, v, None).await.unwrap();
-                revs.push(r.header().unwrap().revision());
-            }
-            revs
-        })
-    })
-}
-
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
-fn restore(ns: &Netns, prog: &str, payload: &str) -> Duration {
-    let t = Instant::now();
-    let mut c = ns
-        .command(prog)
-        .args(["--noflush", "--wait", "10"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    c.stdin
-        .take()
-        .unwrap()
-        .write_all(payload.as_bytes())
-        .unwrap();
-    assert!(c.wait().unwrap().success(), "{prog} failed on:\n{payload}");
-    t.elapsed()
-}
 
 fn main() {
     let ns = Netns::new();
     let mut etcd = Etcd::start_in(ns.name());
-    let mut seed = vec![(
-        format!("{PREFIX}tiers/default"),
-        json!({"apiVersion":"projectcalico.org/v3","kind":"Tier","metadata":{"name":"default"},
-               "spec":{"order":1000000}})
-        .to_string(),
-    )];
-    for n in 0..namespaces() {
-        seed.push((
-            format!("{PREFIX}profiles/kns.ns{n}"),
-            json!({"apiVersion":"projectcalico.org/v3","kind":"Profile",
-                   "metadata":{"name":format!("kns.ns{n}")},
-                   "spec":{"ingress":[{"action":"Allow"}],"egress":[{"action":"Allow"}]}})
-            .to_string(),
-        ));
-    }
-    seed.extend((0..ENDPOINTS).map(wep));
-    seed.extend((0..POLICIES).map(|i| policy(i, 8000)));
+    let seed = node_load::seed();
     let t = Instant::now();
     let rev = *put_all(ns.name(), &etcd.admin_url(), seed).last().unwrap();
     eprintln!("seeded in {:?}", t.elapsed());

@@ -449,3 +449,68 @@ fn trace_checks_the_kernel_it_runs_on() {
         "{text}"
     );
 }
+
+/// `felixrs_endpoint_programming_seconds`: `(count, sum)` from `/metrics`.
+fn endpoint_programming(agent: &Agent) -> (u64, f64) {
+    let (_, metrics) = agent.get("/metrics").unwrap();
+    let value = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("{name} in:\n{metrics}"))
+            .parse::<f64>()
+            .unwrap()
+    };
+    (
+        value("felixrs_endpoint_programming_seconds_count") as u64,
+        value("felixrs_endpoint_programming_seconds_sum"),
+    )
+}
+
+/// One new local endpoint is one observation of its programming time, no longer than the test's
+/// own put → `applied_revision` wait; a change that is not an endpoint's adds none.
+#[test]
+fn one_new_endpoint_is_one_programming_observation() {
+    let ns = Netns::new();
+    let etcd = Etcd::start_in(ns.name());
+    put_default_tier(&etcd);
+    let rev = put_json(
+        &etcd,
+        "profiles/kns.ns1",
+        json!({"apiVersion":"projectcalico.org/v3","kind":"Profile",
+               "metadata":{"name":"kns.ns1"},
+               "spec":{"ingress":[{"action":"Allow"}],"egress":[{"action":"Allow"}]}}),
+    );
+    let (_state, state_dir) = support::state_dir();
+    let agent = Agent::start(ns.name(), &etcd.client_url(), &state_dir);
+    agent.wait_applied(rev);
+    assert_eq!(endpoint_programming(&agent), (0, 0.0));
+
+    let t = std::time::Instant::now();
+    let rev = put_web_endpoint(&etcd, IFACE, &["kns.ns1"]);
+    agent.wait_applied(rev);
+    let bound = t.elapsed().as_secs_f64();
+    let (count, sum) = endpoint_programming(&agent);
+    assert_eq!(count, 1);
+    assert!(
+        sum > 0.0 && sum <= bound,
+        "observed {sum} s, put to applied {bound} s"
+    );
+    assert!(
+        save(&ns).contains(&format!(":cali-tw-{IFACE}")),
+        "{}",
+        save(&ns)
+    );
+
+    // A policy that selects no endpoint programs no endpoint.
+    let rev = put_json(
+        &etcd,
+        "networkpolicies/ns1/none",
+        json!({"apiVersion":"projectcalico.org/v3","kind":"NetworkPolicy",
+               "metadata":{"name":"none","namespace":"ns1"},
+               "spec":{"tier":"default","order":1000,"selector":"app == 'nothing'",
+                       "types":["Ingress"],"ingress":[{"action":"Allow"}]}}),
+    );
+    agent.wait_applied(rev);
+    assert_eq!(endpoint_programming(&agent), (1, sum));
+}

@@ -6,6 +6,11 @@
 //!
 //! Run: `cargo bench -p iptables --bench render`
 //!
+//! Pod churn (issue 26): at 250 and 1,000 local endpoints, 200 pods added and 200 deleted (the
+//! oldest), each with its address joining / leaving two selector IP sets; the renderer's cost per
+//! add and per delete, and the dispatch tree's share: `DispatchTree::update` against the tree
+//! rendered from scratch (`dispatch_chains`) for the same names.
+//!
 //! `RENDER_BENCH_ONLY=full|change|endpoint` runs one full render, takes its deltas, and then only
 //! that scenario (`full`: none), printing nothing: for instruction counts (`valgrind
 //! --tool=cachegrind --cache-sim=no`), where a scenario's cost is its run's count minus `full`'s.
@@ -128,6 +133,11 @@ fn endpoint(e: usize) -> LocalEndpoint {
 }
 
 fn inputs() -> Vec<Output> {
+    inputs_with(ENDPOINTS)
+}
+
+/// The scenario's outputs with `endpoints` local endpoints.
+fn inputs_with(endpoints: usize) -> Vec<Output> {
     let mut out = Vec::new();
     for s in 0..SETS {
         let members = (0..20)
@@ -159,7 +169,7 @@ fn inputs() -> Vec<Output> {
             outbound_rules: vec![],
         }));
     }
-    for e in 0..ENDPOINTS {
+    for e in 0..endpoints {
         out.push(Output::EndpointUpdated(endpoint(e)));
     }
     out.push(Output::InSync);
@@ -311,6 +321,107 @@ fn main() {
     let (time, chains) = new_endpoints(&mut r);
     println!(
         "one new endpoint (apply+flush+delta): median {time:?} over 50; delta = {chains} chains"
+    );
+    drop(r);
+
+    for n in [ENDPOINTS, 1000] {
+        pod_churn(n);
+    }
+}
+
+/// The two selector sets pod `e` joins.
+fn pod_sets(e: usize) -> [IpSetId; 2] {
+    [
+        format!("s:set{:04}", e % SETS),
+        format!("s:set{:04}", (e * 7 + 3) % SETS),
+    ]
+}
+
+fn pod_members(e: usize) -> Vec<IpSetMember> {
+    let ep = endpoint(e);
+    (ep.ipv4_nets.into_iter().chain(ep.ipv6_nets))
+        .map(IpSetMember::Net)
+        .collect()
+}
+
+/// `n` endpoints, then 200 times: a new pod (its endpoint and its addresses in two sets) and the
+/// oldest pod's removal, each apply + flush + both families' deltas; then the dispatch tree alone.
+fn pod_churn(n: usize) {
+    let mut r = Renderer::new(RenderConfig::default()).unwrap();
+    assert!(r.apply_all(inputs_with(n)).is_empty());
+    assert!(r.flush().is_empty());
+    r.take_delta(IpVersion::V4);
+    r.take_delta(IpVersion::V6);
+    let (mut adds, mut deletes) = (Vec::new(), Vec::new());
+    let mut add_chains = 0;
+    let mut dispatch_chains_written = 0;
+    for k in 0..200 {
+        let e = n + k;
+        let t = Instant::now();
+        r.apply(Output::EndpointUpdated(endpoint(e))).unwrap();
+        for id in pod_sets(e) {
+            r.apply(Output::IpSetMembersAdded {
+                id,
+                members: pod_members(e),
+            })
+            .unwrap();
+        }
+        assert!(r.flush().is_empty());
+        let d4 = r.take_delta(IpVersion::V4);
+        let d6 = r.take_delta(IpVersion::V6);
+        adds.push(t.elapsed());
+        add_chains = d4.chains.len() + d6.chains.len();
+        dispatch_chains_written = d4
+            .chains
+            .iter()
+            .filter(|(_, name, _)| name.contains("-wl-dispatch"))
+            .count();
+
+        let t = Instant::now();
+        r.apply(Output::EndpointRemoved(endpoint(k).id)).unwrap();
+        for id in pod_sets(k) {
+            r.apply(Output::IpSetMembersRemoved {
+                id,
+                members: pod_members(k),
+            })
+            .unwrap();
+        }
+        assert!(r.flush().is_empty());
+        black_box(r.take_delta(IpVersion::V4));
+        black_box(r.take_delta(IpVersion::V6));
+        deletes.push(t.elapsed());
+    }
+    println!(
+        "pod churn at {n} endpoints (apply+flush+delta, both families): add median {:?}, delete median {:?} over 200 each; an add's delta = {add_chains} chains ({dispatch_chains_written} of them dispatch, v4)",
+        median(adds),
+        median(deletes)
+    );
+
+    // The dispatch tree alone, per pod add: kept (`DispatchTree::update`) against from scratch.
+    use iptables::render::dispatch::{DispatchTree, dispatch_chains};
+    let names = |lo: usize, hi: usize| -> Vec<String> {
+        let mut v: Vec<String> = (lo..hi).map(|e| endpoint(e).interface_name).collect();
+        v.sort();
+        v
+    };
+    let mut tree = DispatchTree::new(true);
+    let first = names(0, n);
+    tree.update(&first.iter().map(String::as_str).collect::<Vec<_>>());
+    let (mut kept, mut scratch) = (Vec::new(), Vec::new());
+    for k in 0..200 {
+        let ifaces = names(k + 1, n + k + 1);
+        let ifaces: Vec<&str> = ifaces.iter().map(String::as_str).collect();
+        let t = Instant::now();
+        black_box(tree.update(&ifaces));
+        kept.push(t.elapsed());
+        let t = Instant::now();
+        black_box(dispatch_chains(&ifaces, true));
+        scratch.push(t.elapsed());
+    }
+    println!(
+        "  dispatch tree per churn step (one pod added, the oldest removed; one direction): kept {:?}, from scratch {:?} (medians over 200)",
+        median(kept),
+        median(scratch)
     );
 }
 

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
-use calc_graph::proto::{IpVersion, Output};
+use calc_graph::proto::{EndpointId, IpVersion, Output};
 use iptables::apply::ApplyError;
 
 use super::liveness::{NotAlive, TICK, panic_message};
@@ -35,6 +35,9 @@ pub struct Batch {
     /// (`None`: deleted), applied to the view served to the operator tools once the batch is in
     /// the kernel ([`super::view`]).
     pub view: ViewDelta,
+    /// When the first datastore change of this batch reached the agent (its list, for the first
+    /// batch): `felixrs_endpoint_programming_seconds` times each local endpoint's program from it.
+    pub received: Instant,
 }
 
 /// What the kernel holds after an apply, for status and metrics.
@@ -241,6 +244,9 @@ fn run<D: Dataplane>(
     let mut pending_revision: Option<i64> = None;
     // Every batch's changes since the last successful apply, in order.
     let mut pending_view: ViewDelta = Vec::new();
+    // Local endpoints created or changed since the last successful apply, each with when its
+    // earliest pending change reached the agent.
+    let mut pending_endpoints = PendingEndpoints::default();
     let mut refreshed_at = Instant::now();
     let mut next_drift = drift.map(|d| Instant::now() + d);
     let mut budget = DriftBudget::new(Instant::now());
@@ -268,13 +274,15 @@ fn run<D: Dataplane>(
         let mut outputs = Vec::new();
         match rx.recv_timeout(wait) {
             Ok(b) => {
-                outputs.extend(b.outputs);
-                pending_revision = Some(b.revision);
-                pending_view.extend(b.view);
-                while let Ok(b) = rx.try_recv() {
+                let mut take = |b: Batch| {
+                    pending_endpoints.absorb(&b.outputs, b.received);
                     outputs.extend(b.outputs);
                     pending_revision = Some(b.revision);
                     pending_view.extend(b.view);
+                };
+                take(b);
+                while let Ok(b) = rx.try_recv() {
+                    take(b);
                 }
             }
             Err(RecvTimeoutError::Disconnected) => return,
@@ -301,6 +309,10 @@ fn run<D: Dataplane>(
         tracing::debug!(revision, outputs = outputs.len(), "applying");
         let started = Instant::now();
         let res = dp.apply(outputs);
+        // Observed before `applied_revision` moves: who saw the revision sees the observations.
+        if res.is_ok() {
+            pending_endpoints.programmed(&hub.metrics.endpoint_programming_seconds);
+        }
         failed = !record(&hub, res, started, Some(revision), &mut pending_view);
         if failed {
             backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -308,6 +320,36 @@ fn run<D: Dataplane>(
             programmed = true;
             backoff = Duration::from_millis(50);
             refreshed_at = Instant::now();
+        }
+    }
+}
+
+/// Local endpoints whose program is pending, for `felixrs_endpoint_programming_seconds`: one
+/// observation per endpoint created or changed, from its earliest pending change's arrival to
+/// the successful apply that put its chains and dispatch entries in the kernel (an endpoint
+/// removed before that is not observed; a failed apply keeps them for the retry).
+#[derive(Debug, Default)]
+struct PendingEndpoints(std::collections::HashMap<EndpointId, Instant>);
+
+impl PendingEndpoints {
+    fn absorb(&mut self, outputs: &[Output], received: Instant) {
+        for o in outputs {
+            match o {
+                Output::EndpointUpdated(ep) => {
+                    self.0.entry(ep.id.clone()).or_insert(received);
+                }
+                Output::EndpointRemoved(id) => {
+                    self.0.remove(id);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn programmed(&mut self, histogram: &prometheus_client::metrics::histogram::Histogram) {
+        let now = Instant::now();
+        for (_, received) in self.0.drain() {
+            histogram.observe(now.saturating_duration_since(received).as_secs_f64());
         }
     }
 }

@@ -437,7 +437,8 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
                     continue;
                 }
             };
-            tracing::debug!(family = v.number(), ipsets = %r.ipset_updates, iptables = ?r.iptables, saves = r.saves, "applied");
+            // One line per family and apply, payloads quoted (the pod churn bench replays them).
+            tracing::debug!(family = v.number(), ipsets = ?r.ipset_updates, iptables = ?r.iptables, ipset_deletions = ?r.ipset_deletions, saves = r.saves, "applied");
             count(desired, &mut report);
             if r.iptables.contains_key(&TableName::Filter) {
                 self.attribution_stale = true;

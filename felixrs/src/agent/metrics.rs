@@ -64,6 +64,9 @@ metric_fields! {
         registry: Registry = Registry::default();
         pub apply_seconds: Histogram = seconds()
             => "apply_seconds", "Time to program one coalesced batch into the kernel";
+        pub endpoint_programming_seconds: Histogram = seconds()
+            => "endpoint_programming_seconds",
+            "Time from a local workload endpoint's datastore change reaching the agent to the apply that programmed its chains";
         pub apply_errors: Counter = Counter::default() => "apply_errors", "Failed applies";
         pub restore_calls: Counter = Counter::default()
             => "iptables_restore_calls", "iptables-restore and ipset restore invocations";

@@ -124,6 +124,9 @@ pub struct AgentState<P> {
     touched: BTreeSet<Arc<str>>,
     /// A FelixConfiguration key changed since [`Self::take_felix_config_changed`].
     felix_config_dirty: bool,
+    /// When the first change since the last batch reached the agent (the next batch's
+    /// `received`).
+    received: Option<std::time::Instant>,
 }
 
 impl<P: Pipeline> AgentState<P> {
@@ -141,6 +144,7 @@ impl<P: Pipeline> AgentState<P> {
             remotes_dirty: false,
             touched: BTreeSet::new(),
             felix_config_dirty: false,
+            received: None,
         }
     }
 
@@ -410,6 +414,7 @@ impl<P: Pipeline> AgentState<P> {
     /// Replaces the keys of `scope` with `new` (whose keys must all be in it), telling the graph
     /// only what changed; returns how many keys were removed.
     fn replace_scope(&mut self, scope: Scope<'_>, new: KvMap) -> usize {
+        self.received.get_or_insert_with(std::time::Instant::now);
         let (mut old, keep): (KvMap, KvMap) = std::mem::take(&mut self.kvs)
             .into_iter()
             .partition(|(k, _)| scope.contains(k));
@@ -428,6 +433,7 @@ impl<P: Pipeline> AgentState<P> {
     }
 
     fn change(&mut self, key: Arc<str>, value: Option<Arc<[u8]>>) {
+        self.received.get_or_insert_with(std::time::Instant::now);
         self.touched.insert(key.clone());
         if key.starts_with(&rcc_prefix()) {
             self.remotes_dirty = true;
@@ -532,6 +538,7 @@ impl<P: Pipeline> AgentState<P> {
                 outputs,
                 revision: self.revision,
                 view,
+                received: self.received.take().unwrap_or_else(std::time::Instant::now),
             })
             .map_err(|_| ApplyThreadGone {
                 revision: self.revision,
