@@ -9,6 +9,10 @@
 //! on `/status`). Floor: bare `iptables-nft-restore --noflush` + `ip6tables-nft-restore` of the
 //! one-chain transaction each change needs, against a kernel holding the same rules. Then the
 //! restart-to-programmed time from the snapshot with etcd down, on an empty kernel.
+//!
+//! `AGENT_BENCH_TRACE=DIR` profiles the changes: the agent runs with `--log
+//! info,felixrs=debug,iptables=debug` and its log goes to `DIR/agent.log`, with each change's
+//! put and answer times (UNIX µs) in `DIR/changes.tsv`, to line up with the log's stages.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -37,18 +41,24 @@ fn main() {
     let state = tempfile::tempdir().unwrap();
     let state_dir = state.path().join("state");
     let t = Instant::now();
-    let agent = Agent::start(ns.name(), &etcd.client_url(), &state_dir);
+    let trace = std::env::var_os("AGENT_BENCH_TRACE").map(std::path::PathBuf::from);
+    let log_args: &[&str] = match trace {
+        Some(_) => &["--log", "info,felixrs=debug,iptables=debug"],
+        None => &[],
+    };
+    let agent = Agent::start_with(ns.name(), &etcd.client_url(), &state_dir, log_args);
     let s = agent.wait_applied(rev);
     let initial = t.elapsed();
     eprintln!("initial program: {initial:?} {s}");
 
     // 200 changes, one at a time.
     let mut lat = Vec::new();
+    let mut times = String::from("change\tput_unix_us\tanswered_unix_us\n");
     for c in 0..CHANGES {
         let i = (c * 7) % POLICIES;
         let kv = policy(i, 9000 + c as u16);
         let (health, url) = (agent.health, etcd.admin_url());
-        let ms = in_netns(ns.name(), move || {
+        let (ms, put_at, answered_at) = in_netns(ns.name(), move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -56,6 +66,7 @@ fn main() {
             let mut client = rt
                 .block_on(etcd_client::Client::connect([url], None))
                 .unwrap();
+            let put_at = unix_us();
             let t = Instant::now();
             let r = rt.block_on(client.put(kv.0, kv.1, None)).unwrap();
             let rev = r.header().unwrap().revision();
@@ -66,9 +77,15 @@ fn main() {
             .unwrap();
             let s: serde_json::Value = serde_json::from_str(&body).unwrap();
             assert!(s["applied_revision"].as_i64().unwrap() >= rev, "{s}");
-            t.elapsed().as_secs_f64() * 1000.0
+            (t.elapsed().as_secs_f64() * 1000.0, put_at, unix_us())
         });
         lat.push(ms);
+        times.push_str(&format!("{c}\t{put_at}\t{answered_at}\n"));
+    }
+    if let Some(dir) = &trace {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("agent.log"), agent.log()).unwrap();
+        std::fs::write(dir.join("changes.tsv"), &times).unwrap();
     }
 
     // Floor: the one-chain transaction per change, both families, against the same kernel.
@@ -149,6 +166,13 @@ fn main() {
             "restart-to-programmed from snapshot, etcd down, {what}: {total:.0} ms (apply {apply:.0} ms)"
         );
     }
+}
+
+fn unix_us() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
 }
 
 /// Spawn to `programmed` of an agent whose etcd is down; (total ms, last apply ms).

@@ -3,6 +3,7 @@
 //! evaluate-everything implementation of the graph for a restricted feature set.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod naive;
 
 use std::collections::{BTreeMap, BTreeSet};

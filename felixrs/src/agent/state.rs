@@ -127,6 +127,18 @@ pub struct AgentState<P> {
     /// When the first change since the last batch reached the agent (the next batch's
     /// `received`).
     received: Option<std::time::Instant>,
+    /// Graph time of the keys given since the last batch (decode, validation and apply).
+    graph_time: GraphTime,
+}
+
+/// The graph's share of a batch: the keys given to it and the time they took, logged with the
+/// flush at each [`AgentState::emit`] (the first batch, the initial sync, at info; later ones at
+/// debug, target `felixrs::agent::state`).
+#[derive(Debug, Default)]
+struct GraphTime {
+    keys: u64,
+    update: std::time::Duration,
+    batches: u64,
 }
 
 impl<P: Pipeline> AgentState<P> {
@@ -145,6 +157,7 @@ impl<P: Pipeline> AgentState<P> {
             touched: BTreeSet::new(),
             felix_config_dirty: false,
             received: None,
+            graph_time: GraphTime::default(),
         }
     }
 
@@ -398,7 +411,9 @@ impl<P: Pipeline> AgentState<P> {
             self.snapshot_dirty = true;
         }
         if !self.in_sync {
+            let started = std::time::Instant::now();
             self.pipeline.in_sync();
+            self.graph_time.update += started.elapsed();
             self.in_sync = true;
         }
         self.dirty = true;
@@ -489,10 +504,11 @@ impl<P: Pipeline> AgentState<P> {
     fn graph_update(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), PipelineError> {
         let started = std::time::Instant::now();
         let res = self.pipeline.update(key, value);
+        let took = started.elapsed();
+        self.graph_time.keys += 1;
+        self.graph_time.update += took;
         let felix = &self.hub.metrics.felix;
-        felix
-            .calc_graph_update_seconds
-            .observe(started.elapsed().as_secs_f64());
+        felix.calc_graph_update_seconds.observe(took.as_secs_f64());
         res
     }
 
@@ -528,7 +544,10 @@ impl<P: Pipeline> AgentState<P> {
                 .failed_safe_rules
                 .set(failed_safe.len() as i64);
             self.hub.update(|s| s.failed_safe_rules = failed_safe);
-            self.pipeline.flush()
+            let started = std::time::Instant::now();
+            let outputs = self.pipeline.flush();
+            self.log_graph_time(started.elapsed(), outputs.len());
+            outputs
         } else {
             Vec::new()
         };
@@ -543,6 +562,27 @@ impl<P: Pipeline> AgentState<P> {
             .map_err(|_| ApplyThreadGone {
                 revision: self.revision,
             })
+    }
+
+    /// Logs the graph's time for the batch being emitted: the keys' updates since the last batch
+    /// and this `flush`.
+    fn log_graph_time(&mut self, flush: std::time::Duration, outputs: usize) {
+        let g = std::mem::take(&mut self.graph_time);
+        let (keys, update_us, flush_us) = (g.keys, g.update.as_micros(), flush.as_micros());
+        let total_us = update_us + flush_us;
+        if g.batches == 0 {
+            tracing::info!(
+                keys,
+                update_us,
+                flush_us,
+                total_us,
+                outputs,
+                "initial sync through the calculation graph"
+            );
+        } else {
+            tracing::debug!(keys, update_us, flush_us, total_us, outputs, "graph batch");
+        }
+        self.graph_time.batches = g.batches + 1;
     }
 
     /// The etcd data to persist, if it changed since the last call.

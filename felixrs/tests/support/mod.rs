@@ -124,6 +124,12 @@ pub fn state_dir() -> (tempfile::TempDir, PathBuf) {
     (d, p)
 }
 
+/// The agent binary: this build's, or `FELIXRS_AGENT_BIN` (benchmarks compare two builds in
+/// alternating runs).
+pub fn agent_bin() -> String {
+    std::env::var("FELIXRS_AGENT_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_felixrs").into())
+}
+
 /// A `felixrs agent` process inside a netns; killed on drop.
 pub struct Agent {
     child: Option<Child>,
@@ -167,13 +173,7 @@ impl Agent {
         let health: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let log = state_dir.with_extension(format!("agent-{port}.log"));
         let child = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                netns,
-                env!("CARGO_BIN_EXE_felixrs"),
-                "agent",
-            ])
+            .args(["netns", "exec", netns, &agent_bin(), "agent"])
             .args(["--etcd-endpoints", etcd_url, "--node-name", "node-1"])
             .arg("--state-dir")
             .arg(state_dir)

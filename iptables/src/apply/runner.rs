@@ -71,6 +71,26 @@ impl Runner for ExecRunner {
     }
 
     fn run(&self, program: &str, args: &[&str], stdin: Option<&[u8]>) -> Result<Output, RunError> {
+        let started = std::time::Instant::now();
+        let res = self.run_untimed(program, args, stdin);
+        // The program's share of an apply (profiles of one change line it up with the stages).
+        tracing::debug!(
+            program,
+            stdin_bytes = stdin.map_or(0, <[u8]>::len),
+            took_us = started.elapsed().as_micros() as u64,
+            "ran"
+        );
+        res
+    }
+}
+
+impl ExecRunner {
+    fn run_untimed(
+        &self,
+        program: &str,
+        args: &[&str],
+        stdin: Option<&[u8]>,
+    ) -> Result<Output, RunError> {
         let mut cmd = match &self.netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
