@@ -23,9 +23,8 @@ mod node_load;
 use std::time::{Duration, Instant};
 
 use felixrs_test_support::etcd::Etcd;
-use felixrs_test_support::http;
-use felixrs_test_support::netns::{Netns, in_netns};
-use node_load::{ENDPOINTS, POLICIES, combos, pct, policy, put_all, restore};
+use felixrs_test_support::netns::Netns;
+use node_load::{ENDPOINTS, POLICIES, combos, pct, policy, put_all, put_and_wait_applied, restore};
 use support::Agent;
 
 const CHANGES: usize = 200;
@@ -57,28 +56,8 @@ fn main() {
     for c in 0..CHANGES {
         let i = (c * 7) % POLICIES;
         let kv = policy(i, 9000 + c as u16);
-        let (health, url) = (agent.health, etcd.admin_url());
-        let (ms, put_at, answered_at) = in_netns(ns.name(), move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            let mut client = rt
-                .block_on(etcd_client::Client::connect([url], None))
-                .unwrap();
-            let put_at = unix_us();
-            let t = Instant::now();
-            let r = rt.block_on(client.put(kv.0, kv.1, None)).unwrap();
-            let rev = r.header().unwrap().revision();
-            let (_, body) = http::get(
-                health,
-                &format!("/status?min_revision={rev}&timeout_ms=30000"),
-            )
-            .unwrap();
-            let s: serde_json::Value = serde_json::from_str(&body).unwrap();
-            assert!(s["applied_revision"].as_i64().unwrap() >= rev, "{s}");
-            (t.elapsed().as_secs_f64() * 1000.0, put_at, unix_us())
-        });
+        let a = put_and_wait_applied(ns.name(), &etcd.admin_url(), agent.health, kv);
+        let (ms, put_at, answered_at) = (a.ms, a.put_at_us, a.answered_at_us);
         lat.push(ms);
         times.push_str(&format!("{c}\t{put_at}\t{answered_at}\n"));
     }
@@ -166,13 +145,6 @@ fn main() {
             "restart-to-programmed from snapshot, etcd down, {what}: {total:.0} ms (apply {apply:.0} ms)"
         );
     }
-}
-
-fn unix_us() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_micros()
 }
 
 /// Spawn to `programmed` of an agent whose etcd is down; (total ms, last apply ms).

@@ -15,6 +15,9 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+#[path = "node_load/mod.rs"]
+mod node_load;
+
 #[path = "../../calc-graph/tests/support/mod.rs"]
 mod graph_support;
 
@@ -22,9 +25,9 @@ use std::time::{Duration, Instant};
 
 use calc_graph::graph::Update;
 use felixrs_test_support::etcd::Etcd;
-use felixrs_test_support::http;
-use felixrs_test_support::netns::{Netns, in_netns};
+use felixrs_test_support::netns::Netns;
 use graph_support::cluster::{generate, pod_update};
+use node_load::{put_all_batched, put_and_wait_applied};
 use serde_json::json;
 use support::{Agent, PREFIX};
 
@@ -56,31 +59,6 @@ fn kv(u: Update) -> (String, String) {
         } => (key.etcd_key(), r.to_json()),
         other => panic!("the generator makes resources only: {other:?}"),
     }
-}
-
-/// Puts `kvs` in transactions of 128 (etcd's default `--max-txn-ops`) from a thread inside the
-/// netns; the last revision.
-fn put_all(ns: &str, url: &str, kvs: Vec<(String, String)>) -> i64 {
-    let url = url.to_string();
-    in_netns(ns, move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let mut c = etcd_client::Client::connect([url], None).await.unwrap();
-            let mut rev = 0;
-            for chunk in kvs.chunks(128) {
-                let ops: Vec<etcd_client::TxnOp> = chunk
-                    .iter()
-                    .map(|(k, v)| etcd_client::TxnOp::put(k.as_str(), v.as_str(), None))
-                    .collect();
-                let r = c.txn(etcd_client::Txn::new().and_then(ops)).await.unwrap();
-                rev = r.header().unwrap().revision();
-            }
-            rev
-        })
-    })
 }
 
 /// `VmRSS` and `VmHWM` of `pid`, MiB.
@@ -144,7 +122,7 @@ fn main() {
     let ns = Netns::new();
     let etcd = Etcd::start_in(ns.name());
     let t = Instant::now();
-    let rev = put_all(ns.name(), &etcd.admin_url(), kvs);
+    let rev = put_all_batched(ns.name(), &etcd.admin_url(), kvs);
     eprintln!("seeded in {:.1?}", t.elapsed());
 
     let state = tempfile::tempdir().unwrap();
@@ -188,27 +166,7 @@ fn main() {
     let mut e2e = Vec::new();
     for c in 0..CHANGES {
         let kv = kv(pod_update(NODE, REMOTE, 8 + (c + 1) % 2, REMOTE % 97));
-        let (health, url) = (agent.health, etcd.admin_url());
-        e2e.push(in_netns(ns.name(), move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            let mut client = rt
-                .block_on(etcd_client::Client::connect([url], None))
-                .unwrap();
-            let t = Instant::now();
-            let r = rt.block_on(client.put(kv.0, kv.1, None)).unwrap();
-            let rev = r.header().unwrap().revision();
-            let (_, body) = http::get(
-                health,
-                &format!("/status?min_revision={rev}&timeout_ms=30000"),
-            )
-            .unwrap();
-            let s: serde_json::Value = serde_json::from_str(&body).unwrap();
-            assert!(s["applied_revision"].as_i64().unwrap() >= rev, "{s}");
-            t.elapsed().as_secs_f64() * 1000.0
-        }));
+        e2e.push(put_and_wait_applied(ns.name(), &etcd.admin_url(), agent.health, kv).ms);
     }
     let log = agent.log();
     for l in lines_with(&log, "free memory returned") {

@@ -1,4 +1,4 @@
-//! The node the agent benches load into etcd (`agent_latency`, `pod_churn`): 250 local endpoints
+//! The node the agent benches load into etcd (`agent_latency`, `pod_churn`; `agent_scale` uses the helpers): 250 local endpoints
 //! (`wep`) and 2,000 policies (`policy`, each selecting the endpoints of one `app` label and
 //! allowing from the next), with the default tier and one namespace profile each; and the
 //! helpers both time with (etcd puts from inside the netns, percentiles, a bare restore).
@@ -102,6 +102,84 @@ pub fn put_all(ns: &str, url: &str, kvs: Vec<(String, String)>) -> Vec<i64> {
             revs
         })
     })
+}
+
+/// Puts `kvs` in transactions of 128 (etcd's default `--max-txn-ops`) from a thread inside the
+/// netns; the last revision (for a whole cluster, where one put each would take minutes).
+pub fn put_all_batched(ns: &str, url: &str, kvs: Vec<(String, String)>) -> i64 {
+    let url = url.to_string();
+    in_netns(ns, move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let mut c = etcd_client::Client::connect([url], None).await.unwrap();
+            let mut rev = 0;
+            for chunk in kvs.chunks(128) {
+                let ops: Vec<etcd_client::TxnOp> = chunk
+                    .iter()
+                    .map(|(k, v)| etcd_client::TxnOp::put(k.as_str(), v.as_str(), None))
+                    .collect();
+                let r = c.txn(etcd_client::Txn::new().and_then(ops)).await.unwrap();
+                rev = r.header().unwrap().revision();
+            }
+            rev
+        })
+    })
+}
+
+/// One change timed end to end: the put of `kv` from inside the netns, then the agent's `/status`
+/// long-poll until `applied_revision` reaches the put's revision.
+pub struct Applied {
+    /// Put start → the long-poll's answer, ms.
+    pub ms: f64,
+    /// When the put started and when the answer came, UNIX µs (to line up with the agent's log).
+    pub put_at_us: u128,
+    pub answered_at_us: u128,
+}
+
+/// Puts `kv` and waits for the agent at `health` to report it applied.
+pub fn put_and_wait_applied(
+    ns: &str,
+    url: &str,
+    health: std::net::SocketAddr,
+    kv: (String, String),
+) -> Applied {
+    let url = url.to_string();
+    in_netns(ns, move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut client = rt
+            .block_on(etcd_client::Client::connect([url], None))
+            .unwrap();
+        let put_at_us = unix_us();
+        let t = Instant::now();
+        let r = rt.block_on(client.put(kv.0, kv.1, None)).unwrap();
+        let rev = r.header().unwrap().revision();
+        let (_, body) = felixrs_test_support::http::get(
+            health,
+            &format!("/status?min_revision={rev}&timeout_ms=30000"),
+        )
+        .unwrap();
+        let s: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert!(s["applied_revision"].as_i64().unwrap() >= rev, "{s}");
+        Applied {
+            ms: t.elapsed().as_secs_f64() * 1000.0,
+            put_at_us,
+            answered_at_us: unix_us(),
+        }
+    })
+}
+
+/// Now, UNIX µs.
+pub fn unix_us() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
 }
 
 /// The `p` quantile (0..=1) of `v` (sorted in place).
