@@ -206,15 +206,14 @@ pub enum FetchError {
     },
 }
 
-/// Asks the agent of `state_dir` for its applied view (blocking; `have`: the revision the
-/// caller holds, to be told `Unchanged` instead of the whole view).
-pub fn fetch(state_dir: &Path, have: Option<i64>) -> Result<Fetched, FetchError> {
-    let path = socket_path(state_dir);
+/// Sends one request line to the agent's socket at `path` and reads the whole reply (blocking,
+/// 10 s timeouts); `None` when no agent listens there.
+fn ask(path: &Path, request: &str) -> Result<Option<Vec<u8>>, FetchError> {
     let io = |source| FetchError::Io {
-        path: path.clone(),
+        path: path.to_path_buf(),
         source,
     };
-    let mut stream = match UnixStream::connect(&path) {
+    let mut stream = match UnixStream::connect(path) {
         Ok(s) => s,
         Err(e)
             if matches!(
@@ -222,16 +221,26 @@ pub fn fetch(state_dir: &Path, have: Option<i64>) -> Result<Fetched, FetchError>
                 std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
             ) =>
         {
-            return Ok(Fetched::NotRunning);
+            return Ok(None);
         }
         Err(e) => return Err(io(e)),
     };
     let timeout = Some(Duration::from_secs(10));
     stream.set_read_timeout(timeout).map_err(io)?;
     stream.set_write_timeout(timeout).map_err(io)?;
-    writeln!(stream, "view {}", have.unwrap_or(-1)).map_err(io)?;
+    writeln!(stream, "{request}").map_err(io)?;
     let mut reply = Vec::new();
     stream.read_to_end(&mut reply).map_err(io)?;
+    Ok(Some(reply))
+}
+
+/// Asks the agent of `state_dir` for its applied view (blocking; `have`: the revision the
+/// caller holds, to be told `Unchanged` instead of the whole view).
+pub fn fetch(state_dir: &Path, have: Option<i64>) -> Result<Fetched, FetchError> {
+    let path = socket_path(state_dir);
+    let Some(reply) = ask(&path, &format!("view {}", have.unwrap_or(-1)))? else {
+        return Ok(Fetched::NotRunning);
+    };
     match reply.split_first() {
         Some((b'U', [])) => Ok(Fetched::Unchanged),
         Some((b'N', [])) => Ok(Fetched::NothingApplied),
@@ -254,28 +263,9 @@ pub fn fetch(state_dir: &Path, have: Option<i64>) -> Result<Fetched, FetchError>
 /// no agent answers or its flow logs are off.
 pub fn fetch_staged(state_dir: &Path) -> Result<Option<Vec<StagedRow>>, FetchError> {
     let path = socket_path(state_dir);
-    let io = |source| FetchError::Io {
-        path: path.clone(),
-        source,
+    let Some(reply) = ask(&path, "staged")? else {
+        return Ok(None);
     };
-    let mut stream = match UnixStream::connect(&path) {
-        Ok(s) => s,
-        Err(e)
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
-            ) =>
-        {
-            return Ok(None);
-        }
-        Err(e) => return Err(io(e)),
-    };
-    let timeout = Some(Duration::from_secs(10));
-    stream.set_read_timeout(timeout).map_err(io)?;
-    stream.set_write_timeout(timeout).map_err(io)?;
-    writeln!(stream, "staged").map_err(io)?;
-    let mut reply = Vec::new();
-    stream.read_to_end(&mut reply).map_err(io)?;
     match reply.split_first() {
         Some((b'N', [])) => Ok(None),
         Some((b'S', body)) => serde_json::from_slice(body)
