@@ -26,6 +26,7 @@ pub mod host_ifaces;
 pub mod kernel;
 pub mod liveness;
 pub mod metrics;
+pub mod pipeline;
 pub mod runtime;
 pub mod snapshot;
 pub mod state;
