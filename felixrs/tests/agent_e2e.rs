@@ -205,30 +205,20 @@ fn conntrack_flows_of_a_removed_endpoint_are_deleted() {
     let agent = Agent::start(ns.name(), &etcd.client_url(), &state_dir);
     agent.wait_applied(rev);
 
-    let flow = |src: &str, dst: &str, sport: &str| {
-        ns.ok(
-            "conntrack",
-            &[
-                "-I",
-                "-s",
-                src,
-                "-d",
-                dst,
-                "-p",
-                "tcp",
-                "--sport",
-                sport,
-                "--dport",
-                "80",
-                "--state",
-                "ESTABLISHED",
-                "-t",
-                "300",
-            ],
-        );
+    // `reply` is the reply direction's source, when a DNAT put it elsewhere than `dst`.
+    let nat_flow = |src: &str, dst: &str, reply: &str, sport: &str| {
+        let mut args = vec!["-I", "-s", src, "-d", dst, "-p", "tcp", "--sport", sport];
+        args.extend(["--dport", "80", "--state", "ESTABLISHED", "-t", "300"]);
+        if reply != dst {
+            args.extend(["-r", reply, "-q", src, "--reply-port-src", "80"]);
+            args.extend(["--reply-port-dst", sport]);
+        }
+        ns.ok("conntrack", &args);
     };
+    let flow = |src: &str, dst: &str, sport: &str| nat_flow(src, dst, dst, sport);
     flow("10.70.0.1", "10.70.0.9", "40000"); // the pod started it
     flow("10.70.0.9", "10.70.0.1", "40001"); // the pod answered it
+    nat_flow("10.70.0.9", "10.96.0.10", "10.70.0.1", "40003"); // it answered a service's address
     flow("10.70.0.2", "10.70.0.9", "40002"); // not the pod's
     let listed = |addr: &str| {
         ns.ok("conntrack", &["-L", "-f", "ipv4"])
@@ -236,7 +226,7 @@ fn conntrack_flows_of_a_removed_endpoint_are_deleted() {
             .filter(|l| l.contains(&format!("src={addr} ")))
             .count()
     };
-    assert_eq!(listed("10.70.0.1"), 2);
+    assert_eq!(listed("10.70.0.1"), 3);
 
     let rev = etcd.delete(&format!(
         "{PREFIX}workloadendpoints/ns1/node--1-k8s-web-eth0"
@@ -252,7 +242,7 @@ fn conntrack_flows_of_a_removed_endpoint_are_deleted() {
     assert_eq!(listed("10.70.0.2"), 1, "another address's flow was deleted");
     let (_, metrics) = agent.get("/metrics").unwrap();
     assert!(
-        metrics.contains("felixrs_conntrack_flows_deleted_total 2"),
+        metrics.contains("felixrs_conntrack_flows_deleted_total 3"),
         "{metrics}"
     );
     assert!(

@@ -28,6 +28,7 @@ use std::sync::Arc;
 use super::apply_loop::{ApplyReport, Dataplane, DataplaneError, Drift, FamilyError};
 use super::counters::{CounterHub, Published};
 use super::metrics::felix::TableCount;
+use super::stale_flows;
 use crate::dns::Learner;
 
 pub use super::pipeline::GraphPipeline;
@@ -412,10 +413,35 @@ fn detect_for<R: Runner + Clone + 'static>(
 
 impl<R: Runner + Clone + 'static> KernelDataplane<R> {
     /// Deletes the conntrack flows of addresses that left a local endpoint (called after a
-    /// successful program: the endpoint's rules are gone). A failure is logged and counted; the
-    /// flows then expire by themselves, as with Felix.
+    /// successful program: the endpoint's rules are gone). In the agent's own namespace this is
+    /// one ctnetlink dump for all of them ([`stale_flows`]); with a runner in another namespace
+    /// (or when the table cannot be read) the `conntrack` tool per address. A failure is logged
+    /// and counted; the flows then expire by themselves, as with Felix.
     fn remove_stale_flows(&mut self, report: &mut ApplyReport) {
-        for addr in std::mem::take(&mut self.stale_flows) {
+        let addrs = std::mem::take(&mut self.stale_flows);
+        if addrs.is_empty() {
+            return;
+        }
+        if self.runner.netns().is_none() {
+            match stale_flows::remove(&addrs) {
+                Ok(removed) => {
+                    if removed.deleted > 0 {
+                        tracing::info!(
+                            addresses = addrs.len(),
+                            flows = removed.deleted,
+                            "deleted conntrack flows of removed endpoint addresses"
+                        );
+                    }
+                    report.conntrack_flows_deleted += removed.deleted;
+                    report.conntrack_errors += removed.failed;
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot read the conntrack table; deleting flows with the conntrack tool");
+                }
+            }
+        }
+        for addr in addrs {
             match conntrack::remove_flows(&self.runner, addr) {
                 Ok(n) => {
                     if n > 0 {

@@ -76,7 +76,7 @@ metric_fields! {
             => "conntrack_flows_deleted",
             "Conntrack flows deleted because their address left a local endpoint";
         pub conntrack_errors: Counter = Counter::default()
-            => "conntrack_errors", "Addresses whose conntrack flows could not be deleted";
+            => "conntrack_errors", "Failed deletions of conntrack flows of removed endpoint addresses";
         pub rules: Gauge = Gauge::default() => "rules", "Rules programmed (all tables, v4 and v6)";
         pub chains: Gauge = Gauge::default() => "chains", "cali- chains programmed";
         pub ip_sets: Gauge = Gauge::default() => "ip_sets", "IP sets programmed";

@@ -29,6 +29,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod runtime;
 pub mod snapshot;
+pub mod stale_flows;
 pub mod state;
 pub mod status;
 pub mod syncer;

@@ -146,32 +146,39 @@ pub fn dumped(datagram: &[u8]) -> Vec<Ended> {
 /// replies with.
 fn connections(datagram: &[u8], dump: bool) -> Vec<Ended> {
     let mut out = Vec::new();
+    each_message(datagram, dump, |_, attrs| out.extend(counted(attrs)));
+    out
+}
+
+/// Calls `f` with the family (`nfgen_family`) and the attributes of each conntrack message in
+/// one datagram: `DESTROY` events (`dump == false`), or the `NEW` messages a dump replies with.
+pub fn each_message(
+    datagram: &[u8],
+    dump: bool,
+    mut f: impl FnMut(NetfilterProtoFamily, &[ConntrackAttribute]),
+) {
     let mut offset = 0;
     while offset < datagram.len() {
         let Ok(msg) = <NetlinkMessage<NetfilterMessage>>::deserialize(&datagram[offset..]) else {
             break;
         };
         let len = msg.header.length as usize;
-        let attrs = match &msg.payload {
-            NetlinkPayload::InnerMessage(NetfilterMessage {
-                inner: NetfilterMessageInner::Conntrack(ConntrackMessage::Delete(attrs)),
-                ..
-            }) if !dump => Some(attrs),
-            NetlinkPayload::InnerMessage(NetfilterMessage {
-                inner: NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)),
-                ..
-            }) if dump => Some(attrs),
-            _ => None,
-        };
-        if let Some(e) = attrs.and_then(|a| counted(a)) {
-            out.push(e);
+        if let NetlinkPayload::InnerMessage(NetfilterMessage { header, inner, .. }) = &msg.payload {
+            match inner {
+                NetfilterMessageInner::Conntrack(ConntrackMessage::Delete(attrs)) if !dump => {
+                    f(header.family, attrs)
+                }
+                NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)) if dump => {
+                    f(header.family, attrs)
+                }
+                _ => {}
+            }
         }
         if len == 0 {
             break;
         }
         offset += len.next_multiple_of(4);
     }
-    out
 }
 
 fn counted(attrs: &[ConntrackAttribute]) -> Option<Ended> {
@@ -220,6 +227,17 @@ const DUMP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// packets and bytes each interval, as Felix's collector polls conntrack, instead of only at
 /// their end.
 pub fn dump(socket: &Socket) -> std::io::Result<Vec<Ended>> {
+    let mut out = Vec::new();
+    dump_each(socket, |_, attrs| out.extend(counted(attrs)))?;
+    Ok(out)
+}
+
+/// Dumps the namespace's conntrack table (both families), calling `f` with each entry's family
+/// and attributes.
+pub fn dump_each(
+    socket: &Socket,
+    mut f: impl FnMut(NetfilterProtoFamily, &[ConntrackAttribute]),
+) -> std::io::Result<()> {
     let mut msg = NetlinkMessage::from(NetfilterMessage::new(
         NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, 0),
         ConntrackMessage::Get(Vec::new()),
@@ -229,40 +247,47 @@ pub fn dump(socket: &Socket) -> std::io::Result<Vec<Ended>> {
     let mut buf = vec![0; msg.header.length as usize];
     msg.serialize(&mut buf[..]);
     socket.send(&buf, 0)?;
-    let mut out = Vec::new();
     let mut rx = vec![0u8; 1 << 16];
     loop {
         let n = socket.recv(&mut &mut rx[..], 0)?;
         let datagram = &rx[..n];
-        out.extend(dumped(datagram));
+        each_message(datagram, true, &mut f);
         // The dump ends with NLMSG_DONE (or an error) in the datagram's last message.
-        let mut offset = 0;
-        while offset + 16 <= n {
-            let len = u32::from_ne_bytes(datagram[offset..offset + 4].try_into().unwrap()) as usize;
-            let kind = u16::from_ne_bytes(datagram[offset + 4..offset + 6].try_into().unwrap());
+        for (kind, code) in control_messages(datagram) {
             match kind {
-                NLMSG_DONE => return Ok(out),
-                NLMSG_ERROR => {
-                    let code = datagram
-                        .get(offset + 16..offset + 20)
-                        .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
-                        .unwrap_or(0);
-                    if code != 0 {
-                        return Err(std::io::Error::from_raw_os_error(-code));
-                    }
-                    return Ok(out);
-                }
+                NLMSG_DONE => return Ok(()),
+                NLMSG_ERROR if code != 0 => return Err(std::io::Error::from_raw_os_error(-code)),
+                NLMSG_ERROR => return Ok(()),
                 _ => {}
             }
-            if len < 16 {
-                break;
-            }
-            offset += len.next_multiple_of(4);
         }
         if n == 0 {
-            return Ok(out);
+            return Ok(());
         }
     }
+}
+
+/// The type of each netlink message in a datagram, with the error code of an `NLMSG_ERROR` (0
+/// for an acknowledgement; 0 for other types).
+pub fn control_messages(datagram: &[u8]) -> Vec<(u16, i32)> {
+    let mut out = Vec::new();
+    let mut offset = 0;
+    while offset + 16 <= datagram.len() {
+        let word = |at: usize| <[u8; 4]>::try_from(&datagram[at..at + 4]).unwrap();
+        let len = u32::from_ne_bytes(word(offset)) as usize;
+        let kind = u16::from_ne_bytes([datagram[offset + 4], datagram[offset + 5]]);
+        let code = if kind == NLMSG_ERROR && offset + 20 <= datagram.len() {
+            i32::from_ne_bytes(word(offset + 16))
+        } else {
+            0
+        };
+        out.push((kind, code));
+        if len < 16 {
+            break;
+        }
+        offset += len.next_multiple_of(4);
+    }
+    out
 }
 
 #[cfg(test)]
