@@ -199,14 +199,18 @@ fn main() {
 
     let state = tempfile::tempdir().unwrap();
     let state_dir = state.path().join("state");
+    // `POD_CHURN_LOG` adds directives (e.g. `iptables::apply::runner=debug`: each program's
+    // `took_us`); `POD_CHURN_TRACE=FILE` keeps the agent's log there.
+    let mut filter =
+        "info,felixrs::agent::kernel=debug,felixrs::agent::apply_loop=debug".to_string();
+    if let Ok(extra) = std::env::var("POD_CHURN_LOG") {
+        filter = format!("{filter},{extra}");
+    }
     let agent = Agent::start_with(
         ns.name(),
         &etcd.client_url(),
         &state_dir,
-        &[
-            "--log",
-            "info,felixrs::agent::kernel=debug,felixrs::agent::apply_loop=debug",
-        ],
+        &["--log", &filter],
     );
     agent.wait_applied(rev);
     // Idle, then the kernel the churn starts from.
@@ -282,6 +286,9 @@ fn main() {
     // Each add's latency, split at the start of the apply that covered it (the agent's
     // `applying` debug line): the wait for the apply before it, and its own apply to `/status`.
     let log = agent.log();
+    if let Some(path) = std::env::var_os("POD_CHURN_TRACE") {
+        std::fs::write(path, &log[log_start..]).unwrap();
+    }
     let starts = applying_lines(&log[log_start..]);
     let (mut lat, mut waits, mut own) = (Vec::new(), Vec::new(), Vec::new());
     for (t, wall, rev) in &adds {

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
 use calc_graph::proto::{EndpointId, IpVersion, Output};
@@ -120,6 +120,9 @@ pub trait Dataplane: Send + 'static {
     fn check_drift(&mut self) -> Result<Drift, DataplaneError> {
         Ok(Drift::default())
     }
+    /// Called when the apply thread is about to wait with no batch queued: work that need not
+    /// delay an apply (nor `applied_revision`) is done here. The default does nothing.
+    fn idle(&mut self) {}
 }
 
 /// An idle drift check that took T is paid back by T times this of time (2% of one core).
@@ -272,7 +275,17 @@ fn run<D: Dataplane>(
             TICK
         };
         let mut outputs = Vec::new();
-        match rx.recv_timeout(wait) {
+        // Nothing queued: the dataplane's deferred work runs before the wait, not on the next
+        // apply's path.
+        let next = match rx.try_recv() {
+            Err(TryRecvError::Empty) => {
+                dp.idle();
+                rx.recv_timeout(wait)
+            }
+            Ok(b) => Ok(b),
+            Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
+        };
+        match next {
             Ok(b) => {
                 let mut take = |b: Batch| {
                     pending_endpoints.absorb(&b.outputs, b.received);

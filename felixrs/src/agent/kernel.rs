@@ -50,6 +50,8 @@ pub struct KernelDataplane<R: Runner + Clone + 'static> {
     counters: Option<Arc<CounterHub>>,
     /// The filter chains changed since the attribution was last published.
     attribution_stale: bool,
+    /// When the attribution was last published (`None`: not yet, the first program does).
+    attribution_at: Option<Instant>,
     /// The DNS learner (FQDN policy): fills new domain sets, and is told after each successful
     /// program which domain sets the kernel has.
     learner: Option<Arc<Learner>>,
@@ -93,6 +95,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             stale_flows: BTreeSet::new(),
             counters: None,
             attribution_stale: true,
+            attribution_at: None,
             learner: None,
             read_ahead_at: None,
             read_ahead: None,
@@ -152,8 +155,11 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
         self
     }
 
-    /// Publishes, after every program that changed the filter chains, what each rule of ours
-    /// counts towards (for the counter thread, [`super::counters`]).
+    /// Publishes what each rule of ours counts towards (for the counter thread,
+    /// [`super::counters`]) after a program that changed the filter chains: at once after the
+    /// first, then when the apply thread goes idle, or on the apply path when the last one is
+    /// older than [`ATTRIBUTION_MAX_AGE`] (a churn that never lets it idle). Building it walks
+    /// every rendered chain (tens of ms at 2,000 policies): it must not sit on every pod's path.
     pub fn with_counters(mut self, hub: Arc<CounterHub>) -> Self {
         self.counters = Some(hub);
         self
@@ -172,6 +178,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             v6: Attribution::new(&self.renderer, IpVersion::V6),
         });
         self.attribution_stale = false;
+        self.attribution_at = Some(Instant::now());
     }
 
     fn track(&mut self, o: &Output) {
@@ -332,7 +339,12 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
         if !errors.is_empty() {
             return Err(DataplaneError::Families(errors));
         }
-        self.publish_attribution();
+        if self
+            .attribution_at
+            .is_none_or(|at| at.elapsed() >= ATTRIBUTION_MAX_AGE)
+        {
+            self.publish_attribution();
+        }
         if let Some(l) = &self.learner {
             l.set_active(self.renderer.active_domain_sets());
         }
@@ -458,6 +470,10 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
     }
 }
 
+/// The oldest the published attribution gets while applies keep coming (see
+/// [`KernelDataplane::with_counters`]).
+const ATTRIBUTION_MAX_AGE: Duration = Duration::from_secs(1);
+
 fn count(d: &DesiredState, report: &mut ApplyReport) {
     report.ip_sets += d.ip_sets.len();
     for (name, t) in &d.tables {
@@ -547,6 +563,15 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
         let mut report = self.program(true)?;
         self.remove_stale_flows(&mut report);
         Ok(report)
+    }
+
+    /// The attribution of the last programs, once the first was published (before that the
+    /// read ahead may still run: joining it here would stop the first batch's render from
+    /// overlapping it).
+    fn idle(&mut self) {
+        if self.attribution_at.is_some() {
+            self.publish_attribution();
+        }
     }
 
     fn check_drift(&mut self) -> Result<Drift, DataplaneError> {
