@@ -234,17 +234,28 @@ fn conntrack_flows_of_a_removed_endpoint_are_deleted() {
     let s = agent.wait_applied(rev);
     assert_eq!(s["local_endpoints"], 0, "{s}");
     assert!(!save(&ns).contains(&format!("cali-tw-{IFACE}")));
+    // The deletion runs on the agent's conntrack thread right after the apply (before any later
+    // apply could give the address to another endpoint): counted once it is done.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let metrics = loop {
+        let (_, metrics) = agent.get("/metrics").unwrap();
+        if metrics.contains("felixrs_conntrack_flows_deleted_total 3")
+            || std::time::Instant::now() > deadline
+        {
+            break metrics;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(
+        metrics.contains("felixrs_conntrack_flows_deleted_total 3"),
+        "{metrics}"
+    );
     assert_eq!(
         listed("10.70.0.1"),
         0,
         "flows of the removed endpoint remain"
     );
     assert_eq!(listed("10.70.0.2"), 1, "another address's flow was deleted");
-    let (_, metrics) = agent.get("/metrics").unwrap();
-    assert!(
-        metrics.contains("felixrs_conntrack_flows_deleted_total 3"),
-        "{metrics}"
-    );
     assert!(
         metrics.contains("felixrs_conntrack_errors_total 0"),
         "{metrics}"

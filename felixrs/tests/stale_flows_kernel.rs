@@ -5,8 +5,10 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use felixrs::agent::stale_flows::{Removed, remove};
+use felixrs::agent::stale_flows::{Cleaner, Removed, remove};
 use felixrs_test_support::netns::{Netns, in_netns};
+use iptables::apply::ExecRunner;
+use prometheus_client::metrics::counter::Counter;
 
 /// Inserts a TCP flow `src:sport → dst:80` (its family is the addresses'); `reply` is the reply direction's source when a DNAT
 /// put it elsewhere than `dst`; `zone` a conntrack zone.
@@ -76,4 +78,42 @@ fn flows_of_removed_addresses_are_deleted_in_one_dump() {
     let addrs: BTreeSet<IpAddr> = ["10.71.0.1".parse().unwrap()].into_iter().collect();
     let again = in_netns(ns.name(), move || remove(&addrs)).expect("the table is read");
     assert_eq!(again, Removed::default());
+}
+
+/// The agent's cleaner deletes on its own thread; an apply that gives an address to an endpoint
+/// waits for the deletion still running for it, and then its old flows are gone.
+#[test]
+fn a_reused_address_waits_for_its_flows_to_be_deleted() {
+    felixrs_test_support::require_root();
+    felixrs_test_support::require_tools(&["ip", "conntrack"]);
+    let ns = Netns::new();
+    for k in 0..50 {
+        insert(
+            &ns,
+            "10.72.0.1",
+            "10.72.0.9",
+            "10.72.0.9",
+            &(41000 + k).to_string(),
+            "0",
+        );
+    }
+    insert(&ns, "10.72.0.2", "10.72.0.9", "10.72.0.9", "42000", "0");
+    assert_eq!(listed(&ns, "ipv4", "10.72.0.1"), 50);
+    let (deleted, errors) = (Counter::<u64>::default(), Counter::<u64>::default());
+    let (d, e) = (deleted.clone(), errors.clone());
+    in_netns(ns.name(), move || {
+        let mut cleaner = Cleaner::new(ExecRunner::new()).with_metrics(d, e);
+        let addr: IpAddr = "10.72.0.1".parse().unwrap();
+        cleaner.start([addr].into_iter().collect());
+        // The next apply gives 10.72.0.1 to a new endpoint.
+        cleaner.wait_for([addr].iter());
+    });
+    assert_eq!(deleted.get(), 50, "counted when done");
+    assert_eq!(errors.get(), 0);
+    assert_eq!(
+        listed(&ns, "ipv4", "10.72.0.1"),
+        0,
+        "the reused address kept flows"
+    );
+    assert_eq!(listed(&ns, "ipv4", "10.72.0.2"), 1);
 }

@@ -54,10 +54,6 @@ pub struct ApplyReport {
     pub restore_calls: u64,
     /// Failed invocations that were retried successfully during this apply.
     pub restore_errors: u64,
-    /// Conntrack flows deleted because their address left a local endpoint.
-    pub conntrack_flows_deleted: u64,
-    /// Addresses whose flows could not be deleted (logged with the reason).
-    pub conntrack_errors: u64,
     /// Chains and rules per family and table (Felix's `felix_iptables_chains`/`_rules`).
     pub tables: Vec<TableCount>,
     /// Selectors whose IP sets active rules use (Felix's `felix_active_local_selectors`).
@@ -433,8 +429,6 @@ fn record(
         Ok(r) => {
             m.restore_calls.inc_by(r.restore_calls);
             m.restore_errors.inc_by(r.restore_errors);
-            m.conntrack_flows_deleted.inc_by(r.conntrack_flows_deleted);
-            m.conntrack_errors.inc_by(r.conntrack_errors);
             m.rules.set(r.rules as i64);
             m.chains.set(r.chains as i64);
             m.ip_sets.set(r.ip_sets as i64);

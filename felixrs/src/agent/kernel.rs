@@ -18,7 +18,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use calc_graph::proto::{EndpointId, IpVersion, Output, PolicyId};
-use iptables::apply::{Applier, ApplierConfig, Backend, Runner, backend, conntrack};
+use iptables::apply::{Applier, ApplierConfig, Backend, Runner, backend};
 use iptables::desired::{DesiredState, TableName};
 use iptables::render::{RenderConfig, RenderError, Renderer};
 use iptables::stats::Attribution;
@@ -28,7 +28,7 @@ use std::sync::Arc;
 use super::apply_loop::{ApplyReport, Dataplane, DataplaneError, Drift, FamilyError};
 use super::counters::{CounterHub, Published};
 use super::metrics::felix::TableCount;
-use super::stale_flows;
+use super::stale_flows::Cleaner;
 use crate::dns::Learner;
 
 pub use super::pipeline::GraphPipeline;
@@ -46,6 +46,8 @@ pub struct KernelDataplane<R: Runner + Clone + 'static> {
     policies: HashSet<PolicyId>,
     /// Addresses that left a local endpoint: their flows go after the next successful program.
     stale_flows: BTreeSet<IpAddr>,
+    /// Deletes the flows of `stale_flows` after each program, off the apply path.
+    cleaner: Cleaner<R>,
     /// Where the counter thread learns what our rules count towards.
     counters: Option<Arc<CounterHub>>,
     /// The filter chains changed since the attribution was last published.
@@ -84,6 +86,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
     pub fn new(runner: R, backend: Backend, render: RenderConfig) -> anyhow::Result<Self> {
         let renderer = Renderer::new(render).map_err(|e| anyhow::anyhow!("renderer: {e}"))?;
         let [v4, v6] = fresh_appliers(&runner, backend);
+        let cleaner = Cleaner::new(runner.clone());
         Ok(Self {
             renderer,
             v4,
@@ -93,6 +96,7 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             endpoints: HashMap::new(),
             policies: HashSet::new(),
             stale_flows: BTreeSet::new(),
+            cleaner,
             counters: None,
             attribution_stale: true,
             attribution_at: None,
@@ -152,6 +156,16 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
             .expect("flow names lock")
             .set_policies(&self.renderer);
         self.flow_names = Some(names);
+        self
+    }
+
+    /// Counts the conntrack flows deleted (and the deletions that failed) into these counters.
+    pub fn with_conntrack_metrics(
+        mut self,
+        deleted: prometheus_client::metrics::counter::Counter,
+        errors: prometheus_client::metrics::counter::Counter,
+    ) -> Self {
+        self.cleaner = self.cleaner.with_metrics(deleted, errors);
         self
     }
 
@@ -423,53 +437,6 @@ fn detect_for<R: Runner + Clone + 'static>(
     Ok(())
 }
 
-impl<R: Runner + Clone + 'static> KernelDataplane<R> {
-    /// Deletes the conntrack flows of addresses that left a local endpoint (called after a
-    /// successful program: the endpoint's rules are gone). In the agent's own namespace this is
-    /// one ctnetlink dump for all of them ([`stale_flows`]); with a runner in another namespace
-    /// (or when the table cannot be read) the `conntrack` tool per address. A failure is logged
-    /// and counted; the flows then expire by themselves, as with Felix.
-    fn remove_stale_flows(&mut self, report: &mut ApplyReport) {
-        let addrs = std::mem::take(&mut self.stale_flows);
-        if addrs.is_empty() {
-            return;
-        }
-        if self.runner.netns().is_none() {
-            match stale_flows::remove(&addrs) {
-                Ok(removed) => {
-                    if removed.deleted > 0 {
-                        tracing::info!(
-                            addresses = addrs.len(),
-                            flows = removed.deleted,
-                            "deleted conntrack flows of removed endpoint addresses"
-                        );
-                    }
-                    report.conntrack_flows_deleted += removed.deleted;
-                    report.conntrack_errors += removed.failed;
-                    return;
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "cannot read the conntrack table; deleting flows with the conntrack tool");
-                }
-            }
-        }
-        for addr in addrs {
-            match conntrack::remove_flows(&self.runner, addr) {
-                Ok(n) => {
-                    if n > 0 {
-                        tracing::info!(%addr, flows = n, "deleted conntrack flows of a removed endpoint address");
-                    }
-                    report.conntrack_flows_deleted += n;
-                }
-                Err(error) => {
-                    tracing::warn!(%addr, %error, "cannot delete conntrack flows");
-                    report.conntrack_errors += 1;
-                }
-            }
-        }
-    }
-}
-
 /// The oldest the published attribution gets while applies keep coming (see
 /// [`KernelDataplane::with_counters`]).
 const ATTRIBUTION_MAX_AGE: Duration = Duration::from_secs(1);
@@ -502,6 +469,13 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
         for o in &outputs {
             self.track(o);
         }
+        // An address given to an endpoint waits for a deletion of its old flows still running.
+        let incoming = outputs.iter().flat_map(|o| match o {
+            Output::EndpointUpdated(ep) => ep.ipv4_nets.iter().chain(&ep.ipv6_nets).collect(),
+            _ => Vec::new(),
+        });
+        self.cleaner
+            .wait_for(incoming.map(|n| n.addr()).collect::<Vec<_>>().iter());
         if let Some(staged) = &self.staged {
             staged.apply(outputs.iter().cloned());
         }
@@ -519,8 +493,8 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
                 .set_policies(&self.renderer);
         }
         self.note_unresolved();
-        let mut report = self.program(false)?;
-        self.remove_stale_flows(&mut report);
+        let report = self.program(false)?;
+        self.cleaner.start(std::mem::take(&mut self.stale_flows));
         Ok(report)
     }
 
@@ -560,8 +534,8 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
 
     fn refresh(&mut self) -> Result<ApplyReport, DataplaneError> {
         self.follow_host_interfaces();
-        let mut report = self.program(true)?;
-        self.remove_stale_flows(&mut report);
+        let report = self.program(true)?;
+        self.cleaner.start(std::mem::take(&mut self.stale_flows));
         Ok(report)
     }
 

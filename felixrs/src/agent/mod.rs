@@ -344,7 +344,11 @@ impl Args {
         );
         let mut dataplane =
             kernel::KernelDataplane::new(runner, self.iptables_backend.into(), render.clone())?
-                .with_counters(counter_hub.clone());
+                .with_counters(counter_hub.clone())
+                .with_conntrack_metrics(
+                    hub.metrics.conntrack_flows_deleted.clone(),
+                    hub.metrics.conntrack_errors.clone(),
+                );
         let dns = crate::dns::agent::start(
             &self.dataplane,
             self.dns_min_ttl,

@@ -1,20 +1,31 @@
-//! Deleting the conntrack flows of addresses that left local endpoints, in the agent's own
-//! process over ctnetlink (what `conntrack --delete --orig-src/--reply-src` does, without its
-//! processes).
+//! Deleting the conntrack flows of addresses that left local endpoints (Felix's
+//! `RemoveConntrackFlows`), in the agent's own process over ctnetlink, off the apply path.
 //!
 //! Why: every endpoint chain starts with `--ctstate RELATED,ESTABLISHED -j ACCEPT`, so a flow of
 //! a removed pod's address would let the next pod to get that address inherit it
 //! (`iptables::apply::conntrack` says more). The agent used to run `conntrack` twice per removed
-//! address, each run a process that dumps the whole table: 15.4 ms a run, 136 ms of every apply
-//! under a churn of 20 pods/s (BENCHMARKS.md "Issue 26: pod churn on a node"). Here one dump per
-//! apply serves every removed address, and the matching flows are deleted by their original
-//! tuple (and zone), as the tool deletes them, in batches of acknowledged requests.
+//! address, serially in the apply, each run a process that dumps the whole table: 15.4 ms a run,
+//! 136 ms of every apply under a churn of 20 pods/s (BENCHMARKS.md "Issue 26: pod churn on a
+//! node"). Here one dump serves every address an apply removed, and the matching flows are
+//! deleted by their original tuple (and zone), as the tool deletes them, in batches of
+//! acknowledged requests. A dump walks the kernel's whole conntrack hash (all namespaces' buckets,
+//! ~10 ms at 262,144 buckets whatever this namespace holds), so it runs on a worker thread
+//! ([`Cleaner`]), as Felix's route table cleans conntrack in the background.
 //!
-//! A flow is a removed address's when its original source (the endpoint started it) or its
-//! reply source (the endpoint answered it; NAT included) is that address.
+//! Invariants:
+//! * A flow is a removed address's when its original source (the endpoint started it) or its
+//!   reply source (the endpoint answered it; NAT included) is that address.
+//! * The deletion starts after the program that removed the address's rules, and an apply that
+//!   gives an address to an endpoint waits first for a deletion still running for it
+//!   ([`Cleaner::wait_for`], Felix's `WaitForPendingDeletion`): a reused address never inherits
+//!   the flows of the endpoint that had it.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
+use std::thread::JoinHandle;
+
+use iptables::apply::{Runner, conntrack};
+use prometheus_client::metrics::counter::Counter;
 
 use netlink_packet_core::{NLM_F_ACK, NLM_F_REQUEST, NLMSG_ERROR, NetlinkMessage, Nla};
 use netlink_packet_netfilter::conntrack::{ConntrackAttribute, ConntrackMessage, IPTuple, Tuple};
@@ -63,6 +74,130 @@ pub fn remove(addrs: &BTreeSet<IpAddr>) -> std::io::Result<Removed> {
         delete(&socket, batch, &mut removed)?;
     }
     Ok(removed)
+}
+
+/// Deletes the flows of removed addresses on a worker thread, one deletion at a time; counts
+/// what it deleted and what failed in the agent's metrics.
+pub struct Cleaner<R> {
+    runner: R,
+    deleted: Counter,
+    errors: Counter,
+    /// The addresses of the deletion running on `worker`.
+    running: BTreeSet<IpAddr>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl<R: Runner + Clone + 'static> Cleaner<R> {
+    /// Counts into unregistered counters until [`Self::with_metrics`].
+    pub fn new(runner: R) -> Self {
+        Cleaner {
+            runner,
+            deleted: Counter::default(),
+            errors: Counter::default(),
+            running: BTreeSet::new(),
+            worker: None,
+        }
+    }
+
+    /// `felixrs_conntrack_flows_deleted_total` and `felixrs_conntrack_errors_total`.
+    pub fn with_metrics(mut self, deleted: Counter, errors: Counter) -> Self {
+        self.deleted = deleted;
+        self.errors = errors;
+        self
+    }
+
+    /// Starts deleting the flows of `addrs` (after the running deletion, if any, is done).
+    pub fn start(&mut self, addrs: BTreeSet<IpAddr>) {
+        if addrs.is_empty() {
+            return;
+        }
+        self.wait();
+        let (runner, deleted, errors) = (
+            self.runner.clone(),
+            self.deleted.clone(),
+            self.errors.clone(),
+        );
+        let work = addrs.clone();
+        let run = move || {
+            let r = clean(&runner, &work);
+            deleted.inc_by(r.deleted);
+            errors.inc_by(r.failed);
+        };
+        match std::thread::Builder::new()
+            .name("conntrack".into())
+            .spawn(run)
+        {
+            Ok(handle) => {
+                self.running = addrs;
+                self.worker = Some(handle);
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot start the conntrack cleanup thread; deleting in the apply");
+                let r = clean(&self.runner, &addrs);
+                self.deleted.inc_by(r.deleted);
+                self.errors.inc_by(r.failed);
+            }
+        }
+    }
+
+    /// Waits for the running deletion when it covers one of `addrs` (about to be given to an
+    /// endpoint).
+    pub fn wait_for<'a>(&mut self, mut addrs: impl Iterator<Item = &'a IpAddr>) {
+        if self.worker.is_some() && addrs.any(|a| self.running.contains(a)) {
+            self.wait();
+        }
+    }
+
+    /// Waits for the running deletion, if any.
+    pub fn wait(&mut self) {
+        if let Some(worker) = self.worker.take() {
+            if worker.join().is_err() {
+                tracing::error!("the conntrack cleanup thread panicked");
+                self.errors.inc();
+            }
+            self.running.clear();
+        }
+    }
+}
+
+/// Deletes the flows of `addrs`: in this namespace over ctnetlink ([`remove`]); with a runner in
+/// another namespace, or when the table cannot be read, with the `conntrack` tool per address.
+/// Logs what it did.
+fn clean<R: Runner>(runner: &R, addrs: &BTreeSet<IpAddr>) -> Removed {
+    if runner.netns().is_none() {
+        match remove(addrs) {
+            Ok(removed) => {
+                if removed.deleted > 0 {
+                    tracing::info!(
+                        addresses = addrs.len(),
+                        flows = removed.deleted,
+                        "deleted conntrack flows of removed endpoint addresses"
+                    );
+                }
+                return removed;
+            }
+            Err(error) => tracing::warn!(
+                %error,
+                "cannot read the conntrack table; deleting flows with the conntrack tool"
+            ),
+        }
+    }
+    let mut removed = Removed::default();
+    for &addr in addrs {
+        match conntrack::remove_flows(runner, addr) {
+            Ok(n) => {
+                if n > 0 {
+                    tracing::info!(%addr, flows = n, "deleted conntrack flows of a removed endpoint address");
+                }
+                removed.deleted += n;
+            }
+            Err(error) => {
+                tracing::warn!(%addr, %error, "cannot delete conntrack flows");
+                removed.failed += 1;
+            }
+        }
+    }
+    removed
 }
 
 /// The delete request for a dumped flow, when one of its sources is in `addrs`.
