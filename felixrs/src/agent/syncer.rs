@@ -19,6 +19,15 @@
 //!   pause is drawn uniformly from its upper half ([`jittered`]), so thousands of agents that lost
 //!   etcd at the same instant (an etcd restart) do not retry in lockstep; no pause is longer than
 //!   `max_backoff`.
+//! * Watch liveness: an open watch that delivers nothing (no event, no progress answer) for
+//!   `liveness_timeout` (10 s: ten progress requests unanswered) is a dead connection: the syncer
+//!   reports `Disconnected`, drops the connection and reconnects as after any error (resuming at
+//!   `last revision + 1`). A watch that has never answered a progress request (etcd 3.4's
+//!   grpc-proxy ignores them) is checked by a serializable one-key read over its connection after
+//!   half the timeout of silence, which must answer within the other half; so a stopped member or
+//!   proxy, or a half-open TCP connection, is noticed within `liveness_timeout` either way. (Behind
+//!   such a proxy a watch that is silent on a live connection cannot be told from an idle one.)
+//!   This check replaces HTTP/2 keepalive pings, which the agent does not send (see `datastore`).
 //! * Keys leave the syncer canonical (under Calico's default layout, whatever the cluster's
 //!   `--etcd-prefix`), so the state, the snapshot and the graph never depend on the prefix.
 
