@@ -22,8 +22,22 @@ type View = BTreeMap<String, Vec<u8>>;
 /// Key under which a view records the newest revision its syncer confirmed (not an etcd key).
 const REVISION: &str = "#revision";
 
-/// One syncer through `url`, folding its events into a view shared with the test.
-fn spawn_syncer(url: &str, cancel: &CancellationToken) -> Arc<std::sync::Mutex<View>> {
+/// What one syncer delivered, folded by the test.
+#[derive(Default)]
+struct Seen {
+    /// The syncer's view of the keys, and its newest confirmed revision under [`REVISION`].
+    view: View,
+    /// The reason of each `Disconnected`, with when it was reported.
+    disconnects: Vec<(tokio::time::Instant, String)>,
+    /// The mod revision of every change delivered since the last listing, in delivery order.
+    delivered: Vec<i64>,
+    lists: usize,
+}
+
+type Shared = Arc<std::sync::Mutex<Seen>>;
+
+/// One syncer through `url`, folding its events into what it has seen, shared with the test.
+fn spawn_syncer(url: &str, cancel: &CancellationToken) -> Shared {
     let ds = EtcdDatastore::new(
         vec![url.to_string()],
         EtcdTls::default(),
@@ -39,15 +53,19 @@ fn spawn_syncer(url: &str, cancel: &CancellationToken) -> Arc<std::sync::Mutex<V
         Arc::new(Notify::new()),
         cancel.child_token(),
     ));
-    let view = Arc::new(std::sync::Mutex::new(View::new()));
-    let v = view.clone();
+    let seen: Shared = Default::default();
+    let s = seen.clone();
     tokio::spawn(async move {
         while let Some(ev) = rx.recv().await {
-            let mut v = v.lock().unwrap();
+            let mut s = s.lock().unwrap();
+            let s = &mut *s;
+            let v = &mut s.view;
             match ev {
                 SyncEvent::Listed { kvs, revision } => {
                     *v = kvs.into_iter().collect();
                     v.insert(REVISION.into(), revision.to_string().into_bytes());
+                    s.delivered.clear();
+                    s.lists += 1;
                 }
                 SyncEvent::Progress { revision } => {
                     v.insert(REVISION.into(), revision.to_string().into_bytes());
@@ -55,17 +73,20 @@ fn spawn_syncer(url: &str, cancel: &CancellationToken) -> Arc<std::sync::Mutex<V
                 SyncEvent::Changes { changes, revision } => {
                     v.insert(REVISION.into(), revision.to_string().into_bytes());
                     for c in changes {
+                        s.delivered.push(c.mod_revision);
                         match c.value {
                             Some(val) => v.insert(c.key, val),
                             None => v.remove(&c.key),
                         };
                     }
                 }
-                SyncEvent::Disconnected { .. } => {}
+                SyncEvent::Disconnected { reason } => {
+                    s.disconnects.push((tokio::time::Instant::now(), reason));
+                }
             }
         }
     });
-    view
+    seen
 }
 
 /// What the cluster holds under the prefix (etcdctl prints key and value lines; values here are
@@ -97,14 +118,14 @@ fn key(i: usize) -> String {
     format!("{CALICO_PREFIX}globalnetworksets/s{i}")
 }
 
-async fn wait_in_sync(cluster: &EtcdCluster, views: &[Arc<std::sync::Mutex<View>>], what: &str) {
+async fn wait_in_sync(cluster: &EtcdCluster, views: &[Shared], what: &str) {
     let want = contents(cluster);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let lagging = views
             .iter()
             .filter(|v| {
-                let mut v = v.lock().unwrap().clone();
+                let mut v = v.lock().unwrap().view.clone();
                 v.remove(REVISION);
                 v != want
             })
@@ -135,7 +156,7 @@ async fn syncers_through_a_grpc_proxy_survive_each_member_being_killed() {
         .collect();
     wait_in_sync(&cluster, &views, "initial list").await;
     assert_eq!(
-        views[0].lock().unwrap().len(),
+        views[0].lock().unwrap().view.len(),
         10 + 1,
         "10 keys and the revision"
     );
@@ -155,7 +176,7 @@ async fn syncers_through_a_grpc_proxy_survive_each_member_being_killed() {
         n += 1;
         wait_in_sync(&cluster, &views, &format!("member {member} back")).await;
     }
-    assert_eq!(views[0].lock().unwrap().len() - 1, n - cluster.len());
+    assert_eq!(views[0].lock().unwrap().view.len() - 1, n - cluster.len());
 
     // Every syncer's revision reaches that of the last write under the prefix. (Not of a write
     // outside it: etcd 3.4's grpc-proxy answers progress requests without a revision, so behind a
@@ -173,7 +194,8 @@ async fn syncers_through_a_grpc_proxy_survive_each_member_being_killed() {
             .iter()
             .map(|v| {
                 let v = v.lock().unwrap();
-                v.get(REVISION)
+                v.view
+                    .get(REVISION)
                     .and_then(|r| std::str::from_utf8(r).ok()?.parse().ok())
                     .unwrap_or(0)
             })
@@ -221,5 +243,186 @@ async fn syncers_list_again_when_the_proxy_restarts_after_a_compaction() {
     // And the watches reopened through the proxy deliver again.
     cluster.put(&key(200), "{\"v\":\"after\"}");
     wait_in_sync(&cluster, &views, "a change after the restarts").await;
+    cancel.cancel();
+}
+
+/// The disconnects the syncers reported, as "syncer i: reason" lines.
+fn disconnects(views: &[Shared]) -> Vec<String> {
+    (views.iter().enumerate())
+        .flat_map(|(i, v)| {
+            let v = v.lock().unwrap();
+            (v.disconnects.iter())
+                .map(|(_, r)| format!("syncer {i}: {r}"))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Every syncer delivered each change once, in revision order, since its last listing.
+fn assert_no_duplicates(views: &[Shared]) {
+    for (i, v) in views.iter().enumerate() {
+        let v = v.lock().unwrap();
+        assert!(
+            v.delivered.windows(2).all(|w| w[0] < w[1]),
+            "syncer {i} delivered revisions out of order or twice: {:?}",
+            v.delivered
+        );
+    }
+}
+
+/// etcd 3.4's grpc-proxy enforces grpc-go's default keepalive policy (a client ping at most every
+/// 5 minutes, none without a stream) and closes a connection that pings more often with GOAWAY
+/// "too many pings"; the agent's old 5 s keepalive got that about every 20 s (this test saw two
+/// disconnects per syncer). The agent sends no pings now, so over 50 s behind the proxy (idle and
+/// with a change) no syncer is disconnected; and a stopped proxy is still noticed (see below).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn syncers_behind_a_grpc_proxy_are_not_closed_for_too_many_pings() {
+    let cluster = EtcdCluster::start(1);
+    let proxy = GrpcProxy::start(&cluster.endpoints());
+    cluster.put(&key(0), "{\"v\":0}");
+    let cancel = CancellationToken::new();
+    let views: Vec<_> = (0..SYNCERS)
+        .map(|_| spawn_syncer(&proxy.url(), &cancel))
+        .collect();
+    wait_in_sync(&cluster, &views, "initial list").await;
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    cluster.put(&key(1), "{\"v\":1}");
+    wait_in_sync(&cluster, &views, "a change through the proxy").await;
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    let lost = disconnects(&views);
+    assert!(
+        lost.is_empty(),
+        "syncers behind the proxy were disconnected:\n{}",
+        lost.join("\n")
+    );
+
+    // The proxy never answers progress requests, so behind it the liveness check reads through
+    // the connection instead: a proxy that stops answering (SIGSTOP, connections up) is noticed
+    // within the same bound, and when it answers again the syncers resume.
+    let stopped = Stopped(proxy.pid());
+    signal(stopped.0, "STOP");
+    let stopped_at = tokio::time::Instant::now();
+    cluster.put(&key(2), "{\"v\":\"while the proxy was stopped\"}");
+    wait_noticed(&views, stopped_at).await;
+    drop(stopped);
+    cluster.put(&key(3), "{\"v\":\"after the proxy answered again\"}");
+    wait_in_sync(&cluster, &views, "the proxy answers again").await;
+    assert_no_duplicates(&views);
+    for (i, v) in views.iter().enumerate() {
+        let v = v.lock().unwrap();
+        assert_eq!(v.lists, 1, "syncer {i} listed again instead of resuming");
+        assert_eq!(v.delivered.len(), 3, "syncer {i}: {:?}", v.delivered);
+    }
+    cancel.cancel();
+}
+
+/// Waits until every syncer reported a disconnect after `since`, within the liveness bound (and
+/// slack for a loaded machine).
+async fn wait_noticed(views: &[Shared], since: tokio::time::Instant) {
+    let bound = SyncerConfig::new(EtcdPrefix::default()).liveness_timeout;
+    let deadline = since + bound + Duration::from_secs(20);
+    loop {
+        let noticed: Vec<_> = (views.iter())
+            .filter_map(|v| {
+                let v = v.lock().unwrap();
+                v.disconnects.iter().map(|d| d.0).find(|t| *t >= since)
+            })
+            .collect();
+        if noticed.len() == views.len() {
+            let latest = noticed.iter().max().unwrap().duration_since(since);
+            eprintln!(
+                "all {} syncers noticed the silence, the last after {latest:?}",
+                views.len()
+            );
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {} syncers did not notice their silent watch within {:?}",
+            views.len() - noticed.len(),
+            views.len(),
+            deadline - since
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Sends `signal` to `pid` (`kill -SIG pid`).
+fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// Continues a stopped process when dropped (a failed assertion must not leave it stopped).
+struct Stopped(u32);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        signal(self.0, "CONT");
+    }
+}
+
+/// A member that stops answering with its TCP connections up (SIGSTOP: the kernel keeps them, so
+/// no reset and no close reaches the syncers) leaves their watches silent. Each syncer notices
+/// within its liveness bound (no event and no progress answer), reports `Disconnected`, and when
+/// the member answers again resumes where it was: the changes written meanwhile through the other
+/// members arrive, none twice, without listing again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_watch_is_noticed_and_resumed_without_loss_or_duplicates() {
+    let cluster = EtcdCluster::start(3);
+    for i in 0..5 {
+        cluster.put(&key(i), &format!("{{\"v\":{i}}}"));
+    }
+    let cancel = CancellationToken::new();
+    let views: Vec<_> = (0..SYNCERS)
+        .map(|_| spawn_syncer(&cluster.client_url(0), &cancel))
+        .collect();
+    wait_in_sync(&cluster, &views, "initial list").await;
+
+    let stopped = Stopped(cluster.pid(0).expect("member 0 runs"));
+    signal(stopped.0, "STOP");
+    let stopped_at = tokio::time::Instant::now();
+    // Writes through the two members that answer (they keep quorum and elect a leader if member
+    // 0 led): etcdctl against them only, since the stopped member would hold every request.
+    let others = format!("{},{}", cluster.client_url(1), cluster.client_url(2));
+    let put = |k: &str, v: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let out = std::process::Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .args(["--endpoints", &others, "--command-timeout", "5s"])
+                .args(["put", k, v])
+                .output()
+                .expect("etcdctl put");
+            if out.status.success() {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "etcdctl put {k}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    for i in 5..10 {
+        put(&key(i), "{\"v\":\"while member 0 was stopped\"}");
+    }
+    // Every syncer reports the silence within its bound.
+    wait_noticed(&views, stopped_at).await;
+    drop(stopped);
+    for i in 10..12 {
+        put(&key(i), "{\"v\":\"after member 0 answered again\"}");
+    }
+    wait_in_sync(&cluster, &views, "member 0 answers again").await;
+    assert_no_duplicates(&views);
+    for (i, v) in views.iter().enumerate() {
+        let v = v.lock().unwrap();
+        assert_eq!(v.lists, 1, "syncer {i} listed again instead of resuming");
+        assert_eq!(v.delivered.len(), 7, "syncer {i}: {:?}", v.delivered);
+    }
     cancel.cancel();
 }

@@ -55,6 +55,10 @@ pub enum DatastoreError {
     Timeout(Duration),
     #[error("etcd watch stream ended")]
     WatchEnded,
+    /// An open watch delivered nothing, not even an answer to a progress request, for this long:
+    /// the connection is presumed dead (a stopped member, a half-open TCP connection).
+    #[error("etcd watch silent for {0:?} (no event and no progress answer): presumed dead")]
+    WatchSilent(Duration),
     #[error("etcd watch canceled: {0}")]
     WatchCanceled(String),
     #[error("etcd tls file {path}: {source}")]
@@ -78,6 +82,9 @@ pub trait Datastore: Send + 'static {
         prefix: &str,
         start_revision: i64,
     ) -> impl Future<Output = Result<Self::Watch, DatastoreError>> + Send;
+    /// Forgets the connection: the next request opens a new one (after a watch went silent, the
+    /// old connection may be half dead and would hold every request until its timeout).
+    fn reset(&mut self);
 }
 
 /// An open watch.
@@ -85,6 +92,10 @@ pub trait DatastoreWatch: Send + 'static {
     fn next(&mut self) -> impl Future<Output = Result<WatchMessage, DatastoreError>> + Send;
     /// Asks the server for a progress notification as soon as possible.
     fn request_progress(&mut self) -> impl Future<Output = Result<(), DatastoreError>> + Send;
+    /// One small request over the watch's connection, answered by the nearest server (for etcd a
+    /// serializable read of one key, which a grpc-proxy answers from its cache): `Ok` means the
+    /// connection is alive.
+    fn ping(&mut self) -> impl Future<Output = Result<(), DatastoreError>> + Send;
 }
 
 /// TLS material for etcd, as paths.
@@ -155,10 +166,12 @@ impl EtcdDatastore {
     }
 
     fn options(&self) -> Result<ConnectOptions, DatastoreError> {
-        let mut opts = ConnectOptions::new()
-            .with_connect_timeout(self.timeout)
-            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5))
-            .with_keep_alive_while_idle(true);
+        // No HTTP/2 keepalive pings: etcd 3.4's grpc-proxy (grpc-go's default enforcement policy)
+        // closes a client that pings more often than every 5 minutes with GOAWAY "too many
+        // pings". A dead connection is found by the syncer's watch liveness check instead
+        // (progress answers, or a ping read where those never come; see syncer.rs) and every
+        // other request has a timeout.
+        let mut opts = ConnectOptions::new().with_connect_timeout(self.timeout);
         let cert_and_key = self
             .tls
             .cert
@@ -272,6 +285,10 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 impl Datastore for EtcdDatastore {
     type Watch = EtcdWatch;
 
+    fn reset(&mut self) {
+        self.client = None;
+    }
+
     async fn list(&mut self, prefix: &str) -> Result<Listing, DatastoreError> {
         let mut client = self.client().await?;
         let timeout = self.timeout * 10;
@@ -295,6 +312,8 @@ impl Datastore for EtcdDatastore {
             return Ok(EtcdWatch {
                 stream: None,
                 compacted: Some(compacted),
+                client,
+                key: prefix.to_string(),
             });
         }
         let opts = WatchOptions::new()
@@ -309,6 +328,8 @@ impl Datastore for EtcdDatastore {
         Ok(EtcdWatch {
             stream: Some(stream),
             compacted: None,
+            client,
+            key: prefix.to_string(),
         })
     }
 }
@@ -358,6 +379,10 @@ impl EtcdDatastore {
 pub struct EtcdWatch {
     stream: Option<WatchStream>,
     compacted: Option<i64>,
+    /// The connection the watch runs on, for [`DatastoreWatch::ping`].
+    client: Client,
+    /// The watched prefix, read as one key by [`DatastoreWatch::ping`].
+    key: String,
 }
 
 impl DatastoreWatch for EtcdWatch {
@@ -416,6 +441,12 @@ impl DatastoreWatch for EtcdWatch {
             Some(stream) => Ok(stream.request_progress().await?),
             None => Ok(()),
         }
+    }
+
+    async fn ping(&mut self) -> Result<(), DatastoreError> {
+        let opts = GetOptions::new().with_serializable().with_keys_only();
+        self.client.get(self.key.as_str(), Some(opts)).await?;
+        Ok(())
     }
 }
 

@@ -19,6 +19,15 @@
 //!   pause is drawn uniformly from its upper half ([`jittered`]), so thousands of agents that lost
 //!   etcd at the same instant (an etcd restart) do not retry in lockstep; no pause is longer than
 //!   `max_backoff`.
+//! * Watch liveness: an open watch that delivers nothing (no event, no progress answer) for
+//!   `liveness_timeout` (10 s: ten progress requests unanswered) is a dead connection: the syncer
+//!   reports `Disconnected`, drops the connection and reconnects as after any error (resuming at
+//!   `last revision + 1`). A watch that has never answered a progress request (etcd 3.4's
+//!   grpc-proxy ignores them) is checked by a serializable one-key read over its connection after
+//!   half the timeout of silence, which must answer within the other half; so a stopped member or
+//!   proxy, or a half-open TCP connection, is noticed within `liveness_timeout` either way. (Behind
+//!   such a proxy a watch that is silent on a live connection cannot be told from an idle one.)
+//!   This check replaces HTTP/2 keepalive pings, which the agent does not send (see `datastore`).
 //! * Keys leave the syncer canonical (under Calico's default layout, whatever the cluster's
 //!   `--etcd-prefix`), so the state, the snapshot and the graph never depend on the prefix.
 
@@ -26,7 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{Notify, mpsc};
-use tokio::time::{Instant, sleep_until};
+use tokio::time::{Instant, sleep_until, timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
 
 use calc_graph::model::EtcdPrefix;
@@ -59,6 +68,9 @@ pub struct SyncerConfig {
     pub prefix: EtcdPrefix,
     /// How often to ask etcd for a progress notification.
     pub progress_interval: Duration,
+    /// How long an open watch may deliver nothing (no event, no progress answer) before the
+    /// connection is presumed dead and the syncer reconnects (see the module doc).
+    pub liveness_timeout: Duration,
     pub min_backoff: Duration,
     pub max_backoff: Duration,
 }
@@ -68,6 +80,10 @@ impl SyncerConfig {
         Self {
             prefix,
             progress_interval: Duration::from_secs(1),
+            // Ten progress requests unanswered: far beyond a loaded etcd's answer time (a progress
+            // answer is a header, sent ahead of any queued events), and the same dead-connection
+            // bound as the HTTP/2 keepalive it replaces (a ping every 5 s, 5 s to answer).
+            liveness_timeout: Duration::from_secs(10),
             min_backoff: Duration::from_millis(100),
             // After a long outage the agent retries every second at most, so it is back in sync
             // within about a second of etcd answering again (issue 23); each attempt is one
@@ -96,6 +112,8 @@ pub async fn run<D: Datastore>(
                 Err(error) => error.to_string(),
             },
         };
+        // Whatever broke, the next attempt starts on a fresh connection.
+        ds.reset();
         let pause = jittered(backoff, fastrand::f64());
         tracing::warn!(%reason, ?pause, "datastore connection lost; keeping current state");
         if tx.send(SyncEvent::Disconnected { reason }).await.is_err() {
@@ -176,20 +194,45 @@ async fn pump<W: DatastoreWatch>(
     let mut created_revision: Option<i64> = None;
     let mut synced = false;
     let mut next_request = created_at + SYNC_GRACE;
+    // Liveness: the watch must say something (an event, a progress answer) within
+    // `liveness_timeout`, or it is dead. A watch that has never answered a progress request
+    // (etcd 3.4's grpc-proxy ignores them) cannot be held to that: after half the timeout of
+    // silence its connection is asked a small read instead, which must answer within the other half.
+    let mut answers_progress = false;
+    let half = cfg.liveness_timeout / 2;
+    let mut silent_at = created_at + half;
+    let silent = || DatastoreError::WatchSilent(cfg.liveness_timeout);
     loop {
         let msg = tokio::select! {
+            biased;
             m = watch.next() => m?,
+            _ = sleep_until(silent_at) => {
+                if answers_progress {
+                    return Err(silent());
+                }
+                timeout(half, watch.ping()).await.map_err(|_| silent())??;
+                silent_at = Instant::now() + half;
+                continue;
+            }
             _ = sleep_until(next_request) => {
                 synced = true;
-                watch.request_progress().await?;
+                // Bounded too: a request into a dead connection may never be taken.
+                timeout_at(silent_at, watch.request_progress()).await.map_err(|_| silent())??;
                 next_request = Instant::now() + cfg.progress_interval;
                 continue;
             }
             _ = nudge.notified(), if synced => {
-                watch.request_progress().await?;
+                timeout_at(silent_at, watch.request_progress()).await.map_err(|_| silent())??;
                 continue;
             }
         };
+        answers_progress |= matches!(msg, WatchMessage::Progress { .. });
+        silent_at = Instant::now()
+            + if answers_progress {
+                cfg.liveness_timeout
+            } else {
+                half
+            };
         *backoff = cfg.min_backoff;
         let ev = match msg {
             WatchMessage::Created { revision } => {
@@ -245,6 +288,13 @@ async fn pump<W: DatastoreWatch>(
         if tx.send(ev).await.is_err() {
             return Ok(Pumped::ReceiverGone);
         }
+        // Time spent waiting for the consumer is not the watch's silence.
+        silent_at = Instant::now()
+            + if answers_progress {
+                cfg.liveness_timeout
+            } else {
+                half
+            };
     }
 }
 
