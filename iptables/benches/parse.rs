@@ -14,7 +14,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use felixrs_test_support::netns::Netns;
-use iptables::parse::parse_save;
+use iptables::parse::{parse_save, roundtrip_save};
 
 const RULES: usize = 100_000;
 const CHAINS: usize = 1_000;
@@ -83,6 +83,21 @@ fn report(name: &str, text: &str, iters: usize) {
     let rs = parse_save(text).unwrap();
     assert_eq!(rs.render(), text, "{name} must round-trip");
     let render = best(iters, || rs.render());
+    // The streaming roundtrip `felixrs iptables roundtrip` runs (parse and render line by line,
+    // into a fresh buffer as the process does).
+    let stream = best(iters, || {
+        let mut out = String::with_capacity(text.len() + text.len() / 8 + 64);
+        roundtrip_save(text, &mut out).expect("bench input parses");
+        out
+    });
+    println!(
+        "{:<40} {rules:>6} rules | roundtrip_save cpu {:>7.2} ms = {:>5.2} M rules/s, wall {:>7.2} ms = {:>5.2} M rules/s",
+        "",
+        stream.cpu.as_secs_f64() * 1e3,
+        rate(rules, stream.cpu),
+        stream.wall.as_secs_f64() * 1e3,
+        rate(rules, stream.wall),
+    );
     println!(
         "{name:<40} {rules:>6} rules {:>5.2} MB | parse cpu {:>7.2} ms = {:>5.2} M rules/s ({:>5.1} MB/s), wall {:>7.2} ms = {:>5.2} M rules/s | render cpu {:>6.2} ms = {:>5.2} M rules/s",
         text.len() as f64 / 1e6,

@@ -342,8 +342,11 @@ fn decoded<T: serde::de::DeserializeOwned>(
 pub fn auto_host_endpoint_value(v: &Value, opts: &ConvertOptions) -> Option<Converted> {
     let is_node = v.get("apiVersion").and_then(Value::as_str) == Some("v1")
         && v.get("kind").and_then(Value::as_str) == Some("Node");
-    let node: k8s_openapi::api::core::v1::Node =
-        serde_json::from_value(v.clone()).ok().filter(|_| is_node)?;
+    if !is_node {
+        // Every object passes here: only a Node is decoded (and from the borrowed value).
+        return None;
+    }
+    let node = <k8s_openapi::api::core::v1::Node as serde::Deserialize>::deserialize(v).ok()?;
     Some(convert::node_to_auto_host_endpoint(&node, opts))
 }
 
@@ -399,6 +402,31 @@ pub fn convert_value(v: &Value, opts: &ConvertOptions) -> Converted {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only a v1 `Node` has an automatic host endpoint; any other object passes by undecoded.
+    #[test]
+    fn auto_host_endpoint_only_for_v1_nodes() {
+        let opts = ConvertOptions {
+            interface_prefix: "cali".into(),
+        };
+        let node = serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "node-1", "labels": {"zone": "a"}},
+        });
+        let hep = auto_host_endpoint_value(&node, &opts).expect("a node's host endpoint");
+        let key = hep.resource.expect("converted").etcd_key().expect("key");
+        assert!(key.contains("node-1"), "{key}");
+        let mut pod = node.clone();
+        pod["kind"] = "Pod".into();
+        assert!(auto_host_endpoint_value(&pod, &opts).is_none());
+        let mut other = node.clone();
+        other["apiVersion"] = "v2".into();
+        assert!(auto_host_endpoint_value(&other, &opts).is_none());
+        // A Node that does not decode is reported by `convert_value`, not here.
+        let mut bad = node;
+        bad["metadata"]["labels"] = "not a map".into();
+        assert!(auto_host_endpoint_value(&bad, &opts).is_none());
+    }
 
     #[test]
     fn split_keeps_document_indices() {

@@ -48,7 +48,7 @@ impl Args {
             );
         }
         for v in [IpVersion::V4, IpVersion::V6] {
-            let preview = Preview::plan(&renderer.desired(v))
+            let preview = Preview::plan(renderer.desired_ref(v))
                 .with_context(|| format!("planning IPv{}", v.number()))?;
             // Unlike an apply's preview, the ipset section is listed even when empty.
             out.text.push_str(&preview.ip_sets_header());

@@ -63,12 +63,16 @@ pub(crate) fn push_hex(out: &mut String, v: u32) {
 /// Appends `s` double-quoted with the kernel's escaping (`"`, `\`, `'` get a backslash).
 pub(crate) fn push_quoted(out: &mut String, s: &str) {
     out.push('"');
-    for c in s.chars() {
-        if matches!(c, '"' | '\\' | '\'') {
+    // The three escaped characters are ASCII: copy the runs between them whole.
+    let mut run = 0;
+    for (i, b) in s.bytes().enumerate() {
+        if matches!(b, b'"' | b'\\' | b'\'') {
+            out.push_str(&s[run..i]);
             out.push('\\');
+            run = i;
         }
-        out.push(c);
     }
+    out.push_str(&s[run..]);
     out.push('"');
 }
 
@@ -333,6 +337,7 @@ mod tests {
             ("it's", "\"it\\'s\""),
             ("'dapp_OpenSSH'", "\"\\'dapp_OpenSSH\\'\""),
             ("a\\b", "\"a\\\\b\""),
+            ("é\"\"x'", "\"é\\\"\\\"x\\'\""),
             ("", "\"\""),
             ("say \"hi\"", "\"say \\\"hi\\\"\""),
             ("café", "\"café\""),

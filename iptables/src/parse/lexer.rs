@@ -45,22 +45,39 @@ fn spaces(i: &str) -> IResult<&str, &str> {
     Ok((&i[n..], &i[..n]))
 }
 
-/// Bytes that end a bare part: space, tab, `"`.
-static STOPS: [bool; 256] = {
-    let mut t = [false; 256];
-    t[b' ' as usize] = true;
-    t[b'\t' as usize] = true;
-    t[b'"' as usize] = true;
-    t
-};
+/// Mask of the high bit of every byte of `x` that is zero (exact, no false positives).
+#[inline]
+fn zero_bytes(x: u64) -> u64 {
+    const LO7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    !(((x & LO7).wrapping_add(LO7)) | x) & !LO7
+}
+
+/// Length of the bare part at the start of `b`: up to the first space, tab or `"`.
+#[inline]
+fn bare_len(b: &[u8]) -> usize {
+    const SPACE: u64 = 0x2020_2020_2020_2020;
+    const TAB: u64 = 0x0909_0909_0909_0909;
+    const QUOTE: u64 = 0x2222_2222_2222_2222;
+    // Eight bytes at a time: a token ends inside the first word most of the time, found with one
+    // well-predicted branch instead of a byte loop's end-of-token misprediction.
+    let mut n = 0;
+    while let Some(w) = b.get(n..n + 8) {
+        let x = u64::from_le_bytes(w.try_into().expect("eight bytes"));
+        let stops = zero_bytes(x ^ SPACE) | zero_bytes(x ^ TAB) | zero_bytes(x ^ QUOTE);
+        if stops != 0 {
+            return n + (stops.trailing_zeros() / 8) as usize;
+        }
+        n += 8;
+    }
+    while n < b.len() && !matches!(b[n], b' ' | b'\t' | b'"') {
+        n += 1;
+    }
+    n
+}
 
 #[inline]
 fn bare(i: &str) -> IResult<&str, &str> {
-    let b = i.as_bytes();
-    let mut n = 0;
-    while n < b.len() && !STOPS[b[n] as usize] {
-        n += 1;
-    }
+    let n = bare_len(i.as_bytes());
     Ok((&i[n..], &i[..n]))
 }
 
@@ -193,6 +210,26 @@ mod tests {
     fn unterminated_quote_is_an_error_at_the_quote() {
         assert_eq!(tokenize("-m comment --comment \"abc"), Err(21));
         assert_eq!(tokenize("x \"abc\\\""), Err(2));
+    }
+
+    #[test]
+    fn bare_len_stops_where_the_byte_loop_does() {
+        // Stops at every offset of an eight-byte word and in the tail, UTF-8 around them.
+        let line = "a\tbcdefghi\"jk lmnopqrstuvwxyzé\"0123456 789abcdef\tü";
+        for start in 0..line.len() {
+            if !line.is_char_boundary(start) {
+                continue;
+            }
+            let b = &line.as_bytes()[start..];
+            let want = b
+                .iter()
+                .position(|c| matches!(c, b' ' | b'\t' | b'"'))
+                .unwrap_or(b.len());
+            assert_eq!(bare_len(b), want, "from {start}");
+        }
+        assert_eq!(bare_len(b""), 0);
+        assert_eq!(bare_len(b"12345678"), 8);
+        assert_eq!(bare_len(b"1234567 "), 7);
     }
 
     #[test]

@@ -196,14 +196,14 @@ impl Args {
         let proposal = proposal::load(&self.manifests, &convert, &loaded)?;
         let empty = node_view::Overlay::default();
         let before = render_loaded(
-            &loaded,
+            loaded.clone(),
             &self.node_name,
             &self.dataplane,
             learned.clone(),
             &empty,
         )?;
         let after = render_loaded(
-            &loaded,
+            loaded,
             &self.node_name,
             &self.dataplane,
             learned,
