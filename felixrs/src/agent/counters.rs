@@ -1,9 +1,11 @@
 //! Per-policy counters in `/metrics`: a thread of its own reads the kernel's counters of our rules
 //! every `--counters-interval` and attributes them to policy, tier, direction and action.
 //!
-//! * The apply thread publishes, after each program that changed the filter chains, what each of
-//!   our rules counts towards ([`Attribution`], both families) and the backend in use
-//!   ([`CounterHub::publish`]); building it walks the rendered policy, profile and endpoint chains.
+//! * The apply thread publishes, after programs that changed the filter chains, what each of our
+//!   rules counts towards ([`Attribution`], both families) and the backend in use
+//!   ([`CounterHub::publish`]); building it walks the rendered policy, profile and endpoint chains,
+//!   so it is done after the first program, then when the apply thread goes idle, or at most every
+//!   5 s under a churn that never lets it (`KernelDataplane::with_counters`).
 //! * The counter thread ([`spawn`]) never holds anything the apply thread waits for: it clones the
 //!   published `Arc`, runs `iptables-save -c -t filter` (no xtables lock) per family and stores
 //!   the tally. A read never blocks an apply; a slow read only delays the next read.
