@@ -28,7 +28,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use felixrs_test_support::etcd::Etcd;
 use felixrs_test_support::http;
 use felixrs_test_support::netns::{Netns, in_netns};
-use node_load::{ENDPOINTS, combos, pct, put_all, restore, run_stdin, wep};
+use node_load::{ENDPOINTS, combos, pct, put_all, restore, run_stdin, wep, with_etcd};
 use support::Agent;
 
 fn env(name: &str, default: f64) -> f64 {
@@ -252,27 +252,20 @@ fn main() {
     // The churn: pod `ENDPOINTS + k` added at k/rate, pod `k` deleted half a period later.
     let n = (secs * rate) as usize;
     let url = etcd.admin_url();
-    let adds: Vec<(Instant, f64, i64)> = in_netns(ns.name(), move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let mut c = etcd_client::Client::connect([url], None).await.unwrap();
-            let start = tokio::time::Instant::now();
-            let period = Duration::from_secs_f64(1.0 / rate);
-            let mut adds = Vec::new();
-            for k in 0..n {
-                tokio::time::sleep_until(start + period * k as u32).await;
-                let (key, value) = wep(ENDPOINTS + k);
-                let (t, wall) = (Instant::now(), utc_secs_of_day(SystemTime::now()));
-                let r = c.put(key, value, None).await.unwrap();
-                adds.push((t, wall, r.header().unwrap().revision()));
-                tokio::time::sleep_until(start + period * k as u32 + period / 2).await;
-                c.delete(wep(k).0, None).await.unwrap();
-            }
-            adds
-        })
+    let adds: Vec<(Instant, f64, i64)> = with_etcd(ns.name(), &url, move |mut c| async move {
+        let start = tokio::time::Instant::now();
+        let period = Duration::from_secs_f64(1.0 / rate);
+        let mut adds = Vec::new();
+        for k in 0..n {
+            tokio::time::sleep_until(start + period * k as u32).await;
+            let (key, value) = wep(ENDPOINTS + k);
+            let (t, wall) = (Instant::now(), utc_secs_of_day(SystemTime::now()));
+            let r = c.put(key, value, None).await.unwrap();
+            adds.push((t, wall, r.header().unwrap().revision()));
+            tokio::time::sleep_until(start + period * k as u32 + period / 2).await;
+            c.delete(wep(k).0, None).await.unwrap();
+        }
+        adds
     });
     let last_rev = adds.last().unwrap().2 + 1;
     agent.wait_applied(last_rev);

@@ -84,8 +84,14 @@ pub fn seed() -> Vec<(String, String)> {
     seed
 }
 
-/// Puts through etcd-client from a thread inside the netns; returns each put's revision.
-pub fn put_all(ns: &str, url: &str, kvs: Vec<(String, String)>) -> Vec<i64> {
+/// Runs `f` with an etcd client connected to `url`, on a current-thread runtime in a thread
+/// inside the netns `ns` (every etcd write of the benches goes through here).
+pub fn with_etcd<T, F, Fut>(ns: &str, url: &str, f: F) -> T
+where
+    T: Send + 'static,
+    F: FnOnce(etcd_client::Client) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = T>,
+{
     let url = url.to_string();
     in_netns(ns, move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -93,39 +99,38 @@ pub fn put_all(ns: &str, url: &str, kvs: Vec<(String, String)>) -> Vec<i64> {
             .build()
             .unwrap();
         rt.block_on(async move {
-            let mut c = etcd_client::Client::connect([url], None).await.unwrap();
-            let mut revs = Vec::new();
-            for (k, v) in kvs {
-                let r = c.put(k, v, None).await.unwrap();
-                revs.push(r.header().unwrap().revision());
-            }
-            revs
+            let c = etcd_client::Client::connect([url], None).await.unwrap();
+            f(c).await
         })
+    })
+}
+
+/// Puts through etcd-client from a thread inside the netns; returns each put's revision.
+pub fn put_all(ns: &str, url: &str, kvs: Vec<(String, String)>) -> Vec<i64> {
+    with_etcd(ns, url, |mut c| async move {
+        let mut revs = Vec::new();
+        for (k, v) in kvs {
+            let r = c.put(k, v, None).await.unwrap();
+            revs.push(r.header().unwrap().revision());
+        }
+        revs
     })
 }
 
 /// Puts `kvs` in transactions of 128 (etcd's default `--max-txn-ops`) from a thread inside the
 /// netns; the last revision (for a whole cluster, where one put each would take minutes).
 pub fn put_all_batched(ns: &str, url: &str, kvs: Vec<(String, String)>) -> i64 {
-    let url = url.to_string();
-    in_netns(ns, move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let mut c = etcd_client::Client::connect([url], None).await.unwrap();
-            let mut rev = 0;
-            for chunk in kvs.chunks(128) {
-                let ops: Vec<etcd_client::TxnOp> = chunk
-                    .iter()
-                    .map(|(k, v)| etcd_client::TxnOp::put(k.as_str(), v.as_str(), None))
-                    .collect();
-                let r = c.txn(etcd_client::Txn::new().and_then(ops)).await.unwrap();
-                rev = r.header().unwrap().revision();
-            }
-            rev
-        })
+    with_etcd(ns, url, |mut c| async move {
+        let mut rev = 0;
+        for chunk in kvs.chunks(128) {
+            let ops: Vec<etcd_client::TxnOp> = chunk
+                .iter()
+                .map(|(k, v)| etcd_client::TxnOp::put(k.as_str(), v.as_str(), None))
+                .collect();
+            let r = c.txn(etcd_client::Txn::new().and_then(ops)).await.unwrap();
+            rev = r.header().unwrap().revision();
+        }
+        rev
     })
 }
 
@@ -139,25 +144,18 @@ pub struct Applied {
     pub answered_at_us: u128,
 }
 
-/// Puts `kv` and waits for the agent at `health` to report it applied.
+/// Puts `kv` and waits for the agent at `health` to report it applied (the long-poll blocks the
+/// runtime's only thread, which has nothing else to do).
 pub fn put_and_wait_applied(
     ns: &str,
     url: &str,
     health: std::net::SocketAddr,
     kv: (String, String),
 ) -> Applied {
-    let url = url.to_string();
-    in_netns(ns, move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let mut client = rt
-            .block_on(etcd_client::Client::connect([url], None))
-            .unwrap();
+    with_etcd(ns, url, move |mut client| async move {
         let put_at_us = unix_us();
         let t = Instant::now();
-        let r = rt.block_on(client.put(kv.0, kv.1, None)).unwrap();
+        let r = client.put(kv.0, kv.1, None).await.unwrap();
         let rev = r.header().unwrap().revision();
         let (_, body) = felixrs_test_support::http::get(
             health,

@@ -204,6 +204,9 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
                     .chain(&ep.ipv6_nets)
                     .map(|n| n.addr())
                     .collect();
+                // An address given to an endpoint waits for a deletion of its old flows still
+                // running (before this apply programs the endpoint).
+                self.cleaner.wait_for(addrs.iter());
                 let old = self.endpoints.insert(ep.id.clone(), addrs.clone());
                 self.stale_flows
                     .extend(old.into_iter().flatten().filter(|a| !addrs.contains(a)));
@@ -471,13 +474,6 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
         for o in &outputs {
             self.track(o);
         }
-        // An address given to an endpoint waits for a deletion of its old flows still running.
-        let incoming = outputs.iter().flat_map(|o| match o {
-            Output::EndpointUpdated(ep) => ep.ipv4_nets.iter().chain(&ep.ipv6_nets).collect(),
-            _ => Vec::new(),
-        });
-        self.cleaner
-            .wait_for(incoming.map(|n| n.addr()).collect::<Vec<_>>().iter());
         if let Some(staged) = &self.staged {
             staged.apply(outputs.iter().cloned());
         }

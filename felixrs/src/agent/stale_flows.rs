@@ -28,15 +28,16 @@ use iptables::apply::{Runner, conntrack};
 use prometheus_client::metrics::counter::Counter;
 
 use netlink_packet_core::{NLM_F_ACK, NLM_F_REQUEST, NLMSG_ERROR, NetlinkMessage, Nla};
-use netlink_packet_netfilter::conntrack::{ConntrackAttribute, ConntrackMessage, IPTuple, Tuple};
+use netlink_packet_netfilter::conntrack::{ConntrackAttribute, ConntrackMessage, Tuple};
 use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterProtoFamily};
 use netlink_sys::Socket;
 
-use crate::flowlog::conntrack::{control_messages, dump_each, open_dump};
+use crate::flowlog::conntrack::{
+    NLA_TYPE_MASK, control_messages, dump_each, open_dump, tuple as tuple5,
+};
 
 /// `CTA_ZONE`: a flow is deleted in the zone it lives in.
 const CTA_ZONE: u16 = 18;
-const NLA_TYPE_MASK: u16 = 0x3fff;
 /// Delete requests per datagram: their acknowledgements (one small message each) stay far
 /// below the socket's default receive buffer.
 const BATCH: usize = 64;
@@ -230,13 +231,7 @@ fn victim(
 }
 
 fn source(parts: &[Tuple]) -> Option<IpAddr> {
-    parts.iter().find_map(|t| match t {
-        Tuple::Ip(ips) => ips.iter().find_map(|ip| match ip {
-            IPTuple::SourceAddress(a) => Some(*a),
-            _ => None,
-        }),
-        _ => None,
-    })
+    tuple5(parts).map(|t| t.src)
 }
 
 /// Sends one datagram of delete requests and counts their acknowledgements.
@@ -270,7 +265,7 @@ fn delete(socket: &Socket, batch: &[Victim], removed: &mut Removed) -> std::io::
             match code {
                 0 => removed.deleted += 1,
                 // Gone already (it ended, or another delete got it first).
-                c if c == -libc_enoent() => {}
+                c if c == -rustix::io::Errno::NOENT.raw_os_error() => {}
                 c => {
                     removed.failed += 1;
                     tracing::warn!(
@@ -284,14 +279,10 @@ fn delete(socket: &Socket, batch: &[Victim], removed: &mut Removed) -> std::io::
     Ok(())
 }
 
-fn libc_enoent() -> i32 {
-    rustix::io::Errno::NOENT.raw_os_error()
-}
-
 #[cfg(test)]
 mod tests {
     use netlink_packet_core::DefaultNla;
-    use netlink_packet_netfilter::conntrack::{ProtoTuple, Protocol};
+    use netlink_packet_netfilter::conntrack::{IPTuple, ProtoTuple, Protocol};
 
     use super::*;
 

@@ -202,6 +202,14 @@ async fn pump<W: DatastoreWatch>(
     let half = cfg.liveness_timeout / 2;
     let mut silent_at = created_at + half;
     let silent = || DatastoreError::WatchSilent(cfg.liveness_timeout);
+    // How long the watch may stay silent from now.
+    let allowed = |answers_progress: bool| {
+        if answers_progress {
+            cfg.liveness_timeout
+        } else {
+            half
+        }
+    };
     loop {
         let msg = tokio::select! {
             biased;
@@ -227,12 +235,7 @@ async fn pump<W: DatastoreWatch>(
             }
         };
         answers_progress |= matches!(msg, WatchMessage::Progress { .. });
-        silent_at = Instant::now()
-            + if answers_progress {
-                cfg.liveness_timeout
-            } else {
-                half
-            };
+        silent_at = Instant::now() + allowed(answers_progress);
         *backoff = cfg.min_backoff;
         let ev = match msg {
             WatchMessage::Created { revision } => {
@@ -289,12 +292,7 @@ async fn pump<W: DatastoreWatch>(
             return Ok(Pumped::ReceiverGone);
         }
         // Time spent waiting for the consumer is not the watch's silence.
-        silent_at = Instant::now()
-            + if answers_progress {
-                cfg.liveness_timeout
-            } else {
-                half
-            };
+        silent_at = Instant::now() + allowed(answers_progress);
     }
 }
 

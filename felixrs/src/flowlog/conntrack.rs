@@ -29,7 +29,7 @@ const CTA_COUNTERS_REPLY: u16 = 10;
 const CTA_COUNTERS_PACKETS: u16 = 1;
 const CTA_COUNTERS_BYTES: u16 = 2;
 /// An attribute type without its flags (`NLA_TYPE_MASK`).
-const NLA_TYPE_MASK: u16 = 0x3fff;
+pub const NLA_TYPE_MASK: u16 = 0x3fff;
 
 /// The sysctl that makes the kernel count packets and bytes per connection.
 pub const ACCT_SYSCTL: &str = "/proc/sys/net/netfilter/nf_conntrack_acct";
@@ -97,7 +97,8 @@ fn counters(value: &[u8]) -> (u64, u64) {
     (packets, bytes)
 }
 
-fn tuple(parts: &[Tuple]) -> Option<Tuple5> {
+/// The 5-tuple of a conntrack tuple attribute (its protocol and addresses required).
+pub fn tuple(parts: &[Tuple]) -> Option<Tuple5> {
     let (mut src, mut dst, mut proto, mut sport, mut dport) = (None, None, None, None, None);
     for t in parts {
         match t {
