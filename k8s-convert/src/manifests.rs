@@ -74,18 +74,105 @@ pub fn load_manifests(
     for p in paths {
         collect_files(p, &mut files)?;
     }
-    let mut set = ManifestSet::default();
-    for f in files {
-        let text = std::fs::read_to_string(&f).map_err(|source| ManifestError::Io {
+    let mut texts = Vec::with_capacity(files.len());
+    for f in &files {
+        let text = std::fs::read_to_string(f).map_err(|source| ManifestError::Io {
             path: f.clone(),
             source,
         })?;
-        for (i, doc) in split_documents(&text).into_iter().enumerate() {
-            load_document(&f, i, doc, opts, &mut set);
-        }
+        texts.push(text);
+    }
+    // Every document of every file, in order: (file, index in the file, text).
+    let docs: Vec<(usize, usize, &str)> = (texts.iter().enumerate())
+        .flat_map(|(f, text)| {
+            (split_documents(text).into_iter().enumerate()).map(move |(i, doc)| (f, i, doc))
+        })
+        .collect();
+    let prepared = prepare_all(&docs, opts);
+    let mut set = ManifestSet::default();
+    for ((f, i, _), doc) in docs.iter().zip(prepared) {
+        merge_document(&files[*f], *i, doc, &mut set);
     }
     convert::admin::add_admin_tiers(&mut set.resources, |r| r.to_json().into(), |t| t);
     Ok(set)
+}
+
+/// Below this many bytes of documents, loading stays on the calling thread.
+const PARALLEL_MIN_BYTES: usize = 256 * 1024;
+/// At most this many threads decode documents.
+const PARALLEL_MAX_THREADS: usize = 8;
+
+/// [`prepare_document`] of every document, in order. A large input is cut into contiguous runs of
+/// documents of about equal size, one per core, each decoded and converted on a scoped thread:
+/// a document's decode and conversion depend on no other document, and everything that does (the
+/// duplicate check, the order of skips) happens in [`merge_document`], in document order, so the
+/// result is the same as the sequential one. A thread that cannot be started leaves its run to
+/// the calling thread.
+fn prepare_all(docs: &[(usize, usize, &str)], opts: &ConvertOptions) -> Vec<PreparedDoc> {
+    let bytes: usize = docs.iter().map(|(_, _, d)| d.len()).sum();
+    let threads = if bytes < PARALLEL_MIN_BYTES {
+        1
+    } else {
+        (std::thread::available_parallelism().map_or(1, usize::from)).min(PARALLEL_MAX_THREADS)
+    };
+    prepare_on(docs, opts, threads)
+}
+
+/// [`prepare_all`] on `threads` threads.
+fn prepare_on(
+    docs: &[(usize, usize, &str)],
+    opts: &ConvertOptions,
+    threads: usize,
+) -> Vec<PreparedDoc> {
+    let prepare_run = |run: &[(usize, usize, &str)]| -> Vec<PreparedDoc> {
+        run.iter()
+            .map(|(_, _, d)| prepare_document(d, opts))
+            .collect()
+    };
+    if threads < 2 || docs.len() < 2 {
+        return prepare_run(docs);
+    }
+    let runs = runs_of_equal_size(docs, threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (runs.iter().skip(1))
+            .map(|run| {
+                std::thread::Builder::new()
+                    .name("manifests".into())
+                    .spawn_scoped(s, || prepare_run(run))
+                    .map_err(|_| run)
+            })
+            .collect();
+        let mut out = prepare_run(runs[0]);
+        for h in handles {
+            match h {
+                Ok(h) => out.extend(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))),
+                Err(run) => out.extend(prepare_run(run)),
+            }
+        }
+        out
+    })
+}
+
+/// `docs` cut into at most `n` contiguous, non-empty runs of about equal byte size.
+fn runs_of_equal_size<'d, 't>(
+    docs: &'d [(usize, usize, &'t str)],
+    n: usize,
+) -> Vec<&'d [(usize, usize, &'t str)]> {
+    let total: usize = docs.iter().map(|(_, _, d)| d.len()).sum();
+    let per_run = total.div_ceil(n.max(1)).max(1);
+    let mut runs = Vec::with_capacity(n);
+    let (mut start, mut acc) = (0, 0);
+    for (i, (_, _, d)) in docs.iter().enumerate() {
+        acc += d.len();
+        if acc >= per_run && runs.len() + 1 < n {
+            runs.push(&docs[start..=i]);
+            (start, acc) = (i + 1, 0);
+        }
+    }
+    if start < docs.len() {
+        runs.push(&docs[start..]);
+    }
+    runs
 }
 
 fn collect_files(p: &Path, out: &mut Vec<PathBuf>) -> Result<(), ManifestError> {
@@ -256,26 +343,16 @@ impl<'de> serde::de::Visitor<'de> for StrictJson {
     }
 }
 
-fn load_document(
-    path: &Path,
-    index: usize,
-    doc: &str,
-    opts: &ConvertOptions,
-    set: &mut ManifestSet,
-) {
-    let skip = |set: &mut ManifestSet, report: SkipReport| {
-        set.skipped.push(ManifestSkip {
-            path: path.to_path_buf(),
-            document: index,
-            report,
-        })
+/// One document decoded and its objects converted: for each object (a `List` gives its items), the
+/// automatic host endpoint of a Node and the conversion; or why the document was not read.
+type PreparedDoc = Result<Vec<(Option<Converted>, Converted)>, SkipReport>;
+
+/// The part of loading a document that depends on no other document.
+fn prepare_document(doc: &str, opts: &ConvertOptions) -> PreparedDoc {
+    let mut value = match decode_document(doc)? {
+        Value::Null => return Ok(Vec::new()),
+        v => v,
     };
-    let value = match decode_document(doc) {
-        Ok(Value::Null) => return,
-        Ok(v) => v,
-        Err(report) => return skip(set, report),
-    };
-    let mut value = value;
     let items = if value.get("kind").and_then(Value::as_str) == Some("List") {
         match value.get_mut("items").map(Value::take) {
             Some(Value::Array(items)) => items,
@@ -284,11 +361,35 @@ fn load_document(
     } else {
         vec![value]
     };
-    for item in items {
-        if let Some(hep) = auto_host_endpoint_value(&item, opts) {
+    Ok(items
+        .iter()
+        .map(|item| {
+            (
+                auto_host_endpoint_value(item, opts),
+                convert_value(item, opts),
+            )
+        })
+        .collect())
+}
+
+/// Adds one prepared document to `set`, in document order: its skips, and its resources unless an
+/// earlier document has the same key.
+fn merge_document(path: &Path, index: usize, doc: PreparedDoc, set: &mut ManifestSet) {
+    let skip = |set: &mut ManifestSet, report: SkipReport| {
+        set.skipped.push(ManifestSkip {
+            path: path.to_path_buf(),
+            document: index,
+            report,
+        })
+    };
+    let items = match doc {
+        Ok(items) => items,
+        Err(report) => return skip(set, report),
+    };
+    for (hep, converted) in items {
+        if let Some(hep) = hep {
             set.auto_host_endpoints.push(hep);
         }
-        let converted = convert_value(&item, opts);
         for r in converted.skips {
             skip(set, r);
         }
@@ -519,6 +620,97 @@ mod tests {
             assert!(e.contains(part), "{doc}: {e}");
             if let Err(want) = tree(doc) {
                 assert!(e.contains(&want), "{doc}: {e} vs {want}");
+            }
+        }
+    }
+
+    /// Documents of every kind a manifest holds: converted, skipped, duplicated, listed, empty,
+    /// broken, a Node with its host endpoint.
+    fn palette(i: usize) -> String {
+        let pod = |name: &str| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: ns\n  labels: {{app: a}}\nspec:\n  nodeName: n1\n  containers: [{{name: c, image: x}}]\nstatus:\n  podIP: 10.0.{}.{}\n",
+                i / 250,
+                i % 250
+            )
+        };
+        match i % 9 {
+            0 => pod(&format!("p{i}")),
+            1 => pod("same"),
+            2 => format!(
+                "{{\"apiVersion\":\"v1\",\"kind\":\"Namespace\",\"metadata\":{{\"name\":\"ns{i}\"}}}}"
+            ),
+            3 => format!(
+                "apiVersion: v1\nkind: List\nitems:\n- {{apiVersion: v1, kind: ServiceAccount, metadata: {{name: sa{i}, namespace: ns}}}}\n- {{apiVersion: v1, kind: Pod, metadata: {{name: bad{i}}}, spec: 7}}\n"
+            ),
+            4 => String::new(),
+            5 => "a: [unclosed\n".to_string(),
+            6 => format!(
+                "apiVersion: v1\nkind: Node\nmetadata:\n  name: node{i}\n  labels: {{zone: z}}\n"
+            ),
+            7 => format!(
+                "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: np{i}, namespace: ns}}\nspec:\n  podSelector: {{}}\n  ingress: [{{from: [{{podSelector: {{matchLabels: {{app: a}}}}}}]}}]\n"
+            ),
+            _ => "apiVersion: v1\nkind: Mystery\nmetadata: {name: m}\n".to_string(),
+        }
+    }
+
+    /// Decoding on several threads gives the set the calling thread alone gives: the same
+    /// resources, skips (with their documents) and host endpoints, in the same order.
+    #[test]
+    fn parallel_load_is_the_sequential_load() {
+        let opts = ConvertOptions::default();
+        let load = |docs: &[(usize, usize, &str)], threads: usize| {
+            let files = [PathBuf::from("a.yaml"), PathBuf::from("b.yaml")];
+            let mut set = ManifestSet::default();
+            for ((f, i, _), doc) in docs.iter().zip(prepare_on(docs, &opts, threads)) {
+                merge_document(&files[*f], *i, doc, &mut set);
+            }
+            format!("{set:?}")
+        };
+        let texts: Vec<String> = (0..60).map(palette).collect();
+        for len in [0, 1, 2, 7, 31, 60] {
+            let docs: Vec<(usize, usize, &str)> = (texts[..len].iter().enumerate())
+                .map(|(i, t)| (usize::from(i >= len / 2), i, t.as_str()))
+                .collect();
+            let sequential = load(&docs, 1);
+            for threads in [2, 3, 8] {
+                assert_eq!(
+                    load(&docs, threads),
+                    sequential,
+                    "{len} documents, {threads} threads"
+                );
+            }
+        }
+        let all: Vec<(usize, usize, &str)> = (texts.iter().enumerate())
+            .map(|(i, t)| (0, i, t.as_str()))
+            .collect();
+        let s = load(&all, 1);
+        for want in [
+            "duplicate of an earlier document",
+            "invalid YAML",
+            "p9",
+            "node6",
+            "sa3",
+            "np7",
+        ] {
+            assert!(s.contains(want), "{want} in {s}");
+        }
+    }
+
+    #[test]
+    fn runs_cover_the_documents_in_order() {
+        let texts: Vec<String> = (0..40).map(|i| "x".repeat(1 + (i * 37) % 50)).collect();
+        let docs: Vec<(usize, usize, &str)> = (texts.iter().enumerate())
+            .map(|(i, t)| (0, i, t.as_str()))
+            .collect();
+        for len in 1..docs.len() {
+            for n in 1..6 {
+                let runs = runs_of_equal_size(&docs[..len], n);
+                assert!(!runs.is_empty() && runs.len() <= n, "{len} docs, {n} runs");
+                assert!(runs.iter().all(|r| !r.is_empty()));
+                let joined: Vec<_> = runs.concat();
+                assert_eq!(joined, docs[..len].to_vec());
             }
         }
     }
