@@ -14,6 +14,13 @@
 //! a second namespace and every apply of the churn is replayed there in order with the bare tools
 //! (`ipset -exist restore`, `iptables-nft-restore --noflush` per table, the v4 and v6 families
 //! concurrently, as the agent runs them), timed per apply.
+//!
+//! Each apply of the agent is also split (its runner's debug lines: each program's end and
+//! `took_us`) into the time its kernel programs ran (first start to last end) and its own time
+//! outside them (`applying` to `apply done`, less the programs' span): the first,
+//! set against the floor's replay of the same apply, says how much slower the same restores ran
+//! inside the churn (the node's other work sharing its cores) than alone; the second is what the
+//! agent itself adds.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -162,13 +169,60 @@ fn applying_lines(log: &str) -> Vec<(f64, i64)> {
         .filter_map(|line| {
             let (_, rev) = line.split_once(" applying revision=")?;
             let rev = rev.split(' ').next()?.parse().ok()?;
-            // `2026-11-27T06:28:36.123456Z DEBUG …`
-            let time = line.split_once('T')?.1.split('Z').next()?;
-            let mut hms = time.split(':').map(|x| x.parse::<f64>().unwrap());
-            let secs = hms.next()? * 3600.0 + hms.next()? * 60.0 + hms.next()?;
-            Some((secs, rev))
+            Some((log_secs(line)?, rev))
         })
         .collect()
+}
+
+/// `2026-11-27T06:28:36.123456Z DEBUG …`: seconds since midnight.
+fn log_secs(line: &str) -> Option<f64> {
+    let time = line.split_once('T')?.1.split('Z').next()?;
+    let mut hms = time.split(':').map(|x| x.parse::<f64>().ok());
+    Some(hms.next()?? * 3600.0 + hms.next()?? * 60.0 + hms.next()??)
+}
+
+/// Each apply (in order, one per `applied family=6` line) split into its kernel programs' span
+/// (the first restore's start to the last one's end, in ms) and the agent's own time outside
+/// them (`applying` to `apply done`, less the span), from the apply thread's debug lines and
+/// the runner's (`ran program=… took_us=…`, logged at its end). `None` for an apply that ran no
+/// program.
+fn apply_phases(log: &str) -> Vec<Option<(f64, f64)>> {
+    let mut out = Vec::new();
+    let (mut start, mut programs) = (None, Vec::<(f64, f64)>::new());
+    // An `applied family=6` line was pushed and its apply's `apply done` is still to come.
+    let mut awaiting = false;
+    for line in strip_ansi(log).lines() {
+        let Some(t) = log_secs(line) else { continue };
+        if line.contains(" applying revision=") {
+            (start, programs, awaiting) = (Some(t), Vec::new(), false);
+        } else if let Some((_, rest)) = line.split_once(" ran program=\"") {
+            // The apply's restores (`ipset restore` has input; the drift check's `ipset save` and
+            // the counters' saves have none and run outside applies).
+            let (program, rest) = rest.split_once('"').unwrap_or_default();
+            let field = |name: &str| {
+                (rest.split_once(name).and_then(|(_, v)| v.split(' ').next()))
+                    .and_then(|v| v.parse::<f64>().ok())
+            };
+            let input = field("stdin_bytes=").unwrap_or(0.0);
+            if start.is_some() && (program.ends_with("-restore") || input > 0.0) {
+                let took = field("took_us=").unwrap_or(0.0) / 1e6;
+                programs.push((t - took, t));
+            }
+        } else if line.contains(" applied family=6") {
+            out.push(None);
+            awaiting = true;
+        } else if line.contains(" apply done ") && std::mem::take(&mut awaiting) {
+            let phases = start.take().and_then(|s| {
+                let first = programs.iter().map(|p| p.0).reduce(f64::min)?;
+                let last = programs.iter().map(|p| p.1).reduce(f64::max)?;
+                Some(((last - first) * 1000.0, ((t - s) - (last - first)) * 1000.0))
+            });
+            if let Some(last) = out.last_mut() {
+                *last = phases;
+            }
+        }
+    }
+    out
 }
 
 /// `felixrs_<name>`'s `_count` and `_sum` in `/metrics`.
@@ -199,10 +253,8 @@ fn main() {
 
     let state = tempfile::tempdir().unwrap();
     let state_dir = state.path().join("state");
-    // `POD_CHURN_LOG` adds directives (e.g. `iptables::apply::runner=debug`: each program's
-    // `took_us`); `POD_CHURN_TRACE=FILE` keeps the agent's log there.
-    let mut filter =
-        "info,felixrs::agent::kernel=debug,felixrs::agent::apply_loop=debug".to_string();
+    // `POD_CHURN_LOG` adds directives; `POD_CHURN_TRACE=FILE` keeps the agent's log there.
+    let mut filter = "info,felixrs::agent::kernel=debug,felixrs::agent::apply_loop=debug,iptables::apply::runner=debug".to_string();
     if let Ok(extra) = std::env::var("POD_CHURN_LOG") {
         filter = format!("{filter},{extra}");
     }
@@ -302,13 +354,20 @@ fn main() {
 
     // The applies of the churn, paired by family (v4 then v6 per apply).
     let lines = applied_lines(&log[log_start..]);
+    let phases = apply_phases(&log[log_start..]);
+    assert_eq!(phases.len() * 2, lines.len(), "a split for each apply");
     let mut applies: Vec<[FamilyPayloads; 2]> = Vec::new();
-    let mut it = lines.into_iter();
-    while let Some((f4, p4)) = it.next() {
-        let (f6, p6) = it.next().expect("a v6 line after each v4 line");
+    // For the applies with payloads: their programs' span and the agent's time outside them.
+    let mut split: Vec<Option<(f64, f64)>> = Vec::new();
+    let mut it = lines
+        .into_iter()
+        .zip(phases.iter().flat_map(|p| [None, Some(*p)]));
+    while let Some(((f4, p4), _)) = it.next() {
+        let ((f6, p6), phase) = it.next().expect("a v6 line after each v4 line");
         assert_eq!((f4, f6), (4, 6));
         if !(p4.is_empty() && p6.is_empty()) {
             applies.push([p4, p6]);
+            split.push(phase.flatten());
         }
     }
     drop(agent);
@@ -330,6 +389,14 @@ fn main() {
             t.elapsed().as_secs_f64() * 1000.0
         })
         .collect();
+    // The same applies: the agent's programs against the floor's, and its time outside them.
+    let (mut kernel_ratio, mut outside) = (Vec::new(), Vec::new());
+    for (phase, f) in split.iter().zip(&floor) {
+        if let Some((span, out)) = phase {
+            kernel_ratio.push(span / f);
+            outside.push(*out);
+        }
+    }
     let payload_lines: usize = applies
         .iter()
         .flatten()
@@ -375,6 +442,17 @@ fn main() {
     println!(
         "floor: bare replay of each apply's payloads  p50 {f50:.1} ms  p99 {f99:.1} ms  mean {floor_mean:.1} ms"
     );
+    if outside.is_empty() {
+        println!("each apply: no split (an agent without the `apply done` debug line)");
+    } else {
+        let (x50, x99) = (pct(&mut outside, 0.5), pct(&mut outside, 0.99));
+        let (k50, k99) = (pct(&mut kernel_ratio, 0.5), pct(&mut kernel_ratio, 0.99));
+        println!(
+            "each apply ({} of {} split): the agent's own time outside its kernel programs p50 {x50:.1} ms  p99 {x99:.1} ms; its programs' span / the floor's replay of the same apply: p50 {k50:.2}x  p99 {k99:.2}x",
+            outside.len(),
+            applies.len()
+        );
+    }
     println!(
         "ratio pod add / floor: p50 {:.2}x  p99 {:.2}x; own apply / floor: p50 {:.2}x  p99 {:.2}x; agent apply mean / floor mean {:.2}x",
         p50 / f50,

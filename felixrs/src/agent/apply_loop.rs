@@ -318,6 +318,12 @@ fn run<D: Dataplane>(
         tracing::debug!(revision, outputs = outputs.len(), "applying");
         let started = Instant::now();
         let res = dp.apply(outputs);
+        tracing::debug!(
+            revision,
+            took_us = started.elapsed().as_micros() as u64,
+            ok = res.is_ok(),
+            "apply done"
+        );
         // Observed before `applied_revision` moves: who saw the revision sees the observations.
         if res.is_ok() {
             pending_endpoints.programmed(&hub.metrics.endpoint_programming_seconds);
