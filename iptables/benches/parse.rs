@@ -7,7 +7,8 @@
 //!    legacy backends), then time our parse of exactly the text it printed. Needs root, `ip`,
 //!    `ipset`, `iptables-restore`/`iptables-save` (+ `-legacy`); fails loudly when they are missing.
 //!    Set `FXB_SKIP_KERNEL=1` to run only 1 and 2; `FXB_PROFILE_ITERS=n` only parses the generated
-//!    dump n times (for `perf record`/callgrind; `FXB_PROFILE_FILE=path` parses that file instead).
+//!    dump n times (for `perf record`/callgrind; `FXB_PROFILE_FILE=path` parses that file instead,
+//!    `FXB_PROFILE_ROUNDTRIP=1` runs the sequential streaming roundtrip instead of the parse).
 
 use std::fmt::Write as _;
 use std::hint::black_box;
@@ -258,9 +259,15 @@ fn main() {
                 .unwrap_or_else(|e| panic!("FXB_PROFILE_FILE {}: {e}", f.to_string_lossy())),
             None => generated_dump(),
         };
-        let t = best(n, || parse_save(&dump).expect("parses"));
+        // FXB_PROFILE_ROUNDTRIP=1: the sequential streaming roundtrip instead of `parse_save`.
+        let (what, t) = if std::env::var_os("FXB_PROFILE_ROUNDTRIP").is_some() {
+            let t = best(n, || roundtrip_save_parts(&dump, 1).expect("parses"));
+            ("roundtrips", t)
+        } else {
+            ("parses", best(n, || parse_save(&dump).expect("parses")))
+        };
         println!(
-            "profile: {n} parses, cpu {:.2} ms each",
+            "profile: {n} {what}, cpu {:.2} ms each",
             t.cpu.as_secs_f64() * 1e3
         );
         return;

@@ -51,6 +51,7 @@ use nom::Parser;
 use nom::character::complete::{char, u64 as nom_u64};
 use nom::sequence::{delimited, separated_pair};
 
+use crate::model::text::{self, find_byte_of};
 use crate::model::{
     Chain, ChainName, CommentLine, Counters, Item, OpaqueRule, Policy, Ruleset, Table, TableLine,
     TableName, Target,
@@ -284,7 +285,7 @@ fn parse_lines(
     let has_cr_or_nul = has_cr_or_nul(body.as_bytes());
     let mut state = RuleState::default();
     let mut toks = Vec::with_capacity(32);
-    let mut lines = body.split('\n').enumerate().peekable();
+    let mut lines = SplitLines { rest: Some(body) }.enumerate().peekable();
     while let Some((idx, line)) = lines.next() {
         let cur = Cursor {
             line_no: idx + 1,
@@ -392,10 +393,26 @@ fn parse_lines(
     Ok(table)
 }
 
-/// Mask of the high bit of every byte of `x` that is zero (exact, no false positives).
-fn zero_bytes(x: u64) -> u64 {
-    const LO7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
-    !(((x & LO7).wrapping_add(LO7)) | x) & !LO7
+/// `text.split('\n')`, finding each `\n` eight bytes at a time ([`find_byte_of`]): the std
+/// splitter's `memchr` call per ~130-byte line was ~7% of a roundtrip.
+struct SplitLines<'a> {
+    rest: Option<&'a str>,
+}
+
+impl<'a> Iterator for SplitLines<'a> {
+    type Item = &'a str;
+
+    #[inline]
+    fn next(&mut self) -> Option<&'a str> {
+        let rest = self.rest?;
+        let n = find_byte_of(rest.as_bytes(), [b'\n']);
+        if n == rest.len() {
+            self.rest = None;
+            return Some(rest);
+        }
+        self.rest = Some(&rest[n + 1..]);
+        Some(&rest[..n])
+    }
 }
 
 /// Whether `b` holds a `\r` or NUL, in one pass eight bytes at a time (two `memchr` passes
@@ -405,7 +422,7 @@ fn has_cr_or_nul(b: &[u8]) -> bool {
     let mut chunks = b.chunks_exact(8);
     for c in &mut chunks {
         let x = u64::from_ne_bytes(c.try_into().expect("chunk of 8"));
-        if zero_bytes(x) | zero_bytes(x ^ CR) != 0 {
+        if text::zero_bytes(x) | text::zero_bytes(x ^ CR) != 0 {
             return true;
         }
     }
