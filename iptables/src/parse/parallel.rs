@@ -65,17 +65,23 @@ pub(super) fn roundtrip_into(
     let start = first.len();
     let mut guesses: Vec<Open> = vec![Open::No];
     guesses.extend(chunks[1..].iter().map(|c| guess_open(&body[..c.start])));
+    let run = |chunk: &str, guess: Open| -> Result<(Open, String), ParseError> {
+        let mut out = String::with_capacity(capacity(chunk.len()));
+        let end = parse_lines(chunk, guess, None, &mut Renderer { out: &mut out })?;
+        Ok((end, out))
+    };
     let results: Vec<Result<(Open, String), ParseError>> = std::thread::scope(|s| {
+        // A thread that cannot be started (a process or cgroup thread limit) leaves its chunk to
+        // this thread: slower, never an error.
         let handles: Vec<_> = chunks[1..]
             .iter()
             .zip(&guesses[1..])
             .map(|(range, &guess)| {
                 let chunk = &body[range.clone()];
-                s.spawn(move || {
-                    let mut out = String::with_capacity(capacity(chunk.len()));
-                    let end = parse_lines(chunk, guess, None, &mut Renderer { out: &mut out })?;
-                    Ok((end, out))
-                })
+                std::thread::Builder::new()
+                    .name("roundtrip".into())
+                    .spawn_scoped(s, move || run(chunk, guess))
+                    .map_err(|_| (chunk, guess))
             })
             .collect();
         let head = &body[chunks[0].clone()];
@@ -83,11 +89,10 @@ pub(super) fn roundtrip_into(
             parse_lines(head, Open::No, None, &mut Renderer { out: first })
                 .map(|end| (end, String::new())),
         ];
-        results.extend(
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))),
-        );
+        results.extend(handles.into_iter().map(|h| match h {
+            Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+            Err((chunk, guess)) => run(chunk, guess),
+        }));
         results
     });
     let mut parts = Vec::with_capacity(results.len() - 1);
