@@ -128,3 +128,38 @@ fn lenient_roundtrip_keeps_a_rule_printed_across_lines_verbatim() {
         "{stderr}"
     );
 }
+
+/// A dump large enough for the parallel path (chunks on threads): the output is still the input
+/// byte for byte, and a bad line deep in it gives the sequential path's error (its line number)
+/// and no output.
+#[test]
+fn large_dump_roundtrips_in_parallel_with_the_same_error() {
+    let one = std::fs::read_to_string(corpus("022-netnet-tum-i8-large-v6.kernel.txt")).unwrap();
+    let copies = iptables::parse::PARALLEL_MIN_BYTES / one.len() + 2;
+    let big = one.repeat(copies);
+    assert!(big.len() >= iptables::parse::PARALLEL_MIN_BYTES);
+    let out = run_stdin(big.as_bytes());
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout == big.as_bytes(), "parallel round trip differs");
+
+    // A foreign option on a line three quarters in: the error names that line.
+    let mut lines: Vec<&str> = big.split('\n').collect();
+    let at = lines.len() * 3 / 4;
+    let at = at
+        + lines[at..]
+            .iter()
+            .position(|l| l.starts_with("-A "))
+            .unwrap();
+    lines.insert(at, "-A INPUT -m tcp --bogus 1 -j ACCEPT");
+    let broken = lines.join("\n");
+    let want = iptables::parse::roundtrip_save_parts(&broken, 1).unwrap_err();
+    assert_eq!(want.line, at + 1);
+    let out = run_stdin(broken.as_bytes());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    assert_eq!(String::from_utf8(out.stderr).unwrap(), format!("{want}\n"));
+}

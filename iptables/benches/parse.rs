@@ -7,14 +7,15 @@
 //!    legacy backends), then time our parse of exactly the text it printed. Needs root, `ip`,
 //!    `ipset`, `iptables-restore`/`iptables-save` (+ `-legacy`); fails loudly when they are missing.
 //!    Set `FXB_SKIP_KERNEL=1` to run only 1 and 2; `FXB_PROFILE_ITERS=n` only parses the generated
-//!    dump n times (for `perf record`/callgrind; `FXB_PROFILE_FILE=path` parses that file instead).
+//!    dump n times (for `perf record`/callgrind; `FXB_PROFILE_FILE=path` parses that file instead,
+//!    `FXB_PROFILE_ROUNDTRIP=1` runs the sequential streaming roundtrip instead of the parse).
 
 use std::fmt::Write as _;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use felixrs_test_support::netns::Netns;
-use iptables::parse::{parse_save, roundtrip_save};
+use iptables::parse::{parse_save, roundtrip_save, roundtrip_save_parts, roundtrip_threads};
 
 const RULES: usize = 100_000;
 const CHAINS: usize = 1_000;
@@ -97,6 +98,24 @@ fn report(name: &str, text: &str, iters: usize) {
         rate(rules, stream.cpu),
         stream.wall.as_secs_f64() * 1e3,
         rate(rules, stream.wall),
+    );
+    // What the process does (`roundtrip_save_parts`, the machine's thread count for this size)
+    // against the sequential path (one chunk), their runs alternating: the wall is what counts
+    // (the calling thread's CPU column leaves out the other threads' work).
+    let threads = roundtrip_threads(text.len());
+    let (mut seq, mut par) = (Duration::MAX, Duration::MAX);
+    for _ in 0..iters.max(3) {
+        seq = seq.min(best(1, || roundtrip_save_parts(text, 1).expect("parses")).wall);
+        par = par.min(best(1, || roundtrip_save_parts(text, threads).expect("parses")).wall);
+    }
+    println!(
+        "{:<40} {rules:>6} rules | parts, 1 thread wall {:>7.2} ms = {:>5.2} M rules/s; {threads} threads wall {:>7.2} ms = {:>5.2} M rules/s ({:.2}x)",
+        "",
+        seq.as_secs_f64() * 1e3,
+        rate(rules, seq),
+        par.as_secs_f64() * 1e3,
+        rate(rules, par),
+        par.as_secs_f64() / seq.as_secs_f64(),
     );
     println!(
         "{name:<40} {rules:>6} rules {:>5.2} MB | parse cpu {:>7.2} ms = {:>5.2} M rules/s ({:>5.1} MB/s), wall {:>7.2} ms = {:>5.2} M rules/s | render cpu {:>6.2} ms = {:>5.2} M rules/s",
@@ -240,9 +259,15 @@ fn main() {
                 .unwrap_or_else(|e| panic!("FXB_PROFILE_FILE {}: {e}", f.to_string_lossy())),
             None => generated_dump(),
         };
-        let t = best(n, || parse_save(&dump).expect("parses"));
+        // FXB_PROFILE_ROUNDTRIP=1: the sequential streaming roundtrip instead of `parse_save`.
+        let (what, t) = if std::env::var_os("FXB_PROFILE_ROUNDTRIP").is_some() {
+            let t = best(n, || roundtrip_save_parts(&dump, 1).expect("parses"));
+            ("roundtrips", t)
+        } else {
+            ("parses", best(n, || parse_save(&dump).expect("parses")))
+        };
         println!(
-            "profile: {n} parses, cpu {:.2} ms each",
+            "profile: {n} {what}, cpu {:.2} ms each",
             t.cpu.as_secs_f64() * 1e3
         );
         return;

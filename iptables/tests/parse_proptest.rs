@@ -5,7 +5,9 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use iptables::model::*;
-use iptables::parse::{parse_save, parse_save_lenient, roundtrip_save, roundtrip_save_lenient};
+use iptables::parse::{
+    parse_save, parse_save_lenient, roundtrip_save, roundtrip_save_lenient, roundtrip_save_parts,
+};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -351,6 +353,39 @@ proptest! {
             parse_save_lenient(&text).map(|(rs, w)| (rs.render(), w)),
             "{:?}", text
         );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// The parallel roundtrip (a dump cut into chunks parsed on threads) gives the sequential
+    /// path's output, or its first error, for dumps of several rendered rulesets with good and
+    /// bad lines inserted anywhere, cut into any number of chunks.
+    #[test]
+    fn parallel_roundtrip_is_the_sequential_one(
+        rss in vec(a_ruleset(), 1..4),
+        junk in vec((any::<prop::sample::Index>(), select(JUNK_LINES)), 0..3),
+        final_newline in any::<bool>(),
+        threads in 2usize..9,
+    ) {
+        let mut lines: Vec<String> = Vec::new();
+        for rs in &rss {
+            let text = rs.render();
+            lines.extend(text.strip_suffix('\n').unwrap_or(&text).split('\n').map(str::to_string));
+        }
+        for (at, line) in junk {
+            let i = at.index(lines.len() + 1);
+            lines.insert(i, line.to_string());
+        }
+        let mut text = lines.join("\n");
+        if final_newline {
+            text.push('\n');
+        }
+        let sequential = roundtrip_save_parts(&text, 1).map(|p| p.concat());
+        prop_assert_eq!(&sequential, &parse_save(&text).map(|rs| rs.render()), "{:?}", text);
+        let parallel = roundtrip_save_parts(&text, threads).map(|p| p.concat());
+        prop_assert_eq!(parallel, sequential, "{} threads: {:?}", threads, text);
     }
 }
 

@@ -62,24 +62,29 @@ fn roundtrip(file: Option<PathBuf>, lenient: bool) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // Kernel output comes back as it was: its length is the capacity the text needs. Each line is
-    // rendered as soon as it is parsed (the model of a 90k-rule dump is never held whole); the
-    // text is written only once all of it parsed, so an error prints no partial output.
-    let mut rendered = String::with_capacity(text.len() + text.len() / 8 + 64);
+    // Each line is rendered as soon as it is parsed (the model of a 90k-rule dump is never held
+    // whole); a large dump is parsed in chunks on several threads, each into its own buffer, and
+    // the buffers are written in order (no copy into one). The text is written only once all of it
+    // parsed, so an error prints no partial output.
     let parsed = if lenient {
+        // Kernel output comes back as it was: its length is the capacity the text needs.
+        let mut rendered = String::with_capacity(text.len() + text.len() / 8 + 64);
         iptables::parse::roundtrip_save_lenient(&text, &mut rendered).map(|warnings| {
             for w in warnings {
                 eprintln!("warning: {w}");
             }
+            vec![rendered]
         })
     } else {
-        iptables::parse::roundtrip_save(&text, &mut rendered)
+        let threads = iptables::parse::roundtrip_threads(text.len());
+        iptables::parse::roundtrip_save_parts(&text, threads)
     };
     match parsed {
-        Ok(()) => {
+        Ok(parts) => {
             let mut out = std::io::stdout().lock();
-            if let Err(e) = out
-                .write_all(rendered.as_bytes())
+            if let Err(e) = parts
+                .iter()
+                .try_for_each(|p| out.write_all(p.as_bytes()))
                 .and_then(|()| out.flush())
             {
                 eprintln!("felixrs iptables roundtrip: writing stdout: {e}");

@@ -11,6 +11,8 @@ use nom::Parser;
 use nom::character::complete::char;
 use nom::combinator::opt;
 
+use crate::model::text::find_byte_of;
+
 /// One token of a rule line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Tok<'a> {
@@ -45,34 +47,10 @@ fn spaces(i: &str) -> IResult<&str, &str> {
     Ok((&i[n..], &i[..n]))
 }
 
-/// Mask of the high bit of every byte of `x` that is zero (exact, no false positives).
-#[inline]
-fn zero_bytes(x: u64) -> u64 {
-    const LO7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
-    !(((x & LO7).wrapping_add(LO7)) | x) & !LO7
-}
-
 /// Length of the bare part at the start of `b`: up to the first space, tab or `"`.
 #[inline]
 fn bare_len(b: &[u8]) -> usize {
-    const SPACE: u64 = 0x2020_2020_2020_2020;
-    const TAB: u64 = 0x0909_0909_0909_0909;
-    const QUOTE: u64 = 0x2222_2222_2222_2222;
-    // Eight bytes at a time: a token ends inside the first word most of the time, found with one
-    // well-predicted branch instead of a byte loop's end-of-token misprediction.
-    let mut n = 0;
-    while let Some(w) = b.get(n..n + 8) {
-        let x = u64::from_le_bytes(w.try_into().expect("eight bytes"));
-        let stops = zero_bytes(x ^ SPACE) | zero_bytes(x ^ TAB) | zero_bytes(x ^ QUOTE);
-        if stops != 0 {
-            return n + (stops.trailing_zeros() / 8) as usize;
-        }
-        n += 8;
-    }
-    while n < b.len() && !matches!(b[n], b' ' | b'\t' | b'"') {
-        n += 1;
-    }
-    n
+    find_byte_of(b, [b' ', b'\t', b'"'])
 }
 
 #[inline]
@@ -81,19 +59,24 @@ fn bare(i: &str) -> IResult<&str, &str> {
     Ok((&i[n..], &i[..n]))
 }
 
-/// The inside of a quoted part: up to the closing `"`, skipping `\x` escapes.
-fn quoted_body(i: &str) -> IResult<&str, &str> {
+/// The inside of a quoted part: up to the closing `"`, skipping `\x` escapes; and whether it
+/// has any.
+fn quoted_body(i: &str) -> IResult<&str, (&str, bool)> {
     let b = i.as_bytes();
     let mut k = 0;
-    while k < b.len() {
-        match b[k] {
-            b'"' => return Ok((&i[k..], &i[..k])),
-            b'\\' if k + 1 < b.len() => {
+    let mut escaped = false;
+    loop {
+        k += find_byte_of(&b[k..], [b'"', b'\\']);
+        match b.get(k) {
+            Some(b'"') => return Ok((&i[k..], (&i[..k], escaped))),
+            Some(_) if k + 1 < b.len() => {
                 // Skip the escaped character (possibly multi-byte).
                 let step = i[k + 1..].chars().next().map_or(1, char::len_utf8);
                 k += 1 + step;
+                escaped = true;
             }
-            _ => k += 1,
+            Some(_) => k += 1,
+            None => break,
         }
     }
     Err(nom::Err::Error(nom::error::Error::new(
@@ -102,10 +85,8 @@ fn quoted_body(i: &str) -> IResult<&str, &str> {
     )))
 }
 
-fn unescape(raw: &str) -> Cow<'_, str> {
-    if !raw.contains('\\') {
-        return Cow::Borrowed(raw);
-    }
+/// `raw` with its `\x` escapes replaced by `x`.
+fn unescape(raw: &str) -> String {
     let mut out = String::with_capacity(raw.len());
     let mut chars = raw.chars();
     while let Some(c) = chars.next() {
@@ -117,7 +98,7 @@ fn unescape(raw: &str) -> Cow<'_, str> {
             out.push(c);
         }
     }
-    Cow::Owned(out)
+    out
 }
 
 /// Splits `line` into tokens; `Err(offset)` points at an unterminated `"`.
@@ -147,7 +128,11 @@ pub(crate) fn tokenize_into<'a>(line: &'a str, toks: &mut Vec<Tok<'a>>) -> Resul
                 .parse(r)
                 .map_err(|_| quote_at)?;
             rest = r;
-            let body = unescape(body.unwrap_or(""));
+            let body = match body {
+                Some((raw, true)) => Cow::Owned(unescape(raw)),
+                Some((raw, false)) => Cow::Borrowed(raw),
+                None => Cow::Borrowed(""),
+            };
             let text = if b.is_empty() {
                 body
             } else {

@@ -433,5 +433,29 @@ proptest::proptest! {
         proptest::prop_assert_eq!(count_newlines(&bytes), naive);
         let cr_nul = bytes.iter().any(|&b| b == b'\r' || b == 0);
         proptest::prop_assert_eq!(has_cr_or_nul(&bytes), cr_nul);
+        // The word-at-a-time scans stop where a byte loop does, from every start.
+        for start in 0..=bytes.len() {
+            let b = &bytes[start..];
+            let want = b.iter().position(|c| matches!(c, b'\n' | b'\r' | 0)).unwrap_or(b.len());
+            proptest::prop_assert_eq!(find_byte_of(b, [b'\n', b'\r', 0]), want);
+            let want = b.iter().position(|&c| c == b'\n').unwrap_or(b.len());
+            proptest::prop_assert_eq!(find_byte_of(b, [b'\n']), want);
+        }
+        let text = String::from_utf8_lossy(&bytes);
+        let split: Vec<&str> = SplitLines { rest: Some(&text) }.collect();
+        proptest::prop_assert_eq!(split, text.split('\n').collect::<Vec<_>>());
+        // Quoting escapes exactly `"`, `\` and `'`, as a per-character loop does.
+        let quoted = format!("x\"'\\{text}\\'\"y");
+        let mut naive = String::from("\"");
+        for c in quoted.chars() {
+            if matches!(c, '"' | '\\' | '\'') {
+                naive.push('\\');
+            }
+            naive.push(c);
+        }
+        naive.push('"');
+        let mut out = String::new();
+        text::push_quoted(&mut out, &quoted);
+        proptest::prop_assert_eq!(out, naive);
     }
 }
