@@ -118,9 +118,9 @@ fn main() {
     std::thread::sleep(Duration::from_millis(1500));
     drop(agent);
     etcd.stop();
-    let restart_same = restart(&ns, &etcd, &state_dir);
+    let restart_same = restart(&ns, &etcd, &state_dir, log_args, &trace, "same");
     let ns2 = Netns::new();
-    let restart_empty = restart(&ns2, &etcd, &state_dir);
+    let restart_empty = restart(&ns2, &etcd, &state_dir, log_args, &trace, "empty");
 
     println!(
         "endpoints={ENDPOINTS} policies={POLICIES} combinations={} changes={CHANGES} v4 rules={rules} share_chains={}",
@@ -147,10 +147,18 @@ fn main() {
     }
 }
 
-/// Spawn to `programmed` of an agent whose etcd is down; (total ms, last apply ms).
-fn restart(ns: &Netns, etcd: &Etcd, state_dir: &std::path::Path) -> (f64, f64) {
+/// Spawn to `programmed` of an agent whose etcd is down; (total ms, last apply ms). With a
+/// trace directory, the agent's log goes to `restart-<what>.log` there.
+fn restart(
+    ns: &Netns,
+    etcd: &Etcd,
+    state_dir: &std::path::Path,
+    log_args: &[&str],
+    trace: &Option<std::path::PathBuf>,
+    what: &str,
+) -> (f64, f64) {
     let t = Instant::now();
-    let agent = Agent::start(ns.name(), &etcd.client_url(), state_dir);
+    let agent = Agent::start_with(ns.name(), &etcd.client_url(), state_dir, log_args);
     let s = loop {
         let s = agent.status();
         if s["programmed"] == true {
@@ -160,5 +168,8 @@ fn restart(ns: &Netns, etcd: &Etcd, state_dir: &std::path::Path) -> (f64, f64) {
     };
     let total = t.elapsed().as_secs_f64() * 1000.0;
     assert_eq!(s["source"], "snapshot", "{s}");
+    if let Some(dir) = trace {
+        std::fs::write(dir.join(format!("restart-{what}.log")), agent.log()).unwrap();
+    }
     (total, s["last_apply_duration_ms"].as_f64().unwrap())
 }
