@@ -191,6 +191,9 @@ async fn session<D: Datastore>(
     }
 }
 
+/// A liveness read on its way ([`DatastoreWatch::ping`]).
+type PingRead = Pin<Box<dyn Future<Output = Result<(), DatastoreError>> + Send>>;
+
 enum Pumped {
     ReceiverGone,
     Compacted(i64),
@@ -221,7 +224,7 @@ async fn pump<W: DatastoreWatch>(
     // its connection, whose answer counts too.
     let mut answers_progress = false;
     let mut live = Liveness::new(cfg.liveness_timeout / 2, created_at);
-    let mut ping: Option<Pin<Box<dyn Future<Output = Result<(), DatastoreError>> + Send>>> = None;
+    let mut ping: Option<PingRead> = None;
     loop {
         let msg = tokio::select! {
             biased;
