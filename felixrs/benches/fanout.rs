@@ -10,6 +10,20 @@
 //! open-file limit to the hard limit (each syncer holds a connection; etcd and the proxies inherit
 //! it). The bench's own CPU (the load generator, from /proc/self/stat) and the load average are
 //! printed beside the numbers, because generator, etcd and proxies share the machine's cores.
+//! `FANOUT_IDLE=s` (default 0) keeps the syncers idle that long after the window, counting their
+//! disconnects (what the liveness check does to a quiet fleet); `FANOUT_WORKERS=k` (default 2)
+//! sets the runtime's worker threads; `FANOUT_PROGRESS_MS` the syncers' progress request interval
+//! (default the agent's 1 s; they are about half the generator's and the proxy's CPU at 1,000
+//! idle syncers; keep it under 5,000 in direct mode, where the progress requests are the
+//! liveness check's); `FANOUT_LOG=1` the syncers' own logs on stderr.
+//!
+//! Telling load from latency: besides p50/p99 as the bench counts a delivery (after the syncer's
+//! channel and the bench's shared queue, both served by the generator's loaded runtime), the
+//! latency is stamped on each syncer's own task when its watch decodes the event (*decoded*
+//! p50/p99), and a 10 ms ticker on the same runtime measures the generator's scheduling delay
+//! over the window (*bench lag p99*): when the lag is of the order of p99, p99 is the generator's,
+//! not the system's. Disconnects are counted by reason (the liveness check's "silent", a
+//! request's "timed out", anything else) over the window and the idle time.
 //!
 //! Fixed inputs: 200 keys (100 global network sets, 100 policies) under Calico's prefix. Per run:
 //! all N syncers listed; then a 10 s window with 5 policy changes (one put each, waiting until all
@@ -19,13 +33,17 @@
 //! progress notification every second, as agents do, so the window includes that load.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use calc_graph::model::{CALICO_PREFIX, EtcdPrefix};
-use felixrs::agent::datastore::{EtcdDatastore, EtcdTls};
+use felixrs::agent::datastore::{
+    Datastore, DatastoreError, DatastoreWatch, EtcdDatastore, EtcdTls, EtcdWatch, Listing,
+    WatchMessage,
+};
 use felixrs::agent::syncer::{self, SyncEvent, SyncerConfig};
 use felixrs_test_support::etcd::cluster::{EtcdCluster, GrpcProxy};
 use felixrs_test_support::http;
@@ -46,14 +64,114 @@ enum What {
     Listed,
     /// It delivered change number n (as an event, or inside a listing that holds it).
     Change(usize),
-    /// It lost its connection (and will reconnect).
-    Disconnected,
+    /// Its watch decoded change number n: stamped on the syncer's own task when the watch
+    /// returned the event, before any queue (the receipt time, without the generator's queueing
+    /// between the syncer and the bench's count).
+    Decoded(usize),
+    /// It lost its connection (and will reconnect), for this reason.
+    Disconnected(Reason),
     /// Its task ended: it gave up (never expected before the bench cancels it).
     Ended,
 }
 
 /// (syncer, what, when).
 type Seen = (usize, What, Instant);
+
+/// Why a syncer lost its connection (from the `Disconnected` reason's text).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Reason {
+    /// The watch liveness check: "etcd watch silent for …".
+    Silent,
+    /// A request's timeout: "etcd request timed out after …".
+    Timeout,
+    /// Anything else (refused, reset, broken pipe, …).
+    Other,
+}
+
+impl Reason {
+    fn of(reason: &str) -> Reason {
+        if reason.contains("watch silent") {
+            Reason::Silent
+        } else if reason.contains("timed out") {
+            Reason::Timeout
+        } else {
+            Reason::Other
+        }
+    }
+}
+
+/// Disconnects by reason: silent / timed out / other.
+#[derive(Default, Clone, Copy)]
+struct Reasons([usize; 3]);
+
+impl Reasons {
+    fn add(&mut self, r: Reason) {
+        self.0[r as usize] += 1;
+    }
+}
+
+impl std::fmt::Display for Reasons {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} / {} / {}", self.0[0], self.0[1], self.0[2])
+    }
+}
+
+/// The agent's etcd datastore, with the bench's change stamped on the syncer's own task as the
+/// watch decodes it ([`What::Decoded`]).
+struct Stamped {
+    inner: EtcdDatastore,
+    id: usize,
+    tx: mpsc::UnboundedSender<Seen>,
+}
+
+struct StampedWatch {
+    inner: EtcdWatch,
+    id: usize,
+    tx: mpsc::UnboundedSender<Seen>,
+    key: String,
+}
+
+impl Datastore for Stamped {
+    type Watch = StampedWatch;
+    async fn list(&mut self, prefix: &str) -> Result<Listing, DatastoreError> {
+        self.inner.list(prefix).await
+    }
+    async fn watch(
+        &mut self,
+        prefix: &str,
+        start_revision: i64,
+    ) -> Result<StampedWatch, DatastoreError> {
+        Ok(StampedWatch {
+            inner: self.inner.watch(prefix, start_revision).await?,
+            id: self.id,
+            tx: self.tx.clone(),
+            key: change_key(),
+        })
+    }
+    fn reset(&mut self) {
+        self.inner.reset();
+    }
+}
+
+impl DatastoreWatch for StampedWatch {
+    async fn next(&mut self) -> Result<WatchMessage, DatastoreError> {
+        let m = self.inner.next().await?;
+        if let WatchMessage::Changes { changes, .. } = &m {
+            let now = Instant::now();
+            for c in changes.iter().filter(|c| c.key == self.key) {
+                let n = c.value.as_deref().map_or(usize::MAX, tag_of);
+                let _ = self.tx.send((self.id, What::Decoded(n), now));
+            }
+        }
+        Ok(m)
+    }
+    async fn request_progress(&mut self) -> Result<(), DatastoreError> {
+        self.inner.request_progress().await
+    }
+    fn ping(&self) -> impl Future<Output = Result<(), DatastoreError>> + Send + 'static {
+        self.inner.ping()
+    }
+}
 
 fn tag_of(value: &[u8]) -> usize {
     std::str::from_utf8(value)
@@ -63,8 +181,15 @@ fn tag_of(value: &[u8]) -> usize {
 }
 
 fn spawn(url: String, id: usize, tx: mpsc::UnboundedSender<Seen>, cancel: &CancellationToken) {
-    let ds = EtcdDatastore::new(vec![url], EtcdTls::default(), Duration::from_secs(10));
-    let cfg = SyncerConfig::new(EtcdPrefix::default());
+    let ds = Stamped {
+        inner: EtcdDatastore::new(vec![url], EtcdTls::default(), Duration::from_secs(10)),
+        id,
+        tx: tx.clone(),
+    };
+    let mut cfg = SyncerConfig::new(EtcdPrefix::default());
+    if let Some(ms) = env_number("FANOUT_PROGRESS_MS") {
+        cfg.progress_interval = Duration::from_millis(ms as u64);
+    }
     let (etx, mut erx) = mpsc::channel(64);
     tokio::spawn(syncer::run(
         ds,
@@ -90,8 +215,9 @@ fn spawn(url: String, id: usize, tx: mpsc::UnboundedSender<Seen>, cancel: &Cance
                         let _ = tx.send((id, What::Change(n), Instant::now()));
                     }
                 }
-                SyncEvent::Disconnected { .. } => {
-                    let _ = tx.send((id, What::Disconnected, Instant::now()));
+                SyncEvent::Disconnected { reason } => {
+                    let what = What::Disconnected(Reason::of(&reason));
+                    let _ = tx.send((id, what, Instant::now()));
                 }
                 _ => {}
             }
@@ -165,6 +291,41 @@ struct Row {
     /// connection for "too many pings" about every 20 s: it accepts keepalive pings no more often
     /// than every 5 minutes, and the agent pings every 5 s).
     reconnects: usize,
+    /// The propagation latency to the syncers' watches (stamped when decoded, on each syncer's
+    /// own task), p50 and p99.
+    decoded_p50: Duration,
+    decoded_p99: Duration,
+    /// The generator's scheduler lag over the window: how late a 10 ms ticker on the same
+    /// runtime woke, p99 (a loaded generator shows here, not in the system's latency).
+    lag_p99: Duration,
+    /// Disconnects by reason (silent / timed out / other), in the window and over the idle
+    /// time after it (`FANOUT_IDLE`).
+    reasons: Reasons,
+}
+
+/// How late a 10 ms ticker on the bench's runtime wakes, until `stop`: the generator's own
+/// scheduling delay (all N syncers share the runtime's 2 worker threads).
+fn lag_ticker(stop: CancellationToken) -> tokio::task::JoinHandle<Vec<Duration>> {
+    const TICK: Duration = Duration::from_millis(10);
+    tokio::spawn(async move {
+        let mut lags = Vec::new();
+        let mut next = tokio::time::Instant::now() + TICK;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep_until(next) => {}
+            }
+            let now = tokio::time::Instant::now();
+            lags.push(now - next);
+            next = now + TICK;
+        }
+        lags
+    })
+}
+
+fn env_number(name: &str) -> Option<usize> {
+    let v = std::env::var(name).ok()?;
+    Some(v.parse().unwrap_or_else(|_| panic!("{name} is a number")))
 }
 
 /// Peaks of CPU (cores, summed over a group of processes) and RSS (MiB, summed), sampled every
@@ -359,7 +520,8 @@ async fn storm(
         };
         match what {
             What::Ended => panic!("storm {kind:?}: syncer {id} gave up (its task ended)"),
-            What::Disconnected => disconnected[id] = true,
+            What::Disconnected(_) => disconnected[id] = true,
+            What::Decoded(_) => {}
             What::Listed => relisted[id] = true,
             What::Change(t) if t == tag && !synced[id] => {
                 synced[id] = true;
@@ -415,8 +577,12 @@ async fn run(
     let pcpu0: f64 = proxies.iter().map(|p| cpu_seconds(p.pid())).sum();
     let me0 = self_cpu();
     let window_start = Instant::now();
+    let lag_stop = CancellationToken::new();
+    let lag = lag_ticker(lag_stop.clone());
     let mut lat = Vec::with_capacity(n * CHANGES);
+    let mut decoded = Vec::with_capacity(n * CHANGES);
     let mut reconnects = 0;
+    let mut reasons = Reasons::default();
     for c in 0..CHANGES {
         let tag = round * 100 + c;
         let put_at = Instant::now();
@@ -429,11 +595,17 @@ async fn run(
                 "every syncer sees the change",
             )
             .await;
-            if got == What::Change(tag) {
-                seen += 1;
-                lat.push(at - put_at);
-            } else if got == What::Disconnected {
-                reconnects += 1;
+            match got {
+                What::Change(t) if t == tag => {
+                    seen += 1;
+                    lat.push(at - put_at);
+                }
+                What::Decoded(t) if t == tag => decoded.push(at - put_at),
+                What::Disconnected(r) => {
+                    reconnects += 1;
+                    reasons.add(r);
+                }
+                _ => {}
             }
         }
     }
@@ -441,13 +613,23 @@ async fn run(
         tokio::time::sleep(rest).await;
     }
     let secs = window_start.elapsed().as_secs_f64();
-    while let Ok((id, what, _)) = rx.try_recv() {
+    let bench_cpu = (self_cpu() - me0) / secs;
+    lag_stop.cancel();
+    let mut lags = lag.await.expect("lag ticker");
+    lags.sort();
+    let window_end = Instant::now();
+    // Idle syncers (`FANOUT_IDLE` seconds): what the liveness check does to a quiet fleet.
+    let idle = Duration::from_secs(env_number("FANOUT_IDLE").unwrap_or(0) as u64);
+    tokio::time::sleep(idle).await;
+    while let Ok((id, what, at)) = rx.try_recv() {
         assert!(what != What::Ended, "syncer {id} gave up (its task ended)");
-        reconnects += usize::from(what == What::Disconnected);
+        if let What::Disconnected(r) = what {
+            reasons.add(r);
+            reconnects += usize::from(at < window_end);
+        }
     }
     let etcd_cpu = (member_pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>() - cpu0) / secs;
     let proxy_cpu = (proxies.iter().map(|p| cpu_seconds(p.pid())).sum::<f64>() - pcpu0) / secs;
-    let bench_cpu = (self_cpu() - me0) / secs;
     let watchers: f64 = (0..cluster.len())
         .map(|i| {
             let url = cluster.client_url(i);
@@ -470,6 +652,7 @@ async fn run(
     }
     cancel.cancel();
     lat.sort();
+    decoded.sort();
     let mode = match (via_proxy, proxies.len()) {
         (false, _) => "direct".to_string(),
         (true, 1) => "grpc-proxy".to_string(),
@@ -489,6 +672,10 @@ async fn run(
         bench_cpu,
         load,
         reconnects,
+        decoded_p50: pct(&decoded, 0.5),
+        decoded_p99: pct(&decoded, 0.99),
+        lag_p99: pct(&lags, 0.99),
+        reasons,
     };
     (row, storm_rows)
 }
@@ -562,14 +749,14 @@ fn main() {
         );
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(env_number("FANOUT_WORKERS").unwrap_or(2))
         .enable_all()
         .build()
         .expect("runtime");
     println!(
-        "| N | mode | etcd watchers | etcd CPU (cores) | etcd RSS (MiB, 3 members) | proxy CPU | proxy RSS (MiB) | p50 | p99 | all listed | bench CPU (cores) | load | reconnects in window |"
+        "| N | mode | etcd watchers | etcd CPU (cores) | etcd RSS (MiB, 3 members) | proxy CPU | proxy RSS (MiB) | p50 | p99 | all listed | bench CPU (cores) | load | reconnects in window | decoded p50 | decoded p99 | bench lag p99 | disconnects silent / timed out / other (window + idle) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut round = 0;
     let mut storm_rows = Vec::new();
     for n in ns {
@@ -588,7 +775,7 @@ fn main() {
                 &storms,
             ));
             println!(
-                "| {} | {} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.1} ms | {:.1} ms | {:.1} s | {:.2} | {} | {} |",
+                "| {} | {} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.1} ms | {:.1} ms | {:.1} s | {:.2} | {} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {} |",
                 r.n,
                 r.mode,
                 r.watchers,
@@ -602,6 +789,10 @@ fn main() {
                 r.bench_cpu,
                 r.load,
                 r.reconnects,
+                r.decoded_p50.as_secs_f64() * 1e3,
+                r.decoded_p99.as_secs_f64() * 1e3,
+                r.lag_p99.as_secs_f64() * 1e3,
+                r.reasons,
             );
             storm_rows.extend(s.into_iter().map(|s| (r.n, r.mode.clone(), s)));
             // Let the cancelled syncers' connections close before the next run.

@@ -337,7 +337,7 @@ async fn syncers_behind_a_grpc_proxy_are_not_closed_for_too_many_pings() {
 /// Waits until every syncer reported a disconnect after `since`, within the liveness bound (and
 /// slack for a loaded machine).
 async fn wait_noticed(views: &[Shared], since: tokio::time::Instant) {
-    let bound = SyncerConfig::new(EtcdPrefix::default()).liveness_timeout;
+    let bound = SyncerConfig::new(EtcdPrefix::default()).dead_connection_bound();
     let deadline = since + bound + Duration::from_secs(20);
     loop {
         let noticed: Vec<_> = (views.iter())

@@ -11,6 +11,8 @@ use etcd_client::{
     Client, ConnectOptions, EventType, GetOptions, SortOrder, SortTarget, WatchOptions, WatchStream,
 };
 
+use super::watch_liveness::timeout_running;
+
 /// Keys per page of the initial list.
 const PAGE_SIZE: i64 = 2000;
 
@@ -57,6 +59,7 @@ pub enum DatastoreError {
     WatchEnded,
     /// An open watch delivered nothing, not even an answer to a progress request, for this long:
     /// the connection is presumed dead (a stopped member, a half-open TCP connection).
+    /// (Two checks in a row unanswered, see `watch_liveness`.)
     #[error("etcd watch silent for {0:?} (no event and no progress answer): presumed dead")]
     WatchSilent(Duration),
     #[error("etcd watch canceled: {0}")]
@@ -94,8 +97,9 @@ pub trait DatastoreWatch: Send + 'static {
     fn request_progress(&mut self) -> impl Future<Output = Result<(), DatastoreError>> + Send;
     /// One small request over the watch's connection, answered by the nearest server (for etcd a
     /// serializable read of one key, which a grpc-proxy answers from its cache): `Ok` means the
-    /// connection is alive.
-    fn ping(&mut self) -> impl Future<Output = Result<(), DatastoreError>> + Send;
+    /// connection is alive. The request owns what it needs, so it runs beside [`Self::next`] (an
+    /// event that arrives meanwhile is taken, and counts as alive too).
+    fn ping(&self) -> impl Future<Output = Result<(), DatastoreError>> + Send + 'static;
 }
 
 /// TLS material for etcd, as paths.
@@ -195,7 +199,7 @@ impl EtcdDatastore {
         }
         let opts = self.options()?;
         let connect = Client::connect(self.endpoints.clone(), Some(opts));
-        let client = tokio::time::timeout(self.timeout, connect)
+        let client = timeout_running(self.timeout, connect)
             .await
             .map_err(|_| DatastoreError::Timeout(self.timeout))?
             .map_err(|e| self.explain(e.into()))?;
@@ -292,7 +296,7 @@ impl Datastore for EtcdDatastore {
     async fn list(&mut self, prefix: &str) -> Result<Listing, DatastoreError> {
         let mut client = self.client().await?;
         let timeout = self.timeout * 10;
-        tokio::time::timeout(timeout, Self::list_pages(&mut client, prefix))
+        timeout_running(timeout, Self::list_pages(&mut client, prefix))
             .await
             .map_err(|_| DatastoreError::Timeout(timeout))
             .and_then(|r| r)
@@ -320,7 +324,7 @@ impl Datastore for EtcdDatastore {
             .with_prefix()
             .with_start_revision(start_revision)
             .with_progress_notify();
-        let stream = tokio::time::timeout(self.timeout, client.watch(prefix, Some(opts)))
+        let stream = timeout_running(self.timeout, client.watch(prefix, Some(opts)))
             .await
             .map_err(|_| DatastoreError::Timeout(self.timeout))
             .and_then(|r| r.map_err(DatastoreError::from))
@@ -357,7 +361,7 @@ impl EtcdDatastore {
             .with_revision(start_revision - 1)
             .with_keys_only()
             .with_limit(1);
-        let got = tokio::time::timeout(self.timeout, client.get(prefix, Some(opts)))
+        let got = timeout_running(self.timeout, client.get(prefix, Some(opts)))
             .await
             .map_err(|_| DatastoreError::Timeout(self.timeout))
             .and_then(|r| r.map_err(DatastoreError::from));
@@ -443,10 +447,13 @@ impl DatastoreWatch for EtcdWatch {
         }
     }
 
-    async fn ping(&mut self) -> Result<(), DatastoreError> {
-        let opts = GetOptions::new().with_serializable().with_keys_only();
-        self.client.get(self.key.as_str(), Some(opts)).await?;
-        Ok(())
+    fn ping(&self) -> impl Future<Output = Result<(), DatastoreError>> + Send + 'static {
+        let (mut client, key) = (self.client.clone(), self.key.clone());
+        async move {
+            let opts = GetOptions::new().with_serializable().with_keys_only();
+            client.get(key, Some(opts)).await?;
+            Ok(())
+        }
     }
 }
 

@@ -3,6 +3,8 @@
 //! # Layout
 //! * [`datastore`]: the `Datastore` seam and its etcd implementation.
 //! * [`syncer`]: list + watch + reconnect/resync, emitting [`syncer::SyncEvent`]s.
+//! * [`watch_liveness`]: when a watch's connection is dead (two unanswered checks, not counting
+//!   time the process was not running), and request timeouts that forgive a starved process.
 //! * [`state`]: the raw key -> value view fed into the calculation graph (`Pipeline` seam).
 //! * [`apply_loop`]: the thread that owns the dataplane and coalesces applies.
 //! * [`liveness`]: the apply thread's heartbeat, behind `/liveness` and watched by the runtime.
@@ -34,6 +36,7 @@ pub mod state;
 pub mod status;
 pub mod syncer;
 pub mod view;
+pub mod watch_liveness;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;

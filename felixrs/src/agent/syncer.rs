@@ -19,28 +19,39 @@
 //!   pause is drawn uniformly from its upper half ([`jittered`]), so thousands of agents that lost
 //!   etcd at the same instant (an etcd restart) do not retry in lockstep; no pause is longer than
 //!   `max_backoff`.
-//! * Watch liveness: an open watch that delivers nothing (no event, no progress answer) for
-//!   `liveness_timeout` (10 s: ten progress requests unanswered) is a dead connection: the syncer
+//! * Watch liveness: a connection is dead when the evidence says so, not when the agent was late.
+//!   An open watch that says nothing (no event, no progress answer) for half of
+//!   `liveness_timeout` (5 s) is *checked*: by the progress requests it gets every second, or,
+//!   for a watch that has never answered one (etcd 3.4's grpc-proxy ignores them), by a
+//!   serializable one-key read over its connection (whose answer counts as alive, as does
+//!   anything the watch delivers meanwhile). Each check has 5 s to be answered, counted from when
+//!   it was sent; the connection is dead after **two consecutive** unanswered checks: the syncer
 //!   reports `Disconnected`, drops the connection and reconnects as after any error (resuming at
-//!   `last revision + 1`). A watch that has never answered a progress request (etcd 3.4's
-//!   grpc-proxy ignores them) is checked by a serializable one-key read over its connection after
-//!   half the timeout of silence, which must answer within the other half; so a stopped member or
-//!   proxy, or a half-open TCP connection, is noticed within `liveness_timeout` either way. (Behind
-//!   such a proxy a watch that is silent on a live connection cannot be told from an idle one.)
-//!   This check replaces HTTP/2 keepalive pings, which the agent does not send (see `datastore`).
+//!   `last revision + 1`). So a stopped member or proxy, or a half-open TCP connection, is noticed
+//!   within [`SyncerConfig::dead_connection_bound`] (1.5 × `liveness_timeout`, 15 s) of its last
+//!   word while the agent runs. Time the agent was not running does not count: a deadline whose
+//!   timer fires late (a process starved of CPU, or stopped) moves by that lateness, up to 5 s
+//!   more per check, so a starved agent notices within 2.5 × `liveness_timeout` (25 s) at most
+//!   (`watch_liveness`; before, one late answer was enough, and 5,000 starved syncers took
+//!   their own backlog for dead connections). (Behind such a proxy a watch that is silent on a
+//!   live connection cannot be told from an idle one.) This check replaces HTTP/2 keepalive
+//!   pings, which the agent does not send (see `datastore`).
 //! * Keys leave the syncer canonical (under Calico's default layout, whatever the cluster's
 //!   `--etcd-prefix`), so the state, the snapshot and the graph never depend on the prefix.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{Notify, mpsc};
-use tokio::time::{Instant, sleep_until, timeout, timeout_at};
+use tokio::time::{Instant, sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
 
 use calc_graph::model::EtcdPrefix;
 
 use super::datastore::{Change, Datastore, DatastoreError, DatastoreWatch, WatchMessage};
+use super::watch_liveness::{Liveness, Verdict};
 
 /// How long a catching-up watch may stay silent before it is considered synced.
 const SYNC_GRACE: Duration = Duration::from_secs(1);
@@ -68,8 +79,9 @@ pub struct SyncerConfig {
     pub prefix: EtcdPrefix,
     /// How often to ask etcd for a progress notification.
     pub progress_interval: Duration,
-    /// How long an open watch may deliver nothing (no event, no progress answer) before the
-    /// connection is presumed dead and the syncer reconnects (see the module doc).
+    /// Twice the quiet time after which an open watch's connection is checked, and twice the
+    /// time each check has to be answered; two unanswered checks in a row make it dead (see the
+    /// module doc and [`SyncerConfig::dead_connection_bound`]).
     pub liveness_timeout: Duration,
     pub min_backoff: Duration,
     pub max_backoff: Duration,
@@ -80,9 +92,9 @@ impl SyncerConfig {
         Self {
             prefix,
             progress_interval: Duration::from_secs(1),
-            // Ten progress requests unanswered: far beyond a loaded etcd's answer time (a progress
-            // answer is a header, sent ahead of any queued events), and the same dead-connection
-            // bound as the HTTP/2 keepalive it replaces (a ping every 5 s, 5 s to answer).
+            // 5 s per check: five progress requests, far beyond a loaded etcd's answer time (a
+            // progress answer is a header, sent ahead of any queued events), and as long as the
+            // HTTP/2 keepalive it replaces gave a ping to answer. Dead after 15 s of silence.
             liveness_timeout: Duration::from_secs(10),
             min_backoff: Duration::from_millis(100),
             // After a long outage the agent retries every second at most, so it is back in sync
@@ -90,6 +102,13 @@ impl SyncerConfig {
             // connection (no cost to etcd worth the wait of a longer pause).
             max_backoff: Duration::from_secs(1),
         }
+    }
+
+    /// Within how long of its last word a dead connection is noticed while the agent runs: a
+    /// quiet half of `liveness_timeout`, then two unanswered checks of half of it each. Time the
+    /// process was not running adds to it, at most half of `liveness_timeout` per check.
+    pub fn dead_connection_bound(&self) -> Duration {
+        Liveness::bound(self.liveness_timeout / 2)
     }
 }
 
@@ -172,6 +191,9 @@ async fn session<D: Datastore>(
     }
 }
 
+/// A liveness read on its way ([`DatastoreWatch::ping`]).
+type PingRead = Pin<Box<dyn Future<Output = Result<(), DatastoreError>> + Send>>;
+
 enum Pumped {
     ReceiverGone,
     Compacted(i64),
@@ -194,48 +216,61 @@ async fn pump<W: DatastoreWatch>(
     let mut created_revision: Option<i64> = None;
     let mut synced = false;
     let mut next_request = created_at + SYNC_GRACE;
-    // Liveness: the watch must say something (an event, a progress answer) within
-    // `liveness_timeout`, or it is dead. A watch that has never answered a progress request
-    // (etcd 3.4's grpc-proxy ignores them) cannot be held to that: after half the timeout of
-    // silence its connection is asked a small read instead, which must answer within the other half.
+    // Liveness (see `watch_liveness`): after a quiet half of `liveness_timeout` the connection is
+    // checked, and it is dead after two checks in a row unanswered, not counting time this task
+    // was not running. A watch that answers progress requests is checked by them (they go out
+    // every `progress_interval` anyway) and only the watch's own messages count; one that has
+    // never answered one (etcd 3.4's grpc-proxy ignores them) is checked by a small read over
+    // its connection, whose answer counts too.
     let mut answers_progress = false;
-    let half = cfg.liveness_timeout / 2;
-    let mut silent_at = created_at + half;
-    let silent = || DatastoreError::WatchSilent(cfg.liveness_timeout);
-    // How long the watch may stay silent from now.
-    let allowed = |answers_progress: bool| {
-        if answers_progress {
-            cfg.liveness_timeout
-        } else {
-            half
-        }
-    };
+    let mut live = Liveness::new(cfg.liveness_timeout / 2, created_at);
+    let mut ping: Option<PingRead> = None;
     loop {
         let msg = tokio::select! {
             biased;
             m = watch.next() => m?,
-            _ = sleep_until(silent_at) => {
-                if answers_progress {
-                    return Err(silent());
+            r = async { ping.as_mut().expect("guarded by is_some").await }, if ping.is_some() => {
+                ping = None;
+                r?;
+                if !answers_progress {
+                    live.heard(Instant::now());
                 }
-                timeout(half, watch.ping()).await.map_err(|_| silent())??;
-                silent_at = Instant::now() + half;
+                continue;
+            }
+            _ = sleep_until(live.deadline()) => {
+                match live.expired(Instant::now()) {
+                    Verdict::Wait => {}
+                    Verdict::Dead(silence) => {
+                        return Err(DatastoreError::WatchSilent(tenths(silence)));
+                    }
+                    Verdict::Check if !answers_progress && ping.is_none() => {
+                        ping = Some(Box::pin(watch.ping()));
+                    }
+                    // A ping still on its way is the check; a watch that answers progress
+                    // requests is asked every `progress_interval` already.
+                    Verdict::Check => {}
+                }
                 continue;
             }
             _ = sleep_until(next_request) => {
                 synced = true;
-                // Bounded too: a request into a dead connection may never be taken.
-                timeout_at(silent_at, watch.request_progress()).await.map_err(|_| silent())??;
                 next_request = Instant::now() + cfg.progress_interval;
+                // Bounded too: a request into a dead connection may never be taken; the liveness
+                // deadline then decides.
+                if let Ok(r) = timeout_at(live.deadline(), watch.request_progress()).await {
+                    r?;
+                }
                 continue;
             }
             _ = nudge.notified(), if synced => {
-                timeout_at(silent_at, watch.request_progress()).await.map_err(|_| silent())??;
+                if let Ok(r) = timeout_at(live.deadline(), watch.request_progress()).await {
+                    r?;
+                }
                 continue;
             }
         };
         answers_progress |= matches!(msg, WatchMessage::Progress { .. });
-        silent_at = Instant::now() + allowed(answers_progress);
+        live.heard(Instant::now());
         *backoff = cfg.min_backoff;
         let ev = match msg {
             WatchMessage::Created { revision } => {
@@ -292,13 +327,112 @@ async fn pump<W: DatastoreWatch>(
             return Ok(Pumped::ReceiverGone);
         }
         // Time spent waiting for the consumer is not the watch's silence.
-        silent_at = Instant::now() + allowed(answers_progress);
+        live.heard(Instant::now());
     }
+}
+
+/// `d` to a tenth of a second, for the log.
+fn tenths(d: Duration) -> Duration {
+    Duration::from_millis(d.as_millis() as u64 / 100 * 100)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::datastore::Listing;
+
+    /// A store whose watch says nothing after its creation, and whose connection answers the
+    /// liveness read (after 50 ms) or never.
+    struct Quiet {
+        ping_answers: bool,
+    }
+
+    struct QuietWatch {
+        created: bool,
+        ping_answers: bool,
+    }
+
+    impl Datastore for Quiet {
+        type Watch = QuietWatch;
+        async fn list(&mut self, _: &str) -> Result<Listing, DatastoreError> {
+            Ok(Listing {
+                revision: 5,
+                kvs: Vec::new(),
+            })
+        }
+        async fn watch(&mut self, _: &str, _: i64) -> Result<QuietWatch, DatastoreError> {
+            Ok(QuietWatch {
+                created: false,
+                ping_answers: self.ping_answers,
+            })
+        }
+        fn reset(&mut self) {}
+    }
+
+    impl DatastoreWatch for QuietWatch {
+        async fn next(&mut self) -> Result<WatchMessage, DatastoreError> {
+            if !std::mem::replace(&mut self.created, true) {
+                return Ok(WatchMessage::Created { revision: 5 });
+            }
+            std::future::pending().await
+        }
+        async fn request_progress(&mut self) -> Result<(), DatastoreError> {
+            Ok(())
+        }
+        fn ping(&self) -> impl Future<Output = Result<(), DatastoreError>> + Send + 'static {
+            let answers = self.ping_answers;
+            async move {
+                if !answers {
+                    std::future::pending::<()>().await;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok(())
+            }
+        }
+    }
+
+    fn start(ds: Quiet) -> (mpsc::Receiver<SyncEvent>, CancellationToken) {
+        let (tx, rx) = mpsc::channel(16);
+        let cancel = CancellationToken::new();
+        let cfg = SyncerConfig::new(EtcdPrefix::default());
+        tokio::spawn(run(ds, cfg, tx, Arc::new(Notify::new()), cancel.clone()));
+        (rx, cancel)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_answers_nothing_is_dead_after_two_checks() {
+        let (mut rx, cancel) = start(Quiet {
+            ping_answers: false,
+        });
+        assert!(matches!(rx.recv().await, Some(SyncEvent::Listed { .. })));
+        let t0 = Instant::now();
+        let ev = rx.recv().await.expect("an event");
+        let took = Instant::now() - t0;
+        let bound = SyncerConfig::new(EtcdPrefix::default()).dead_connection_bound();
+        assert_eq!(bound, Duration::from_secs(15));
+        assert!(
+            took >= bound && took < bound + Duration::from_millis(100),
+            "noticed after {took:?}"
+        );
+        let SyncEvent::Disconnected { reason } = ev else {
+            panic!("{ev:?}");
+        };
+        assert_eq!(
+            reason,
+            "etcd watch silent for 15s (no event and no progress answer): presumed dead"
+        );
+        cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_watch_whose_connection_answers_is_alive() {
+        let (mut rx, cancel) = start(Quiet { ping_answers: true });
+        assert!(matches!(rx.recv().await, Some(SyncEvent::Listed { .. })));
+        // Two minutes of an idle watch behind a proxy that ignores progress requests.
+        let got = tokio::time::timeout(Duration::from_secs(120), rx.recv()).await;
+        assert!(got.is_err(), "{got:?}");
+        cancel.cancel();
+    }
 
     #[test]
     fn jittered_pause_stays_in_the_upper_half_of_the_backoff() {
