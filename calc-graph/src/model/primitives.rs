@@ -229,11 +229,42 @@ pub struct IcmpFields {
     pub code: Option<u8>,
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
+/// A number or a string (a protocol or a port). Read with its own visitor, not
+/// `#[serde(untagged)]`: that buffers the value and builds (and drops) an error for each variant
+/// it tries before the one that fits, on every successful decode of a string.
 enum NumOrString {
     Num(i64),
     Str(String),
+}
+
+impl<'de> Deserialize<'de> for NumOrString {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(NumOrStringVisitor)
+    }
+}
+
+struct NumOrStringVisitor;
+
+impl serde::de::Visitor<'_> for NumOrStringVisitor {
+    type Value = NumOrString;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a number or a string")
+    }
+    fn visit_i64<E>(self, n: i64) -> Result<NumOrString, E> {
+        Ok(NumOrString::Num(n))
+    }
+    fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<NumOrString, E> {
+        i64::try_from(n)
+            .map(NumOrString::Num)
+            .map_err(|_| E::invalid_value(serde::de::Unexpected::Unsigned(n), &self))
+    }
+    fn visit_str<E>(self, s: &str) -> Result<NumOrString, E> {
+        Ok(NumOrString::Str(s.to_string()))
+    }
+    fn visit_string<E>(self, s: String) -> Result<NumOrString, E> {
+        Ok(NumOrString::Str(s))
+    }
 }
 
 #[cfg(test)]

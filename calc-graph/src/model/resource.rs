@@ -100,6 +100,23 @@ struct Head {
     kind: Option<String>,
 }
 
+/// A document's unknown fields: already read (the one-pass head), or read when asked.
+trait UnknownPaths {
+    fn paths(self) -> Vec<schema::FieldPath>;
+}
+
+impl UnknownPaths for Vec<schema::FieldPath> {
+    fn paths(self) -> Vec<schema::FieldPath> {
+        self
+    }
+}
+
+impl<F: FnOnce() -> Vec<schema::FieldPath>> UnknownPaths for F {
+    fn paths(self) -> Vec<schema::FieldPath> {
+        self()
+    }
+}
+
 /// The document's metadata, read only on the error path to name the resource.
 #[derive(Deserialize)]
 struct HeadMeta {
@@ -217,6 +234,13 @@ impl Resource {
                 message: "a resource must be a JSON object".to_string(),
             });
         }
+        // One pass for the head and the unknown fields when the document allows it (Calico's
+        // own order: `apiVersion`, `kind`, then the rest); otherwise each read separately.
+        if let Some(fused) = schema::head_and_unknown_paths(json) {
+            let kind = fused.kind;
+            let label = || key.map_or_else(|| label_of(json, Some(kind)), ToString::to_string);
+            return Self::decode_checked(kind, fused.api_version, fused.unknown, json, &label);
+        }
         let head: Head = serde_json::from_slice(json).map_err(|e| ModelError::Decode {
             resource: key.map_or_else(|| "resource".to_string(), ToString::to_string),
             path: String::new(),
@@ -230,17 +254,29 @@ impl Resource {
                 kind: head.kind.clone().unwrap_or_default(),
             });
         };
-        if let Some(v) = head.api_version.as_deref().filter(|v| *v != API_VERSION) {
+        let unknown = || schema::unknown_field_paths(schema::calico_document(kind), json);
+        Self::decode_checked(kind, head.api_version, unknown, json, &label)
+    }
+
+    /// The rest of [`Resource::decode`] once the head is read: the `apiVersion` check, the typed
+    /// decode, then the unknown fields (`unknown`, only read once the typed decode succeeded).
+    fn decode_checked(
+        kind: Kind,
+        api_version: Option<String>,
+        unknown: impl UnknownPaths,
+        json: &[u8],
+        label: &dyn Fn() -> String,
+    ) -> Result<Resource, ModelError> {
+        if let Some(v) = api_version.filter(|v| v != API_VERSION) {
             return Err(ModelError::ApiVersion {
                 resource: label(),
-                api_version: v.to_string(),
+                api_version: v,
             });
         }
-        let l: &dyn Fn() -> String = &label;
-        let mut resource = Self::decode_kind(kind, json, l)?;
-        let unknown = schema::unknown_field_paths(schema::calico_document(kind), json);
+        let mut resource = Self::decode_kind(kind, json, label)?;
+        let unknown = unknown.paths();
         if !unknown.is_empty() {
-            resource.attach_unknown_fields(unknown, l)?;
+            resource.attach_unknown_fields(unknown, label)?;
         }
         Ok(resource)
     }
@@ -481,6 +517,91 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert_eq!(err, "workloadendpoints/n/w: spec.ipNetwork: unknown field");
+    }
+
+    #[test]
+    fn head_in_any_order_decodes_and_errs_alike() {
+        // Calico's order (one pass for the head and the unknown fields) and any other order
+        // (separate passes) give the same resource and the same unknown-field errors.
+        let canonical = br#"{"apiVersion":"projectcalico.org/v3","kind":"GlobalNetworkPolicy","metadata":{"name":"g"},"spec":{"ingress":[{"action":"Allow","sourc":{}}]}}"#;
+        let reordered = br#"{"metadata":{"name":"g"},"spec":{"ingress":[{"action":"Allow","sourc":{}}]},"kind":"GlobalNetworkPolicy","apiVersion":"projectcalico.org/v3"}"#;
+        let (a, b) = (
+            Resource::from_json(canonical).unwrap(),
+            Resource::from_json(reordered).unwrap(),
+        );
+        assert_eq!(a, b);
+        let Resource::GlobalNetworkPolicy(p) = &a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(p.spec.ingress[0].unknown_fields, vec!["sourc"]);
+        for doc in [
+            &br#"{"kind":"Tier","metadata":{"name":"t","lables":{}}}"#[..],
+            br#"{"metadata":{"name":"t","lables":{}},"kind":"Tier"}"#,
+        ] {
+            assert_eq!(
+                Resource::from_json(doc).unwrap_err().to_string(),
+                "tiers/t: metadata.lables: unknown field"
+            );
+        }
+        // Repeated head fields and trailing bytes are rejected, as by the separate head read.
+        let err = Resource::from_json(br#"{"kind":"Tier","kind":"Tier","metadata":{"name":"t"}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("duplicate field `kind`"), "{err}");
+        let err = Resource::from_json(br#"{"kind":"Tier","metadata":{"name":"t"}} x"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("trailing characters"), "{err}");
+        let err = Resource::from_json(
+            br#"{"apiVersion":"v1","kind":"Tier","metadata":{"name":"t"},"spec":{"order":"x"}}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            err,
+            "tiers/t: unsupported apiVersion \"v1\" (expected projectcalico.org/v3)"
+        );
+    }
+
+    #[test]
+    fn ports_and_protocols_are_numbers_or_strings() {
+        let doc = |proto: &str, port: &str| {
+            format!(
+                r#"{{"kind":"GlobalNetworkPolicy","metadata":{{"name":"g"}},"spec":{{"ingress":[{{"action":"Allow","protocol":{proto},"destination":{{"ports":[{port}]}}}}]}}}}"#
+            )
+        };
+        assert!(Resource::from_json(doc("\"TCP\"", "80, \"81:82\", \"http\"").as_bytes()).is_ok());
+        assert!(Resource::from_json(doc("6", "80").as_bytes()).is_ok());
+        for (proto, port, want) in [
+            (
+                "true",
+                "80",
+                "spec.ingress[0].protocol: invalid type: boolean `true`, expected a number or a string",
+            ),
+            (
+                "6",
+                "1.5",
+                "spec.ingress[0].destination.ports[0]: invalid type: floating point `1.5`, expected a number or a string",
+            ),
+            (
+                "6",
+                "65536",
+                "spec.ingress[0].destination.ports[0]: port 65536 is out of range 0-65535",
+            ),
+            (
+                "6",
+                "18446744073709551615",
+                "spec.ingress[0].destination.ports[0]: invalid value: integer `18446744073709551615`, expected a number or a string",
+            ),
+        ] {
+            let err = Resource::from_json(doc(proto, port).as_bytes())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with(&format!("globalnetworkpolicies/g: {want}")),
+                "{err}"
+            );
+        }
     }
 
     #[test]

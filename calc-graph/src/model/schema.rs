@@ -6,7 +6,9 @@
 //! without the information to fail a single rule safe. So decoding is two passes over the same
 //! bytes: the typed serde decode, and [`unknown_fields`], a streaming walk (no tree is built, no
 //! allocation unless a field is unknown) that compares every object key with this schema and
-//! returns the JSON path (`spec.ingress[0].source.selectr`) of each key it does not know.
+//! returns the JSON path (`spec.ingress[0].source.selectr`) of each key it does not know. The
+//! decode's head (`apiVersion`, `kind`) is read in that same walk when `kind` comes first
+//! ([`head_and_unknown_paths`]), so a Calico document is read twice, not three times.
 //!
 //! The schema lists every field of the upstream types we claim (`projectcalico/api`
 //! `pkg/apis/projectcalico/v3`, libcalico-go's WorkloadEndpoint, Kubernetes `ObjectMeta`, and
@@ -417,29 +419,7 @@ impl<'de> Visitor<'de> for Check<'_, '_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         while let Some(key) = map.next_key_seed(KeyOf)? {
-            let key: &str = &key;
-            let field = match self.shape {
-                Shape::Object(groups) => groups
-                    .iter()
-                    .flat_map(|g| g.iter())
-                    .find(|f| f.0 == key)
-                    .map(|f| f.1),
-                Shape::Map(inner) => Some(*inner),
-                // A list or scalar where an object stands: a type error for the typed decode.
-                _ => Some(ANY),
-            };
-            let at = Seg::Key(self.at, key);
-            match field {
-                Some(shape) => map.next_value_seed(Check {
-                    shape,
-                    at: &at,
-                    out: self.out,
-                })?,
-                None => {
-                    self.out.push(at.to_path());
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
+            check_entry(&mut map, self.shape, self.at, &key, self.out)?;
         }
         Ok(())
     }
@@ -484,6 +464,102 @@ impl<'de> Visitor<'de> for Check<'_, '_> {
     }
     fn visit_none<E>(self) -> Result<(), E> {
         Ok(())
+    }
+}
+
+/// Checks the value of the entry `key` of an object of shape `shape` at `at`.
+fn check_entry<'de, A: MapAccess<'de>>(
+    map: &mut A,
+    shape: &'static Shape,
+    at: &Seg<'_>,
+    key: &str,
+    out: &mut Vec<FieldPath>,
+) -> Result<(), A::Error> {
+    let field = match shape {
+        Shape::Object(groups) => groups
+            .iter()
+            .flat_map(|g| g.iter())
+            .find(|f| f.0 == key)
+            .map(|f| f.1),
+        Shape::Map(inner) => Some(*inner),
+        // A list or scalar where an object stands: a type error for the typed decode.
+        _ => Some(ANY),
+    };
+    let at = Seg::Key(at, key);
+    match field {
+        Some(shape) => map.next_value_seed(Check {
+            shape,
+            at: &at,
+            out,
+        }),
+        None => {
+            out.push(at.to_path());
+            map.next_value::<IgnoredAny>().map(|_| ())
+        }
+    }
+}
+
+/// A Calico document's `apiVersion` and `kind` and its unknown fields, read in one pass.
+pub(crate) struct HeadAndUnknown {
+    pub api_version: Option<String>,
+    pub kind: super::Kind,
+    pub unknown: Vec<FieldPath>,
+}
+
+/// The decode's head read and [`unknown_field_paths`] in one pass over `json`, for documents
+/// whose `kind` comes before every other field but `apiVersion` (as Calico and felixrs write
+/// them). `None` when that pass cannot decide alone: the kind is missing, unknown or after another
+/// field, `apiVersion` or `kind` is repeated, or the document is malformed; the caller then reads
+/// the head and the unknown fields separately, which gives every error as before.
+pub(crate) fn head_and_unknown_paths(json: &[u8]) -> Option<HeadAndUnknown> {
+    let mut de = serde_json::Deserializer::from_slice(json);
+    let mut out = Vec::new();
+    let (api_version, kind) = de.deserialize_map(HeadCheck { out: &mut out }).ok()?;
+    de.end().ok()?;
+    Some(HeadAndUnknown {
+        api_version,
+        kind,
+        unknown: out,
+    })
+}
+
+struct HeadCheck<'a> {
+    out: &'a mut Vec<FieldPath>,
+}
+
+impl<'de> Visitor<'de> for HeadCheck<'_> {
+    type Value = (Option<String>, super::Kind);
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a resource document")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        use serde::de::Error;
+        let undecided = || A::Error::custom("undecided");
+        let mut api_version: Option<Option<String>> = None;
+        let mut kind: Option<(super::Kind, &'static Shape)> = None;
+        while let Some(key) = map.next_key_seed(KeyOf)? {
+            match (&*key, kind) {
+                ("apiVersion", _) if api_version.is_none() => {
+                    api_version = Some(map.next_value()?);
+                }
+                ("kind", None) => {
+                    let name: Option<String> = map.next_value()?;
+                    let k = name
+                        .as_deref()
+                        .and_then(super::Kind::from_kind_name)
+                        .ok_or_else(undecided)?;
+                    kind = Some((k, calico_document(k)));
+                }
+                ("apiVersion" | "kind", _) | (_, None) => return Err(undecided()),
+                (key, Some((_, shape))) => {
+                    check_entry(&mut map, shape, &Seg::Root, key, self.out)?;
+                }
+            }
+        }
+        let (kind, _) = kind.ok_or_else(undecided)?;
+        Ok((api_version.flatten(), kind))
     }
 }
 
