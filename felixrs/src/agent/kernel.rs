@@ -170,10 +170,11 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
     }
 
     /// Publishes what each rule of ours counts towards (for the counter thread,
-    /// [`super::counters`]) after a program that changed the filter chains: at once after the
-    /// first, then when the apply thread goes idle, or on the apply path when the last one is
-    /// older than [`ATTRIBUTION_MAX_AGE`] (a churn that never lets it idle). Building it walks
-    /// every rendered chain (tens of ms at 2,000 policies): it must not sit on every pod's path.
+    /// [`super::counters`]) after a program that changed the filter chains: right after the
+    /// first apply is reported, then when the apply thread goes idle, or after an apply when the
+    /// last one is older than [`ATTRIBUTION_MAX_AGE`] (a churn that never lets it idle). Building
+    /// it walks every rendered chain (~16 ms at 2,000 policies): it must sit on no apply's path
+    /// (it delayed the first program's `programmed`, and the next change after every apply).
     pub fn with_counters(mut self, hub: Arc<CounterHub>) -> Self {
         self.counters = Some(hub);
         self
@@ -356,12 +357,6 @@ impl<R: Runner + Clone + 'static> KernelDataplane<R> {
         if !errors.is_empty() {
             return Err(DataplaneError::Families(errors));
         }
-        if self
-            .attribution_at
-            .is_none_or(|at| at.elapsed() >= ATTRIBUTION_MAX_AGE)
-        {
-            self.publish_attribution();
-        }
         if let Some(l) = &self.learner {
             l.set_active(self.renderer.active_domain_sets());
         }
@@ -542,6 +537,18 @@ impl<R: Runner + Clone + 'static> Dataplane for KernelDataplane<R> {
     /// overlapping it).
     fn idle(&mut self) {
         if self.attribution_at.is_some() {
+            self.publish_attribution();
+        }
+    }
+
+    /// The attribution after the first program, and under a churn that never lets the apply
+    /// thread idle once the published one is [`ATTRIBUTION_MAX_AGE`] old: after the apply was
+    /// reported, so it delays no `applied_revision` (only a batch that arrives meanwhile).
+    fn after_apply(&mut self) {
+        if self
+            .attribution_at
+            .is_none_or(|at| at.elapsed() >= ATTRIBUTION_MAX_AGE)
+        {
             self.publish_attribution();
         }
     }
