@@ -92,34 +92,29 @@ fn spawn_syncer(url: &str, cancel: &CancellationToken) -> Shared {
     seen
 }
 
-/// The cluster's current revision (the header of a read).
-fn head_revision(cluster: &EtcdCluster) -> i64 {
-    let out = cluster
-        .etcdctl(&["get", CALICO_PREFIX, "-w", "json"])
-        .output()
-        .expect("etcdctl get");
+/// `etcdctl ARGS` against the cluster; its stdout (it must succeed).
+fn etcdctl_ok(cluster: &EtcdCluster, args: &[&str]) -> Vec<u8> {
+    let out = cluster.etcdctl(args).output().expect("etcdctl");
     assert!(
         out.status.success(),
-        "{}",
+        "etcdctl {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("etcdctl json");
+    out.stdout
+}
+
+/// The cluster's current revision (the header of a read).
+fn head_revision(cluster: &EtcdCluster) -> i64 {
+    let out = etcdctl_ok(cluster, &["get", CALICO_PREFIX, "-w", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out).expect("etcdctl json");
     v["header"]["revision"].as_i64().expect("header.revision")
 }
 
 /// What the cluster holds under the prefix (etcdctl prints key and value lines; values here are
 /// one-line JSON).
 fn contents(cluster: &EtcdCluster) -> View {
-    let out = cluster
-        .etcdctl(&["get", "--prefix", CALICO_PREFIX])
-        .output()
-        .expect("etcdctl get");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let out = etcdctl_ok(cluster, &["get", "--prefix", CALICO_PREFIX]);
+    let text = String::from_utf8(out).expect("utf-8");
     let lines: Vec<&str> = text.lines().collect();
     lines
         .chunks(2)
@@ -200,11 +195,8 @@ async fn syncers_through_a_grpc_proxy_survive_each_member_being_killed() {
     // outside it: etcd 3.4's grpc-proxy answers progress requests without a revision, so behind a
     // proxy only changes under the prefix advance an agent's revision; see README, "Fan-out".)
     cluster.put(&key(n), "{\"v\":\"last\"}");
-    let out = cluster
-        .etcdctl(&["get", &key(n), "-w", "json"])
-        .output()
-        .expect("etcdctl get");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let out = etcdctl_ok(&cluster, &["get", &key(n), "-w", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
     let rev = v["kvs"][0]["mod_revision"].as_i64().expect("mod_revision");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
