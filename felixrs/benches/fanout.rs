@@ -32,11 +32,8 @@
 //! propagation latency of a change to all N (p50/p99 over N x 5 deliveries). The syncers ask for a
 //! progress notification every second, as agents do, so the window includes that load.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use calc_graph::model::{CALICO_PREFIX, EtcdPrefix};
@@ -46,9 +43,15 @@ use felixrs::agent::datastore::{
 };
 use felixrs::agent::syncer::{self, SyncEvent, SyncerConfig};
 use felixrs_test_support::etcd::cluster::{EtcdCluster, GrpcProxy};
-use felixrs_test_support::http;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
+
+#[path = "fanout/probe.rs"]
+mod probe;
+use probe::{
+    Peak, Sampler, cpu_seconds, load_average, member_pids, metric_sum, proxy_pids, rss_mib,
+    self_cpu,
+};
 
 const CHANGES: usize = 5;
 const WINDOW: Duration = Duration::from_secs(10);
@@ -226,52 +229,11 @@ fn spawn(url: String, id: usize, tx: mpsc::UnboundedSender<Seen>, cancel: &Cance
     });
 }
 
-fn metric_sum(addr: &str, name: &str) -> f64 {
-    let addr: SocketAddr = addr.parse().expect("addr");
-    let Ok((200, body)) = http::get_with_timeout(addr, "/metrics", Duration::from_secs(5)) else {
-        return f64::NAN;
-    };
-    body.lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// CPU seconds (user + system) of a process so far.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit(')').next().unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    ticks / hz
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(f64::NAN, |kib| kib / 1024.0)
-}
-
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-fn load_average() -> String {
-    let l = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
-}
-
-fn self_cpu() -> f64 {
-    cpu_seconds(std::process::id())
 }
 
 struct Row {
@@ -326,83 +288,6 @@ fn lag_ticker(stop: CancellationToken) -> tokio::task::JoinHandle<Vec<Duration>>
 fn env_number(name: &str) -> Option<usize> {
     let v = std::env::var(name).ok()?;
     Some(v.parse().unwrap_or_else(|_| panic!("{name} is a number")))
-}
-
-/// Peaks of CPU (cores, summed over a group of processes) and RSS (MiB, summed), sampled every
-/// 250 ms from /proc by a thread; the groups' pids may change (a restarted member).
-#[derive(Default, Clone, Copy)]
-struct Peak {
-    etcd_cpu: f64,
-    etcd_rss: f64,
-    proxy_cpu: f64,
-    proxy_rss: f64,
-    bench_cpu: f64,
-}
-
-struct Sampler {
-    pids: Arc<Mutex<(Vec<u32>, Vec<u32>)>>,
-    stop: Arc<AtomicBool>,
-    handle: std::thread::JoinHandle<Peak>,
-}
-
-impl Sampler {
-    fn start(etcd: Vec<u32>, proxies: Vec<u32>) -> Sampler {
-        let pids = Arc::new(Mutex::new((etcd, proxies)));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (p, st) = (pids.clone(), stop.clone());
-        let handle = std::thread::spawn(move || {
-            const TICK: Duration = Duration::from_millis(250);
-            let mut last: HashMap<u32, f64> = HashMap::new();
-            let mut peak = Peak::default();
-            let mut me = self_cpu();
-            while !st.load(Ordering::Relaxed) {
-                std::thread::sleep(TICK);
-                let (etcd, proxies) = p.lock().expect("sampler pids").clone();
-                let mut group = |pids: &[u32]| -> (f64, f64) {
-                    let (mut cores, mut rss) = (0.0, 0.0);
-                    for &pid in pids {
-                        let now = cpu_seconds(pid);
-                        if let Some(prev) = last.insert(pid, now) {
-                            cores += (now - prev).max(0.0) / TICK.as_secs_f64();
-                        }
-                        let r = rss_mib(pid);
-                        if r.is_finite() {
-                            rss += r;
-                        }
-                    }
-                    (cores, rss)
-                };
-                let (ec, er) = group(&etcd);
-                let (pc, pr) = group(&proxies);
-                let me_now = self_cpu();
-                peak.etcd_cpu = peak.etcd_cpu.max(ec);
-                peak.etcd_rss = peak.etcd_rss.max(er);
-                peak.proxy_cpu = peak.proxy_cpu.max(pc);
-                peak.proxy_rss = peak.proxy_rss.max(pr);
-                peak.bench_cpu = peak.bench_cpu.max((me_now - me) / TICK.as_secs_f64());
-                me = me_now;
-            }
-            peak
-        });
-        Sampler { pids, stop, handle }
-    }
-
-    fn set_pids(&self, etcd: Vec<u32>, proxies: Vec<u32>) {
-        *self.pids.lock().expect("sampler pids") = (etcd, proxies);
-    }
-
-    fn finish(self) -> Peak {
-        self.stop.store(true, Ordering::Relaxed);
-        self.handle.join().expect("sampler thread")
-    }
-}
-
-fn member_pids(cluster: &EtcdCluster) -> Vec<u32> {
-    (0..cluster.len()).filter_map(|i| cluster.pid(i)).collect()
-}
-
-fn proxy_pids(proxies: &[GrpcProxy]) -> Vec<u32> {
-    proxies.iter().map(GrpcProxy::pid).collect()
 }
 
 /// The next event, or a loud failure: a syncer whose task ended gave up, which must never happen.
